@@ -1,0 +1,82 @@
+"""Write trace parts and the manifest. Used by the in-rank recorder and by `commtrace synth`."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import schema as S
+
+
+def rank_dir(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, S.RANK_DIR_FMT.format(rank=rank))
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write `text` to `path` atomically (temp file + rename in the same directory)."""
+    d = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def file_metadata(meta: dict) -> dict[bytes, bytes]:
+    meta = dict(meta)
+    meta.setdefault("schema_version", S.SCHEMA_VERSION)
+    return {
+        S.META_SCHEMA_VERSION: str(meta["schema_version"]).encode(),
+        S.META_JSON: json.dumps(meta, default=str).encode(),
+    }
+
+
+def write_part(run_dir: str, rank: int, table: pa.Table, meta: dict, pid: int | None = None,
+               index: int = 0, compression: str = "zstd") -> str:
+    """Write one Parquet part for `rank`; returns its path. The part is written under a
+    temporary name and renamed, so readers never see a half-written part."""
+    d = rank_dir(run_dir, rank)
+    os.makedirs(d, exist_ok=True)
+    pid = os.getpid() if pid is None else pid
+    name = S.PART_FMT.format(pid=pid, index=index)
+    path = os.path.join(d, name)
+    tmp = os.path.join(d, "_tmp-" + name)
+    table = table.replace_schema_metadata(file_metadata(meta))
+    pq.write_table(table, tmp, compression=compression)
+    os.replace(tmp, path)
+    return path
+
+
+def write_manifest(run_dir: str, manifest: dict) -> str:
+    """Write (or rewrite) `_manifest.json`."""
+    os.makedirs(run_dir, exist_ok=True)
+    m = {"schema_version": S.SCHEMA_VERSION, "created_ns": time.time_ns()}
+    m.update(manifest)
+    path = os.path.join(run_dir, S.MANIFEST_NAME)
+    atomic_write_text(path, json.dumps(m, indent=2, default=str))
+    return path
+
+
+def empty_table() -> pa.Table:
+    return S.SCHEMA.empty_table()
+
+
+def rows_to_table(columns: dict[str, list]) -> pa.Table:
+    """Build a table in SCHEMA column order from a dict of python lists (missing → null)."""
+    n = max((len(v) for v in columns.values()), default=0)
+    arrays = []
+    for f in S.SCHEMA:
+        vals = columns.get(f.name)
+        arrays.append(pa.array(vals if vals is not None else [None] * n, type=f.type))
+    return pa.Table.from_arrays(arrays, schema=S.SCHEMA)
