@@ -1,0 +1,749 @@
+"""Device-side completion clocks: CUDA events around communication ops, read off the hot path.
+
+Why events: on NCCL a blocking call returns once the kernel is *enqueued*, and an async op's
+``wait()`` only orders streams, so the host clock says nothing about when a transfer ran. Events
+recorded on the caller's current stream do (``shared/reference/metrics.md``, ``t_start_ns`` /
+``t_end_ns``):
+
+- ``on_issue``   records event S on the caller's current stream before the op  -> ``t_start_ns``
+- ``on_return``  records event E after a blocking op (the stream already waits on the comm
+  stream there, so E completes when the transfer does)                        -> ``t_end_ns``
+- ``on_wait_begin`` (optional) records event W0 just before ``work.wait()`` and ``on_wait``
+  records event W1 right after it. Between W0 and W1 the stream holds nothing but the wait on
+  the comm stream, so ``W1 - W0`` is the time the compute stream sat behind the communication
+  stream (``stream_wait_ns``, the exposed part of metrics.md "Overlap"), and W1 is ``t_end_ns``
+  (the op had finished by then; with ``stream_wait_ns > 0`` it finished exactly then).
+
+Only the writer thread reads events back (:meth:`EventTimer.poll`, non-blocking ``query()``);
+the training thread records events and never synchronises. Event times are mapped onto the
+host clock through a *calibration*: one event on a private idle stream bracketed by two host
+timestamps (``host = midpoint``), taken in the writer thread and renewed every
+``calibration_interval_s`` so that drift between the host and device clocks stays bounded.
+
+During CUDA graph capture no event is recorded: the op is counted in
+:attr:`EventTimer.graph_captured_ops` (rank metadata ``graph_captured_ops``) and skipped. Ops
+*replayed* by a graph never reach Python and are invisible to commtrace. While any graph capture
+is in progress the writer thread does not touch CUDA at all, because ``cudaEventQuery`` from
+another thread invalidates a capture in the default ``"global"`` capture mode.
+
+The same :class:`EventTimer` runs on a fake layer (:class:`FakeClock`, :class:`FakeDevice`,
+:class:`FakeStream`, :class:`FakeEvent`) so that CPU tests assert exact times.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+
+log = logging.getLogger("commtrace.device")
+
+#: Renew the host<->device calibration this often (seconds). Host and device clocks drift by
+#: tens of ppm (more while NTP slews the host clock), i.e. tens of us per second; renewing every
+#: second in the writer thread costs three event round trips on an idle stream.
+DEFAULT_CALIBRATION_INTERVAL_S = 1.0
+#: A newer calibration maps an op only if taken this long before the op's start (see
+#: EventTimer._calibration_for): far more than any drift over one interval.
+CALIBRATION_MARGIN_NS = 1_000_000
+#: Host/device calibration tries; the one with the narrowest host bracket wins.
+CALIBRATION_TRIES = 3
+#: Upper bound on ops tracked at once; beyond it on_issue records nothing (counted in `dropped`).
+DEFAULT_MAX_PENDING = 65536
+#: An async op never waited is reported without t_end after this long (its events are freed).
+DEFAULT_UNWAITED_TIMEOUT_S = 600.0
+
+
+class DeviceTimer:
+    """Interface between the capture wrappers and a device clock (docs/dev/interfaces.md).
+
+    One per process. The training thread calls ``on_issue`` / ``on_return`` / ``on_wait_begin`` /
+    ``on_wait``; the writer thread calls ``poll``. Implementations never raise into the caller.
+    """
+
+    #: Ops seen while a CUDA graph was being captured (no events recorded for them).
+    graph_captured_ops: int = 0
+
+    def on_issue(self, op_id: int):
+        """Before the op: record a start event on the current stream; return a token (or None)."""
+        return None
+
+    def on_return(self, token, blocking: bool) -> None:
+        """After the call returned: for a blocking op, record the end event."""
+
+    def on_wait_begin(self, token) -> None:
+        """Just before ``work.wait()`` of an async op (optional; enables ``stream_wait_ns``)."""
+
+    def on_wait(self, token) -> None:
+        """After ``work.wait()`` returned (async ops): record the end event."""
+
+    def poll(self) -> list:
+        """Ops completed since the last poll: ``(op_id, t_start_ns, t_end_ns, stream_wait_ns)``."""
+        return []
+
+    def pending(self) -> int:
+        """Number of ops whose device times are not read back yet."""
+        return 0
+
+    def stats(self) -> dict:
+        """Counters for the rank metadata."""
+        return {"graph_captured_ops": self.graph_captured_ops}
+
+
+# --------------------------------------------------------------------------------------------
+# Backends: what EventTimer needs from a device. CUDA and the fake implement the same calls.
+# --------------------------------------------------------------------------------------------
+
+
+class _CudaBackend:
+    """torch.cuda behind the small surface EventTimer uses."""
+
+    def __init__(self):
+        import torch
+
+        self._torch = torch
+        self._Event = torch.cuda.Event
+        self._current_stream = torch.cuda.current_stream
+        self._is_capturing = torch.cuda.is_current_stream_capturing
+        self._calib_streams: dict = {}
+
+    def now_ns(self) -> int:
+        return time.time_ns()
+
+    def current_stream(self):
+        return self._current_stream()
+
+    def stream_device(self, stream) -> int:
+        return stream.device_index
+
+    def is_capturing(self) -> bool:
+        return bool(self._is_capturing())
+
+    def new_event(self, device: int):
+        return self._Event(enable_timing=True)
+
+    def record(self, event, stream) -> None:
+        event.record(stream)
+
+    def query(self, event) -> bool:
+        return event.query()
+
+    def elapsed_ms(self, start, end) -> float:
+        return start.elapsed_time(end)
+
+    def calibration_stream(self, device: int):
+        s = self._calib_streams.get(device)
+        if s is None:
+            with self._torch.cuda.device(device):
+                s = self._torch.cuda.Stream(device=device)
+            self._calib_streams[device] = s
+        return s
+
+    def synchronize_event(self, event) -> None:
+        event.synchronize()
+
+
+class FakeClock:
+    """A host clock under test control (ns)."""
+
+    def __init__(self, t0_ns: int = 1_000_000_000_000):
+        self.t = int(t0_ns)
+
+    def __call__(self) -> int:
+        return self.t
+
+    def advance(self, ns: int) -> int:
+        self.t += int(ns)
+        return self.t
+
+
+class FakeDevice:
+    """A device clock: ``device_ns = host_ns + offset_ns`` (change ``offset_ns`` to model drift).
+
+    ``launch_latency_ns`` is the delay between the host enqueuing work and the device starting
+    it on an idle stream.
+    """
+
+    def __init__(self, clock: FakeClock, index: int = 0, offset_ns: int = 7_000_000_000,
+                 launch_latency_ns: int = 0):
+        self.clock = clock
+        self.index = index
+        self.offset_ns = offset_ns
+        self.launch_latency_ns = launch_latency_ns
+        self.current: FakeStream = FakeStream(self, "default")
+        self.events_created = 0
+
+    def device_now(self) -> int:
+        return self.clock() + self.offset_ns
+
+
+class FakeStream:
+    """A stream as a time cursor on the device clock: work enqueued runs after earlier work."""
+
+    def __init__(self, device: FakeDevice, name: str = ""):
+        self.device = device
+        self.name = name
+        self.busy_until = 0  # device ns
+        self.capturing = False
+        self.device_index = device.index
+
+    def _enqueue_point(self) -> int:
+        d = self.device
+        return max(self.busy_until, d.device_now() + d.launch_latency_ns)
+
+    def launch(self, duration_ns: int) -> int:
+        """Enqueue a kernel of `duration_ns`; returns its device end time."""
+        self.busy_until = self._enqueue_point() + int(duration_ns)
+        return self.busy_until
+
+    def wait_event(self, event: "FakeEvent") -> None:
+        """cudaStreamWaitEvent: later work on this stream starts after `event`."""
+        if event.device_ns is not None:
+            self.busy_until = max(self._enqueue_point(), event.device_ns)
+
+    def synchronize(self) -> None:
+        """Block the host until this stream is idle (advances the fake host clock)."""
+        d = self.device
+        if self.busy_until > d.device_now():
+            d.clock.t = self.busy_until - d.offset_ns
+
+
+class FakeEvent:
+    """A timing-enabled event: completes when its stream reaches it."""
+
+    def __init__(self, device: FakeDevice):
+        self.device = device
+        self.device_ns: int | None = None
+        device.events_created += 1
+
+    def record(self, stream: FakeStream) -> None:
+        self.device_ns = stream._enqueue_point()
+        stream.busy_until = self.device_ns
+
+    def query(self) -> bool:
+        return self.device_ns is not None and self.device_ns <= self.device.device_now()
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        """Milliseconds from this event to `end`, as cudaEventElapsedTime (float)."""
+        if not (self.query() and end.query()):
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        return (end.device_ns - self.device_ns) / 1e6
+
+    def synchronize(self) -> None:
+        if self.device_ns is not None and self.device_ns > self.device.device_now():
+            self.device.clock.t = self.device_ns - self.device.offset_ns
+
+
+class _FakeBackend:
+    """The fake device behind the same surface as :class:`_CudaBackend`."""
+
+    def __init__(self, device: FakeDevice):
+        self.device = device
+        self._calib = FakeStream(device, "calibration")
+
+    def now_ns(self) -> int:
+        return self.device.clock()
+
+    def current_stream(self):
+        return self.device.current
+
+    def stream_device(self, stream) -> int:
+        return stream.device_index
+
+    def is_capturing(self) -> bool:
+        return self.device.current.capturing
+
+    def new_event(self, device: int):
+        return FakeEvent(self.device)
+
+    def record(self, event, stream) -> None:
+        event.record(stream)
+
+    def query(self, event) -> bool:
+        return event.query()
+
+    def elapsed_ms(self, start, end) -> float:
+        return start.elapsed_time(end)
+
+    def calibration_stream(self, device: int):
+        return self._calib
+
+    def synchronize_event(self, event) -> None:
+        event.synchronize()
+
+
+# --------------------------------------------------------------------------------------------
+# The timer
+# --------------------------------------------------------------------------------------------
+
+
+class _Calibration:
+    __slots__ = ("index", "device", "event", "host_ns", "bracket_ns")
+
+    def __init__(self, index, device, event, host_ns, bracket_ns):
+        self.index = index
+        self.device = device
+        self.event = event
+        self.host_ns = host_ns
+        self.bracket_ns = bracket_ns
+
+
+class _Token:
+    __slots__ = ("op_id", "device", "stream", "start", "end", "wait_begin", "blocking",
+                 "returned", "calib", "issued_ns")
+
+    def __init__(self, op_id, device, stream, start, calib, issued_ns):
+        self.op_id = op_id
+        self.device = device
+        self.stream = stream
+        self.start = start
+        self.end = None
+        self.wait_begin = None
+        self.blocking = None
+        self.returned = False
+        self.calib = calib  # calibration index current at issue (None before the first one)
+        self.issued_ns = issued_ns
+
+
+class EventTimer(DeviceTimer):
+    """Event-based :class:`DeviceTimer` over a backend (CUDA or fake).
+
+    Events are pooled per device: an event goes back to the pool once its time has been read,
+    so the number of events ever created is bounded by the ops in flight between two polls
+    (at most 3 per op) plus one per calibration in use.
+    """
+
+    def __init__(self, backend, clock=None, calibration_interval_s: float =
+                 DEFAULT_CALIBRATION_INTERVAL_S, max_pending: int = DEFAULT_MAX_PENDING,
+                 unwaited_timeout_s: float = DEFAULT_UNWAITED_TIMEOUT_S):
+        self._b = backend
+        #: Host clock (ns). The recorder sets its own (`recorder.now_ns`, with injected skew).
+        self.clock = clock or backend.now_ns
+        self.calibration_interval_ns = int(calibration_interval_s * 1e9)
+        self.max_pending = max_pending
+        self.unwaited_timeout_ns = int(unwaited_timeout_s * 1e9)
+        self._lock = threading.Lock()
+        self._tokens: "collections.OrderedDict[int, _Token]" = collections.OrderedDict()
+        self._pool: dict[int, list] = {}
+        self._calibs: dict[int, _Calibration] = {}  # index -> calibration, per device latest last
+        self._latest: dict[int, _Calibration] = {}  # device -> latest calibration
+        self._calib_seq = 0
+        self.events_created = 0
+        self.graph_captured_ops = 0
+        self.dropped = 0
+        self.errors = 0
+        self._logged = False
+
+    # -- training thread ---------------------------------------------------------------------
+
+    def _acquire(self, device: int):
+        free = self._pool.get(device)
+        if free:
+            return free.pop()
+        self.events_created += 1
+        return self._b.new_event(device)
+
+    def _release(self, device: int, *events) -> None:
+        free = self._pool.setdefault(device, [])
+        for ev in events:
+            if ev is not None:
+                free.append(ev)
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        self.errors += 1
+        if not self._logged:
+            self._logged = True
+            log.warning("commtrace: device timing disabled for some ops (%s: %r)", where, exc)
+
+    def on_issue(self, op_id: int):
+        try:
+            b = self._b
+            if b.is_capturing():
+                # Recording timing events into a graph would make them graph nodes, replayed
+                # later with no Python to read them: count the op and skip it.
+                self.graph_captured_ops += 1
+                return None
+            if len(self._tokens) >= self.max_pending:
+                self.dropped += 1
+                return None
+            stream = b.current_stream()
+            dev = b.stream_device(stream)
+            with self._lock:
+                ev = self._acquire(dev)
+                latest = self._latest.get(dev)
+            b.record(ev, stream)
+            tok = _Token(op_id, dev, stream, ev, latest.index if latest else None, self.clock())
+            with self._lock:
+                self._tokens[op_id] = tok
+            return tok
+        except Exception as e:  # never into user code
+            self._fail("on_issue", e)
+            return None
+
+    def _record_on(self, tok: _Token):
+        with self._lock:
+            ev = self._acquire(tok.device)
+        self._b.record(ev, tok.stream if tok.stream is not None else self._b.current_stream())
+        return ev
+
+    def on_return(self, token, blocking: bool) -> None:
+        if token is None:
+            return
+        try:
+            token.blocking = bool(blocking)
+            if blocking:
+                # Record on the stream current *now* (the caller's), which the blocking op made
+                # wait on the comm stream.
+                with self._lock:
+                    ev = self._acquire(token.device)
+                self._b.record(ev, self._b.current_stream())
+                token.end = ev
+            token.returned = True
+        except Exception as e:
+            self._fail("on_return", e)
+
+    def on_wait_begin(self, token) -> None:
+        if token is None or token.blocking or token.end is not None:
+            return
+        try:
+            with self._lock:
+                ev = self._acquire(token.device)
+            self._b.record(ev, self._b.current_stream())
+            if token.wait_begin is not None:  # a second wait(): keep the first
+                self._release(token.device, ev)
+            else:
+                token.wait_begin = ev
+        except Exception as e:
+            self._fail("on_wait_begin", e)
+
+    def on_wait(self, token) -> None:
+        if token is None or token.blocking or token.end is not None:
+            return  # blocking ops: their end event is already there; second wait(): ignored
+        try:
+            with self._lock:
+                ev = self._acquire(token.device)
+            self._b.record(ev, self._b.current_stream())
+            token.end = ev
+            token.returned = True
+        except Exception as e:
+            self._fail("on_wait", e)
+
+    def abandon(self, token) -> None:
+        """Forget an op whose end will never be recorded (e.g. the call raised)."""
+        if token is None:
+            return
+        with self._lock:
+            if self._tokens.pop(token.op_id, None) is not None:
+                self._release(token.device, token.start, token.end, token.wait_begin)
+
+    # -- writer thread -------------------------------------------------------------------------
+
+    def calibrate(self, device: int) -> _Calibration:
+        """Pair one event on a private idle stream with the host clock (writer thread only).
+
+        The device stamps the event between two host reads h0 (before recording) and h1 (after
+        it has completed); its host time is taken as the midpoint, so the error is at most half
+        the bracket. Best of CALIBRATION_TRIES.
+        """
+        b = self._b
+        stream = b.calibration_stream(device)
+        best = None
+        spare = []
+        for _ in range(CALIBRATION_TRIES):
+            with self._lock:
+                ev = self._acquire(device)
+            h0 = self.clock()
+            b.record(ev, stream)
+            b.synchronize_event(ev)
+            h1 = self.clock()
+            cand = (h1 - h0, (h0 + h1) // 2, ev)
+            if best is None or cand[0] < best[0]:
+                if best is not None:
+                    spare.append(best[2])
+                best = cand
+            else:
+                spare.append(ev)
+        with self._lock:
+            self._release(device, *spare)
+            self._calib_seq += 1
+            cal = _Calibration(self._calib_seq, device, best[2], best[1], best[0])
+            self._calibs[cal.index] = cal
+            self._latest[device] = cal
+        return cal
+
+    def _to_host(self, cal: _Calibration, ev) -> int:
+        return cal.host_ns + round(self._b.elapsed_ms(cal.event, ev) * 1e6)
+
+    def _calibration_for(self, tok: _Token) -> _Calibration:
+        """The newest calibration known to precede the op on the device.
+
+        The calibration current at issue was published only after its event completed, so it
+        precedes the op's events (elapsed times stay positive). A newer one is preferred (less
+        drift) when its host time lies at least CALIBRATION_MARGIN_NS before the op's start as
+        mapped by the older one. Ops issued before the first calibration use the latest.
+        """
+        latest = self._latest[tok.device]
+        cal = self._calibs.get(tok.calib) if tok.calib is not None else None
+        if cal is None or cal is latest:
+            return latest
+        t0 = self._to_host(cal, tok.start)
+        for newer in sorted((c for c in self._calibs.values()
+                             if c.device == tok.device and c.index > cal.index),
+                            key=lambda c: c.index, reverse=True):
+            if newer.host_ns <= t0 - CALIBRATION_MARGIN_NS:
+                return newer
+        return cal
+
+    def poll(self) -> list:
+        """Read back every op whose events have completed, in issue order (writer thread only).
+
+        Never blocks on an op's events (``query()`` only). Returns
+        ``[(op_id, t_start_ns, t_end_ns, stream_wait_ns), ...]`` on the host clock.
+        """
+        if _graphs.capturing():
+            return []  # any CUDA call from this thread could invalidate the capture
+        out = []
+        try:
+            with self._lock:
+                toks = list(self._tokens.values())
+            if not toks:
+                return out
+            now = self.clock()
+            for dev in {t.device for t in toks}:
+                cal = self._latest.get(dev)
+                if cal is None or now - cal.host_ns >= self.calibration_interval_ns:
+                    self.calibrate(dev)
+            q = self._b.query
+            done = []
+            for tok in toks:
+                if tok.end is None:
+                    if not self._expired(tok, now):
+                        continue
+                    # An async op never waited: report its start only, free its events.
+                    if not q(tok.start):
+                        continue
+                    cal = self._calibration_for(tok)
+                    out.append((tok.op_id, self._to_host(cal, tok.start), None, None))
+                    done.append(tok)
+                    continue
+                if not (q(tok.end) and q(tok.start)):
+                    continue
+                if tok.wait_begin is not None and not q(tok.wait_begin):
+                    continue
+                cal = self._calibration_for(tok)
+                t0 = self._to_host(cal, tok.start)
+                t1 = self._to_host(cal, tok.end)
+                sw = None
+                if tok.wait_begin is not None:
+                    sw = max(0, round(self._b.elapsed_ms(tok.wait_begin, tok.end) * 1e6))
+                out.append((tok.op_id, t0, t1, sw))
+                done.append(tok)
+            if done:
+                with self._lock:
+                    for tok in done:
+                        self._tokens.pop(tok.op_id, None)
+                        self._release(tok.device, tok.start, tok.end, tok.wait_begin)
+                    self._prune_calibrations()
+        except Exception as e:
+            self._fail("poll", e)
+        return out
+
+    def _expired(self, tok: _Token, now: int) -> bool:
+        return tok.blocking is False and now - tok.issued_ns >= self.unwaited_timeout_ns
+
+    def _prune_calibrations(self) -> None:
+        """Return calibration events no pending op refers to (the latest per device stays)."""
+        used = {t.calib for t in self._tokens.values()}
+        keep = {c.index for c in self._latest.values()}
+        for idx in [i for i in self._calibs if i not in used and i not in keep]:
+            cal = self._calibs.pop(idx)
+            self._release(cal.device, cal.event)
+
+    def pending(self) -> int:
+        return len(self._tokens)
+
+    def pooled(self) -> int:
+        """Events idle in the pool."""
+        return sum(len(v) for v in self._pool.values())
+
+    def stats(self) -> dict:
+        return {"graph_captured_ops": self.graph_captured_ops, "events_created": self.events_created,
+                "dropped": self.dropped, "errors": self.errors,
+                "calibrations": self._calib_seq}
+
+
+class CudaTimer(EventTimer):
+    """EventTimer on torch.cuda (timing-enabled events on the caller's current stream)."""
+
+    def __init__(self, clock=None, **kw):
+        super().__init__(_CudaBackend(), clock=clock, **kw)
+
+
+class FakeTimer(EventTimer):
+    """EventTimer on the fake device layer, for CPU tests."""
+
+    def __init__(self, device: FakeDevice, **kw):
+        super().__init__(_FakeBackend(device), clock=device.clock, **kw)
+        self.device = device
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA graph capture guard: knows, from any thread, whether a capture is in progress.
+# --------------------------------------------------------------------------------------------
+
+
+class _GraphGuard:
+    """Wraps ``torch.cuda.CUDAGraph.capture_begin`` / ``capture_end`` to count live captures,
+    so that the writer thread keeps off CUDA while one runs (global capture mode forbids
+    ``cudaEventQuery`` from other threads)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._active = 0
+        self._originals: dict = {}
+
+    def capturing(self) -> bool:
+        return self._active > 0
+
+    def install(self, graph_cls=None) -> bool:
+        if graph_cls is None:
+            try:
+                import torch
+
+                graph_cls = torch.cuda.CUDAGraph
+            except Exception:
+                return False
+        with self._lock:
+            if graph_cls in self._originals:
+                return True
+            begin = graph_cls.__dict__.get("capture_begin")
+            end = graph_cls.__dict__.get("capture_end")
+            if begin is None or end is None:
+                return False
+            guard = self
+
+            def capture_begin(self, *a, **k):
+                with guard._lock:
+                    guard._active += 1
+                try:
+                    return begin(self, *a, **k)
+                except BaseException:
+                    with guard._lock:
+                        guard._active -= 1
+                    raise
+
+            def capture_end(self, *a, **k):
+                try:
+                    return end(self, *a, **k)
+                finally:
+                    with guard._lock:
+                        guard._active = max(0, guard._active - 1)
+
+            capture_begin.__wrapped__ = begin
+            capture_end.__wrapped__ = end
+            self._originals[graph_cls] = (begin, end)
+            graph_cls.capture_begin = capture_begin
+            graph_cls.capture_end = capture_end
+        return True
+
+    def uninstall(self) -> None:
+        with self._lock:
+            for cls, (begin, end) in self._originals.items():
+                cls.capture_begin = begin
+                cls.capture_end = end
+            self._originals.clear()
+            self._active = 0
+
+
+_graphs = _GraphGuard()
+
+
+def install(graph_cls=None) -> bool:
+    """Install the graph-capture guard on ``torch.cuda.CUDAGraph`` (or `graph_cls`, for tests);
+    idempotent. Called by :func:`get_device_timer`."""
+    return _graphs.install(graph_cls)
+
+
+def graph_capture_active() -> bool:
+    """Whether a CUDA graph capture begun through ``CUDAGraph.capture_begin`` is in progress."""
+    return _graphs.capturing()
+
+
+def uninstall() -> None:
+    """Restore ``CUDAGraph.capture_begin`` / ``capture_end``."""
+    _graphs.uninstall()
+
+
+_timer: DeviceTimer | None = None
+_timer_lock = threading.Lock()
+
+
+def get_device_timer(device_type: str, clock=None) -> DeviceTimer | None:
+    """The process's device timer for `device_type` ("cuda"), None off CUDA or when unavailable.
+
+    The first call creates a :class:`CudaTimer` (with host clock `clock`, e.g. the recorder's
+    ``now_ns``) and installs the graph-capture guard; later calls return the same timer.
+    """
+    global _timer
+    if device_type != "cuda":
+        return None
+    if _timer is not None:
+        if clock is not None:
+            _timer.clock = clock
+        return _timer
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+    except Exception:
+        return None
+    with _timer_lock:
+        if _timer is None:
+            try:
+                _timer = CudaTimer(clock=clock)
+                install()
+            except Exception as e:
+                log.warning("commtrace: CUDA event timing unavailable (%r)", e)
+                return None
+    return _timer
+
+
+def reset_device_timer() -> None:
+    """Drop the process's timer (tests, or `commtrace.disable()`)."""
+    global _timer
+    with _timer_lock:
+        _timer = None
+
+
+# --------------------------------------------------------------------------------------------
+# Optional cross-check: ProcessGroupNCCL's own timing.
+# --------------------------------------------------------------------------------------------
+
+#: Setting this before the process group is created makes ProcessGroupNCCL record its own
+#: start/end events around every op; ``Work._get_duration()`` then returns the op's duration in
+#: ms. Known cost: with ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (Megatron-style) the extra events on
+#: the NCCL stream can serialise it with compute and break comm/compute overlap, so commtrace
+#: never turns it on itself.
+NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
+
+
+def nccl_timing_enabled(environ=None) -> bool:
+    """Whether ProcessGroupNCCL's own timing was requested in the environment."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    return environ.get(NCCL_TIMING_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def nccl_duration_ms(work) -> float | None:
+    """ProcessGroupNCCL's own duration of a completed op in ms (cross-check), None if unknown.
+
+    Needs ``TORCH_NCCL_ENABLE_TIMING=1`` and a completed Work; gloo raises "This Backend doesn't
+    support getDuration", which gives None here.
+    """
+    try:
+        d = float(work._get_duration())
+    except Exception:
+        return None
+    return d if d >= 0 else None

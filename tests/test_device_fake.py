@@ -1,0 +1,319 @@
+"""Device timing on the fake event/stream layer: exact times for calibration, polling, pooling,
+stream waits and CUDA-graph skips (issue 4, items 1, 5 and 8)."""
+
+from __future__ import annotations
+
+import pytest
+
+from commtrace.capture import device as D
+
+T0 = 1_000_000_000_000  # fake host clock start (ns)
+OFF = 7_000_000_000     # device clock = host + OFF
+
+
+def make(latency=0, **kw):
+    clock = D.FakeClock(T0)
+    dev = D.FakeDevice(clock, offset_ns=OFF, launch_latency_ns=latency)
+    kw.setdefault("calibration_interval_s", 1000.0)
+    return clock, dev, D.FakeTimer(dev, **kw)
+
+
+def blocking_op(timer, dev, op_id, kernel_ns):
+    """A blocking collective: start event, kernel on the current stream, end event."""
+    tok = timer.on_issue(op_id)
+    dev.current.launch(kernel_ns)
+    timer.on_return(tok, blocking=True)
+    return tok
+
+
+def test_blocking_op_maps_exactly_through_calibration():
+    clock, dev, t = make()
+    issued = clock()
+    blocking_op(t, dev, 1, 300_000)
+    assert t.poll() == []            # not completed yet on the device: nothing, no blocking
+    assert clock() == issued         # poll never advanced (blocked) the host
+    clock.advance(1_000_000)
+    assert t.poll() == [(1, issued, issued + 300_000, None)]
+    assert t.pending() == 0
+
+
+def test_calibration_error_is_half_the_host_bracket():
+    # With 2 us between host enqueue and device execution, the calibration event is stamped
+    # 2 us after h0 and the host waits until then: midpoint = h0 + 1 us, so every mapped time is
+    # 1 us early (the documented bound: half the bracket).
+    clock, dev, t = make(latency=2_000)
+    issued = clock()
+    blocking_op(t, dev, 1, 100_000)
+    clock.advance(1_000_000)
+    cal_before = clock()
+    (row,) = t.poll()
+    true_start = issued + 2_000
+    assert row == (1, true_start - 1_000, true_start + 100_000 - 1_000, None)
+    assert clock() == cal_before + 3 * 2_000 - 2_000 * 0  # three tries, each waits 2 us
+    cal = t._latest[0]
+    assert cal.bracket_ns == 2_000
+
+
+def test_poll_returns_completed_ops_in_issue_order_without_waiting_for_others():
+    clock, dev, t = make()
+    s1, s2 = dev.current, D.FakeStream(dev, "side")
+    a = clock()
+    tok1 = t.on_issue(1)
+    s1.launch(5_000_000)              # long op on stream 1
+    t.on_return(tok1, True)
+    dev.current = s2
+    b = clock()
+    tok2 = t.on_issue(2)
+    s2.launch(1_000_000)              # short op on stream 2
+    t.on_return(tok2, True)
+    tok3 = t.on_issue(3)
+    s2.launch(1_000_000)
+    t.on_return(tok3, True)
+    clock.advance(2_000_000)
+    assert t.poll() == [(2, b, b + 1_000_000, None), (3, b + 1_000_000, b + 2_000_000, None)]
+    clock.advance(10_000_000)
+    assert t.poll() == [(1, a, a + 5_000_000, None)]
+    assert t.poll() == []
+
+
+def test_async_op_stream_wait_is_the_exposed_part():
+    clock, dev, t = make()
+    comm = D.FakeStream(dev, "nccl")
+    issued = clock()
+    tok = t.on_issue(7)
+    # NCCL: the comm stream waits for the caller's stream, then runs the 800 us transfer.
+    comm.wait_event(tok.start)
+    comm.launch(800_000)
+    done = D.FakeEvent(dev)
+    done.record(comm)
+    t.on_return(tok, blocking=False)
+    dev.current.launch(500_000)       # a matmul between issue and wait
+    clock.advance(50_000)             # host returns from the matmul launch at once
+    t.on_wait_begin(tok)
+    dev.current.wait_event(done)      # work.wait(): the current stream waits on the comm stream
+    t.on_wait(tok)
+    clock.advance(400_000)
+    assert t.poll() == []             # device is at issued+450us: not done
+    clock.advance(1_000_000)
+    # compute reached the wait at +500 us, comm ended at +800 us: 300 us exposed.
+    assert t.poll() == [(7, issued, issued + 800_000, 300_000)]
+
+
+def test_async_op_fully_overlapped_has_zero_stream_wait():
+    clock, dev, t = make()
+    comm = D.FakeStream(dev, "nccl")
+    issued = clock()
+    tok = t.on_issue(8)
+    comm.wait_event(tok.start)
+    comm.launch(200_000)
+    done = D.FakeEvent(dev)
+    done.record(comm)
+    t.on_return(tok, False)
+    dev.current.launch(900_000)
+    t.on_wait_begin(tok)
+    dev.current.wait_event(done)
+    t.on_wait(tok)
+    clock.advance(2_000_000)
+    # t_end is when the caller's stream passed the wait (an upper bound on completion).
+    assert t.poll() == [(8, issued, issued + 900_000, 0)]
+
+
+def test_async_without_wait_begin_has_no_stream_wait_and_unwaited_ops_stay_pending():
+    clock, dev, t = make(unwaited_timeout_s=1.0)
+    issued = clock()
+    tok = t.on_issue(1)
+    t.on_return(tok, False)
+    clock.advance(500_000_000)
+    assert t.poll() == [] and t.pending() == 1
+    tok2 = t.on_issue(2)
+    t.on_return(tok2, False)
+    w = clock()
+    t.on_wait(tok2)
+    clock.advance(1)
+    assert t.poll() == [(2, w - 0, w, None)]
+    clock.advance(600_000_000)        # op 1 never waited: after 1 s, start only, events freed
+    assert t.poll() == [(1, issued, None, None)]
+    assert t.pending() == 0
+
+
+def test_event_pool_bounds_allocation():
+    clock, dev, t = make()
+    for i in range(1000):
+        blocking_op(t, dev, i, 1_000)
+        clock.advance(2_000)
+        if i % 10 == 9:
+            assert len(t.poll()) == 10
+    # 10 ops x 2 events between polls, plus 3 calibration tries once (2 spares pooled).
+    assert t.events_created == 23
+    assert dev.events_created == 23
+    assert t.pooled() == 22 and t.pending() == 0
+
+
+def test_max_pending_drops_instead_of_growing():
+    clock, dev, t = make(max_pending=5)
+    toks = [t.on_issue(i) for i in range(8)]
+    assert sum(x is not None for x in toks) == 5
+    assert t.dropped == 3 and t.pending() == 5
+
+
+def test_graph_capture_records_no_events_and_counts_ops():
+    clock, dev, t = make()
+    dev.current.capturing = True
+    assert [t.on_issue(i) for i in range(4)] == [None] * 4
+    for _ in range(4):
+        t.on_return(None, True)
+        t.on_wait(None)
+    assert t.graph_captured_ops == 4 and t.events_created == 0 and t.pending() == 0
+    dev.current.capturing = False
+    blocking_op(t, dev, 9, 10_000)
+    clock.advance(20_000)
+    assert [r[0] for r in t.poll()] == [9]
+    assert t.stats()["graph_captured_ops"] == 4
+
+
+def test_writer_keeps_off_cuda_while_a_graph_capture_runs():
+    class FakeGraph:
+        def capture_begin(self, *a, **k):
+            self.began = True
+
+        def capture_end(self):
+            self.ended = True
+
+    clock, dev, t = make()
+    assert D.install(FakeGraph) and D.install(FakeGraph)  # idempotent
+    try:
+        blocking_op(t, dev, 1, 1_000)
+        clock.advance(5_000)
+        g = FakeGraph()
+        g.capture_begin()
+        assert D.graph_capture_active()
+        assert t.poll() == []
+        g.capture_end()
+        assert not D.graph_capture_active()
+        assert [r[0] for r in t.poll()] == [1]
+    finally:
+        D.uninstall()
+    assert FakeGraph.capture_begin.__name__ == "capture_begin"
+    assert not hasattr(FakeGraph.capture_begin, "__wrapped__")
+
+
+def test_calibration_renewal_bounds_drift():
+    clock, dev, t = make(calibration_interval_s=1.0)
+    a = clock()
+    blocking_op(t, dev, 1, 10_000)
+    clock.advance(20_000)
+    assert t.poll() == [(1, a, a + 10_000, None)]
+    dev.offset_ns += 50_000           # the device clock drifts 50 us ahead
+    b = clock()
+    blocking_op(t, dev, 2, 10_000)
+    clock.advance(20_000)
+    assert t.poll() == [(2, b + 50_000, b + 60_000, None)]  # stale calibration: 50 us off
+    clock.advance(1_000_000_000)      # interval passed: next poll renews
+    c = clock()
+    blocking_op(t, dev, 3, 10_000)    # issued under the stale calibration...
+    clock.advance(20_000)
+    assert t.poll() == [(3, c + 50_000, c + 60_000, None)]  # ...renewed after it: no newer one precedes it
+    d = clock() + 2_000_000
+    clock.t = d
+    blocking_op(t, dev, 4, 10_000)    # issued under the renewed calibration: exact again
+    clock.advance(20_000)
+    assert t.poll() == [(4, d, d + 10_000, None)]
+    assert t.stats()["calibrations"] == 2
+
+
+def test_op_issued_before_renewal_keeps_its_calibration_and_old_ones_are_freed():
+    clock, dev, t = make(calibration_interval_s=1.0)
+    blocking_op(t, dev, 1, 1_000)
+    clock.advance(2_000)
+    t.poll()                          # calibration 1
+    first_cal = t._latest[0]
+    a = clock()
+    tok = t.on_issue(2)               # issued under calibration 1
+    t.on_return(tok, False)
+    assert tok.calib == first_cal.index
+    clock.advance(2_000_000_000)
+    blocking_op(t, dev, 3, 1_000)
+    clock.advance(2_000)
+    assert [r[0] for r in t.poll()] == [3]  # calibration 2 taken; op 2 still pending
+    assert first_cal.index in t._calibs      # still referenced by op 2
+    t.on_wait(tok)
+    clock.advance(1)
+    (row,) = t.poll()
+    assert row[:2] == (2, a)
+    assert first_cal.index not in t._calibs  # released to the pool
+
+
+def test_timer_never_raises_into_the_caller():
+    class Broken(D._FakeBackend):
+        def record(self, event, stream):
+            raise RuntimeError("CUDA error: boom")
+
+    clock = D.FakeClock(T0)
+    dev = D.FakeDevice(clock)
+    t = D.EventTimer(Broken(dev), clock=clock)
+    assert t.on_issue(1) is None
+    t.on_return(None, True)
+    assert t.errors == 1 and t.poll() == []
+
+
+def test_no_timer_off_cuda():
+    assert D.get_device_timer("cpu") is None
+    import torch
+
+    if not torch.cuda.is_available():
+        assert D.get_device_timer("cuda") is None
+
+
+def test_nccl_duration_cross_check_is_guarded():
+    class Gloo:
+        def _get_duration(self):
+            raise RuntimeError("This Backend doesn't support getDuration")
+
+    class Nccl:
+        def _get_duration(self):
+            return 1.25
+
+    assert D.nccl_duration_ms(Gloo()) is None
+    assert D.nccl_duration_ms(Nccl()) == 1.25
+    assert D.nccl_timing_enabled({"TORCH_NCCL_ENABLE_TIMING": "1"})
+    assert not D.nccl_timing_enabled({})
+
+
+@pytest.mark.gpu
+def test_cuda_timer_on_a_real_gpu():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    t = D.CudaTimer()
+    x = torch.randn(4096, 4096, device="cuda")
+    ref0, ref1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ref0.record()
+    tok = t.on_issue(1)
+    y = x @ x
+    t.on_return(tok, True)
+    ref1.record()
+    torch.cuda.synchronize()
+    (row,) = t.poll()
+    ref_ns = ref0.elapsed_time(ref1) * 1e6
+    assert abs((row[2] - row[1]) - ref_ns) <= max(0.1 * ref_ns, 20_000)
+    del y
+
+
+def test_op_queued_behind_long_work_uses_the_newer_calibration():
+    clock, dev, t = make(calibration_interval_s=0.001)
+    blocking_op(t, dev, 1, 1_000)
+    clock.advance(2_000)
+    t.poll()                                   # calibration 1
+    dev.current.launch(10_000_000)             # 10 ms of compute queued before the op
+    a = clock()
+    tok = blocking_op(t, dev, 2, 100_000)
+    assert tok.calib == 1
+    dev.offset_ns += 30_000                    # drift after calibration 1
+    clock.advance(2_000_000)
+    assert t.poll() == []                      # renews (calibration 2 at a+2ms); op 2 not done
+    clock.advance(20_000_000)
+    # The device reaches the op's events 30 us earlier on the host clock than calibration 1
+    # predicts (a + 10 ms). Op 2 started more than 1 ms after calibration 2, so calibration 2
+    # maps it: exact.
+    assert t.poll() == [(2, a + 10_000_000 - 30_000, a + 10_100_000 - 30_000, None)]
