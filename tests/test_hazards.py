@@ -25,7 +25,7 @@ class FakeRecorder:
         self.rows.append(fields)
 
     def pending_ops(self):
-        return self.pending
+        return dict(self.pending)
 
     def add_pending_listener(self, fn):
         self.listeners.append(fn)
@@ -34,20 +34,22 @@ class FakeRecorder:
         for fn in self.listeners:
             fn(n)
 
+    # Like the real recorder: change under the lock, notify outside it.
     def issue(self, op_id, tensors, op="all_reduce"):
         with self.lock:
+            n0 = len(self.pending)
             self.pending[op_id] = types.SimpleNamespace(
                 op_id=op_id, op=op, api="all_reduce", site=None, tensors=tensors,
                 async_op=True, waited=False)
-            n = len(self.pending)
-            if n == 1:
-                self._notify(n)
+        if n0 == 0:
+            self._notify(1)
 
     def done(self, op_id):
         with self.lock:
             self.pending.pop(op_id, None)
-            if not self.pending:
-                self._notify(0)
+            n = len(self.pending)
+        if n == 0:
+            self._notify(0)
 
 
 @pytest.fixture

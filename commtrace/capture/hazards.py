@@ -34,7 +34,7 @@ import threading
 
 from . import registry
 from .log import warn_once
-from .sync import user_site
+from .sites import user_site
 
 BASIC_METHODS = ("item", "tolist", "cpu", "numpy", "__repr__", "__str__", "__format__")
 DETAIL = "use_before_wait"
@@ -303,16 +303,14 @@ def _on_pending(count=None) -> None:
             rec = _S.recorder
             if not _S.installed or rec is None:
                 return
-            # The count comes from the recorder, which reports transitions in order. Without one
-            # (install), read it; never call back into the recorder otherwise, since it may hold
-            # its own lock while calling us.
-            if count is None:
-                try:
-                    n = len(rec.pending_ops())
-                except Exception:
-                    n = 0
-            else:
-                n = int(count)
+            # Re-read the count under our lock rather than trusting `count`: calls from two
+            # threads (issue on the training thread, release on the writer or a gloo thread)
+            # may arrive out of order, but the last one to take our lock reads the final state.
+            # (The recorder calls listeners without holding its own locks.)
+            try:
+                n = len(rec.pending_ops())
+            except Exception:
+                n = int(count or 0)
             if n > 0:
                 if not _S.active:
                     _patch_readers()

@@ -15,50 +15,16 @@ code: the original's own exceptions pass through unchanged, ours are logged once
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 
 from . import registry
 from .log import warn_once
+from .sites import user_site
 
 _tls = threading.local()
 _installed: list[tuple[object, str]] = []
 _lock = threading.Lock()
 _get_recorder = None  # set by install(); defaults to commtrace.capture.recorder.get_recorder
-
-_COMMTRACE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def _torch_dir() -> str:
-    try:
-        import torch
-
-        return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-    except Exception:  # pragma: no cover
-        return "\0"
-
-
-_TORCH_DIR = None
-
-
-def user_site(depth: int = 1) -> str | None:
-    """``file:line`` of the innermost frame outside commtrace and torch (the user's call)."""
-    global _TORCH_DIR
-    if _TORCH_DIR is None:
-        _TORCH_DIR = _torch_dir()
-    try:
-        f = sys._getframe(depth)
-    except ValueError:
-        return None
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not (fn.startswith(_COMMTRACE_DIR) or fn.startswith(_TORCH_DIR)
-                or fn.startswith("<frozen")):
-            return f"{fn}:{f.f_lineno}"
-        f = f.f_back
-    return None
-
 
 def _recorder():
     g = _get_recorder
