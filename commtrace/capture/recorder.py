@@ -1,0 +1,599 @@
+"""The in-rank recorder: a bounded buffer of rows and a background thread that writes them.
+
+The training thread only builds Python lists (one per row, columns in ``schema.COLUMNS``
+order) and appends them to a deque; the writer thread converts them to Arrow and writes one
+Parquet part per flush (``--flush-interval``), rewrites ``rank=<r>/_inflight.json`` atomically
+with the ops still in flight, polls ``Work.is_completed()`` for Work objects that have no
+future (gloo point-to-point), and reads back device times when a device timer is set.
+
+Hooks used by the other capture modules are documented in ``docs/dev/interfaces.md``
+("Capture: recorder hooks"): :func:`get_recorder`, :meth:`Recorder.now_ns`,
+:meth:`Recorder.new_op_id`, :meth:`Recorder.emit`, :meth:`Recorder.inflight_ids`,
+:meth:`Recorder.pending_ops`, :meth:`Recorder.add_pending_listener`,
+:attr:`Recorder.device_timer`.
+
+Nothing here raises into the training loop: write errors (full disk, no permission) are logged
+once and the rows of that flush are counted as dropped.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import weakref
+
+from .. import __version__
+from ..config import Config, clock_skew_for
+from ..trace import schema as S
+from . import log
+
+# Column indices of a row list (schema order). Rows are plain lists so that the hot path does
+# no Arrow work; the writer thread transposes them.
+COLUMNS = S.COLUMNS
+NCOL = len(COLUMNS)
+IDX = {name: i for i, name in enumerate(COLUMNS)}
+I_KIND = IDX["kind"]
+I_RANK = IDX["rank"]
+I_PG = IDX["pg"]
+I_PG_SIZE = IDX["pg_size"]
+I_SEQ = IDX["seq"]
+I_OP = IDX["op"]
+I_API = IDX["api"]
+I_ASYNC = IDX["async_op"]
+I_BACKEND = IDX["backend"]
+I_DEVICE = IDX["device"]
+I_DTYPE = IDX["dtype"]
+I_COUNT = IDX["count"]
+I_BYTES = IDX["bytes"]
+I_OUT_BYTES = IDX["out_bytes"]
+I_PEER = IDX["peer"]
+I_ROOT = IDX["root"]
+I_T_ENQ = IDX["t_enqueue_ns"]
+I_T_RET = IDX["t_return_ns"]
+I_T_START = IDX["t_start_ns"]
+I_T_END = IDX["t_end_ns"]
+I_T_WAIT = IDX["t_wait_ns"]
+I_T_WAIT_END = IDX["t_wait_end_ns"]
+I_STEP = IDX["step"]
+I_SITE = IDX["site"]
+I_ERROR = IDX["error"]
+I_OP_ID = IDX["op_id"]
+I_REF_OP_ID = IDX["ref_op_id"]
+I_INFLIGHT = IDX["inflight"]
+I_INFLIGHT_IDS = IDX["inflight_ids"]
+I_FIRST = IDX["first_on_pg"]
+I_STREAM_WAIT = IDX["stream_wait_ns"]
+I_THREAD = IDX["thread"]
+I_DETAIL = IDX["detail"]
+
+#: How often the writer thread polls Work objects that have no future (seconds). Bounded: at
+#: most MAX_POLL works are looked at per cycle.
+POLL_INTERVAL_S = 0.001
+MAX_POLL = 512
+#: A completed async op whose Work is still referenced but never waited is written after this
+#: many flush intervals (its t_wait stays null).
+HOLD_FLUSHES = 2
+
+_time_ns = time.time_ns
+_get_ident = threading.get_ident
+
+_recorder: "Recorder | None" = None
+_part_counter = 0  # process-wide, so a second recorder in the same process never overwrites
+_part_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    # A forked child inherits the parent's recorder without its writer thread: drop it.
+    global _recorder
+    _recorder = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def get_recorder() -> "Recorder | None":
+    """The active recorder of this process, None when tracing is off."""
+    return _recorder
+
+
+def _set_recorder(rec: "Recorder | None") -> None:
+    global _recorder
+    _recorder = rec
+
+
+def _next_part_index() -> int:
+    global _part_counter
+    with _part_lock:
+        _part_counter += 1
+        return _part_counter
+
+
+class PendingOp:
+    """An async op issued and not yet written: its row, its Work (or tensor) and state."""
+
+    __slots__ = ("op_id", "op", "api", "site", "tensors", "async_op", "waited", "row",
+                 "work", "work_ref", "has_future", "t_done_seen", "device_token", "key",
+                 "siblings", "__weakref__")
+
+    def __init__(self, row, tensors=(), device_token=None):
+        self.row = row
+        self.op_id = row[I_OP_ID]
+        self.op = row[I_OP]
+        self.api = row[I_API]
+        self.site = row[I_SITE]
+        self.async_op = row[I_ASYNC]
+        self.tensors = tensors
+        self.waited = False
+        self.work = None        # strong ref (Work without a future: must stay alive to be polled)
+        self.work_ref = None    # weak ref (Work with a future)
+        self.has_future = False
+        self.t_done_seen = None  # writer-thread time when first seen complete
+        self.device_token = device_token
+        self.key = None         # key in Recorder._by_key (id of the Work or tensor)
+        self.siblings = None    # other ops completed by the same Work (coalesced)
+
+    def work_alive(self) -> bool:
+        if self.work is not None:
+            return True
+        r = self.work_ref
+        return r is not None and r() is not None
+
+    def as_json(self) -> dict:
+        d = {c: self.row[i] for i, c in enumerate(COLUMNS) if self.row[i] is not None}
+        d["pending"] = True
+        return d
+
+
+class Recorder:
+    """Per-process recorder (one active at a time); see the module docstring."""
+
+    def __init__(self, config: Config, rank: int, world_size: int, backend: str | None = None,
+                 run_dir: str | None = None, clock=None, start_thread: bool = True):
+        self.config = config
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.backend = backend
+        self.run_dir = run_dir or config.output
+        self.device_timer = None
+        self.skew_ns = clock_skew_for(self.rank)
+        self._clock = clock or _time_ns
+        self.meta: dict = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "commtrace_version": __version__,
+            "backend": backend,
+            "clock_offset_ns": 0,
+            "clock_offset_method": "none",
+            "clock_rtt_ns": None,
+            "clock_skew_injected_ns": self.skew_ns,
+            "dropped_rows": 0,
+            "pg_ranks": {},
+        }
+        try:
+            import torch
+
+            self.meta["torch_version"] = torch.__version__
+        except Exception:  # pragma: no cover
+            pass
+        self._op_id = 0
+        self._op_id_lock = threading.Lock()
+        self.step: int | None = None
+        self.seq: dict = {}          # pg name -> next collective seq
+        self.p2p_seq: dict = {}      # (pg, src, dst) -> next pair seq
+        self._ready = collections.deque()
+        self._pending: dict[int, PendingOp] = {}   # op_id -> PendingOp
+        self._by_key: dict[int, PendingOp] = {}    # id(work or tensor) -> PendingOp
+        self._device_rows: dict[int, list] = {}    # op_id -> row waiting for device times
+        self._listeners: list = []
+        self._pend_lock = threading.Lock()
+        self._write_lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._closed = False
+        self._dropped = 0
+        self._write_failed = False
+        self._last_inflight_text = None
+        self._pg_ranks_extra: dict = {}
+        #: Callables returning metadata entries, run once in the writer thread (first flush).
+        self.meta_providers: list = []
+        self._meta_done = False
+        self.manual_steps = False
+        self._thread = None
+        self._prev_handlers: dict = {}
+        self.cap = max(1000, int(config.buffer_ops))
+        if start_thread:
+            self._thread = threading.Thread(target=self._run, name="commtrace-writer", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ hooks (interfaces.md)
+
+    def now_ns(self) -> int:
+        """Host wall clock in ns since the epoch, with the injected test skew."""
+        return self._clock() + self.skew_ns
+
+    def new_op_id(self) -> int:
+        """Per-rank unique op id (column ``op_id``)."""
+        with self._op_id_lock:
+            self._op_id += 1
+            return self._op_id
+
+    def emit(self, **fields) -> None:
+        """Append one non-op row (kind "sync" | "hazard" | "mark" | ...). Keys are schema column
+        names; rank, thread, step and t_enqueue_ns are filled in when absent."""
+        try:
+            row = [None] * NCOL
+            for k, v in fields.items():
+                i = IDX.get(k)
+                if i is not None:
+                    row[i] = v
+            if row[I_KIND] is None:
+                row[I_KIND] = S.KIND_MARK
+            row[I_RANK] = self.rank
+            if row[I_THREAD] is None:
+                row[I_THREAD] = _get_ident()
+            if row[I_STEP] is None:
+                row[I_STEP] = self.step
+            if row[I_T_ENQ] is None:
+                row[I_T_ENQ] = self.now_ns()
+            if row[I_SITE] is None and self.config.stack:
+                from .sites import user_site
+
+                row[I_SITE] = user_site(2)
+            self.append_row(row)
+        except Exception as e:
+            log.warn_once("emit", "could not record a row", e)
+
+    def inflight_ids(self) -> list[int]:
+        """op_ids of async ops issued and not yet completed."""
+        return [p.op_id for p in list(self._pending.values()) if p.row[I_T_END] is None]
+
+    def pending_ops(self) -> dict:
+        """op_id -> :class:`PendingOp` for async ops issued and not yet written out (not waited,
+        or waited but their completion not yet recorded)."""
+        return dict(self._pending)
+
+    def add_pending_listener(self, fn) -> None:
+        """`fn(count)` is called when the number of pending async ops goes 0 -> >0 or >0 -> 0
+        (from any thread). Exceptions in `fn` are logged once."""
+        self._listeners.append(fn)
+
+    # ------------------------------------------------------------------ rows
+
+    def next_seq(self, pg: str) -> int:
+        s = self.seq.get(pg, 0)
+        self.seq[pg] = s + 1
+        return s
+
+    def next_p2p_seq(self, pg: str, src, dst) -> int:
+        k = (pg, src, dst)
+        s = self.p2p_seq.get(k, 0)
+        self.p2p_seq[k] = s + 1
+        return s
+
+    def append_row(self, row) -> None:
+        """Queue a finished row for writing (drops and counts when the buffer is full)."""
+        if len(self._ready) >= self.cap:
+            self._dropped += 1
+            return
+        self._ready.append(row)
+
+    def add_pending(self, row, key_obj=None, work=None, strong=False, has_future=False,
+                    tensors=(), device_token=None) -> PendingOp:
+        """Register an async op. `key_obj` (a Work or tensor) is what wait() will be called on."""
+        p = PendingOp(row, tensors, device_token)
+        p.has_future = has_future
+        if work is not None:
+            if strong:
+                p.work = work
+            else:
+                try:
+                    p.work_ref = weakref.ref(work)
+                except TypeError:
+                    p.work = work
+        if key_obj is not None:
+            p.key = id(key_obj)
+            if work is None and p.work_ref is None and p.work is None:
+                try:
+                    p.work_ref = weakref.ref(key_obj)
+                except TypeError:
+                    pass
+            self._by_key[p.key] = p
+        with self._pend_lock:
+            n0 = len(self._pending)
+            if n0 >= self.cap:
+                self._dropped += 1
+                return p
+            self._pending[p.op_id] = p
+        if n0 == 0 and self._listeners:
+            self._notify(1)
+        return p
+
+    def lookup(self, obj) -> "PendingOp | None":
+        """The pending op whose Work (or tensor) is `obj`, if any."""
+        p = self._by_key.get(id(obj))
+        if p is None:
+            return None
+        if p.work is not None:
+            return p if p.work is obj else None
+        r = p.work_ref
+        if r is not None and r() is not obj:
+            return None
+        return p
+
+    def complete(self, p: PendingOp, t_end: int) -> None:
+        """Completion of an async op (future callback, poll or wait); keeps the earliest."""
+        cur = p.row[I_T_END]
+        if cur is None or t_end < cur:
+            p.row[I_T_END] = t_end
+
+    def hold_device_row(self, op_id: int, row) -> None:
+        """A finished host row whose device times are still to be read back by `poll()`."""
+        if len(self._device_rows) >= self.cap:
+            self.append_row(row)
+            return
+        self._device_rows[op_id] = row
+
+    def _notify(self, count: int) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn(count)
+            except Exception as e:
+                log.warn_once(("listener", id(fn)), "pending-op listener failed", e)
+
+    def _release(self, p: PendingOp) -> None:
+        """Move a pending op to the write queue."""
+        with self._pend_lock:
+            if self._pending.pop(p.op_id, None) is None:
+                return
+            n = len(self._pending)
+        if p.key is not None and self._by_key.get(p.key) is p:
+            self._by_key.pop(p.key, None)
+        p.work = None
+        p.tensors = ()
+        if p.device_token is not None and self.device_timer is not None and not self._stop.is_set():
+            self.hold_device_row(p.op_id, p.row)
+        else:
+            self.append_row(p.row)
+        if n == 0 and self._listeners:
+            self._notify(0)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _run(self) -> None:
+        interval = max(0.05, float(self.config.flush_interval))
+        next_flush = time.monotonic() + interval
+        while not self._stop.is_set():
+            has_poll = any(p.work is not None and p.row[I_T_END] is None
+                           for p in list(self._pending.values())[:MAX_POLL])
+            timeout = POLL_INTERVAL_S if has_poll else min(0.05, interval)
+            self._wake.wait(timeout)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self._service(final=False)
+                if time.monotonic() >= next_flush:
+                    self.flush()
+                    next_flush = time.monotonic() + interval
+            except Exception as e:  # never die silently, never raise
+                log.warn_once("writer", "writer thread error", e)
+
+    def _service(self, final: bool) -> None:
+        """Poll Work objects without a future, release finished pending ops, read device times."""
+        now = self.now_ns()
+        hold_ns = int(HOLD_FLUSHES * max(0.05, float(self.config.flush_interval)) * 1e9)
+        polled = 0
+        for p in list(self._pending.values()):
+            row = p.row
+            if row[I_T_END] is None and p.work is not None and not p.has_future and polled < MAX_POLL:
+                polled += 1
+                try:
+                    if p.work.is_completed():
+                        self.complete(p, now)
+                except Exception:
+                    pass
+            if final:
+                self._release(p)
+                continue
+            if row[I_T_END] is None:
+                if (not p.has_future and p.work is None and p.work_ref is not None
+                        and p.work_ref() is None):
+                    self._release(p)  # e.g. a functional collective's result dropped unwaited
+                continue
+            if p.t_done_seen is None:
+                p.t_done_seen = now
+            if p.waited or not p.work_alive() or now - p.t_done_seen >= hold_ns:
+                self._release(p)
+        dt = self.device_timer
+        if dt is not None:
+            try:
+                for op_id, t_start, t_end, sw in dt.poll():
+                    row = self._device_rows.pop(op_id, None)
+                    p = None
+                    if row is None:
+                        p = self._pending.get(op_id)
+                        if p is None:
+                            continue
+                        row = p.row
+                    if t_start is not None:
+                        row[I_T_START] = t_start
+                    if t_end is not None:
+                        row[I_T_END] = t_end
+                    if sw is not None:
+                        row[I_STREAM_WAIT] = sw
+                    if p is not None:
+                        p.device_token = None
+                    else:
+                        self.append_row(row)
+            except Exception as e:
+                log.warn_once("device-poll", "device timer poll failed", e)
+        if final and self._device_rows:
+            for row in list(self._device_rows.values()):
+                self.append_row(row)
+            self._device_rows.clear()
+
+    def _collect_pg_ranks(self) -> dict:
+        out = dict(self._pg_ranks_extra)
+        try:
+            from torch.distributed import distributed_c10d as c10d
+
+            names = dict(c10d._world.pg_names)
+            ranks = dict(c10d._world.pg_group_ranks)
+            for pg, name in names.items():
+                gr = ranks.get(pg)
+                if gr:
+                    out[name] = sorted(int(r) for r in gr.keys())
+        except Exception:
+            pass
+        return out
+
+    def _metadata(self) -> dict:
+        if not self._meta_done:
+            self._meta_done = True
+            for fn in self.meta_providers:
+                try:
+                    self.meta.update(fn())
+                except Exception as e:
+                    log.warn_once(("meta", id(fn)), "metadata provider failed", e)
+        m = dict(self.meta)
+        m["dropped_rows"] = self._dropped
+        m["pg_ranks"] = self._collect_pg_ranks()
+        m["flush_interval_s"] = self.config.flush_interval
+        if self.device_timer is not None:
+            try:
+                m.update(self.device_timer.stats())
+            except Exception:
+                pass
+        return m
+
+    def flush(self, final: bool = False) -> None:
+        """Write the queued rows as one part and rewrite the in-flight snapshot. Never raises."""
+        with self._write_lock:
+            try:
+                if final:
+                    self._service(final=True)
+                rows = []
+                q = self._ready
+                while q:
+                    rows.append(q.popleft())
+                inflight = [p.as_json() for p in list(self._pending.values())
+                            if p.row[I_T_END] is None]
+                if final:
+                    # Ops written just now with t_end null are still reported as in flight.
+                    inflight = [{c: r[i] for i, c in enumerate(COLUMNS) if r[i] is not None}
+                                | {"pending": True}
+                                for r in rows if r[I_KIND] == S.KIND_OP and r[I_T_END] is None]
+                self._write(rows, inflight, final)
+            except Exception as e:
+                log.warn_once("flush", "could not write trace part", e)
+
+    def _write(self, rows, inflight, final) -> None:
+        from ..trace import writer as W
+
+        d = W.rank_dir(self.run_dir, self.rank)
+        try:
+            os.makedirs(d, exist_ok=True)
+            if rows:
+                cols = list(zip(*rows))
+                table = W.rows_to_table({c: list(cols[i]) for i, c in enumerate(COLUMNS)})
+                W.write_part(self.run_dir, self.rank, table, self._metadata(),
+                             index=_next_part_index())
+            text = json.dumps({"rank": self.rank, "t_ns": self.now_ns(), "final": final,
+                               "ops": inflight}, default=str)
+            if text != self._last_inflight_text or final:
+                W.atomic_write_text(os.path.join(d, S.INFLIGHT_NAME), text)
+                self._last_inflight_text = text
+        except Exception as e:
+            self._dropped += len(rows)
+            if not self._write_failed:
+                self._write_failed = True
+                log.warn_once(("write", self.run_dir), f"cannot write trace under {d}; "
+                              "rows are dropped (training continues)", e)
+
+    def close(self) -> None:
+        """Stop the writer thread and write everything, including ops still in flight (with
+        t_end null). Idempotent; never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._wake.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5.0)
+        self.flush(final=True)
+        self._restore_signals()
+
+    # ------------------------------------------------------------------ signals / exit
+
+    def install_exit_handlers(self) -> None:
+        """Flush at normal exit and on SIGTERM / SIGINT, chaining any existing handlers."""
+        atexit.register(_atexit_close, weakref.ref(self))
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                prev = signal.getsignal(sig)
+                if getattr(prev, "__commtrace__", False):
+                    continue
+                handler = _make_handler(weakref.ref(self), prev)
+                signal.signal(sig, handler)
+                self._prev_handlers[sig] = (prev, handler)
+            except Exception as e:
+                log.warn_once(("signal", sig), "cannot install signal handler", e)
+
+    def _restore_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, (prev, handler) in list(self._prev_handlers.items()):
+            try:
+                if signal.getsignal(sig) is handler:
+                    signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+            except Exception:
+                pass
+        self._prev_handlers.clear()
+
+
+def _atexit_close(ref) -> None:
+    rec = ref()
+    if rec is not None:
+        try:
+            rec.close()
+        except Exception:
+            pass
+
+
+def _make_handler(ref, prev):
+    def handler(signum, frame):
+        rec = ref()
+        if rec is not None:
+            try:
+                if signum == signal.SIGTERM and prev in (signal.SIG_DFL, None):
+                    rec.close()  # the process ends right after: write everything
+                else:
+                    rec.flush()
+            except Exception:
+                pass
+        if callable(prev):
+            return prev(signum, frame)
+        if prev == signal.SIG_IGN:
+            return None
+        # SIG_DFL: restore the default and re-deliver, so the exit status is the signal's.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    handler.__commtrace__ = True
+    return handler

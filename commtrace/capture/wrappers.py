@@ -1,0 +1,645 @@
+"""Function wrappers on torch.distributed: one row per op per rank.
+
+Each wrapper of :data:`api_table.API_TABLE` is one function object installed under the same
+name in both ``torch.distributed`` and ``torch.distributed.distributed_c10d``, because
+``batch_isend_irecv`` and ``P2POp`` recognise ops by the identity of ``isend`` / ``irecv``
+(``shared/reference/torch-notes.md``). When tracing is off a wrapper costs one attribute read.
+
+Completion (metrics.md ``t_end_ns``):
+
+- async op with a future (gloo collectives, NCCL): the future's done-callback;
+- async op without one (gloo isend / irecv / batch_isend_irecv): the writer thread polls
+  ``is_completed()``; ``wait()`` refines it (the earliest of the two is kept);
+- blocking op: the return of the call (the op had completed when it returned), or the CUDA end
+  event when a device timer is active;
+- ``Work.wait`` is patched on the class to record ``t_wait_ns`` / ``t_wait_end_ns``.
+
+Wrapped calls are never re-entered: the tensor collectives that an object collective issues
+internally are not recorded as ops of their own (their sizes are added to the outer row), so
+the per-group ``seq`` counts the calls the user made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import threading
+
+from ..trace import schema as S
+from . import log, nvtx_ranges
+from . import recorder as _R
+from .api_table import API_TABLE, Reader, split_param, tensors_of
+from .registry import ORIGINAL_ATTR, original_of, patch, restore
+from .recorder import (I_API, I_ASYNC, I_BYTES, I_COUNT, I_DETAIL, I_DEVICE, I_DTYPE, I_ERROR,
+                       I_FIRST, I_OP_ID, I_OUT_BYTES, I_PEER, I_SEQ, I_T_END, I_T_RET,
+                       I_T_WAIT, I_T_WAIT_END, NCOL)
+from .sites import user_site
+
+
+class _TLS(threading.local):
+    depth = 0          # >0 inside an object collective: inner calls are not rows of their own
+    acc = None         # [bytes, out_bytes] accumulated from inner calls of an object collective
+    api = None         # api name override (batch_isend_irecv, ddp_comm_hook, ...)
+    detail = None      # detail text for rows issued in this context (DDP bucket, ...)
+    coalesce = None    # list of (row, token) issued inside a _coalescing_manager
+
+
+tls = _TLS()
+
+_c10d = None     # torch.distributed.distributed_c10d
+_dist = None     # torch.distributed
+_installed = False
+_install_lock = threading.RLock()
+_WRAPPERS: dict[str, object] = {}
+
+# --------------------------------------------------------------------------------------------
+# Process-group facts, cached per group object.
+# --------------------------------------------------------------------------------------------
+
+
+class PgInfo:
+    __slots__ = ("name", "size", "ranks", "backend", "member", "pg")
+
+    def __init__(self, pg, name, size, ranks, backend, member):
+        self.pg, self.name, self.size, self.ranks = pg, name, size, ranks
+        self.backend, self.member = backend, member
+
+
+_pg_cache: dict = {}
+_dtype_names: dict = {}
+
+
+def pg_info(group) -> PgInfo | None:
+    """Name, size, global ranks and backend of `group` (None: the default group)."""
+    if group is None:
+        group = _c10d._world.default_pg
+        if group is None:
+            return None
+    info = _pg_cache.get(group)
+    if info is not None:
+        return info
+    c = _c10d
+    try:
+        member = not c._rank_not_in_group(group)
+    except Exception:
+        member = True
+    if not member:
+        info = PgInfo(group, None, 0, [], None, False)
+    else:
+        try:
+            name = c._get_process_group_name(group)
+        except Exception:
+            name = getattr(group, "group_name", None) or str(id(group))
+        try:
+            ranks = [int(r) for r in c.get_process_group_ranks(group)]
+        except Exception:
+            ranks = []
+        try:
+            backend = str(c.get_backend(group))
+        except Exception:
+            backend = None
+        info = PgInfo(group, name, len(ranks) or group.size(), ranks, backend, True)
+        rec = _R.get_recorder()
+        if rec is not None:
+            rec._pg_ranks_extra[name] = ranks
+    _pg_cache[group] = info
+    return info
+
+
+def _global(info: PgInfo, glob, grp):
+    if glob is not None:
+        return int(glob)
+    if grp is not None:
+        try:
+            return info.ranks[int(grp)]
+        except Exception:
+            return None
+    return None
+
+
+def dtype_name(dt) -> str:
+    s = _dtype_names.get(dt)
+    if s is None:
+        s = str(dt).replace("torch.", "")
+        _dtype_names[dt] = s
+    return s
+
+
+def _nbytes(ts) -> tuple[int, int]:
+    n = b = 0
+    for t in ts:
+        try:
+            k = t.numel()
+            n += k
+            b += k * t.element_size()
+        except Exception:
+            pass
+    return n, b
+
+
+# --------------------------------------------------------------------------------------------
+# Row construction.
+# --------------------------------------------------------------------------------------------
+
+
+def new_row(rec, kind, info: PgInfo, op, api, async_op, t0) -> list:
+    row = [None] * NCOL
+    row[0] = kind
+    row[1] = rec.rank
+    row[2] = info.name
+    row[3] = info.size
+    row[5] = op
+    row[6] = api
+    row[I_ASYNC] = async_op
+    row[8] = info.backend
+    row[16] = t0
+    row[22] = rec.step
+    row[I_OP_ID] = rec.new_op_id()
+    row[31] = threading.get_ident()
+    if rec.config.stack:
+        row[23] = user_site(3)
+    d = tls.detail
+    if d is not None:
+        row[I_DETAIL] = d
+    return row
+
+
+def _prepare(rec, reader: Reader, args, kwargs, t0):
+    """Build the row of one call (before the call). Returns (row, tensors, info) or None when
+    the call is not to be recorded (rank not in the group)."""
+    spec = reader.spec
+    info = pg_info(reader.arg(args, kwargs, spec.group))
+    if info is None or not info.member:
+        return None
+    if spec.always_async:
+        async_op = True
+    elif spec.async_param:
+        async_op = bool(reader.arg(args, kwargs, spec.async_param))
+    else:
+        async_op = False
+    api = tls.api or reader.api
+    row = new_row(rec, S.KIND_OP, info, spec.op, api, async_op, t0)
+    in_name, in_kind = split_param(spec.ins)
+    out_name, out_kind = split_param(spec.outs)
+    ins = tensors_of(reader.arg(args, kwargs, in_name), in_kind) if in_name else []
+    outs = tensors_of(reader.arg(args, kwargs, out_name), out_kind) if out_name else []
+    if ins or outs:
+        n, b = _nbytes(ins)
+        row[I_COUNT] = n
+        row[I_BYTES] = b
+        row[I_OUT_BYTES] = _nbytes(outs)[1] if outs else 0
+        t = ins[0] if ins else outs[0]
+        try:
+            row[I_DTYPE] = dtype_name(t.dtype)
+            row[I_DEVICE] = str(t.device)
+        except Exception:
+            pass
+    elif not spec.object:
+        row[I_COUNT] = row[I_BYTES] = row[I_OUT_BYTES] = 0 if spec.op == "barrier" else None
+    me = rec.rank
+    if spec.peer:
+        peer = _global(info, reader.arg(args, kwargs, spec.peer[0]),
+                       reader.arg(args, kwargs, spec.peer[1]))
+        row[I_PEER] = peer
+        if peer is not None:
+            src, dst = (me, peer) if spec.op == "send" else (peer, me)
+            s = rec.next_p2p_seq(info.name, src, dst)
+            row[I_SEQ] = s
+            row[I_FIRST] = s == 0
+    else:
+        if spec.root:
+            row[15] = _global(info, reader.arg(args, kwargs, spec.root[0]),
+                              reader.arg(args, kwargs, spec.root[1]))
+        s = rec.next_seq(info.name)
+        row[I_SEQ] = s
+        row[I_FIRST] = s == 0
+    return row, ins + outs, info
+
+
+_nofuture: set = set()   # (backend, op) whose Work has no future (gloo p2p)
+
+
+def _track_work(rec, row, work, tensors, token):
+    """Register an async op's Work: completion through its future, else by polling."""
+    key = (row[8], row[5])
+    if key not in _nofuture:
+        try:
+            fut = work.get_future()
+        except Exception:
+            _nofuture.add(key)
+            fut = None
+        if fut is not None:
+            p = rec.add_pending(row, key_obj=work, work=work, has_future=True,
+                                tensors=tensors, device_token=token)
+
+            def _done(_f, p=p, rec=rec):
+                rec.complete(p, rec.now_ns())
+
+            try:
+                fut.add_done_callback(_done)
+            except Exception as e:
+                log.warn_once("future-cb", "cannot attach a completion callback", e)
+            return p
+    # No future: keep the Work alive (the backend holds the op anyway) and poll it.
+    p = rec.add_pending(row, key_obj=work, work=work, strong=True, has_future=False,
+                        tensors=tensors, device_token=token)
+    rec.wake()
+    return p
+
+
+def _finish(rec, reader, row, ret, t1, tensors, token, info):
+    row[I_T_RET] = t1
+    spec = reader.spec
+    if spec.op == "recv" and row[I_PEER] is None and not row[I_ASYNC] and isinstance(ret, int) \
+            and ret >= 0:
+        # recv from any source returns the sender's rank.
+        row[I_PEER] = ret
+        s = rec.next_p2p_seq(info.name, ret, rec.rank)
+        row[I_SEQ] = s
+        row[I_FIRST] = s == 0
+    if spec.object and tls.acc is not None:
+        pass
+    if row[I_ASYNC]:
+        if ret is None:
+            co = tls.coalesce
+            if co is not None:
+                co.append((row, tensors, token))
+                return
+            rec.append_row(row)  # nothing to wait on: completion unknown
+            return
+        _track_work(rec, row, ret, tensors, token)
+        return
+    row[I_T_END] = t1
+    if token is not None and rec.device_timer is not None:
+        rec.hold_device_row(row[I_OP_ID], row)
+    else:
+        rec.append_row(row)
+
+
+def _record_error(rec, row, t1, e):
+    try:
+        row[I_T_RET] = t1
+        row[I_ERROR] = f"{type(e).__name__}: {e}"
+        rec.append_row(row)
+    except Exception:
+        pass
+
+
+def _call(rec, reader: Reader, orig, args, kwargs):
+    t0 = rec.now_ns()
+    try:
+        prep = _prepare(rec, reader, args, kwargs, t0)
+    except Exception as e:
+        log.warn_once(("prepare", reader.api), f"cannot record {reader.api}", e)
+        prep = None
+    if prep is None:
+        return orig(*args, **kwargs)
+    row, tensors, info = prep
+    spec = reader.spec
+    token = None
+    dt = rec.device_timer
+    if dt is not None and row[I_DEVICE] and row[I_DEVICE].startswith("cuda"):
+        try:
+            token = dt.on_issue(row[I_OP_ID])
+        except Exception as e:
+            log.warn_once("dt-issue", "device timer failed", e)
+    nv = nvtx_ranges.active
+    if nv:
+        nvtx_ranges.push(spec.op, row[I_BYTES])
+    if spec.object:
+        prev_acc = tls.acc
+        acc = tls.acc = [0, 0, 0, None, None]
+    tls.depth += 1
+    try:
+        ret = orig(*args, **kwargs)
+    except BaseException as e:
+        _record_error(rec, row, rec.now_ns(), e)
+        raise
+    finally:
+        tls.depth -= 1
+        if spec.object:
+            tls.acc = prev_acc
+        if nv:
+            nvtx_ranges.pop()
+    t1 = rec.now_ns()
+    try:
+        if spec.object:
+            row[I_COUNT], row[I_BYTES], row[I_OUT_BYTES] = acc[0], acc[1], acc[2]
+            row[I_DTYPE], row[I_DEVICE] = acc[3], acc[4]
+        if token is not None:
+            dt.on_return(token, not row[I_ASYNC])
+        _finish(rec, reader, row, ret, t1, tensors if rec.config.hazards != "off" else (),
+                token, info)
+    except Exception as e:
+        log.warn_once(("finish", reader.api), f"cannot record {reader.api}", e)
+    return ret
+
+
+def _accumulate(reader: Reader, args, kwargs):
+    """Inside an object collective: add an inner tensor call's sizes to the outer row."""
+    try:
+        acc = tls.acc
+        spec = reader.spec
+        in_name, in_kind = split_param(spec.ins)
+        out_name, out_kind = split_param(spec.outs)
+        ins = tensors_of(reader.arg(args, kwargs, in_name), in_kind) if in_name else []
+        outs = tensors_of(reader.arg(args, kwargs, out_name), out_kind) if out_name else []
+        n, b = _nbytes(ins)
+        acc[0] += n
+        acc[1] += b
+        acc[2] += _nbytes(outs)[1]
+        t = ins[0] if ins else (outs[0] if outs else None)
+        if t is not None and acc[3] is None:
+            acc[3] = dtype_name(t.dtype)
+            acc[4] = str(t.device)
+    except Exception:
+        pass
+
+
+def make_wrapper(api: str, orig, spec):
+    """The wrapper of one torch.distributed function (see module docstring)."""
+    reader = Reader.build(api, orig, spec)
+    get = _R.get_recorder
+
+    def wrapper(*args, **kwargs):
+        rec = _R._recorder
+        if rec is None:
+            return orig(*args, **kwargs)
+        if tls.depth:
+            if tls.acc is not None:
+                _accumulate(reader, args, kwargs)
+            return orig(*args, **kwargs)
+        return _call(rec, reader, orig, args, kwargs)
+
+    del get
+    try:
+        functools.update_wrapper(wrapper, orig)
+    except Exception:
+        wrapper.__name__ = api
+    setattr(wrapper, ORIGINAL_ATTR, orig)
+    wrapper.__commtrace_reader__ = reader
+    return wrapper
+
+
+# --------------------------------------------------------------------------------------------
+# Work.wait
+# --------------------------------------------------------------------------------------------
+
+
+def _make_wait(orig_wait):
+    def wait(self, *args, **kwargs):
+        rec = _R._recorder
+        if rec is None or not rec._by_key:
+            return orig_wait(self, *args, **kwargs)
+        p = rec.lookup(self)
+        if p is None:
+            return orig_wait(self, *args, **kwargs)
+        group = [p] + list(getattr(p, "siblings", None) or ())
+        dt = rec.device_timer
+        if dt is not None and p.device_token is not None:
+            try:
+                dt.on_wait_begin(p.device_token)
+            except Exception:
+                pass
+        t0 = rec.now_ns()
+        try:
+            r = orig_wait(self, *args, **kwargs)
+        except BaseException as e:
+            t1 = rec.now_ns()
+            for q in group:
+                if q.row[I_ERROR] is None:
+                    q.row[I_ERROR] = f"{type(e).__name__}: {e}"
+                q.row[I_T_WAIT] = q.row[I_T_WAIT] or t0
+                q.row[I_T_WAIT_END] = t1
+                q.waited = True
+            raise
+        t1 = rec.now_ns()
+        try:
+            if dt is not None and p.device_token is not None:
+                dt.on_wait(p.device_token)
+            for q in group:
+                if q.row[I_T_WAIT] is None:
+                    q.row[I_T_WAIT] = t0
+                q.row[I_T_WAIT_END] = t1
+                if r is not False:
+                    rec.complete(q, t1)
+                q.waited = True
+            rec.wake()
+        except Exception as e:
+            log.warn_once("wait", "cannot record wait()", e)
+        return r
+
+    setattr(wait, ORIGINAL_ATTR, orig_wait)
+    try:
+        functools.update_wrapper(wait, orig_wait)
+    except Exception:
+        pass
+    return wait
+
+
+# --------------------------------------------------------------------------------------------
+# batch_isend_irecv and _coalescing_manager
+# --------------------------------------------------------------------------------------------
+
+
+def _make_batch(orig):
+    def batch_isend_irecv(p2p_op_list):
+        p2p_op_list = _repoint_p2p_ops(p2p_op_list)
+        rec = _R._recorder
+        if rec is None or tls.depth:
+            return orig(p2p_op_list)
+        prev = tls.api
+        tls.api = "batch_isend_irecv"
+        try:
+            return orig(p2p_op_list)
+        finally:
+            tls.api = prev
+
+    functools.update_wrapper(batch_isend_irecv, orig)
+    setattr(batch_isend_irecv, ORIGINAL_ATTR, orig)
+    return batch_isend_irecv
+
+
+def _repoint_p2p_ops(ops):
+    """P2POps built before tracing hold the original isend/irecv; batch_isend_irecv tells sends
+    from receives by identity with the (now wrapped) module functions, so hand it copies that
+    point at the wrappers. The caller's objects are left untouched."""
+    w_isend = _WRAPPERS.get("isend")
+    w_irecv = _WRAPPERS.get("irecv")
+    if w_isend is None:
+        return ops
+    o_isend, o_irecv = original_of(w_isend), original_of(w_irecv)
+    try:
+        if not any(getattr(o, "op", None) is o_isend or getattr(o, "op", None) is o_irecv
+                   for o in ops):
+            return ops
+        out = []
+        for o in ops:
+            if o.op is o_isend or o.op is o_irecv:
+                n = object.__new__(type(o))
+                n.__dict__.update(o.__dict__)
+                n.op = w_isend if o.op is o_isend else w_irecv
+                o = n
+            out.append(o)
+        return out
+    except Exception:
+        return ops
+
+
+def _make_coalescing(orig):
+    @contextlib.contextmanager
+    def _coalescing_manager(group=None, device=None, async_ops=False):
+        rec = _R._recorder
+        if rec is None or tls.depth:
+            with orig(group, device, async_ops) as cm:
+                yield cm
+            return
+        prev = tls.coalesce
+        issued = tls.coalesce = []
+        ok = False
+        try:
+            with orig(group, device, async_ops) as cm:
+                try:
+                    yield cm
+                finally:
+                    tls.coalesce = prev
+            ok = True
+        finally:
+            tls.coalesce = prev
+            try:
+                _close_coalesced(rec, issued, cm if ok else None, async_ops)
+            except Exception as e:
+                log.warn_once("coalesce", "cannot record coalesced ops", e)
+
+    setattr(_coalescing_manager, ORIGINAL_ATTR, orig)
+    return _coalescing_manager
+
+
+def _close_coalesced(rec, issued, cm, async_ops):
+    if not issued:
+        return
+    t = rec.now_ns()
+    detail = json.dumps({"coalesced": len(issued)})
+    works = [w for w in (getattr(cm, "works", None) or []) if w is not None] if cm else []
+    if async_ops and works:
+        first = None
+        for row, tensors, token in issued:
+            row[I_DETAIL] = row[I_DETAIL] or detail
+        row, tensors, token = issued[0]
+        first = _track_work(rec, row, works[-1], tensors, token)
+        first.siblings = []
+        for row, tensors, token in issued[1:]:
+            q = rec.add_pending(row, work=works[-1], has_future=first.has_future,
+                                strong=not first.has_future, tensors=tensors)
+            first.siblings.append(q)
+            if first.has_future:
+                try:
+                    works[-1].get_future().add_done_callback(
+                        lambda _f, q=q: rec.complete(q, rec.now_ns()))
+                except Exception:
+                    pass
+        return
+    for row, tensors, token in issued:
+        row[I_DETAIL] = row[I_DETAIL] or detail
+        if cm is not None:
+            row[I_T_END] = t
+        rec.append_row(row)
+
+
+# --------------------------------------------------------------------------------------------
+# install / uninstall
+# --------------------------------------------------------------------------------------------
+
+
+def install() -> bool:
+    """Wrap the torch.distributed functions of API_TABLE (plus batch_isend_irecv,
+    _coalescing_manager and Work.wait). Safe to call while torch is half-imported (it touches
+    only ``distributed_c10d`` and ``torch.distributed``) and idempotent."""
+    global _c10d, _dist, _installed
+    import sys
+
+    with _install_lock:
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        if c10d is None:
+            import torch.distributed.distributed_c10d as c10d  # noqa: F811
+        _c10d = c10d
+        _dist = sys.modules.get("torch.distributed")
+        targets = [c10d] + ([_dist] if _dist is not None else [])
+        for name, spec in API_TABLE.items():
+            w = _WRAPPERS.get(name)
+            if w is None:
+                orig = None
+                for mod in targets:
+                    f = getattr(mod, name, None)
+                    if f is not None:
+                        orig = original_of(f)
+                        break
+                if orig is None:
+                    continue
+                w = make_wrapper(name, orig, spec)
+                _WRAPPERS[name] = w
+            for mod in targets:
+                if hasattr(mod, name) or mod is c10d:
+                    if getattr(mod, name, None) is not w:
+                        restore(mod, name)
+                        patch(mod, name, w)
+        for name, maker in (("batch_isend_irecv", _make_batch),
+                            ("_coalescing_manager", _make_coalescing)):
+            w = _WRAPPERS.get(name)
+            if w is None:
+                f = getattr(c10d, name, None)
+                if f is None:
+                    continue
+                w = _WRAPPERS[name] = maker(original_of(f))
+            for mod in targets:
+                if hasattr(mod, name) and getattr(mod, name) is not w:
+                    restore(mod, name)
+                    patch(mod, name, w)
+        try:
+            Work = c10d.Work
+            if not hasattr(Work.wait, ORIGINAL_ATTR):
+                patch(Work, "wait", _make_wait(Work.wait))
+        except Exception as e:
+            log.warn_once("work-wait", "cannot patch Work.wait; t_wait_ns will be null", e)
+        _installed = True
+        return True
+
+
+def install_late() -> None:
+    """Re-run :func:`install` once ``torch.distributed`` has finished importing (its
+    ``from .distributed_c10d import *`` may have copied names before we patched)."""
+    install()
+
+
+def uninstall() -> None:
+    """Restore every original. P2POps built while wrapped keep working: batch_isend_irecv's
+    original resolves them by identity with the restored functions only, so this is meant for
+    tests; :func:`commtrace.disable` leaves the (pass-through) wrappers in place."""
+    global _installed
+    with _install_lock:
+        for mod in (_c10d, _dist):
+            if mod is None:
+                continue
+            for name in list(_WRAPPERS):
+                restore(mod, name)
+        try:
+            restore(_c10d.Work, "wait")
+        except Exception:
+            pass
+        _WRAPPERS.clear()
+        _pg_cache.clear()
+        _installed = False
+
+
+def installed() -> bool:
+    return _installed
+
+
+def wrapped_names() -> set[str]:
+    """Names of torch.distributed functions currently wrapped."""
+    return {n for n, w in _WRAPPERS.items() if _dist is not None and getattr(_dist, n, None) is w}
+
+
+def reset_caches() -> None:
+    _pg_cache.clear()
