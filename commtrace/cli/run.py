@@ -1,0 +1,192 @@
+"""`commtrace run [options] -- CMD [ARGS...]`: run any command with tracing on in every Python
+process of it that creates a process group (torchrun workers, mp.spawn children, ...).
+
+It reaches them through the environment: ``commtrace/capture/bootstrap`` goes first on
+``PYTHONPATH`` (its ``sitecustomize`` chains to any existing one) and the capture options travel
+as ``COMMTRACE_*`` variables built from :class:`commtrace.config.Config`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import click
+
+from ..config import ENV_ENABLE, Config
+from ..errors import OutputError, UsageError
+
+EPILOG = """\b
+Examples:
+  commtrace run -- torchrun --nproc-per-node 8 train.py
+  commtrace run -o traces/run1 -- torchrun --nproc-per-node 2 samples/ddp_mlp.py
+  commtrace run --flush-interval 5 --no-stack -- python -m my_launcher train.py
+  commtrace run -- bash launch.sh        (any command; Python ranks inside are traced)
+"""
+
+
+def bootstrap_dir() -> str:
+    """Directory holding the bootstrap ``sitecustomize.py``."""
+    from .. import capture
+
+    return os.path.join(os.path.dirname(os.path.abspath(capture.__file__)), "bootstrap")
+
+
+def child_env(config: Config, base=None) -> dict[str, str]:
+    """Environment of the traced command: ours first on PYTHONPATH, tracing armed."""
+    env = dict(os.environ if base is None else base)
+    env.update(config.to_env())
+    env[ENV_ENABLE] = "1"
+    boot = bootstrap_dir()
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != boot]
+    env["PYTHONPATH"] = os.pathsep.join([boot] + parts)
+    import commtrace
+
+    env["COMMTRACE_PKG_PATH"] = os.path.dirname(os.path.dirname(os.path.abspath(commtrace.__file__)))
+    return env
+
+
+def default_output() -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = os.path.join("commtrace-traces", stamp)
+    path, n = base, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}"
+    return path
+
+
+def _ranks_written(out: str) -> list[int]:
+    ranks = []
+    try:
+        for name in os.listdir(out):
+            if name.startswith("rank="):
+                try:
+                    ranks.append(int(name[5:]))
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return sorted(ranks)
+
+
+def _update_manifest(out: str, **fields) -> None:
+    from ..trace import schema as S
+    from ..trace import writer as W
+
+    path = os.path.join(out, S.MANIFEST_NAME)
+    m = {}
+    try:
+        with open(path) as f:
+            m = json.load(f)
+    except (OSError, ValueError):
+        pass
+    m.update(fields)
+    W.write_manifest(out, m)
+
+
+@click.command(name="run", epilog=EPILOG,
+               context_settings={"help_option_names": ["-h", "--help"],
+                                 "ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+              help="Run directory (default: a new ./commtrace-traces/<time>).")
+@click.option("--nvtx/--no-nvtx", default=True, show_default=True,
+              help="NVTX range per op (domain 'commtrace'); free without a profiler attached.")
+@click.option("--stack/--no-stack", default=True, show_default=True,
+              help="Record the user call site (file:line) of each op.")
+@click.option("--flush-interval", type=click.FloatRange(min=0.05), default=2.0, show_default=True,
+              metavar="SECONDS", help="Write a Parquet part this often.")
+@click.option("--buffer-ops", type=click.IntRange(min=1000), default=200_000, show_default=True,
+              metavar="N", help="Rows buffered in memory per rank; beyond, rows are dropped "
+              "and counted.")
+@click.option("--hang-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              metavar="SECONDS", help="An op in flight this long counts as a hang.")
+@click.option("--dump-on-hang/--no-dump-on-hang", default=True, show_default=True,
+              help="Dump Python stacks of a rank that hangs.")
+@click.option("--hazards", type=click.Choice(["off", "basic", "full"]), default="basic",
+              show_default=True, help="Host-side hazard checks (use before wait, ...).")
+@click.option("--cuda-events/--no-cuda-events", default=True, show_default=True,
+              help="Time ops on the GPU with CUDA events (NCCL).")
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_on_hang,
+            hazards, cuda_events, cmd):
+    """Run CMD with tracing on in every rank; write the trace to one run directory."""
+    cmd = list(cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("no command given (usage: commtrace run [OPTIONS] -- CMD [ARGS...])")
+    out = os.path.abspath(output or default_output())
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot create the output directory {out}: {e.strerror}") from e
+    if not os.access(out, os.W_OK):
+        raise OutputError(f"output directory {out} is not writable")
+    config = Config(output=out, nvtx=nvtx, stack=stack, flush_interval=flush_interval,
+                    buffer_ops=buffer_ops, hazards=hazards, hang_timeout=hang_timeout,
+                    dump_on_hang=dump_on_hang, cuda_events=cuda_events)
+    from .. import __version__
+
+    start_ns = time.time_ns()
+    _update_manifest(out, command=cmd, start_ns=start_ns,
+                     start_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), cwd=os.getcwd(),
+                     commtrace_version=__version__)
+    rc = run_child(cmd, child_env(config))
+    ranks = _ranks_written(out)
+    echo = lambda s: click.echo(s, err=True)  # noqa: E731
+    if not ranks:
+        try:
+            os.unlink(os.path.join(out, "_manifest.json"))
+            os.rmdir(out)
+        except OSError:
+            pass
+        echo("commtrace: no process created a process group; nothing was traced.")
+        return rc
+    _update_manifest(out, end_ns=time.time_ns(), exit_code=rc, ranks_written=ranks)
+    shown = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else out
+    echo(f"commtrace: trace of {len(ranks)} rank(s) written to {shown}")
+    echo("commtrace: next:")
+    echo(f"  commtrace report {shown}")
+    echo(f"  commtrace dashboard {shown}")
+    return rc
+
+
+def run_child(cmd: list[str], env: dict[str, str]) -> int:
+    """Run `cmd` in its own process group, forward SIGINT/SIGTERM to it once, return its exit
+    code (128 + signal number when a signal ended it)."""
+    try:
+        child = subprocess.Popen(cmd, env=env, preexec_fn=os.setpgrp)
+    except FileNotFoundError:
+        click.echo(f"commtrace: error: command not found: {cmd[0]}", err=True)
+        return 127
+    except PermissionError:
+        click.echo(f"commtrace: error: cannot execute: {cmd[0]}", err=True)
+        return 126
+
+    def forward(signum, frame):
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    prev = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        prev[sig] = signal.signal(sig, forward)
+    try:
+        while True:
+            try:
+                rc = child.wait()
+                break
+            except InterruptedError:  # pragma: no cover
+                continue
+    finally:
+        for sig, h in prev.items():
+            signal.signal(sig, h)
+    if rc < 0:
+        return 128 + (-rc)
+    return rc
