@@ -52,6 +52,12 @@ class FakeRecorder:
             self._notify(0)
 
 
+@pytest.fixture(autouse=True)
+def immediate_restore(monkeypatch):
+    """Restore torch's methods at the first read with nothing pending (no hysteresis)."""
+    monkeypatch.setattr(hazards, "UNPATCH_AFTER_S", 0.0)
+
+
 @pytest.fixture
 def rec():
     r = FakeRecorder()
@@ -88,8 +94,8 @@ def test_item_on_pending_tensor_records_one_hazard_with_site(rec):
                                detail="use_before_wait", site=site)
     assert len(rec.rows) == 2        # the loop's line is a second site
     rec.done(5)
+    t.item()                         # nothing pending: no row, and torch's method comes back
     assert torch.Tensor.item is ORIG["item"]
-    t.item()
     assert len(rec.rows) == 2
 
 
@@ -153,7 +159,9 @@ def test_listener_from_other_threads_is_safe(rec):
         repr(t)
     th.join()
     assert errors == []
-    assert torch.Tensor.item is ORIG["item"] and not hazards.stats()["active"]
+    assert not hazards.stats()["active"]
+    t.item()
+    assert torch.Tensor.item is ORIG["item"]
     assert all(r["api"] in ("Tensor.item", "Tensor.__repr__") for r in rec.rows)
 
 
@@ -227,3 +235,28 @@ def test_off_mode_installs_nothing():
     assert hazards.install(r, "off") is False
     r.issue(1, [torch.ones(1)])
     assert torch.Tensor.item is ORIG["item"] and r.listeners == []
+
+
+def test_readers_stay_patched_briefly_then_restore(monkeypatch):
+    """Hysteresis: a loop of async op + wait does not repatch torch.Tensor every iteration."""
+    now = [100.0]
+    monkeypatch.setattr(hazards, "UNPATCH_AFTER_S", 1.0)
+    monkeypatch.setattr(hazards, "_monotonic", lambda: now[0])
+    r = FakeRecorder()
+    hazards.install(r, "basic")
+    try:
+        t = torch.ones(1)
+        before = hazards.stats()["toggles"]
+        for i in range(50):
+            r.issue(i, [torch.ones(2)])
+            t.item()
+            r.done(i)
+            now[0] += 0.01
+        assert hazards.stats()["toggles"] - before == 1  # patched once for the 50 cycles
+        t.item()
+        assert registry.is_wrapper(torch.Tensor.item)  # 10 ms after the last op: kept
+        now[0] += 1.0
+        t.item()                                       # 1 s with nothing pending: restored
+        assert torch.Tensor.item is ORIG["item"] and r.rows == []
+    finally:
+        hazards.uninstall()

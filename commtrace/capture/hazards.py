@@ -3,10 +3,14 @@
 yet. The value read may be stale (on NCCL the comm kernel may not even have started).
 
 How it stays free when nothing is pending: the recorder calls our pending listener when the
-number of pending async ops goes 0 -> >0 and >0 -> 0. Only while ops are pending are the
-host-read methods of ``torch.Tensor`` (``item``, ``tolist``, ``cpu``, ``numpy``, ``__repr__``,
-``__str__``, ``__format__``) replaced by checking wrappers; at 0 the originals are put back, so a
-program with nothing in flight runs torch's own methods, untouched.
+number of pending async ops goes 0 -> >0 and >0 -> 0. The host-read methods of ``torch.Tensor``
+(``item``, ``tolist``, ``cpu``, ``numpy``, ``__repr__``, ``__str__``, ``__format__``) are
+replaced by checking wrappers the first time an op becomes pending, and torch's originals are
+put back once nothing has been pending for ``UNPATCH_AFTER_S`` (checked by the next host read,
+or at uninstall): a program with no async op in flight runs torch's own methods, untouched.
+The hysteresis is there because patching and restoring seven attributes of ``torch.Tensor``
+costs tens of microseconds (type-cache invalidation), which a loop of async op + wait would
+otherwise pay every iteration; in between, a wrapper with nothing pending costs one flag test.
 
 Each check asks whether the tensor's memory overlaps the memory of a tensor of a pending op that
 was not waited (a view of the same storage counts; a disjoint slice of one bucket does not).
@@ -31,6 +35,7 @@ state changes happen under one lock and a check reads a snapshot of the pending 
 from __future__ import annotations
 
 import threading
+import time
 
 from . import registry
 from .log import warn_once
@@ -38,6 +43,9 @@ from .sites import user_site
 
 BASIC_METHODS = ("item", "tolist", "cpu", "numpy", "__repr__", "__str__", "__format__")
 DETAIL = "use_before_wait"
+#: Restore torch's host-read methods after this long with nothing pending (seconds).
+UNPATCH_AFTER_S = 1.0
+_monotonic = time.monotonic
 
 #: Functions that read no tensor data (metadata, views): not hazards in full mode.
 _NO_DATA = frozenset((
@@ -60,12 +68,13 @@ class _State:
         self.recorder = None
         self.mode = "off"
         self.installed = False
-        self.active = False          # basic wrappers in place (ops pending)
+        self.active = False          # async ops pending: wrappers check
+        self.last_change = 0.0       # monotonic time of the last pending-count transition
         self.patched: list[tuple[object, str]] = []
         self.tf_mode = None          # the TorchFunctionMode object (full mode)
         self.tf_owner = None         # thread ident that pushed it
         self.seen: set = set()
-        self.extents: dict = {}      # op_id -> [(lo, hi, device)] of its tensors
+        self.extents: dict = {}      # {'key': pending op ids, 'ops': their memory extents}
         self.hits = 0
         self.toggles = 0
 
@@ -77,21 +86,19 @@ _S = _State()
 
 
 def _extent(t):
-    """(first byte, one past last byte, device) of the memory `t` can read, or None."""
+    """(first byte, one past the last byte) of the memory `t` can read, or None."""
     try:
-        n = t.numel()
-        if n == 0:
-            return None
         lo = t.data_ptr()
         if lo == 0:
             return None
-        es = t.element_size()
         if t.is_contiguous():
-            return lo, lo + n * es, t.device
+            return lo, lo + t.nbytes
         span = 1
-        for s, st in zip(t.size(), t.stride()):
-            span += (s - 1) * abs(st)
-        return lo, lo + span * es, t.device
+        for sz, st in zip(t.size(), t.stride()):
+            if sz == 0:
+                return None
+            span += (sz - 1) * abs(st)
+        return lo, lo + span * t.element_size()
     except Exception:  # sparse, meta, fake tensors: no memory to compare
         return None
 
@@ -108,30 +115,34 @@ def _tensors_of(obj, out):
 
 
 def _pending_extents(rec):
-    """[(op_id, op, [(lo, hi, device)])] of pending ops not yet waited (cached per op)."""
+    """[(op_id, op, [(lo, hi, device)])] of pending ops not yet waited.
+
+    The extents are rebuilt only when the set of pending op ids changes, so a check costs one
+    ``pending_ops()`` call and a scan of a few tuples.
+    """
     try:
         pend = rec.pending_ops()
     except Exception as e:
         warn_once("hazard-pending", "hazard check: pending_ops() failed", e)
-        return []
+        return ()
     if not pend:
-        return []
-    out = []
-    cache = _S.extents
-    if len(cache) > 2 * len(pend) + 64:  # ops never reaching 0 pending (steady DDP): prune
-        for k in [k for k in cache if k not in pend]:
-            cache.pop(k, None)
-    for op_id, p in list(pend.items()):
-        if getattr(p, "waited", False):
-            continue
-        ext = cache.get(op_id)
-        if ext is None:
-            ext = [e for e in map(_extent, _tensors_of(getattr(p, "tensors", None) or (), []))
-                   if e is not None]
-            cache[op_id] = ext
-        if ext:
-            out.append((op_id, getattr(p, "op", None), ext))
-    return out
+        return ()
+    key = tuple(pend)
+    cached = _S.extents
+    if cached.get("key") != key:
+        ops = []
+        for op_id, p in list(pend.items()):
+            ext = []
+            for pt in _tensors_of(getattr(p, "tensors", None) or (), []):
+                e = _extent(pt)
+                if e is not None and e[1] > e[0]:
+                    ext.append((e[0], e[1], pt.device))
+            if ext:
+                ops.append((p, op_id, getattr(p, "op", None), ext))
+        cached = {"key": key, "ops": ops}
+        _S.extents = cached
+    return [(op_id, op, ext) for p, op_id, op, ext in cached["ops"]
+            if not getattr(p, "waited", False)]
 
 
 def _find(t, pend):
@@ -139,10 +150,12 @@ def _find(t, pend):
     e = _extent(t)
     if e is None:
         return None
-    lo, hi, dev = e
+    lo, hi = e
+    if hi <= lo:
+        return None
     for op_id, op, exts in pend:
         for plo, phi, pdev in exts:
-            if lo < phi and plo < hi and dev == pdev:
+            if lo < phi and plo < hi and t.device == pdev:  # CPU and GPU addresses may coincide
                 return op_id, op
     return None
 
@@ -183,8 +196,18 @@ def check(tensors, api: str, depth: int = 2) -> int:
 # -- basic mode: host-read methods --------------------------------------------------------
 
 
+def _lazy_unpatch() -> None:
+    with _S.lock:
+        if not _S.active and _S.patched and _monotonic() - _S.last_change >= UNPATCH_AFTER_S:
+            _unpatch_readers()
+
+
 def _make_reader(orig, api: str):
     def reader(self, *args, **kwargs):
+        if not _S.active:
+            if _monotonic() - _S.last_change >= UNPATCH_AFTER_S:
+                _lazy_unpatch()
+            return orig(self, *args, **kwargs)
         if getattr(_tls, "busy", False):
             return orig(self, *args, **kwargs)
         _tls.busy = True  # __format__ -> item, __str__ -> __repr__, repr's own torch ops
@@ -313,16 +336,17 @@ def _on_pending(count=None) -> None:
                 n = int(count or 0)
             if n > 0:
                 if not _S.active:
-                    _patch_readers()
+                    _S.last_change = _monotonic()
+                    if not _S.patched:
+                        _patch_readers()
+                        _S.toggles += 1
                     _S.active = True
-                    _S.toggles += 1
                 if _S.mode == "full":
                     _push_mode()
             else:
                 if _S.active:
-                    _unpatch_readers()
                     _S.active = False
-                    _S.toggles += 1
+                    _S.last_change = _monotonic()
                     _S.seen.clear()
                     _S.extents.clear()
                 if _S.mode == "full":
@@ -384,5 +408,6 @@ def uninstall() -> None:
 
 
 def stats() -> dict:
-    """Counters: hazard rows emitted and reader patch toggles."""
-    return {"hazards": _S.hits, "toggles": _S.toggles, "active": _S.active, "mode": _S.mode}
+    """Counters: hazard rows emitted, times the readers were patched, current state."""
+    return {"hazards": _S.hits, "toggles": _S.toggles, "active": _S.active,
+            "patched": bool(_S.patched), "mode": _S.mode}
