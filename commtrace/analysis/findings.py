@@ -1,0 +1,567 @@
+"""Findings: what went wrong, where, and by how much (catalogue: docs/findings.md).
+
+Each detector is a function of a loaded :class:`~commtrace.analysis.run.Run` that returns a few
+:class:`Finding` objects; the heavy lifting is SQL over the run's table. Thresholds are the
+named constants below, chosen so that a clean run reports nothing: the first collective of each
+group (connection set-up) is ignored for stragglers, and a straggler needs evidence in both
+count (a z-score against arrival order by chance) and magnitude.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from .run import COLLECTIVE_SQL
+
+#: The fixed finding kinds (issue 3).
+KINDS = ("straggler", "late_sender", "late_receiver", "collective_mismatch", "not_joined",
+         "not_completed", "sync_while_inflight", "redundant_sync", "wait_immediately",
+         "use_before_wait", "first_op_init_stall", "clock_violation")
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+# Straggler: count evidence (z-score of last arrivals against 1/n by chance, and a share at
+# least STRAGGLER_MIN_RATIO times the expected one) and magnitude evidence (mean lead over the
+# second-latest arrival).
+STRAGGLER_MIN_COLLECTIVES = 4
+STRAGGLER_MIN_LAST = 3
+STRAGGLER_MIN_Z = 3.0
+STRAGGLER_MIN_RATIO = 1.5
+STRAGGLER_MIN_LATE_NS = 500_000
+STRAGGLER_TYPICAL_FACTOR = 3.0
+# Late sender / receiver per peer pair (first op of a pair excluded: lazy set-up).
+P2P_LATE_MIN_NS = 100_000
+P2P_MIN_EVENTS = 3
+P2P_MIN_TOTAL_NS = 1_000_000
+# Host rules.
+WAIT_IMMEDIATE_NS = 100_000
+REDUNDANT_SYNC_GAP_NS = 200_000
+INIT_STALL_MIN_NS = 10_000_000
+INIT_STALL_RATIO = 5.0
+#: Individual findings per group for mismatches / incomplete ops (the rest are counted).
+MAX_PER_GROUP = 10
+
+
+@dataclass
+class Finding:
+    """One finding. `evidence` holds the numbers behind `message` (ns unless named _s)."""
+
+    kind: str
+    severity: str
+    message: str
+    rank: int | None = None
+    pg: str | None = None
+    seq: int | None = None
+    op: str | None = None
+    site: str | None = None
+    t_ns: int | None = None
+    t_end_ns: int | None = None
+    impact_ns: int = 0
+    evidence: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (the `findings` entries of the report contract)."""
+        d = asdict(self)
+        d["impact_s"] = self.impact_ns / 1e9
+        return d
+
+
+def fmt_ns(ns) -> str:
+    """Human duration: 1.23 s, 20.1 ms, 350 us, 800 ns."""
+    if ns is None:
+        return "?"
+    ns = float(ns)
+    a = abs(ns)
+    if a >= 1e9:
+        return f"{ns / 1e9:.3g} s"
+    if a >= 1e6:
+        return f"{ns / 1e6:.3g} ms"
+    if a >= 1e3:
+        return f"{ns / 1e3:.3g} us"
+    return f"{ns:.0f} ns"
+
+
+def fmt_ranks(ranks) -> str:
+    rs = sorted({int(r) for r in ranks})
+    if not rs:
+        return "none"
+    parts, start, prev = [], rs[0], rs[0]
+    for r in rs[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    s = ", ".join(parts)
+    return s if len(s) < 80 else s[:77] + "..."
+
+
+def _i(v):
+    return None if v is None else int(v)
+
+
+# ---------------------------------------------------------------------------- detectors
+def straggler(run) -> list[Finding]:
+    """A rank that arrives last far more often than chance, and by a margin that stands out."""
+    out = []
+    st = run.stragglers().to_pylist()
+    if not st:
+        return out
+    c = run._ensure_coll()
+    for s in st:
+        n = s["n_collectives"] or 0
+        last = s["last_count"] or 0
+        if n < STRAGGLER_MIN_COLLECTIVES or last < STRAGGLER_MIN_LAST:
+            continue
+        expected = (s["expected_share"] or 0.0) * n
+        var = s["var_count"] or 0.0
+        z = (last - expected) / (var ** 0.5) if var > 0 else 0.0
+        share = s["share"] or 0.0
+        exp_share = s["expected_share"] or 0.0
+        mean_late = float(s["mean_late_ns"] or 0.0)
+        typical = float(s["typical_late_ns"] or 0.0)
+        if z < STRAGGLER_MIN_Z or share < STRAGGLER_MIN_RATIO * exp_share:
+            continue
+        if mean_late < max(STRAGGLER_MIN_LATE_NS, STRAGGLER_TYPICAL_FACTOR * typical):
+            continue
+        r = s["rank"]
+        row = run._sql(f"""
+            SELECT mode(op), mode(site), count(DISTINCT pg), min(pg), min(first_enter_ns), max(last_enter_ns)
+            FROM {c} WHERE last_rank = ? AND complete AND NOT first_of_pg AND n_ranks >= 2""", [r]).fetchone()
+        total = int(s["total_late_ns"] or 0)
+        out.append(Finding(
+            kind="straggler", severity="warning", rank=r, pg=row[3] if row[2] == 1 else None,
+            op=row[0], site=row[1], t_ns=_i(row[4]), t_end_ns=_i(row[5]), impact_ns=total,
+            evidence={"last_count": last, "n_collectives": n, "share": share,
+                      "expected_share": exp_share, "z": z, "mean_late_ns": mean_late,
+                      "total_late_ns": total, "typical_late_ns": typical},
+            message=(f"rank {r} arrived last at {last} of {n} collectives ({share:.0%}; "
+                     f"{exp_share:.0%} expected by chance), on average {fmt_ns(mean_late)} after the "
+                     f"next-latest rank; the others waited {fmt_ns(total)} in all for it"
+                     + (f" (mostly {row[0]} at {row[1]})" if row[1] else ""))))
+    return out
+
+
+def late_p2p(run) -> list[Finding]:
+    """late_sender / late_receiver per peer pair (metrics.md wait states)."""
+    p = run._ensure_p2p()
+    out = []
+    for kind, col, who, other, verb in (
+            ("late_sender", "late_sender_ns", "src", "dst", "sent late to"),
+            ("late_receiver", "late_receiver_ns", "dst", "src", "posted its receive late for")):
+        rows = run._sql(f"""
+            SELECT pg, src, dst, count(*) FILTER (WHERE {col} > {P2P_LATE_MIN_NS}) AS n_late, count(*) AS n,
+                   sum({col}) FILTER (WHERE {col} > {P2P_LATE_MIN_NS}) AS total, max({col}) AS mx,
+                   mode({'send_site' if who == 'src' else 'recv_site'}) AS site,
+                   min(least(send_enter_ns, recv_enter_ns)) AS t0, max(greatest(send_leave_ns, recv_leave_ns)) AS t1
+            FROM {p} WHERE pair_seq > 1 AND send_enter_ns IS NOT NULL AND recv_enter_ns IS NOT NULL
+            GROUP BY pg, src, dst
+            HAVING n_late >= {P2P_MIN_EVENTS} AND total >= {P2P_MIN_TOTAL_NS}""").fetchall()
+        for pg, src, dst, n_late, n, total, mx, site, t0, t1 in rows:
+            late_rank = src if who == "src" else dst
+            peer = dst if who == "src" else src
+            mean = total / n_late
+            out.append(Finding(
+                kind=kind, severity="warning", rank=int(late_rank), pg=pg, op="send" if who == "src" else "recv",
+                site=site, t_ns=_i(t0), t_end_ns=_i(t1), impact_ns=int(total),
+                evidence={"src": int(src), "dst": int(dst), "count": int(n_late), "pairs": int(n),
+                          "total_ns": int(total), "mean_ns": mean, "max_ns": int(mx)},
+                message=(f"rank {late_rank} {verb} rank {peer} on pg {pg}: {n_late} of {n} transfers "
+                         f"waited, {fmt_ns(total)} in total (mean {fmt_ns(mean)}, max {fmt_ns(mx)})")))
+    return out
+
+
+def collective_mismatch(run) -> list[Finding]:
+    """op, dtype or sizes differ across ranks for one (pg, seq), by the Flight Recorder
+    analyzer's rules: op and dtype always; the element count must agree for every op but
+    all_to_all, gather and scatter (uneven splits are legal there); all_gather's output must be
+    n x its input and reduce_scatter's input n x its output."""
+    out = []
+    t = run._t
+    rows = run._sql(f"""
+        WITH x AS (SELECT pg, seq, rank, op, dtype, count, bytes, out_bytes, pg_size, site, t_enqueue_ns
+                   FROM {t} WHERE kind = 'op' AND op IN {COLLECTIVE_SQL} AND seq IS NOT NULL AND pg IS NOT NULL),
+        g AS (
+            SELECT pg, seq, count(DISTINCT op) AS n_op, count(DISTINCT dtype) AS n_dtype,
+                   count(DISTINCT count) AS n_count, mode(op) AS mop,
+                   bool_or(op = 'all_gather' AND out_bytes IS NOT NULL AND bytes IS NOT NULL
+                           AND pg_size IS NOT NULL AND out_bytes <> bytes * pg_size) AS ag_bad,
+                   bool_or(op = 'reduce_scatter' AND out_bytes IS NOT NULL AND bytes IS NOT NULL
+                           AND pg_size IS NOT NULL AND out_bytes * pg_size <> bytes) AS rs_bad
+            FROM x GROUP BY pg, seq)
+        , bad AS (
+            SELECT g.pg, g.seq, g.n_op, g.n_dtype, g.n_count, g.ag_bad, g.rs_bad,
+                   list(struct_pack(rank := x.rank, op := x.op, dtype := x.dtype, count := x.count,
+                                    bytes := x.bytes, out_bytes := x.out_bytes, site := x.site,
+                                    t := x.t_enqueue_ns) ORDER BY x.rank) AS entries
+            FROM g JOIN x ON x.pg = g.pg AND x.seq = g.seq
+            WHERE g.n_op > 1 OR g.n_dtype > 1 OR g.ag_bad OR g.rs_bad
+               OR (g.n_count > 1 AND g.mop NOT IN ('all_to_all', 'gather', 'scatter'))
+            GROUP BY ALL)
+        SELECT *, count(*) OVER (PARTITION BY pg) AS n_in_pg,
+               row_number() OVER (PARTITION BY pg ORDER BY seq) AS k
+        FROM bad ORDER BY pg, seq""").fetchall()
+    for pg, seq, n_op, n_dtype, n_count, ag_bad, rs_bad, entries, n_in_pg, k in rows:
+        if k > MAX_PER_GROUP:
+            continue
+        what = []
+        if n_op > 1:
+            field_, what = "op", ["op"]
+        elif n_dtype > 1:
+            field_, what = "dtype", ["dtype"]
+        elif n_count > 1:
+            field_, what = "count", ["size"]
+        else:
+            field_, what = None, ["output size"]
+        culprits = _minority(entries, field_) if field_ else [
+            e["rank"] for e in entries
+            if (e["op"] == "all_gather" and e["out_bytes"] is not None and e["bytes"] is not None
+                and e["out_bytes"] != e["bytes"] * len(entries))
+            or (e["op"] == "reduce_scatter" and e["out_bytes"] is not None and e["bytes"] is not None
+                and e["out_bytes"] * len(entries) != e["bytes"])]
+        by_rank = {e["rank"]: e for e in entries}
+        c0 = culprits[0] if culprits else entries[0]["rank"]
+        ref = next((e for e in entries if e["rank"] not in culprits), entries[0])
+        ce = by_rank[c0]
+        if field_ == "count":
+            detail = (f"rank {c0} passed {ce['count']} elements ({fmt_bytes(ce['bytes'])}) where rank "
+                      f"{ref['rank']} passed {ref['count']} ({fmt_bytes(ref['bytes'])})")
+        elif field_:
+            detail = f"rank {c0} called {ce[field_]} where rank {ref['rank']} called {ref[field_]}"
+        else:
+            detail = f"rank {c0}'s output is {fmt_bytes(ce['out_bytes'])} for an input of {fmt_bytes(ce['bytes'])}"
+        extra = f"; {n_in_pg} mismatched collectives on pg {pg} in all" if k == 1 and n_in_pg > 1 else ""
+        out.append(Finding(
+            kind="collective_mismatch", severity="error", rank=int(c0), pg=pg, seq=int(seq), op=ref["op"],
+            site=ce["site"], t_ns=_i(min(e["t"] for e in entries if e["t"] is not None) if any(e["t"] is not None for e in entries) else None),
+            impact_ns=0,
+            evidence={"field": field_ or "out_bytes", "culprits": [int(r) for r in culprits],
+                      "entries": [{kk: (vv if kk != "t" else None) for kk, vv in e.items() if kk != "t"} for e in entries],
+                      "mismatched_in_pg": int(n_in_pg)},
+            message=f"{what[0]} mismatch in {ref['op']} seq {seq} on pg {pg}: {detail}{extra}"))
+    return out
+
+
+def _minority(entries, field_) -> list[int]:
+    """Ranks whose value is not the majority's; on a tie, those that differ from the lowest
+    rank (the Flight Recorder analyzer compares every rank with the first)."""
+    counts: dict = {}
+    for e in entries:
+        counts[e[field_]] = counts.get(e[field_], 0) + 1
+    best = max(counts.values())
+    modes = [v for v, c in counts.items() if c == best]
+    ref = modes[0] if len(modes) == 1 else entries[0][field_]
+    return [e["rank"] for e in entries if e[field_] != ref]
+
+
+def fmt_bytes(b) -> str:
+    if b is None:
+        return "?"
+    b = float(b)
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= div:
+            return f"{b / div:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def _incomplete_keys(run) -> str:
+    """(pg, seq) of collectives that some member never issued."""
+    c = run._ensure_coll()
+    return f"(SELECT pg, seq FROM {c} WHERE n_ranks < n_expected)"
+
+
+def not_joined(run) -> list[Finding]:
+    """Member ranks that never issued a collective that others issued: the hang culprit, named
+    with its last completed op (members: metadata pg_ranks, else world for a world-size group,
+    else the ranks that used the group)."""
+    c = run._ensure_coll()
+    members = run.pg_members
+    mt = f"{run._t}_members"
+    run._sql(f"CREATE OR REPLACE TEMP TABLE {mt} (pg VARCHAR, rank INTEGER)")
+    pairs = [(pg, int(r)) for pg, rs in members.items() for r in rs]
+    if pairs:
+        run._many(f"INSERT INTO {mt} VALUES (?, ?)", pairs)
+    rows = run._sql(f"""
+        WITH inc AS (SELECT pg, seq, op, first_enter_ns, last_enter_ns, site, n_ranks
+                     FROM {c} WHERE n_ranks < n_expected),
+        issued AS (SELECT DISTINCT x.pg, x.seq, x.rank FROM {run._t} x SEMI JOIN inc ON x.pg = inc.pg AND x.seq = inc.seq
+                   WHERE x.kind = 'op'),
+        miss AS (SELECT inc.*, m.rank FROM inc JOIN {mt} m ON m.pg = inc.pg
+                 ANTI JOIN issued i ON i.pg = inc.pg AND i.seq = inc.seq AND i.rank = m.rank)
+        SELECT pg, rank, min(seq) AS seq, arg_min(op, seq), arg_min(first_enter_ns, seq), arg_min(site, seq),
+               count(*) AS n_missing
+        FROM miss GROUP BY pg, rank ORDER BY min(seq), rank""").fetchall()
+    if not rows:
+        return []
+    last = run.last_completed()
+    tmax = max([run.t_max_ns or 0] + list(run._info.get("snapshot_ns", {}).values()))
+    out = []
+    present = set(run.ranks)
+    for pg, r, seq, op, t_first, site, n_missing in rows:
+        waiting = run._sql(f"""
+            SELECT list(rank ORDER BY rank), list(rank ORDER BY rank) FILTER (WHERE t_end_ns IS NULL)
+            FROM {run._t} WHERE kind = 'op' AND pg = ? AND seq = ?""", [pg, seq]).fetchone()
+        issued_by = waiting[0] or []
+        still = waiting[1] or []
+        lc = last.get(int(r))
+        stacks = run.stacks().get(int(r), [])
+        if int(r) in present:
+            lc_txt = (f"its last completed op was {lc['op']} seq {lc['seq']} on pg {lc['pg']}"
+                      + (f" at {lc['site']}" if lc.get("site") else "")) if lc else "it completed no op"
+            sev = "error"
+        else:
+            lc_txt = "it left no trace at all"
+            sev = "warning"
+        waited = tmax - t_first if t_first is not None else 0
+        out.append(Finding(
+            kind="not_joined", severity=sev, rank=int(r), pg=pg, seq=int(seq), op=op,
+            site=(lc or {}).get("site") or site, t_ns=_i(t_first), t_end_ns=_i(tmax), impact_ns=int(max(waited, 0)) * max(len(still), 1),
+            evidence={"issued_by": [int(x) for x in issued_by], "waiting": [int(x) for x in still],
+                      "last_completed": lc, "missing_collectives": int(n_missing),
+                      "waited_ns": int(max(waited, 0)), "stacks": stacks, "collective_site": site},
+            message=(f"rank {r} never issued {op} seq {seq} on pg {pg}, which rank(s) "
+                     f"{fmt_ranks(issued_by)} entered"
+                     + (f" and {'are' if len(still) > 1 else 'is'} still waiting in ({fmt_ns(waited)} at the end of the trace)" if still else "")
+                     + f"; {lc_txt}"
+                     + (f" ({n_missing} collectives of pg {pg} missing in all)" if n_missing > 1 else ""))))
+    return out
+
+
+def not_completed(run) -> list[Finding]:
+    """Ops issued but never completed (no completion, no returned wait), other than
+    collectives that some member never joined (those are `not_joined`)."""
+    inc = _incomplete_keys(run)
+    snaps = run._info.get("snapshot_ns", {})
+    tmax = run.t_max_ns or 0
+    rows = run._sql(f"""
+        WITH x AS (
+            SELECT rank, pg, seq, op, site, t_enqueue_ns, op_id, async_op, peer FROM {run._t}
+            WHERE kind = 'op' AND t_end_ns IS NULL AND error IS NULL)
+        SELECT pg, CASE WHEN op IN {COLLECTIVE_SQL} THEN seq END AS cseq,
+               CASE WHEN op IN {COLLECTIVE_SQL} THEN NULL ELSE rank END AS prank,
+               CASE WHEN op IN {COLLECTIVE_SQL} THEN NULL ELSE coalesce(op_id, seq) END AS pid,
+               mode(op), mode(site), min(t_enqueue_ns), list(DISTINCT rank ORDER BY rank), min(peer), min(seq)
+        FROM x WHERE NOT (op IN {COLLECTIVE_SQL} AND (pg, seq) IN {inc})
+        GROUP BY ALL ORDER BY min(t_enqueue_ns) LIMIT {MAX_PER_GROUP * 5}""").fetchall()
+    out = []
+    for pg, cseq, prank, pid, op, site, t0, ranks, peer, seq in rows:
+        end = max([snaps.get(int(r), tmax) for r in ranks] + [tmax])
+        waited = (end - t0) if t0 is not None else 0
+        if cseq is not None:
+            msg = (f"{op} seq {cseq} on pg {pg} was issued by every member but never completed on rank(s) "
+                   f"{fmt_ranks(ranks)} ({fmt_ns(waited)} pending at the end of the trace)")
+        else:
+            msg = (f"{op} on rank {prank} (peer {peer}, pg {pg}) was issued but never completed "
+                   f"({fmt_ns(waited)} pending at the end of the trace)")
+        out.append(Finding(
+            kind="not_completed", severity="error", rank=int(ranks[0]), pg=pg, seq=_i(cseq if cseq is not None else seq),
+            op=op, site=site, t_ns=_i(t0), t_end_ns=_i(end), impact_ns=int(max(waited, 0)),
+            evidence={"ranks": [int(x) for x in ranks], "pending_ns": int(max(waited, 0)),
+                      "peer": _i(peer), "op_id": _i(pid)},
+            message=msg))
+    return out
+
+
+def sync_rules(run) -> list[Finding]:
+    """sync_while_inflight (synchronize() while async comm was in flight) and redundant_sync
+    (synchronize() right after wait(), nothing issued between), grouped per call site."""
+    t = run._t
+    out = []
+    rows = run._sql(f"""
+        WITH s AS (
+            SELECT rank, site, t_enqueue_ns, t_return_ns, inflight, inflight_ids FROM {t} WHERE kind = 'sync'),
+        f AS (
+            SELECT s.*, coalesce(s.inflight, len(s.inflight_ids),
+                (SELECT count(*) FROM {t} o WHERE o.rank = s.rank AND o.kind = 'op' AND coalesce(o.async_op, false)
+                   AND o.t_enqueue_ns < s.t_enqueue_ns AND coalesce(o.t_end_ns, o.t_wait_end_ns, {run.t_max_ns or 0}) > s.t_enqueue_ns)) AS n_inflight
+            FROM s)
+        SELECT site, list(DISTINCT rank ORDER BY rank), count(*), sum(t_return_ns - t_enqueue_ns), max(n_inflight),
+               min(t_enqueue_ns), max(t_return_ns)
+        FROM f WHERE n_inflight > 0 GROUP BY site ORDER BY sum(t_return_ns - t_enqueue_ns) DESC""").fetchall()
+    for site, ranks, n, total, mx, t0, t1 in rows:
+        out.append(Finding(
+            kind="sync_while_inflight", severity="warning", rank=int(ranks[0]), site=site,
+            t_ns=_i(t0), t_end_ns=_i(t1), impact_ns=int(total or 0),
+            evidence={"ranks": [int(r) for r in ranks], "count": int(n), "sync_ns": int(total or 0),
+                      "max_inflight": int(mx)},
+            message=(f"synchronize() at {site or 'unknown site'} ran {n} time(s) on rank(s) {fmt_ranks(ranks)} "
+                     f"with up to {mx} async op(s) in flight, draining every stream ({fmt_ns(total)} in all); "
+                     f"the communication could not overlap")))
+    rows = run._sql(f"""
+        WITH s AS (SELECT rank, site, t_enqueue_ns, t_return_ns, inflight, inflight_ids FROM {t}
+                   WHERE kind = 'sync' AND coalesce(inflight, len(inflight_ids), 0) = 0),
+        w AS (SELECT rank AS wr, t_wait_end_ns AS we, t_enqueue_ns AS op_t FROM {t}
+              WHERE kind = 'op' AND t_wait_end_ns IS NOT NULL),
+        e AS (SELECT rank AS er, t_enqueue_ns AS et FROM {t} WHERE kind IN ('op', 'sync') AND t_enqueue_ns IS NOT NULL),
+        j AS (SELECT s.*, w.we FROM s ASOF JOIN w ON s.rank = w.wr AND s.t_enqueue_ns >= w.we),
+        k AS (SELECT j.*, e.et AS last_issue FROM j ASOF JOIN e ON j.rank = e.er AND j.t_enqueue_ns > e.et)
+        SELECT site, list(DISTINCT rank ORDER BY rank), count(*), sum(t_return_ns - t_enqueue_ns),
+               min(t_enqueue_ns), max(t_return_ns), avg(t_enqueue_ns - we)
+        FROM k WHERE t_enqueue_ns - we <= {REDUNDANT_SYNC_GAP_NS} AND (last_issue IS NULL OR last_issue <= we)
+        GROUP BY site ORDER BY sum(t_return_ns - t_enqueue_ns) DESC""").fetchall()
+    for site, ranks, n, total, t0, t1, gap in rows:
+        out.append(Finding(
+            kind="redundant_sync", severity="warning", rank=int(ranks[0]), site=site,
+            t_ns=_i(t0), t_end_ns=_i(t1), impact_ns=int(total or 0),
+            evidence={"ranks": [int(r) for r in ranks], "count": int(n), "sync_ns": int(total or 0),
+                      "mean_gap_ns": float(gap or 0)},
+            message=(f"synchronize() at {site or 'unknown site'} follows wait() directly ({n} time(s) on "
+                     f"rank(s) {fmt_ranks(ranks)}, {fmt_ns(gap)} after it): a full device drain "
+                     f"({fmt_ns(total)} in all) that the wait() already made unnecessary")))
+    return out
+
+
+def wait_immediately(run) -> list[Finding]:
+    """Async ops waited right after the issue (t_wait - t_return <= WAIT_IMMEDIATE_NS) with no
+    other call of that rank in between: the async op bought no overlap."""
+    t = run._t
+    rows = run._sql(f"""
+        WITH a AS (
+            SELECT rank, op, pg, seq, site, t_enqueue_ns, t_return_ns, t_wait_ns, t_end_ns, async_op, kind,
+                   lead(t_enqueue_ns) OVER (PARTITION BY rank ORDER BY t_enqueue_ns) AS next_t
+            FROM {t} WHERE t_enqueue_ns IS NOT NULL AND kind <> 'mark')
+        SELECT site, mode(op), list(DISTINCT rank ORDER BY rank), count(*),
+               sum(coalesce(t_end_ns, t_wait_ns) - t_enqueue_ns), min(t_enqueue_ns), max(t_wait_ns),
+               avg(t_wait_ns - t_return_ns), min(pg), min(seq)
+        FROM a WHERE kind = 'op' AND coalesce(async_op, false) AND t_wait_ns IS NOT NULL AND t_return_ns IS NOT NULL
+          AND t_wait_ns - t_return_ns <= {WAIT_IMMEDIATE_NS} AND (next_t IS NULL OR next_t >= t_wait_ns)
+        GROUP BY site ORDER BY count(*) DESC""").fetchall()
+    out = []
+    for site, op, ranks, n, total, t0, t1, gap, pg, seq in rows:
+        out.append(Finding(
+            kind="wait_immediately", severity="info", rank=int(ranks[0]), op=op, pg=pg, seq=_i(seq) if n == 1 else None,
+            site=site, t_ns=_i(t0), t_end_ns=_i(t1), impact_ns=int(total or 0),
+            evidence={"ranks": [int(r) for r in ranks], "count": int(n), "inflight_ns": int(total or 0),
+                      "mean_gap_ns": float(gap or 0)},
+            message=(f"async {op} at {site or 'unknown site'} was waited {fmt_ns(gap)} after the issue with "
+                     f"nothing in between ({n} time(s) on rank(s) {fmt_ranks(ranks)}): "
+                     f"{fmt_ns(total)} of communication that could have overlapped with work")))
+    return out
+
+
+def _hazard_method(detail, api) -> str:
+    if detail:
+        try:
+            d = json.loads(detail)
+            if isinstance(d, dict):
+                for k in ("method", "api", "call", "type"):
+                    if d.get(k):
+                        return str(d[k])
+        except ValueError:
+            return str(detail)
+    if api:
+        return str(api).rsplit(".", 1)[-1]
+    return "a host read"
+
+
+def use_before_wait(run) -> list[Finding]:
+    """kind="hazard" rows written live by the capture side: a host read of an async op's tensor
+    before wait(); `ref_op_id` names the pending op."""
+    t = run._t
+    rows = run._sql(f"""
+        SELECT h.site, h.detail, h.api, list(DISTINCT h.rank ORDER BY h.rank), count(*), min(h.t_enqueue_ns),
+               max(h.t_enqueue_ns), mode(o.op), mode(o.pg), min(o.seq), mode(o.site), min(h.ref_op_id),
+               max(coalesce(o.t_wait_ns, o.t_end_ns) - h.t_enqueue_ns)
+        FROM {t} h LEFT JOIN {t} o ON o.rank = h.rank AND o.op_id = h.ref_op_id AND o.kind = 'op'
+        WHERE h.kind = 'hazard'
+        GROUP BY h.site, h.detail, h.api ORDER BY min(h.t_enqueue_ns)""").fetchall()
+    out = []
+    for site, detail, api, ranks, n, t0, t1, op, pg, seq, osite, ref, early in rows:
+        method = _hazard_method(detail, api)
+        kind = "use_before_wait"
+        try:
+            d = json.loads(detail) if detail else {}
+            if isinstance(d, dict) and d.get("hazard") in KINDS:
+                kind = d["hazard"]
+        except ValueError:
+            pass
+        opdesc = f"async {op} (pg {pg}, seq {seq}{', issued at ' + osite if osite else ''})" if op else "a pending async op"
+        m = method if method.startswith(".") or " " in method else f".{method}()"
+        out.append(Finding(
+            kind=kind, severity="error", rank=int(ranks[0]), pg=pg, seq=_i(seq), op=op, site=site,
+            t_ns=_i(t0), t_end_ns=_i(t1), impact_ns=int(n) * 1_000_000_000,
+            evidence={"ranks": [int(r) for r in ranks], "count": int(n), "method": method,
+                      "ref_op_id": _i(ref), "op_site": osite, "before_wait_ns": _i(early)},
+            message=(f"{m} at {site or 'unknown site'} read the tensor of {opdesc} before its wait() "
+                     f"({n} time(s) on rank(s) {fmt_ranks(ranks)}): the value may be stale")))
+    return out
+
+
+def first_op_init_stall(run) -> list[Finding]:
+    """The first op on a group (collectives) or peer pair (p2p) whose host block, beyond its
+    wait for other ranks, stands out against the later ops of that group or pair on the same
+    rank (lazy communicator set-up). Column `first_on_pg` when recorded, else derived."""
+    t = run._t
+    w = run._ensure_waits()
+    rows = run._sql(f"""
+        WITH x AS (
+            SELECT rank, pg, seq, op, site, t_enqueue_ns, t_return_ns - t_enqueue_ns AS block,
+                   CASE WHEN op IN {COLLECTIVE_SQL} THEN 'c' ELSE 'p' || CAST(peer AS VARCHAR) END AS chan,
+                   first_on_pg
+            FROM {t} WHERE kind = 'op' AND t_return_ns IS NOT NULL AND pg IS NOT NULL),
+        y AS (SELECT *, row_number() OVER (PARTITION BY rank, pg, chan ORDER BY t_enqueue_ns) AS k,
+                     bool_or(coalesce(first_on_pg, false)) OVER (PARTITION BY rank, pg, chan) AS has_flag FROM x),
+        firsts AS (SELECT * FROM y WHERE (has_flag AND first_on_pg) OR (NOT has_flag AND k = 1)),
+        base AS (SELECT rank, pg, chan, median(block) AS med FROM y WHERE k > 1 GROUP BY ALL)
+        SELECT f.pg, f.chan LIKE 'p%' AS is_p2p, list(f.rank ORDER BY f.rank),
+               max(f.block - coalesce(wt.wait_ns, 0) - coalesce(b.med, 0)) AS stall,
+               arg_max(f.rank, f.block - coalesce(wt.wait_ns, 0)), arg_max(f.op, f.block - coalesce(wt.wait_ns, 0)),
+               arg_max(f.site, f.block - coalesce(wt.wait_ns, 0)), max(b.med), min(f.t_enqueue_ns), max(f.seq)
+        FROM firsts f LEFT JOIN base b ON b.rank = f.rank AND b.pg = f.pg AND b.chan = f.chan
+             LEFT JOIN {w} wt ON wt.rank = f.rank AND wt.pg = f.pg AND wt.seq = f.seq AND f.chan = 'c'
+        WHERE f.block - coalesce(wt.wait_ns, 0) - coalesce(b.med, 0) >= {INIT_STALL_MIN_NS}
+          AND f.block - coalesce(wt.wait_ns, 0) >= {INIT_STALL_RATIO} * coalesce(b.med, 0)
+        GROUP BY f.pg, is_p2p""").fetchall()
+    out = []
+    for pg, is_p2p, ranks, stall, r, op, site, med, t0, seq in rows:
+        what = "peer pair" if is_p2p else "group"
+        out.append(Finding(
+            kind="first_op_init_stall", severity="info", rank=int(r), pg=pg, op=op, site=site,
+            seq=None if is_p2p else _i(seq), t_ns=_i(t0), impact_ns=int(stall),
+            evidence={"ranks": sorted(set(int(x) for x in ranks)), "stall_ns": int(stall),
+                      "typical_block_ns": float(med or 0), "p2p": bool(is_p2p)},
+            message=(f"the first {op} on {'a ' + what + ' of ' if is_p2p else ''}pg {pg} blocked the host "
+                     f"{fmt_ns(stall)} longer than later ones (typical {fmt_ns(med)}) on rank(s) "
+                     f"{fmt_ranks(ranks)}: lazy communicator/connection set-up; warm it up before timing")))
+    return out
+
+
+def clock_violation(run) -> list[Finding]:
+    """Matched collectives whose completion precedes an entry after clock alignment."""
+    ck = run.clock()
+    if not ck["violations"]:
+        return []
+    w = ck.get("worst") or {}
+    culprit = ck["late_ranks"][0] if len(ck["late_ranks"]) == 1 else None
+    return [Finding(
+        kind="clock_violation", severity="warning", rank=culprit, pg=w.get("pg"), seq=_i(w.get("seq")),
+        impact_ns=int(ck["max_violation_ns"]),
+        evidence={"violations": ck["violations"], "matched": ck["matched"],
+                  "max_violation_ns": ck["max_violation_ns"], "late_ranks": ck["late_ranks"],
+                  "offsets_ns": ck["offsets_ns"]},
+        message=(f"{ck['violations']} of {ck['matched']} matched collectives end on some rank before another "
+                 f"rank entered them (by up to {fmt_ns(ck['max_violation_ns'])}) after clock alignment: the "
+                 f"recorded clock offsets look wrong"
+                 + (f" (rank(s) {fmt_ranks(ck['late_ranks'])} appear to enter late)" if ck["late_ranks"] else "")))]
+
+
+DETECTORS = (not_joined, not_completed, collective_mismatch, use_before_wait, straggler, late_p2p,
+             sync_rules, wait_immediately, first_op_init_stall, clock_violation)
+
+
+def sort_findings(fs: list[Finding]) -> list[Finding]:
+    """By severity (error, warning, info), then impact (largest first)."""
+    return sorted(fs, key=lambda f: (SEVERITY_ORDER.get(f.severity, 9), -(f.impact_ns or 0), f.kind,
+                                     f.rank if f.rank is not None else -1, f.seq if f.seq is not None else -1))
+
+
+def detect_all(run) -> list[Finding]:
+    """Run every detector; a detector that fails on odd input adds a warning, not an error."""
+    fs: list[Finding] = []
+    for det in DETECTORS:
+        try:
+            fs.extend(det(run))
+        except Exception as e:  # noqa: BLE001 -- partial traces must still give a report
+            run.warnings.append(f"finding detector {det.__name__} failed: {type(e).__name__}: {str(e).splitlines()[0]}")
+    return sort_findings(fs)

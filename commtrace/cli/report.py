@@ -1,0 +1,164 @@
+"""`commtrace report DIR`: analyse a run and print a text or JSON report."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..errors import UsageError
+
+EPILOG = """\b
+Examples:
+  commtrace report commtrace-traces/<run>
+  commtrace report RUN --format json > report.json
+  commtrace report RUN --top 20 --rank 3
+  commtrace report RUN --steps 100:200      # steps 100..199
+"""
+
+#: Rows above which a progress bar is shown on stderr.
+PROGRESS_ROWS = 200_000
+
+
+def _steps(value):
+    if not value:
+        return None
+    try:
+        a, b = value.split(":", 1)
+        return (int(a) if a.strip() else None, int(b) if b.strip() else None)
+    except ValueError:
+        raise UsageError(f"--steps expects A:B (half-open, either side optional), got {value!r}") from None
+
+
+@click.command("report", epilog=EPILOG)
+@click.argument("run_dir", metavar="DIR", type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--top", type=click.IntRange(0), default=10, show_default=True, help="Rows in the top tables.")
+@click.option("--rank", type=int, default=None, help="Focus per-rank rows and findings on this rank.")
+@click.option("--steps", default=None, metavar="A:B", help="Only steps A..B-1.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: on large runs).")
+def command(run_dir, fmt, top, rank, steps, progress):
+    """Analyse a run: who waited for whom, stragglers, overlap, bandwidth and findings.
+
+    Exits 0 whenever a report was produced, whatever it found."""
+    from ..analysis.run import load
+
+    rng = _steps(steps)
+    run = load(run_dir)
+    n_rows = run._files.num_rows
+    show = progress if progress is not None else (n_rows >= PROGRESS_ROWS and sys.stderr.isatty())
+    if show:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("analysing", total=1.0)
+            rep = run.report(top=top, rank=rank, steps=rng,
+                             progress=lambda stage, f: bar.update(task, completed=f, description=stage))
+    else:
+        rep = run.report(top=top, rank=rank, steps=rng)
+    if fmt == "json":
+        click.echo(json.dumps(rep, indent=1, default=str))
+    else:
+        render(rep, top=top)
+    run.close()
+    return 0
+
+
+def _s(v, unit="s"):
+    if v is None:
+        return "-"
+    v = float(v)
+    if unit == "s":
+        a = abs(v)
+        if a >= 1:
+            return f"{v:.3f} s"
+        if a >= 1e-3:
+            return f"{v * 1e3:.2f} ms"
+        if a > 0:
+            return f"{v * 1e6:.1f} us"
+        return "0"
+    return f"{v:.3g}"
+
+
+def render(rep: dict, top: int = 10, console=None) -> None:
+    """Print the report dict as a readable terminal report (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    con = console or Console(highlight=False, soft_wrap=False)
+    sev_style = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+    con.rule(f"[bold]commtrace report[/bold]  {rep.get('path', '')}")
+    miss = rep.get("missing_ranks") or []
+    con.print(f"world size {rep['world_size']}, {len(rep['ranks'])} rank(s) traced"
+              + (f", [red]missing {miss}[/red]" if miss else "")
+              + f"; {rep['ops']:,} ops, {rep.get('collectives', 0):,} collectives over {_s(rep.get('duration_s'))}"
+              + (f"; steps {rep['steps'][0]}:{rep['steps'][1]}" if rep.get("steps") else ""))
+    ck = rep.get("clock") or {}
+    if ck:
+        con.print(f"clock: offsets applied {ck.get('methods') or ['none recorded']}, "
+                  f"{ck.get('violations', 0)} violation(s) in {ck.get('matched', 0)} matched collectives")
+    for w in rep.get("warnings") or []:
+        con.print(f"[yellow]warning:[/yellow] {w}")
+    counts = rep.get("finding_counts") or {}
+    con.print("findings: " + (", ".join(f"{k} x{v}" for k, v in counts.items()) or "[green]none[/green]"))
+
+    t = Table(title="Per rank", title_justify="left", show_edge=False)
+    for col in ("rank", "ops", "blocked", "in flight", "exposed", "overlap", "wait", "last arrivals"):
+        t.add_column(col, justify="right")
+    pr = rep.get("per_rank") or []
+    worst = max((r.get("wait_s") or 0 for r in pr), default=0)
+    for r in pr[: max(top, 1) * 8] if len(pr) > 64 else pr:
+        style = "bold" if worst and (r.get("wait_s") or 0) == worst else None
+        ov = r.get("overlap_ratio")
+        t.add_row(str(r["rank"]), f"{r['ops']:,}", _s(r.get("blocked_s")), _s(r.get("inflight_s")),
+                  _s(r.get("exposed_s")), "-" if ov is None else f"{ov:.0%}", _s(r.get("wait_s")),
+                  f"{r.get('straggler_share', 0):.0%}", style=style)
+    con.print(t)
+
+    cs = rep.get("collectives_summary") or []
+    if cs:
+        t = Table(title="Collectives by group, op and size", title_justify="left", show_edge=False)
+        for col in ("pg", "op", "size", "count", "mean t_comm", "busbw GB/s"):
+            t.add_column(col, justify="right" if col not in ("pg", "op") else "left")
+        for r in sorted(cs, key=lambda r: -(r.get("count") or 0))[: max(top, 1) * 2]:
+            t.add_row(str(r["pg"]), r["op"], r.get("size_label") or str(r.get("size_bucket")), f"{r['count']:,}",
+                      _s(r.get("t_comm_s")), _s(r.get("busbw_gbps"), ""))
+        con.print(t)
+
+    tc = [r for r in rep.get("top_collectives") or [] if (r.get("total_wait_s") or 0) > 0]
+    if tc and top:
+        t = Table(title=f"Top {min(top, len(tc))} collectives by wait time (exposed to the waiting ranks)",
+                  title_justify="left", show_edge=False)
+        for col in ("pg", "seq", "op", "step", "total wait", "arrival skew", "last rank", "site"):
+            t.add_column(col, justify="left" if col in ("op", "site", "pg") else "right")
+        for r in tc[:top]:
+            t.add_row(str(r["pg"]), str(r["seq"]), r["op"], str(r.get("step")), _s(r.get("total_wait_s")),
+                      _s(r.get("arrival_skew_s")), str(r.get("last_rank")), r.get("site") or "")
+        con.print(t)
+
+    fs = rep.get("findings") or []
+    con.rule("Findings")
+    if not fs:
+        con.print("[green]No findings: no straggler, mismatch, hang or synchronisation misuse.[/green]")
+    for f in fs[: max(top, 1) * 3]:
+        head = Text()
+        head.append(f"{f['severity'].upper():7} ", style=sev_style.get(f["severity"], ""))
+        head.append(f["kind"], style="bold")
+        where = []
+        if f.get("rank") is not None:
+            where.append(f"rank {f['rank']}")
+        if f.get("pg") is not None:
+            where.append(f"pg {f['pg']}")
+        if f.get("seq") is not None:
+            where.append(f"seq {f['seq']}")
+        if where:
+            head.append("  " + ", ".join(where))
+        if f.get("site"):
+            head.append(f"  at {f['site']}", style="magenta")
+        con.print(head)
+        con.print(Text("        " + f["message"]))
+    if len(fs) > max(top, 1) * 3:
+        con.print(f"... {len(fs) - max(top, 1) * 3} more (use --top or --format json)")

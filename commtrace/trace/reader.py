@@ -1,0 +1,330 @@
+"""Read a commtrace run directory (the layout of :mod:`commtrace.trace.schema`).
+
+The reader finds the Parquet parts, checks each one's footer and schema version, collects the
+per-rank metadata (clock offsets, group membership) and merges the ``_inflight.json`` snapshots.
+It never turns the rows into Python objects: :func:`load_into_duckdb` creates one DuckDB table
+over the whole run with every schema column present (absent columns read as NULL) and the clock
+offsets not yet applied; the analysis side aligns and queries it.
+
+Tolerated, each with a warning in :attr:`RunFiles.warnings`:
+
+* missing ranks (a rank directory with no parts, or no directory at all);
+* truncated or corrupt parts (skipped, the warning names the file);
+* parts with only the REQUIRED columns and no key-value metadata (offset 0);
+* parts of older schema versions. Newer versions raise :class:`SchemaVersionError`.
+
+``_inflight.json`` (one per rank, rewritten atomically by the capture side at each flush)::
+
+    {"rank": 3,                 # the rank (else taken from the directory name)
+     "t_ns": 1712345678901234,  # host clock of the snapshot (the rank's own clock)
+     "ops": [                   # async or blocking ops issued and not completed at t_ns
+        {"op_id": 812, "kind": "op", "pg": "0", "pg_size": 4, "seq": 77, "op": "all_reduce",
+         "api": "all_reduce", "async_op": false, "dtype": "float32", "count": 1048576,
+         "bytes": 4194304, "t_enqueue_ns": ..., "t_return_ns": null, "site": "train.py:42", ...},
+        ...]}
+
+Keys of each op are schema column names (any subset; unknown keys are ignored). An op of the
+snapshot that has a row in the Parquet parts (same rank and ``op_id``; or, without ``op_id``,
+same rank, ``pg``, ``seq`` and ``op``) is dropped; the others are added as rows with
+``t_end_ns`` NULL (pending). ``t_ns`` becomes the rank's ``snapshot_ns`` (the last time the rank
+was known alive).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import EmptyTraceError, SchemaVersionError, TraceFormatError
+from . import schema as S
+
+_RANK_DIR_RE = re.compile(r"^rank=(-?\d+)$")
+
+#: DuckDB type of each schema column (for NULL fill-ins and casts).
+_DUCK_TYPES = {
+    pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.bool_(): "BOOLEAN",
+    pa.list_(pa.int64()): "BIGINT[]",
+}
+
+
+def duck_type(name: str) -> str:
+    """DuckDB type of schema column `name`."""
+    return _DUCK_TYPES[S.SCHEMA.field(name).type]
+
+
+@dataclass
+class PartInfo:
+    path: str
+    rank: int | None          # from the directory name, None when flat
+    columns: list[str]
+    num_rows: int
+    schema_version: int
+    meta: dict
+
+
+@dataclass
+class RunFiles:
+    """What a run directory holds, before any row is read."""
+
+    path: str
+    manifest: dict = field(default_factory=dict)
+    parts: list[PartInfo] = field(default_factory=list)
+    #: rank -> merged JSON metadata of its parts (later parts win)
+    meta: dict[int, dict] = field(default_factory=dict)
+    #: rank -> parsed _inflight.json
+    inflight: dict[int, dict] = field(default_factory=dict)
+    #: rank -> stack dump files (stacks-*.txt)
+    stacks: dict[int, list[str]] = field(default_factory=dict)
+    rank_dirs: list[int] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def columns(self) -> set[str]:
+        cols: set[str] = set()
+        for p in self.parts:
+            cols.update(p.columns)
+        return cols
+
+    @property
+    def num_rows(self) -> int:
+        return sum(p.num_rows for p in self.parts)
+
+
+def _rel(run_dir: str, path: str) -> str:
+    try:
+        return os.path.relpath(path, run_dir)
+    except ValueError:  # pragma: no cover
+        return path
+
+
+def _part_info(run_dir: str, path: str, rank: int | None, warnings: list[str]) -> PartInfo | None:
+    try:
+        if os.path.getsize(path) == 0:
+            raise TraceFormatError("empty file")
+        md = pq.read_metadata(path)
+        sch = pq.read_schema(path)
+    except (OSError, pa.ArrowException, TraceFormatError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        warnings.append(f"skipped truncated or corrupt part {_rel(run_dir, path)}: {msg}")
+        return None
+    kv = sch.metadata or {}
+    meta: dict = {}
+    if S.META_JSON in kv:
+        try:
+            meta = json.loads(kv[S.META_JSON])
+            if not isinstance(meta, dict):
+                meta = {}
+        except ValueError:
+            warnings.append(f"unreadable metadata in {_rel(run_dir, path)}; using defaults")
+    version = meta.get("schema_version")
+    if S.META_SCHEMA_VERSION in kv:
+        version = kv[S.META_SCHEMA_VERSION].decode(errors="replace")
+    try:
+        version = int(version) if version is not None else S.SCHEMA_VERSION
+    except (TypeError, ValueError):
+        raise TraceFormatError(f"{_rel(run_dir, path)}: unreadable schema version {version!r}")
+    if version > S.SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{_rel(run_dir, path)} was written with trace schema v{version}, but this commtrace "
+            f"reads up to v{S.SCHEMA_VERSION}; upgrade commtrace to read it")
+    if "kind" not in sch.names and "op" not in sch.names:
+        warnings.append(f"skipped {_rel(run_dir, path)}: not a commtrace trace (no kind/op column)")
+        return None
+    if rank is None and "rank" not in sch.names and meta.get("rank") is None:
+        warnings.append(f"skipped {_rel(run_dir, path)}: no rank column and no rank directory")
+        return None
+    return PartInfo(path, rank, list(sch.names), md.num_rows, version, meta)
+
+
+def scan_run(path: str) -> RunFiles:
+    """Inspect a run directory (or one Parquet file): parts, metadata, snapshots, stacks.
+
+    Raises :class:`TraceFormatError` when `path` does not exist or is not a trace, and
+    :class:`EmptyTraceError` when it holds no readable part."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise TraceFormatError(f"{path}: no such file or directory")
+    rf = RunFiles(path=os.path.abspath(path))
+    if os.path.isfile(path):
+        if not path.endswith(".parquet"):
+            raise TraceFormatError(f"{path}: not a commtrace run directory or Parquet trace")
+        p = _part_info(os.path.dirname(path), path, None, rf.warnings)
+        if p is None:
+            raise TraceFormatError(f"{path}: not a readable commtrace trace ({rf.warnings[-1]})")
+        rf.parts.append(p)
+        _merge_meta(rf)
+        return rf
+
+    mpath = os.path.join(path, S.MANIFEST_NAME)
+    if os.path.exists(mpath):
+        try:
+            with open(mpath) as f:
+                rf.manifest = json.load(f)
+            mv = int(rf.manifest.get("schema_version", S.SCHEMA_VERSION))
+            if mv > S.SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"{mpath} was written with trace schema v{mv}, but this commtrace reads up to "
+                    f"v{S.SCHEMA_VERSION}; upgrade commtrace to read it")
+        except (ValueError, TypeError) as e:
+            rf.warnings.append(f"unreadable {S.MANIFEST_NAME}: {e}")
+            rf.manifest = {}
+
+    for entry in sorted(os.listdir(path)):
+        m = _RANK_DIR_RE.match(entry)
+        full = os.path.join(path, entry)
+        if m and os.path.isdir(full):
+            rank = int(m.group(1))
+            rf.rank_dirs.append(rank)
+            for fp in sorted(glob.glob(os.path.join(full, "*.parquet"))):
+                if os.path.basename(fp).startswith(("_", ".")):
+                    continue  # half-written temporaries (_tmp-*) and hidden files
+                p = _part_info(path, fp, rank, rf.warnings)
+                if p is not None:
+                    rf.parts.append(p)
+            ip = os.path.join(full, S.INFLIGHT_NAME)
+            if os.path.exists(ip):
+                try:
+                    with open(ip) as f:
+                        snap = json.load(f)
+                    if not isinstance(snap, dict) or not isinstance(snap.get("ops", []), list):
+                        raise ValueError("expected an object with an 'ops' list")
+                    rf.inflight[int(snap.get("rank", rank))] = snap
+                except (OSError, ValueError, TypeError) as e:
+                    rf.warnings.append(f"skipped unreadable {_rel(path, ip)}: {e}")
+            stacks = sorted(glob.glob(os.path.join(full, "stacks-*.txt")))
+            if stacks:
+                rf.stacks[rank] = stacks
+    if not rf.rank_dirs:
+        # Another writer: Parquet files anywhere below, rank taken from the data.
+        for fp in sorted(glob.glob(os.path.join(path, "**", "*.parquet"), recursive=True)):
+            if os.path.basename(fp).startswith(("_", ".")):
+                continue
+            p = _part_info(path, fp, None, rf.warnings)
+            if p is not None:
+                rf.parts.append(p)
+    if not rf.parts and not rf.inflight:
+        if rf.warnings:
+            raise EmptyTraceError(f"{path}: no readable trace part ({'; '.join(rf.warnings)})")
+        raise EmptyTraceError(f"{path}: no trace parts found (is this a commtrace run directory?)")
+    _merge_meta(rf)
+    return rf
+
+
+def _merge_meta(rf: RunFiles) -> None:
+    for p in rf.parts:  # sorted by name: later flushes win
+        r = p.rank if p.rank is not None else p.meta.get("rank")
+        if r is None:
+            continue
+        rf.meta.setdefault(int(r), {}).update(p.meta)
+
+
+def _select_list(columns: set[str], hive_rank: bool) -> str:
+    out = []
+    for name in S.COLUMNS:
+        if name == "rank":
+            if "rank" in columns and hive_rank:
+                out.append('CAST(coalesce("rank", __hive_rank) AS INTEGER) AS "rank"')
+            elif "rank" in columns:
+                out.append('CAST("rank" AS INTEGER) AS "rank"')
+            else:
+                out.append('CAST(__hive_rank AS INTEGER) AS "rank"')
+        elif name in columns:
+            out.append(f'CAST("{name}" AS {duck_type(name)}) AS "{name}"')
+        elif name == "kind":
+            out.append("'op' AS \"kind\"")
+        else:
+            out.append(f'CAST(NULL AS {duck_type(name)}) AS "{name}"')
+    return ", ".join(out)
+
+
+def _read_parts_sql(parts: list[PartInfo]) -> str:
+    cols: set[str] = set()
+    for p in parts:
+        cols.update(p.columns)
+    files = ", ".join("'" + p.path.replace("'", "''") + "'" for p in parts)
+    hive = all(p.rank is not None for p in parts)
+    src = f"read_parquet([{files}], union_by_name=true, filename=true)"
+    if hive:
+        # Rank from the directory name, for writers that leave the rank column null.
+        src = (f"(SELECT *, CAST(regexp_extract(filename, 'rank=(-?[0-9]+)', 1) AS INTEGER) "
+               f"AS __hive_rank FROM {src})")
+    return f"SELECT {_select_list(cols, hive)} FROM {src}"
+
+
+def _snapshot_table(rf: RunFiles) -> pa.Table | None:
+    cols: dict[str, list] = {n: [] for n in S.COLUMNS}
+    n = 0
+    for rank, snap in sorted(rf.inflight.items()):
+        for op in snap.get("ops", []):
+            if not isinstance(op, dict):
+                continue
+            for name in S.COLUMNS:
+                cols[name].append(op.get(name))
+            cols["rank"][-1] = int(op.get("rank", rank))
+            if cols["kind"][-1] is None:
+                cols["kind"][-1] = S.KIND_OP
+            cols["t_end_ns"][-1] = None  # pending by definition
+            n += 1
+    if n == 0:
+        return None
+    arrays = []
+    for f in S.SCHEMA:
+        try:
+            arrays.append(pa.array(cols[f.name], type=f.type))
+        except (pa.ArrowException, TypeError, ValueError):
+            arrays.append(pa.nulls(n, type=f.type))
+            rf.warnings.append(f"_inflight.json: unreadable values in column {f.name}; ignored")
+    return pa.Table.from_arrays(arrays, schema=S.SCHEMA)
+
+
+def load_into_duckdb(con, rf: RunFiles, table: str = "raw") -> None:
+    """Create DuckDB table `table` holding every row of the run (unaligned clocks), all schema
+    columns present, plus pending ops from the ``_inflight.json`` snapshots.
+
+    A part that DuckDB cannot decode (corrupt pages behind a valid footer) is found by reading
+    each part with pyarrow, skipped with a warning naming it, and the load retried."""
+    parts = list(rf.parts)
+    if parts:
+        try:
+            con.execute(f"CREATE OR REPLACE TABLE {table} AS {_read_parts_sql(parts)}")
+        except Exception:  # duckdb raises its own exception family
+            good = []
+            for p in parts:
+                try:
+                    pq.read_table(p.path)
+                    good.append(p)
+                except Exception as e:  # noqa: BLE001
+                    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    rf.warnings.append(
+                        f"skipped truncated or corrupt part {_rel(rf.path, p.path)}: {msg}")
+            rf.parts = good
+            if not good and not rf.inflight:
+                raise EmptyTraceError(f"{rf.path}: no readable trace part")
+            parts = good
+            if parts:
+                con.execute(f"CREATE OR REPLACE TABLE {table} AS {_read_parts_sql(parts)}")
+    if not parts:
+        cols = ", ".join(f'CAST(NULL AS {duck_type(n)}) AS "{n}"' for n in S.COLUMNS)
+        con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT {cols} LIMIT 0")
+    snap = _snapshot_table(rf)
+    if snap is not None:
+        con.register("__snapshot", snap)
+        names = ", ".join(f'"{n}"' for n in S.COLUMNS)
+        s_names = ", ".join(f's."{n}"' for n in S.COLUMNS)
+        # Keep snapshot ops that have no row at all in the parts (completed or not).
+        con.execute(f"""
+            INSERT INTO {table} ({names})
+            SELECT {s_names} FROM __snapshot s
+            WHERE NOT EXISTS (
+                SELECT 1 FROM {table} t WHERE t.rank = s.rank AND t.kind = s.kind AND (
+                    (s.op_id IS NOT NULL AND t.op_id = s.op_id) OR
+                    (s.op_id IS NULL AND t.pg IS NOT DISTINCT FROM s.pg
+                     AND t.seq IS NOT DISTINCT FROM s.seq AND t.op IS NOT DISTINCT FROM s.op)))
+        """)
+        con.unregister("__snapshot")

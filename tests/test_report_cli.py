@@ -1,0 +1,60 @@
+"""`commtrace report`: JSON contract, text output, exit codes."""
+
+import json
+import os
+
+from commtrace.cli import main
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+
+TOP = ["schema", "world_size", "ranks", "ops", "per_rank", "collectives_summary", "findings"]
+
+
+def report_json(capsys, *args):
+    assert main(["report", *args, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_contract(capsys):
+    rep = report_json(capsys, os.path.join(DATA, "straggler"))
+    assert list(rep)[:7] == TOP
+    assert rep["world_size"] == 4 and rep["ranks"] == [0, 1, 2, 3] and rep["ops"] == 600
+    for r in rep["per_rank"]:
+        assert {"rank", "ops", "blocked_s", "inflight_s", "exposed_s", "overlap_ratio", "wait_s"} <= set(r)
+    for c in rep["collectives_summary"]:
+        assert {"pg", "op", "size_bucket", "count", "t_comm_s", "busbw_gbps"} <= set(c)
+    f = rep["findings"][0]
+    assert {"kind", "severity", "rank", "pg", "seq", "op", "site", "t_ns", "t_end_ns", "evidence", "message"} <= set(f)
+    assert f["kind"] == "straggler" and f["rank"] == 1
+
+
+def test_rank_and_steps_filters(capsys):
+    path = os.path.join(DATA, "straggler")
+    rep = report_json(capsys, path, "--rank", "2", "--steps", "3:6", "--top", "3")
+    assert [r["rank"] for r in rep["per_rank"]] == [2]
+    assert rep["ops"] == 4 * 3 * 9 and rep["steps"] == [3, 6]
+    assert len(rep["top_collectives"]) <= 3
+    assert {p["step"] for p in rep["per_step"]} == {3, 4, 5}
+
+
+def test_text_report(capsys):
+    assert main(["report", os.path.join(DATA, "hazards")]) == 0
+    out = capsys.readouterr().out
+    for s in ("Per rank", "Findings", "use_before_wait", "train.py:88", "redundant_sync"):
+        assert s in out
+    assert main(["report", os.path.join(DATA, "clean")]) == 0
+    assert "No findings" in capsys.readouterr().out
+
+
+def test_errors_are_one_line(capsys, tmp_path):
+    assert main(["report", str(tmp_path / "missing")]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("commtrace: error:") and err.count("\n") == 1
+    assert main(["report", os.path.join(DATA, "newer_schema")]) != 0
+    assert "upgrade commtrace" in capsys.readouterr().err
+    assert main(["report", os.path.join(DATA, "clean"), "--steps", "x"]) != 0
+
+
+def test_help_has_examples(capsys):
+    assert main(["report", "--help"]) == 0
+    assert capsys.readouterr().out.rstrip().splitlines()[-1].strip().startswith("commtrace report")
