@@ -61,6 +61,9 @@ def _device_index(environ) -> int:
     return local
 
 
+_gpu_cache = None
+
+
 def _torch_bus_id():
     """PCI bus id of torch's current device, only when CUDA is initialised already."""
     try:
@@ -140,8 +143,24 @@ def gpu_info(pynvml=None, environ=None):
             pass
 
 
+def _gpu_info_cached():
+    """gpu_info() once per process: NVML init takes milliseconds and the recorder asks at every
+    flush. Cached once the GPU is known through torch (or there is none)."""
+    global _gpu_cache
+    if _gpu_cache is not None:
+        return _gpu_cache
+    bus_known = _torch_bus_id() is not None
+    info = gpu_info()
+    if bus_known or not isinstance(info, dict):
+        _gpu_cache = info
+    return info
+
+
 def collect(environ=None, pynvml=None) -> dict:
-    """The rank metadata entries ``nvml``, ``nccl_version`` and ``nccl_env``. Never raises."""
+    """The rank metadata entries ``nvml``, ``nccl_version`` and ``nccl_env``. Never raises.
+
+    With the defaults (the process environment, the installed pynvml) the GPU facts are cached
+    per process; explicit `environ` / `pynvml` (tests) always query."""
     out = {"nvml": UNAVAILABLE, "nccl_version": UNAVAILABLE, "nccl_env": {}}
     try:
         out["nccl_env"] = nccl_env(environ)
@@ -152,7 +171,10 @@ def collect(environ=None, pynvml=None) -> dict:
     except Exception:
         pass
     try:
-        out["nvml"] = gpu_info(pynvml, environ)
+        if environ is None and pynvml is None:
+            out["nvml"] = _gpu_info_cached()
+        else:
+            out["nvml"] = gpu_info(pynvml, environ)
     except Exception as e:
         out["nvml"] = f"{UNAVAILABLE}: {type(e).__name__}"
     return out

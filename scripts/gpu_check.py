@@ -1,0 +1,691 @@
+#!/usr/bin/env python
+"""Every GPU check of commtrace's NCCL/CUDA path in one call (issue 4, item 9).
+
+    python scripts/gpu_check.py [--json OUT.json] [--quick] [--no-samples]
+    bash scripts/gpu_check.sh          # the same, with carried wheels on PYTHONPATH
+
+One GPU, NCCL at world size 1 (two NCCL ranks cannot share a GPU), a few minutes. Parts:
+
+A. Device timer alone (commtrace.capture.device, no recorder, no pyarrow needed):
+   all_reduce, all_gather_into_tensor, broadcast, reduce_scatter_tensor, sync and async, 4 KB to
+   256 MB, with a matmul between issue and wait. Asserts that ``t_end_ns - t_start_ns`` agrees
+   within 10% or 20 us with an independent CUDA event pair around the same op, that the mapped
+   times fall inside the host window of the call (calibration), that the host returns long
+   before completion for large transfers and for an op queued behind a long matmul, that the
+   timer adds at most 10 us of host time per op, and that a CUDA graph capture records no
+   event, counts the op, and survives the writer polling during the capture.
+   Also: synchronize() capture (a stand-in recorder), first-op stall and wait() vs
+   synchronize() figures, and the TORCH_NCCL_ENABLE_TIMING cross-check (figures only).
+B. End to end through the recorder (needs pyarrow): a traced run writes CUDA ops with device
+   times and stream_wait_ns, a sync row counting the async op in flight at
+   torch.cuda.synchronize(), a use-before-wait hazard on a CUDA tensor, NVML/NCCL metadata;
+   the whole capture adds at most 10 us of host time per op.
+C. ``samples/*.py --backend nccl`` at world size 1, plain and under ``commtrace run``.
+
+Prints PASS / FAIL / SKIP per check and the measured figures; exits 1 if any check failed.
+``--json`` also writes everything (for docs/gpu-validation.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import glob
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import warnings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+warnings.simplefilter("ignore")
+
+RESULTS: list[dict] = []
+FIGURES: dict = {}
+
+
+def report(name, status, detail=""):
+    RESULTS.append({"check": name, "status": status, "detail": detail})
+    print(f"[{status}] {name}: {detail}", flush=True)
+
+
+def check(name, ok, detail=""):
+    report(name, "PASS" if ok else "FAIL", detail)
+    return ok
+
+
+def figure(name, value, unit=""):
+    FIGURES[name] = value if not unit else f"{value} {unit}"
+    print(f"    {name}: {value}{(' ' + unit) if unit else ''}", flush=True)
+
+
+def guarded(name):
+    """Run a part; an unexpected exception is a FAIL of that part, not the end of the script."""
+    def deco(fn):
+        def run(*a, **k):
+            try:
+                return fn(*a, **k)
+            except Exception as e:
+                report(name, "FAIL", f"{type(e).__name__}: {e}")
+                traceback.print_exc()
+                return None
+        return run
+    return deco
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def us(ns):
+    return round(ns / 1e3, 1)
+
+
+# --------------------------------------------------------------------------------------------
+
+class Poller(threading.Thread):
+    """The writer thread's role: poll() every 0.5 ms, collect rows by op id."""
+
+    def __init__(self, timer):
+        super().__init__(daemon=True, name="poller")
+        self.timer = timer
+        self.rows = {}
+        self.stop = threading.Event()
+        self.polls = 0
+
+    def run(self):
+        while not self.stop.is_set():
+            for row in self.timer.poll():
+                self.rows[row[0]] = row
+            self.polls += 1
+            time.sleep(0.0005)
+
+    def wait_for(self, op_id, timeout=20.0):
+        end = time.monotonic() + timeout
+        while op_id not in self.rows:
+            if time.monotonic() > end:
+                raise TimeoutError(f"device times of op {op_id} not read back in {timeout} s")
+            time.sleep(0.0005)
+        return self.rows.pop(op_id)
+
+
+class StubRecorder:
+    """The recorder hooks that sync capture uses (docs/dev/interfaces.md)."""
+
+    def __init__(self):
+        self.rows = []
+        self.inflight = []
+
+    def now_ns(self):
+        return time.time_ns()
+
+    def inflight_ids(self):
+        return list(self.inflight)
+
+    def emit(self, **f):
+        self.rows.append(f)
+
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
+
+
+def make_ops(torch, dist, dev, sizes):
+    """name -> size -> fn(async_op) issuing the op on preallocated float32 tensors."""
+    ops = {}
+    for size in sizes:
+        n = size // 4
+        a = torch.ones(n, device=dev)
+        b = torch.empty(n, device=dev)
+        c = torch.empty(n, device=dev)
+        ops.setdefault("all_reduce", {})[size] = lambda x, a=a: dist.all_reduce(a, async_op=x)
+        ops.setdefault("all_gather_into_tensor", {})[size] = \
+            lambda x, a=a, b=b: dist.all_gather_into_tensor(b, a, async_op=x)
+        ops.setdefault("broadcast", {})[size] = lambda x, a=a: dist.broadcast(a, 0, async_op=x)
+        ops.setdefault("reduce_scatter_tensor", {})[size] = \
+            lambda x, a=a, c=c: dist.reduce_scatter_tensor(c, a, async_op=x)
+    return ops
+
+
+# --------------------------------------------------------------------------------------------
+# Part A
+# --------------------------------------------------------------------------------------------
+
+
+def first_op_stall(torch, dist):
+    """Host block of the first collective on a communicator (lazy NCCL init) vs the next."""
+    x = torch.ones(1024, device="cuda")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    dist.all_reduce(x)
+    t1 = time.perf_counter_ns()
+    dist.all_reduce(x)
+    t2 = time.perf_counter_ns()
+    torch.cuda.synchronize()
+    figure("first all_reduce on the default group, host-blocked", round((t1 - t0) / 1e6, 2), "ms")
+    figure("second all_reduce, host-blocked", us(t2 - t1), "us")
+    g = dist.new_group([0])
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    dist.all_reduce(x, group=g)
+    t1 = time.perf_counter_ns()
+    dist.all_reduce(x, group=g)
+    t2 = time.perf_counter_ns()
+    torch.cuda.synchronize()
+    figure("first all_reduce on a new group, host-blocked", round((t1 - t0) / 1e6, 2), "ms")
+    figure("second all_reduce on that group, host-blocked", us(t2 - t1), "us")
+    return g
+
+
+@guarded("A1 timer accuracy")
+def timer_accuracy(torch, dist, D, quick):
+    timer = D.CudaTimer()
+    poller = Poller(timer)
+    poller.start()
+    sizes = SIZES[::2] if quick else SIZES
+    ops = make_ops(torch, dist, "cuda", sizes)
+    mm = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    ref0 = torch.cuda.Event(enable_timing=True)
+    ref1 = torch.cuda.Event(enable_timing=True)
+    for name in ops:  # warm-up: communicator, kernels
+        for x in (False, True):
+            w = ops[name][sizes[0]](x)
+            if w is not None and x:
+                w.wait()
+    torch.cuda.synchronize()
+    op_id = 0
+    worst = {}
+    window_bad = []
+    table = []
+    for name, by_size in ops.items():
+        for size, fn in by_size.items():
+            for async_op in (False, True):
+                for rep in range(2):
+                    op_id += 1
+                    torch.cuda.synchronize()
+                    ref0.record()
+                    h0 = time.time_ns()
+                    tok = timer.on_issue(op_id)
+                    w = fn(async_op)
+                    h1 = time.time_ns()
+                    timer.on_return(tok, not async_op)
+                    if async_op:
+                        y = mm @ mm
+                        timer.on_wait_begin(tok)
+                        w.wait()
+                        timer.on_wait(tok)
+                    ref1.record()
+                    torch.cuda.synchronize()
+                    h2 = time.time_ns()
+                    _, t_start, t_end, sw = poller.wait_for(op_id)
+                    ref_ns = ref0.elapsed_time(ref1) * 1e6
+                    dur = t_end - t_start
+                    dev = abs(dur - ref_ns)
+                    tol = max(0.1 * ref_ns, 20_000)
+                    key = (name, async_op)
+                    if key not in worst or dev / tol > worst[key][0]:
+                        worst[key] = (dev / tol, dev, ref_ns, size)
+                    # Calibration: the device ran the op inside the host window of the call.
+                    slack = 100_000
+                    if not (h0 - slack <= t_start <= t_end <= h2 + slack):
+                        window_bad.append((name, size, async_op, t_start - h0, h2 - t_end))
+                    if rep == 1:
+                        table.append({"op": name, "bytes": size, "async": async_op,
+                                      "host_block_us": us(h1 - h0), "device_us": us(dur),
+                                      "ref_us": us(ref_ns), "stream_wait_us":
+                                      None if sw is None else us(sw),
+                                      "end_after_return_us": us(t_end - h1)})
+    for (name, async_op), (ratio, dev, ref_ns, size) in worst.items():
+        check(f"A1 t_end-t_start vs independent events: {name} {'async' if async_op else 'sync'}",
+              ratio <= 1.0, f"worst deviation {us(dev)} us of {us(ref_ns)} us at {size} B "
+              f"(ratio to tolerance {ratio:.2f})")
+    check("A1 calibration: device times inside the host window (+-100 us)", not window_bad,
+          f"{len(window_bad)} outside" + (f", first: {window_bad[0]}" if window_bad else ""))
+    FIGURES["per-op table (2nd repetition)"] = table
+    print("    op                      bytes       mode  host_block_us  device_us  "
+          "stream_wait_us  end_after_return_us")
+    for r in table:
+        print(f"    {r['op']:<22} {r['bytes']:>10}  {'async' if r['async'] else 'sync ':<5} "
+              f"{r['host_block_us']:>13} {r['device_us']:>10} {str(r['stream_wait_us']):>15} "
+              f"{r['end_after_return_us']:>20}")
+    # Large messages: the host returns at enqueue, long before completion (where there is a
+    # real transfer: at world size 1 NCCL may do no work for in-place ops).
+    big = [r for r in table if r["bytes"] == max(sizes) and not r["async"]]
+    for r in big:
+        if r["device_us"] < 50:
+            report(f"A1 host returns before completion: {r['op']} {max(sizes) >> 20} MB", "SKIP",
+                   f"device time {r['device_us']} us: no transfer at world size 1")
+            continue
+        check(f"A1 host returns before completion: {r['op']} {max(sizes) >> 20} MB",
+              r["host_block_us"] < 0.5 * r["device_us"] and r["end_after_return_us"] > 0,
+              f"host blocked {r['host_block_us']} us, device {r['device_us']} us")
+    # Queued behind a long matmul: enqueue returns at once, completion comes after the matmul.
+    big_mm = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    fn = ops["all_reduce"][sizes[0]]
+    torch.cuda.synchronize()
+    op_id += 1
+    y = big_mm @ big_mm
+    h0 = time.time_ns()
+    tok = timer.on_issue(op_id)
+    fn(False)
+    h1 = time.time_ns()
+    timer.on_return(tok, True)
+    torch.cuda.synchronize()
+    _, t_start, t_end, _ = poller.wait_for(op_id)
+    figure("all_reduce 4 KB behind an 8192^3 bf16 matmul: host-blocked", us(h1 - h0), "us")
+    figure("  ... completed after host return", us(t_end - h1), "us")
+    check("A1 enqueue vs completion behind a matmul", (t_end - h1) > 4 * (h1 - h0),
+          f"host {us(h1 - h0)} us, completion {us(t_end - h1)} us after return")
+    poller.stop.set()
+    poller.join()
+    check("A1 event pool bounded", timer.events_created <= 16 + 3 * 4,
+          f"{timer.events_created} events created for {op_id} ops")
+    del y
+
+
+@guarded("A2 synchronize capture")
+def sync_capture(torch, dist, sync):
+    stub = StubRecorder()
+    assert sync.install(get_recorder=lambda: stub)
+    try:
+        x = torch.ones(64 << 20, device="cuda")
+        big_mm = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        stub.rows.clear()
+        # An async op in flight (queued behind a matmul) when synchronize() is called.
+        y = big_mm @ big_mm
+        w = dist.all_reduce(x, async_op=True)
+        stub.inflight = [42]
+        h0 = time.perf_counter_ns()
+        torch.cuda.synchronize()
+        h1 = time.perf_counter_ns()
+        stub.inflight = []
+        w.wait()
+        row = [r for r in stub.rows if r["api"] == "torch.cuda.synchronize"]
+        check("A2 torch.cuda.synchronize() with an async op in flight gives a sync row counting it",
+              len(row) == 1 and row[0]["inflight"] == 1 and row[0]["inflight_ids"] == [42]
+              and 0.5 * (h1 - h0) <= row[0]["t_return_ns"] - row[0]["t_enqueue_ns"] <= h1 - h0,
+              f"{row}, host {us(h1 - h0)} us")
+        # wait() vs synchronize(): the first orders streams, the second drains the device.
+        y = big_mm @ big_mm
+        w = dist.all_reduce(x, async_op=True)
+        h0 = time.perf_counter_ns()
+        w.wait()
+        h1 = time.perf_counter_ns()
+        torch.cuda.synchronize()
+        h2 = time.perf_counter_ns()
+        figure("wait() on an async all_reduce queued behind a matmul, host", us(h1 - h0), "us")
+        figure("torch.cuda.synchronize() right after it, host", us(h2 - h1), "us")
+        stub.rows.clear()
+        torch.cuda.current_stream().synchronize()
+        ev = torch.cuda.Event()
+        ev.record()
+        ev.synchronize()
+        w = dist.all_reduce(x, async_op=True)
+        w.synchronize()
+        w.wait()
+        apis = [r["api"] for r in stub.rows]
+        check("A2 Stream/Event/Work.synchronize rows",
+              apis == ["torch.cuda.Stream.synchronize", "torch.cuda.Event.synchronize",
+                       "Work.synchronize"], f"{apis}")
+        del y
+    finally:
+        sync.uninstall()
+    check("A2 uninstall restores torch.cuda.synchronize",
+          not hasattr(torch.cuda.synchronize, "__commtrace_original__"))
+
+
+@guarded("A3 CUDA graph capture")
+def graph_capture(torch, dist, D):
+    x = torch.ones(1 << 20, device="cuda")
+    s = torch.cuda.Stream()
+
+    def capture(with_timer):
+        timer = D.CudaTimer() if with_timer else None
+        poller = None
+        pend = None
+        if with_timer:
+            D.install()
+            # An op pending across the capture, so that the poller has events to query.
+            pend = timer.on_issue(10_000)
+            w = dist.all_reduce(x, async_op=True)
+            timer.on_return(pend, False)
+            poller = Poller(timer)
+            poller.start()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                dist.all_reduce(x)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        tok = "unset"
+        with torch.cuda.graph(g):
+            if with_timer:
+                tok = timer.on_issue(10_001)
+            dist.all_reduce(x)
+            if with_timer:
+                timer.on_return(tok, True)
+                time.sleep(0.01)  # let the poller run during the capture
+        g.replay()
+        torch.cuda.synchronize()
+        if with_timer:
+            w.wait()
+            timer.on_wait(pend)
+            poller.wait_for(10_000)
+            poller.stop.set()
+            poller.join()
+        return timer, tok
+
+    try:
+        capture(False)
+    except Exception as e:
+        report("A3 CUDA graph capture", "SKIP",
+               f"NCCL graph capture fails here without commtrace: {type(e).__name__}: {e}")
+        return
+    timer, tok = capture(True)
+    check("A3 graph capture: no event recorded, op counted, capture intact",
+          tok is None and timer.graph_captured_ops == 1,
+          f"token {tok!r}, graph_captured_ops {timer.graph_captured_ops}")
+
+
+@guarded("A4 timer host overhead")
+def timer_overhead(torch, dist, D, rounds=15, n=200):
+    timer = D.CudaTimer()
+    poller = Poller(timer)
+    poller.start()
+    x = torch.ones(1024, device="cuda")
+    all_reduce = dist.all_reduce
+    for _ in range(50):
+        all_reduce(x)
+    diffs = []
+    op = [0]
+
+    def base():
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            all_reduce(x)
+        return (time.perf_counter_ns() - t0) / n
+
+    def timed():
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            op[0] += 1
+            tok = timer.on_issue(op[0])
+            all_reduce(x)
+            timer.on_return(tok, True)
+        return (time.perf_counter_ns() - t0) / n
+
+    bases = []
+    for r in range(rounds):
+        torch.cuda.synchronize()
+        if r % 2:
+            b, t = base(), timed()
+        else:
+            t, b = timed(), base()
+        bases.append(b)
+        diffs.append(t - b)
+    torch.cuda.synchronize()
+    poller.stop.set()
+    poller.join()
+    med = statistics.median(diffs)
+    figure("blocking all_reduce 4 KB, host time untraced (median)", us(statistics.median(bases)),
+           "us")
+    figure("device timer added host time per op (median of paired rounds)", us(med), "us")
+    check("A4 device timer adds <= 10 us host time per op", med <= 10_000, f"{us(med)} us")
+
+
+@guarded("A5 NCCL timing cross-check")
+def nccl_crosscheck(torch, dist, D):
+    os.environ[D.NCCL_TIMING_ENV] = "1"
+    try:
+        g = dist.new_group([0])
+    finally:
+        os.environ.pop(D.NCCL_TIMING_ENV, None)
+    timer = D.CudaTimer()
+    poller = Poller(timer)
+    poller.start()
+    for size in (16 << 20, 256 << 20):
+        a = torch.ones(size // 4, device="cuda")
+        b = torch.empty_like(a)
+        dist.all_gather_into_tensor(b, a, group=g)
+        torch.cuda.synchronize()
+        tok = timer.on_issue(size)
+        w = dist.all_gather_into_tensor(b, a, group=g, async_op=True)
+        timer.on_return(tok, False)
+        timer.on_wait_begin(tok)
+        w.wait()
+        timer.on_wait(tok)
+        torch.cuda.synchronize()
+        _, t0, t1, sw = poller.wait_for(size)
+        nccl = D.nccl_duration_ms(w)
+        figure(f"all_gather {size >> 20} MB: commtrace device time", us(t1 - t0), "us")
+        figure(f"all_gather {size >> 20} MB: ProcessGroupNCCL Work._get_duration()",
+               "unavailable" if nccl is None else round(nccl * 1e3, 1), "" if nccl is None else "us")
+    poller.stop.set()
+    poller.join()
+    report("A5 NCCL timing cross-check", "INFO", "figures above (not asserted)")
+
+
+# --------------------------------------------------------------------------------------------
+# Part B
+# --------------------------------------------------------------------------------------------
+
+
+@guarded("B end to end")
+def end_to_end(torch, dist, tmp):
+    try:
+        import pyarrow.dataset as pads
+    except Exception as e:
+        report("B end to end", "SKIP", f"pyarrow missing ({e}); carry it (docs/gpu-validation.md)")
+        return
+    from commtrace.capture import registry
+    from commtrace.capture.api import trace  # not commtrace.trace: see docs/gpu-validation.md
+    from commtrace.capture.recorder import get_recorder
+
+    out = os.path.join(tmp, "e2e")
+    x = torch.ones(1 << 20, device="cuda")
+    big = torch.ones(64 << 20, device="cuda")
+    s1 = torch.ones(1, device="cuda")
+    mm = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ids = {}
+    with trace(output=out, flush_interval=0.2, hazards="basic"):
+        rec = get_recorder()
+        check("B recorder has a CUDA device timer", rec is not None and rec.device_timer is not None,
+              f"{rec and rec.device_timer}")
+        w = dist.all_reduce(x, async_op=True)
+        y = mm @ mm
+        w.wait()
+        dist.all_reduce(x)
+        y = mm @ mm
+        w2 = dist.all_reduce(big, async_op=True)
+        ids["inflight_at_sync"] = list(rec.inflight_ids())
+        torch.cuda.synchronize()
+        w2.wait()
+        w3 = dist.all_reduce(s1, async_op=True)
+        s1.item()
+        w3.wait()
+        # Added host time of the whole capture: wrapped vs original all_reduce, paired rounds.
+        orig = registry.original_of(dist.all_reduce)
+        small = torch.ones(1024, device="cuda")
+        diffs, n = [], 200
+        for r in range(15):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                orig(small)
+            t1 = time.perf_counter_ns()
+            for _ in range(n):
+                dist.all_reduce(small)
+            t2 = time.perf_counter_ns()
+            diffs.append(((t2 - t1) - (t1 - t0)) / n)
+        torch.cuda.synchronize()
+        del y
+    t = pads.dataset(out, format="parquet", partitioning="hive").to_table()
+    rows = t.to_pylist()
+    ops = [r for r in rows if r["kind"] == "op" and (r["device"] or "").startswith("cuda")]
+    check("B CUDA op rows carry device times",
+          len(ops) >= 5 and all(r["t_start_ns"] is not None and r["t_end_ns"] is not None
+                                and r["t_start_ns"] <= r["t_end_ns"] for r in ops[:5]),
+          f"{len(ops)} CUDA op rows; first: {ops[0] if ops else None}")
+    first_async = next((r for r in ops if r["async_op"]), None)
+    check("B async op waited: stream_wait_ns recorded",
+          first_async is not None and first_async["stream_wait_ns"] is not None,
+          f"{first_async and first_async['stream_wait_ns']}")
+    syncs = [r for r in rows if r["kind"] == "sync" and r["api"] == "torch.cuda.synchronize"]
+    check("B torch.cuda.synchronize() with an async op in flight: sync row counts it",
+          len(syncs) >= 1 and syncs[0]["inflight"] >= 1
+          and set(ids["inflight_at_sync"]) <= set(syncs[0]["inflight_ids"] or []),
+          f"{[(s['inflight'], s['inflight_ids']) for s in syncs]} vs {ids['inflight_at_sync']}")
+    hz = [r for r in rows if r["kind"] == "hazard"]
+    check("B use-before-wait on a CUDA tensor", len(hz) == 1 and hz[0]["api"] == "Tensor.item",
+          f"{[(h['api'], h['site']) for h in hz]}")
+    meta = {}
+    try:
+        import pyarrow.parquet as pq
+
+        part = sorted(glob.glob(os.path.join(out, "rank=0", "*.parquet")))[-1]
+        meta = json.loads(pq.read_schema(part).metadata[b"commtrace.meta"])
+    except Exception as e:
+        meta = {"error": repr(e)}
+    figure("rank metadata nvml", meta.get("nvml"))
+    figure("rank metadata nccl_version", meta.get("nccl_version"))
+    check("B metadata: NCCL version and NVML", meta.get("nccl_version") not in (None, "unavailable")
+          and isinstance(meta.get("nvml"), dict), f"nccl {meta.get('nccl_version')}")
+    med = statistics.median(diffs)
+    figure("whole capture added host time per blocking all_reduce (median of paired rounds)",
+           us(med), "us")
+    check("B capture adds <= 10 us host time per op", med <= 10_000, f"{us(med)} us")
+
+
+# --------------------------------------------------------------------------------------------
+# Part C
+# --------------------------------------------------------------------------------------------
+
+
+def run_samples(tmp, timeout):
+    samples = sorted(glob.glob(os.path.join(ROOT, "samples", "*.py")))
+    if not samples:
+        report("C samples", "SKIP", "no samples/*.py")
+        return
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "1"]
+    try:
+        import click  # noqa: F401
+
+        have_cli = True
+    except Exception:
+        have_cli = False
+    for path in samples:
+        name = os.path.basename(path)
+        cmd = torchrun + [path, "--backend", "nccl"]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        check(f"C {name} --backend nccl (plain torchrun)", p.returncode == 0,
+              f"rc {p.returncode}" + ("" if p.returncode == 0 else f": {p.stderr[-800:]}"))
+        if not have_cli:
+            report(f"C {name} under commtrace run", "SKIP", "click missing")
+            continue
+        out = os.path.join(tmp, "samples", name)
+        p = subprocess.run([sys.executable, "-m", "commtrace", "run", "-o", out, "--"] + cmd,
+                           env=env, capture_output=True, text=True, timeout=timeout)
+        detail = f"rc {p.returncode}"
+        ok = p.returncode == 0
+        try:
+            import pyarrow.dataset as pads
+
+            rows = pads.dataset(out, format="parquet", partitioning="hive").to_table().to_pylist()
+            cuda = [r for r in rows if r["kind"] == "op" and (r["device"] or "").startswith("cuda")]
+            timed = [r for r in cuda if r["t_start_ns"] is not None]
+            detail += f", {len(rows)} rows, {len(cuda)} CUDA ops, {len(timed)} with device times"
+            ok = ok and len(cuda) > 0 and len(timed) > 0
+        except Exception as e:
+            detail += f", trace unreadable: {e}"
+            ok = False
+        if p.returncode != 0:
+            detail += ": " + p.stderr[-800:]
+        check(f"C {name} under commtrace run", ok, detail)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None, help="write results and figures to this file")
+    ap.add_argument("--quick", action="store_true", help="fewer sizes")
+    ap.add_argument("--no-samples", action="store_true")
+    ap.add_argument("--sample-timeout", type=float, default=120.0)
+    a = ap.parse_args(argv)
+    faulthandler.dump_traceback_later(570, exit=True)  # never hang the one device call
+
+    import torch
+
+    t_begin = time.time()
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device; nothing to check", file=sys.stderr)
+        return 2
+    import torch.distributed as dist
+
+    from commtrace.capture import device as D
+    from commtrace.capture import nvml, sync
+
+    FIGURES["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    FIGURES["torch"] = torch.__version__
+    FIGURES["cuda"] = torch.version.cuda
+    FIGURES["nccl"] = nvml.nccl_version()
+    FIGURES["gpu"] = torch.cuda.get_device_name(0)
+    for k in ("date", "torch", "cuda", "nccl", "gpu"):
+        print(f"{k}: {FIGURES[k]}")
+    torch.cuda.set_device(0)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(free_port())
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    tmp = tempfile.mkdtemp(prefix="commtrace-gpu-check-")
+    try:
+        try:
+            first_op_stall(torch, dist)
+        except Exception as e:
+            report("A0 first-op stall figures", "FAIL", repr(e))
+        info = nvml.collect()
+        if str(info["nvml"]).endswith("pynvml not installed"):
+            report("A0 NVML facts for this GPU", "SKIP", "pynvml (nvidia-ml-py) not installed")
+        else:
+            check("A0 NVML facts for this GPU", isinstance(info["nvml"], dict), f"{info['nvml']}")
+        FIGURES["nvml"] = info["nvml"]
+        timer_accuracy(torch, dist, D, a.quick)
+        sync_capture(torch, dist, sync)
+        graph_capture(torch, dist, D)
+        timer_overhead(torch, dist, D)
+        nccl_crosscheck(torch, dist, D)
+        end_to_end(torch, dist, tmp)
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+    if not a.no_samples:
+        try:
+            run_samples(tmp, a.sample_timeout)
+        except Exception as e:
+            report("C samples", "FAIL", repr(e))
+    failed = [r for r in RESULTS if r["status"] == "FAIL"]
+    FIGURES["wall_s"] = round(time.time() - t_begin, 1)
+    print(f"\n{len(RESULTS)} checks: {sum(r['status'] == 'PASS' for r in RESULTS)} passed, "
+          f"{len(failed)} failed, {sum(r['status'] == 'SKIP' for r in RESULTS)} skipped "
+          f"in {FIGURES['wall_s']} s")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"results": RESULTS, "figures": FIGURES}, f, indent=1, default=str)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
