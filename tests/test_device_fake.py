@@ -317,3 +317,32 @@ def test_op_queued_behind_long_work_uses_the_newer_calibration():
     # predicts (a + 10 ms). Op 2 started more than 1 ms after calibration 2, so calibration 2
     # maps it: exact.
     assert t.poll() == [(2, a + 10_000_000 - 30_000, a + 10_100_000 - 30_000, None)]
+
+
+def test_writer_thread_polls_while_the_training_thread_issues():
+    """Threading model: on_issue/on_return on one thread, poll() on another; every op is
+    reported exactly once, with its own times."""
+    import threading
+
+    clock, dev, t = make()
+    lock = threading.Lock()          # the fake clock is shared; real clocks need no lock
+    got, stop = [], threading.Event()
+
+    def writer():
+        while not stop.is_set() or t.pending():
+            with lock:
+                got.extend(t.poll())
+
+    th = threading.Thread(target=writer)
+    th.start()
+    expected = []
+    for i in range(500):
+        with lock:
+            a = clock()
+            blocking_op(t, dev, i, 1_000)
+            clock.advance(1_500)
+        expected.append((i, a, a + 1_000, None))
+    stop.set()
+    th.join(10)
+    assert sorted(got) == expected
+    assert t.pending() == 0
