@@ -222,13 +222,18 @@ _nofuture: set = set()   # (backend, op) whose Work has no future (gloo p2p)
 
 def _track_work(rec, row, work, tensors, token):
     """Register an async op's Work: completion through its future, else by polling."""
-    key = (row[8], row[5])
+    key = (row[8], row[I_API])
     if key not in _nofuture:
-        try:
-            fut = work.get_future()
-        except Exception:
-            _nofuture.add(key)
-            fut = None
+        get_future = getattr(work, "get_future", None)
+        if get_future is None:
+            # all_reduce_coalesced(async_op=True) returns the future itself.
+            fut = work if hasattr(work, "add_done_callback") else None
+        else:
+            try:
+                fut = get_future()
+            except Exception:
+                _nofuture.add(key)
+                fut = None
         if fut is not None:
             p = rec.add_pending(row, key_obj=work, work=work, has_future=True,
                                 tensors=tensors, device_token=token)
@@ -260,12 +265,13 @@ def _finish(rec, reader, row, ret, t1, tensors, token, info):
         row[I_FIRST] = s == 0
     if spec.object and tls.acc is not None:
         pass
+    co = tls.coalesce
+    if co is not None and ret is None:
+        # Inside _coalescing_manager: the op runs when the manager exits.
+        co.append((row, tensors, token))
+        return
     if row[I_ASYNC]:
         if ret is None:
-            co = tls.coalesce
-            if co is not None:
-                co.append((row, tensors, token))
-                return
             rec.append_row(row)  # nothing to wait on: completion unknown
             return
         _track_work(rec, row, ret, tensors, token)
@@ -522,10 +528,10 @@ def _close_coalesced(rec, issued, cm, async_ops):
     t = rec.now_ns()
     detail = json.dumps({"coalesced": len(issued)})
     works = [w for w in (getattr(cm, "works", None) or []) if w is not None] if cm else []
+    for row, tensors, token in issued:
+        row[I_DETAIL] = row[I_DETAIL] or detail
+        row[I_ASYNC] = bool(async_ops)
     if async_ops and works:
-        first = None
-        for row, tensors, token in issued:
-            row[I_DETAIL] = row[I_DETAIL] or detail
         row, tensors, token = issued[0]
         first = _track_work(rec, row, works[-1], tensors, token)
         first.siblings = []
@@ -541,7 +547,6 @@ def _close_coalesced(rec, issued, cm, async_ops):
                     pass
         return
     for row, tensors, token in issued:
-        row[I_DETAIL] = row[I_DETAIL] or detail
         if cm is not None:
             row[I_T_END] = t
         rec.append_row(row)

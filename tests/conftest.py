@@ -1,0 +1,92 @@
+"""Shared fixtures and helpers for the test suite.
+
+Multi-process helpers run real commands in subprocesses, always with a timeout, on 127.0.0.1
+only, with ports chosen free (torchrun --standalone picks its own):
+
+- :func:`torchrun_cmd` builds ``python -m torch.distributed.run --standalone ...``;
+- :func:`run_traced` runs ``commtrace run -o DIR [opts] -- <cmd>``;
+- :func:`run_plain` runs a command without commtrace (scripts that call commtrace.enable());
+- :func:`load_rows` reads a run directory as a list of dicts (pyarrow dataset, hive ranks).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLES = os.path.join(ROOT, "samples")
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(extra: dict | None = None) -> dict:
+    """The test process's environment without COMMTRACE_* settings, with the repo importable,
+    one OpenMP thread per process (2-core machines) and unbuffered output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMMTRACE_")}
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["MASTER_ADDR"] = "127.0.0.1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+def torchrun_cmd(script: str, *args, nproc: int = 2) -> list[str]:
+    """``torchrun --standalone --nproc-per-node N script args`` through this interpreter."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(nproc), script, *map(str, args)]
+
+
+def run_plain(cmd: list[str], env: dict | None = None, timeout: float = 120,
+              check: bool = True) -> subprocess.CompletedProcess:
+    """Run `cmd` (no commtrace run) and return the completed process."""
+    p = subprocess.run(cmd, env=clean_env(env), capture_output=True, text=True, timeout=timeout,
+                       cwd=ROOT)
+    if check:
+        assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    return p
+
+
+def run_traced(out: str, cmd: list[str], opts: tuple = (), env: dict | None = None,
+               timeout: float = 150, check: bool = True) -> subprocess.CompletedProcess:
+    """``commtrace run -o OUT [opts] -- cmd``; returns the completed process."""
+    full = [sys.executable, "-m", "commtrace", "run", "-o", str(out), *opts, "--", *cmd]
+    return run_plain(full, env=env, timeout=timeout, check=check)
+
+
+def load_rows(run_dir: str) -> list[dict]:
+    """All rows of a run directory (every rank), as dicts."""
+    import pyarrow.dataset as ds
+
+    return ds.dataset(str(run_dir), format="parquet", partitioning="hive").to_table().to_pylist()
+
+
+def rank_meta(run_dir: str) -> dict[int, dict]:
+    """rank -> the JSON metadata of its last part."""
+    import glob
+    import json
+
+    import pyarrow.parquet as pq
+
+    out = {}
+    for f in sorted(glob.glob(os.path.join(str(run_dir), "rank=*", "*.parquet"))):
+        m = json.loads(pq.read_schema(f).metadata[b"commtrace.meta"])
+        out[int(m["rank"])] = m
+    return out
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
