@@ -508,7 +508,7 @@ class Recorder:
             os.makedirs(d, exist_ok=True)
             if rows:
                 cols = list(zip(*rows))
-                table = W.rows_to_table({c: list(cols[i]) for i, c in enumerate(COLUMNS)})
+                table = W.rows_to_table_nopandas({c: list(cols[i]) for i, c in enumerate(COLUMNS)})
                 W.write_part(self.run_dir, self.rank, table, self._metadata(),
                              index=_next_part_index())
             text = json.dumps({"rank": self.rank, "t_ns": self.now_ns(), "final": final,

@@ -80,3 +80,72 @@ def rows_to_table(columns: dict[str, list]) -> pa.Table:
         vals = columns.get(f.name)
         arrays.append(pa.array(vals if vals is not None else [None] * n, type=f.type))
     return pa.Table.from_arrays(arrays, schema=S.SCHEMA)
+
+
+# --------------------------------------------------------------------------------------------
+# Building Arrow arrays from Python lists without pandas.
+#
+# pyarrow's `pa.array(list)` consults its pandas shim, which imports pandas (~0.4 s and a few
+# hundred modules) the first time. Inside a training rank the capture side must not import
+# pandas, so the recorder builds its arrays straight from buffers instead.
+# --------------------------------------------------------------------------------------------
+
+import array as _array  # noqa: E402
+
+_INT_CODES = {pa.int64(): "q", pa.int32(): "i"}
+
+
+def _validity(vals):
+    nulls = [i for i, v in enumerate(vals) if v is None]
+    if not nulls:
+        return None, 0
+    bits = bytearray(b"\xff" * ((len(vals) + 7) // 8))
+    for i in nulls:
+        bits[i >> 3] &= ~(1 << (i & 7)) & 0xFF
+    return pa.py_buffer(bytes(bits)), len(nulls)
+
+
+def _offsets(lengths):
+    off = _array.array("i", [0])
+    total = 0
+    for n in lengths:
+        total += n
+        off.append(total)
+    return pa.py_buffer(off.tobytes())
+
+
+def array_from_list(vals: list, typ: pa.DataType) -> pa.Array:
+    """An Arrow array of `typ` (int32, int64, bool, string, list<int64>) from a Python list with
+    None for nulls, built from buffers (never imports pandas)."""
+    n = len(vals)
+    valid, nnull = _validity(vals)
+    code = _INT_CODES.get(typ)
+    if code is not None:
+        data = _array.array(code, [0 if v is None else int(v) for v in vals])
+        return pa.Array.from_buffers(typ, n, [valid, pa.py_buffer(data.tobytes())], nnull)
+    if typ == pa.bool_():
+        bits = bytearray((n + 7) // 8)
+        for i, v in enumerate(vals):
+            if v:
+                bits[i >> 3] |= 1 << (i & 7)
+        return pa.Array.from_buffers(typ, n, [valid, pa.py_buffer(bytes(bits))], nnull)
+    if typ == pa.string():
+        enc = [b"" if v is None else str(v).encode("utf-8", "surrogateescape") for v in vals]
+        return pa.Array.from_buffers(typ, n, [valid, _offsets(len(e) for e in enc),
+                                              pa.py_buffer(b"".join(enc))], nnull)
+    if pa.types.is_list(typ) and typ.value_type in _INT_CODES:
+        items = [() if v is None else list(v) for v in vals]
+        child = array_from_list([x for it in items for x in it], typ.value_type)
+        return pa.Array.from_buffers(typ, n, [valid, _offsets(len(it) for it in items)], nnull,
+                                     children=[child])
+    return pa.array(vals, type=typ)  # other types: pyarrow's own conversion
+
+
+def rows_to_table_nopandas(columns: dict[str, list]) -> pa.Table:
+    """Like :func:`rows_to_table`, built from buffers (used inside training processes)."""
+    n = max((len(v) for v in columns.values()), default=0)
+    arrays = []
+    for f in S.SCHEMA:
+        vals = columns.get(f.name)
+        arrays.append(array_from_list(list(vals) if vals is not None else [None] * n, f.type))
+    return pa.Table.from_arrays(arrays, schema=S.SCHEMA)
