@@ -346,3 +346,17 @@ def test_writer_thread_polls_while_the_training_thread_issues():
     th.join(10)
     assert sorted(got) == expected
     assert t.pending() == 0
+
+
+def test_op_whose_call_raised_is_reported_start_only_or_abandoned():
+    clock, dev, t = make(unwaited_timeout_s=1.0)
+    a = clock()
+    t.on_issue(1)                     # the collective raised: no on_return
+    tok2 = t.on_issue(2)
+    t.abandon(tok2)                   # the wrapper may forget it at once
+    assert t.pending() == 1
+    clock.advance(1_000_000_000)
+    assert t.poll() == [(1, a, None, None)]
+    # 4 events ever: 2 op starts (one reused by the calibration) + 2 more calibration tries;
+    # all but the calibration's own are back in the pool.
+    assert t.pending() == 0 and t.events_created == 4 and t.pooled() == 3

@@ -519,7 +519,7 @@ class EventTimer(DeviceTimer):
                 if tok.end is None:
                     if not self._expired(tok, now):
                         continue
-                    # An async op never waited: report its start only, free its events.
+                    # Never waited (or the call raised): report its start only, free its events.
                     if not q(tok.start):
                         continue
                     cal = self._calibration_for(tok)
@@ -549,7 +549,9 @@ class EventTimer(DeviceTimer):
         return out
 
     def _expired(self, tok: _Token, now: int) -> bool:
-        return tok.blocking is False and now - tok.issued_ns >= self.unwaited_timeout_ns
+        """An op with no end event after `unwaited_timeout_s`: an async op never waited, or a
+        call that raised before on_return (the wrapper did not call abandon())."""
+        return now - tok.issued_ns >= self.unwaited_timeout_ns
 
     def _prune_calibrations(self) -> None:
         """Return calibration events no pending op refers to (the latest per device stays)."""
