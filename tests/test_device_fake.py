@@ -360,3 +360,55 @@ def test_op_whose_call_raised_is_reported_start_only_or_abandoned():
     # 4 events ever: 2 op starts (one reused by the calibration) + 2 more calibration tries;
     # all but the calibration's own are back in the pool.
     assert t.pending() == 0 and t.events_created == 4 and t.pooled() == 3
+
+
+def test_recorder_fills_device_times_from_the_timer(tmp_path):
+    """The seam of docs/dev/interfaces.md: rows held for device times get t_start_ns,
+    t_end_ns and stream_wait_ns from poll(), exactly, in the written trace."""
+    import pyarrow.dataset as ds
+
+    from commtrace.capture.recorder import IDX, NCOL, Recorder
+    from commtrace.config import Config
+
+    rec = Recorder(Config(output=str(tmp_path)), rank=0, world_size=1, start_thread=False)
+    clock, dev, t = make()
+    rec.device_timer = t
+
+    def row(op_id, async_op):
+        r = [None] * NCOL
+        r[IDX["kind"]], r[IDX["rank"]], r[IDX["op"]] = "op", 0, "all_reduce"
+        r[IDX["op_id"]], r[IDX["async_op"]], r[IDX["device"]] = op_id, async_op, "cuda:0"
+        r[IDX["t_enqueue_ns"]] = clock()
+        return r
+
+    a = clock()
+    r1 = row(1, False)
+    blocking_op(t, dev, 1, 300_000)
+    r1[IDX["t_end_ns"]] = clock()     # host return: the enqueue, not the completion
+    rec.hold_device_row(1, r1)
+    clock.advance(10_000)
+    comm = D.FakeStream(dev, "nccl")
+    b = clock()
+    r2 = row(2, True)
+    tok = t.on_issue(2)
+    comm.wait_event(tok.start)
+    comm.launch(800_000)
+    done = D.FakeEvent(dev)
+    done.record(comm)
+    t.on_return(tok, False)
+    dev.current.launch(500_000)
+    t.on_wait_begin(tok)
+    dev.current.wait_event(done)
+    t.on_wait(tok)
+    rec.hold_device_row(2, r2)
+    clock.advance(5_000_000)
+    rec.close()
+    got = {r["op_id"]: r for r in ds.dataset(str(tmp_path), partitioning="hive").to_table()
+           .to_pylist()}
+    assert (got[1]["t_start_ns"], got[1]["t_end_ns"], got[1]["stream_wait_ns"]) == \
+        (a, a + 300_000, None)
+    # op 2 started when the caller's stream reached it: after op 1's 300 us kernel.
+    s2 = a + 300_000
+    assert b < s2
+    assert (got[2]["t_start_ns"], got[2]["t_end_ns"], got[2]["stream_wait_ns"]) == \
+        (s2, s2 + 800_000, 300_000)
