@@ -412,3 +412,22 @@ def test_recorder_fills_device_times_from_the_timer(tmp_path):
     assert b < s2
     assert (got[2]["t_start_ns"], got[2]["t_end_ns"], got[2]["stream_wait_ns"]) == \
         (s2, s2 + 800_000, 300_000)
+
+
+def test_busy_or_hung_device_never_blocks_the_writer():
+    """With CUDA_DEVICE_MAX_CONNECTIONS=1 the calibration event can queue behind a hung
+    kernel: the writer gives up after 2 ms instead of blocking, and retries later."""
+    clock, dev, t = make()
+    calib_stream = t._b._calib
+    calib_stream.busy_until = dev.device_now() + 10_000_000_000  # stuck for 10 s
+    a = clock()
+    blocking_op(t, dev, 1, 1_000)
+    clock.advance(5_000)
+    before = clock()
+    assert t.poll() == []
+    assert clock() - before == D.CALIBRATION_MAX_WAIT_NS     # waited 2 ms, no more
+    assert t.calibration_failures == 1 and t.pending() == 1
+    assert t.poll() == [] and t.calibration_failures == 1     # no retry storm
+    calib_stream.busy_until = 0                                 # the device recovers
+    clock.advance(100_000_000)
+    assert t.poll() == [(1, a, a + 1_000, None)]

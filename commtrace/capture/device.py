@@ -19,6 +19,8 @@ the training thread records events and never synchronises. Event times are mappe
 host clock through a *calibration*: one event on a private idle stream bracketed by two host
 timestamps (``host = midpoint``), taken in the writer thread and renewed every
 ``calibration_interval_s`` so that drift between the host and device clocks stays bounded.
+The writer waits for a calibration event by spinning on ``query()`` for at most 2 ms, never
+with ``cudaEventSynchronize``: on a hung device it must stay free to flush the trace.
 
 During CUDA graph capture no event is recorded: the op is counted in
 :attr:`EventTimer.graph_captured_ops` (rank metadata ``graph_captured_ops``) and skipped. Ops
@@ -48,6 +50,9 @@ DEFAULT_CALIBRATION_INTERVAL_S = 1.0
 CALIBRATION_MARGIN_NS = 1_000_000
 #: Host/device calibration tries; the one with the narrowest host bracket wins.
 CALIBRATION_TRIES = 3
+#: A calibration event not completed after this long is given up (device busy or hung); the
+#: next try comes one calibration interval later.
+CALIBRATION_MAX_WAIT_NS = 2_000_000
 #: Upper bound on ops tracked at once; beyond it on_issue records nothing (counted in `dropped`).
 DEFAULT_MAX_PENDING = 65536
 #: An async op never waited is reported without t_end after this long (its events are freed).
@@ -139,8 +144,18 @@ class _CudaBackend:
             self._calib_streams[device] = s
         return s
 
-    def synchronize_event(self, event) -> None:
-        event.synchronize()
+    def wait_event(self, event, max_ns: int) -> bool:
+        """Spin on query() for at most `max_ns` (real time), yielding the GIL between tries.
+        Never cudaEventSynchronize: with CUDA_DEVICE_MAX_CONNECTIONS=1 an event on our private
+        stream can queue behind a hung NCCL kernel, and a writer thread blocked forever could
+        no longer flush the trace that explains the hang."""
+        deadline = time.monotonic_ns() + max_ns
+        query = event.query
+        while not query():
+            if time.monotonic_ns() > deadline:
+                return False
+            time.sleep(0)
+        return True
 
 
 class FakeClock:
@@ -268,8 +283,18 @@ class _FakeBackend:
     def calibration_stream(self, device: int):
         return self._calib
 
-    def synchronize_event(self, event) -> None:
-        event.synchronize()
+    def wait_event(self, event, max_ns: int) -> bool:
+        """Like the CUDA spin: the host clock advances to the event, or by `max_ns` if later."""
+        d = self.device
+        if event.device_ns is None:
+            return False
+        due = event.device_ns - d.offset_ns
+        if due - d.clock() > max_ns:
+            d.clock.advance(max_ns)
+            return False
+        if due > d.clock():
+            d.clock.t = due
+        return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,6 +353,8 @@ class EventTimer(DeviceTimer):
         self._calibs: dict[int, _Calibration] = {}  # index -> calibration, per device latest last
         self._latest: dict[int, _Calibration] = {}  # device -> latest calibration
         self._calib_seq = 0
+        self._calib_tried: dict[int, int] = {}  # device -> host ns of the last attempt
+        self.calibration_failures = 0
         self.events_created = 0
         self.graph_captured_ops = 0
         self.dropped = 0
@@ -438,23 +465,28 @@ class EventTimer(DeviceTimer):
 
     # -- writer thread -------------------------------------------------------------------------
 
-    def calibrate(self, device: int) -> _Calibration:
+    def calibrate(self, device: int) -> "_Calibration | None":
         """Pair one event on a private idle stream with the host clock (writer thread only).
 
-        The device stamps the event between two host reads h0 (before recording) and h1 (after
-        it has completed); its host time is taken as the midpoint, so the error is at most half
-        the bracket. Best of CALIBRATION_TRIES.
+        The device stamps the event between two host reads h0 (before recording) and h1 (once
+        ``query()`` says it has completed); its host time is taken as the midpoint, so the error
+        is at most half the bracket. Best of CALIBRATION_TRIES. Never blocks for more than
+        CALIBRATION_MAX_WAIT_NS per try: on a busy or hung device it gives up (returns None,
+        the events are dropped, not pooled) and the writer thread carries on.
         """
         b = self._b
         stream = b.calibration_stream(device)
         best = None
         spare = []
+        self._calib_tried[device] = self.clock()
         for _ in range(CALIBRATION_TRIES):
             with self._lock:
                 ev = self._acquire(device)
             h0 = self.clock()
             b.record(ev, stream)
-            b.synchronize_event(ev)
+            if not b.wait_event(ev, CALIBRATION_MAX_WAIT_NS):
+                self.calibration_failures += 1
+                break  # ev may still complete later: never reuse it
             h1 = self.clock()
             cand = (h1 - h0, (h0 + h1) // 2, ev)
             if best is None or cand[0] < best[0]:
@@ -465,6 +497,8 @@ class EventTimer(DeviceTimer):
                 spare.append(ev)
         with self._lock:
             self._release(device, *spare)
+            if best is None:
+                return None
             self._calib_seq += 1
             cal = _Calibration(self._calib_seq, device, best[2], best[1], best[0])
             self._calibs[cal.index] = cal
@@ -511,11 +545,16 @@ class EventTimer(DeviceTimer):
             now = self.clock()
             for dev in {t.device for t in toks}:
                 cal = self._latest.get(dev)
-                if cal is None or now - cal.host_ns >= self.calibration_interval_ns:
+                tried = self._calib_tried.get(dev)
+                if (cal is None or now - cal.host_ns >= self.calibration_interval_ns) and \
+                        (tried is None or now - tried >= self.calibration_interval_ns
+                         or (cal is None and now - tried >= CALIBRATION_MAX_WAIT_NS * 50)):
                     self.calibrate(dev)
             q = self._b.query
             done = []
             for tok in toks:
+                if tok.device not in self._latest:
+                    continue  # no calibration yet (device busy): read it later
                 if tok.end is None:
                     if not self._expired(tok, now):
                         continue
@@ -571,7 +610,8 @@ class EventTimer(DeviceTimer):
     def stats(self) -> dict:
         return {"graph_captured_ops": self.graph_captured_ops, "events_created": self.events_created,
                 "dropped": self.dropped, "errors": self.errors,
-                "calibrations": self._calib_seq}
+                "calibrations": self._calib_seq,
+                "calibration_failures": self.calibration_failures}
 
 
 class CudaTimer(EventTimer):
