@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import itertools
 import json
 import os
 import signal
@@ -185,8 +186,7 @@ class Recorder:
             self.meta["torch_version"] = torch.__version__
         except Exception:  # pragma: no cover
             pass
-        self._op_id = 0
-        self._op_id_lock = threading.Lock()
+        self._op_ids = itertools.count(1)  # next() is atomic under the GIL
         self.step: int | None = None
         self.seq: dict = {}          # pg name -> next collective seq
         self.p2p_seq: dict = {}      # (pg, src, dst) -> next pair seq
@@ -211,6 +211,7 @@ class Recorder:
         self._thread = None
         self._prev_handlers: dict = {}
         self.cap = max(1000, int(config.buffer_ops))
+        self.stack = bool(config.stack)
         if start_thread:
             self._thread = threading.Thread(target=self._run, name="commtrace-writer", daemon=True)
             self._thread.start()
@@ -223,9 +224,7 @@ class Recorder:
 
     def new_op_id(self) -> int:
         """Per-rank unique op id (column ``op_id``)."""
-        with self._op_id_lock:
-            self._op_id += 1
-            return self._op_id
+        return next(self._op_ids)
 
     def emit(self, **fields) -> None:
         """Append one non-op row (kind "sync" | "hazard" | "mark" | ...). Keys are schema column

@@ -130,12 +130,25 @@ def _nbytes(ts) -> tuple[int, int]:
     n = b = 0
     for t in ts:
         try:
-            k = t.numel()
-            n += k
-            b += k * t.element_size()
+            n += t.numel()
+            b += t.nbytes
         except Exception:
             pass
     return n, b
+
+
+_dev_names: dict = {}
+
+
+def device_name(t) -> str:
+    """"cpu", "cuda:0", ... (cached per device index; get_device() is cheaper than .device)."""
+    d = t.get_device()
+    if d < 0:
+        return "cpu" if t.is_cpu else str(t.device)
+    s = _dev_names.get(d)
+    if s is None:
+        s = _dev_names[d] = str(t.device)
+    return s
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,26 +156,16 @@ def _nbytes(ts) -> tuple[int, int]:
 # --------------------------------------------------------------------------------------------
 
 
+_get_ident = threading.get_ident
+assert NCOL == 33, "new_row's literal follows schema.COLUMNS"
+
+
 def new_row(rec, kind, info: PgInfo, op, api, async_op, t0) -> list:
-    row = [None] * NCOL
-    row[0] = kind
-    row[1] = rec.rank
-    row[2] = info.name
-    row[3] = info.size
-    row[5] = op
-    row[6] = api
-    row[I_ASYNC] = async_op
-    row[8] = info.backend
-    row[16] = t0
-    row[22] = rec.step
-    row[I_OP_ID] = rec.new_op_id()
-    row[31] = threading.get_ident()
-    if rec.config.stack:
-        row[23] = user_site(3)
-    d = tls.detail
-    if d is not None:
-        row[I_DETAIL] = d
-    return row
+    """A row in schema.COLUMNS order, with the fields known before the call."""
+    return [kind, rec.rank, info.name, info.size, None, op, api, async_op, info.backend,
+            None, None, None, None, None, None, None, t0, None, None, None, None, None,
+            rec.step, user_site(3) if rec.stack else None, None, next(rec._op_ids), None,
+            None, None, None, None, _get_ident(), tls.detail]
 
 
 def _prepare(rec, reader: Reader, args, kwargs, t0):
@@ -192,7 +195,7 @@ def _prepare(rec, reader: Reader, args, kwargs, t0):
         t = ins[0] if ins else outs[0]
         try:
             row[I_DTYPE] = dtype_name(t.dtype)
-            row[I_DEVICE] = str(t.device)
+            row[I_DEVICE] = device_name(t)
         except Exception:
             pass
     elif not spec.object:
