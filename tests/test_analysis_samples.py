@@ -26,6 +26,10 @@ def test_clean_has_no_findings_and_sane_tables():
     ops = run.ops()
     assert ops.num_rows == 4 * 150
     assert {"blocked_ns", "inflight_ns", "step"} <= set(ops.column_names)
+    from commtrace.trace import schema as S
+    assert ops.column_names[: len(S.COLUMNS)] == S.COLUMNS
+    assert None not in ops.column("api").to_pylist() and set(ops.column("device").to_pylist()) == {"cpu"}
+    assert not run.warnings
     coll = run.collectives()
     assert coll.num_rows > 0 and all(coll.column("complete").to_pylist())
     assert run.clock()["violations"] == 0
@@ -103,6 +107,7 @@ def test_hazard_sample_gives_each_host_rule():
     assert ubw.site == "train.py:88" and ubw.rank == 0 and ubw.op == "all_reduce"
     assert ubw.evidence["method"] == "item"
     assert "straggler" not in ks and "not_joined" not in ks
+    assert not [w for w in run.warnings if "detector" in w]
     # severity order: errors first
     sev = [f.severity for f in run.findings()]
     assert sev == sorted(sev, key=["error", "warning", "info"].index)

@@ -147,23 +147,25 @@ def late_p2p(run) -> list[Finding]:
     """late_sender / late_receiver per peer pair (metrics.md wait states)."""
     p = run._ensure_p2p()
     out = []
-    for kind, col, who, other, verb in (
-            ("late_sender", "late_sender_ns", "src", "dst", "sent late to"),
-            ("late_receiver", "late_receiver_ns", "dst", "src", "posted its receive late for")):
-        rows = run._sql(f"""
-            SELECT pg, src, dst, count(*) FILTER (WHERE {col} > {P2P_LATE_MIN_NS}) AS n_late, count(*) AS n,
-                   sum({col}) FILTER (WHERE {col} > {P2P_LATE_MIN_NS}) AS total, max({col}) AS mx,
-                   mode({'send_site' if who == 'src' else 'recv_site'}) AS site,
-                   min(least(send_enter_ns, recv_enter_ns)) AS t0, max(greatest(send_leave_ns, recv_leave_ns)) AS t1
-            FROM {p} WHERE pair_seq > 1 AND send_enter_ns IS NOT NULL AND recv_enter_ns IS NOT NULL
-            GROUP BY pg, src, dst
-            HAVING n_late >= {P2P_MIN_EVENTS} AND total >= {P2P_MIN_TOTAL_NS}""").fetchall()
-        for pg, src, dst, n_late, n, total, mx, site, t0, t1 in rows:
-            late_rank = src if who == "src" else dst
-            peer = dst if who == "src" else src
+    rows = run._sql(f"""
+        SELECT pg, src, dst, count(*) AS n,
+               count(*) FILTER (WHERE late_sender_ns > {P2P_LATE_MIN_NS}),
+               sum(late_sender_ns) FILTER (WHERE late_sender_ns > {P2P_LATE_MIN_NS}), max(late_sender_ns),
+               count(*) FILTER (WHERE late_receiver_ns > {P2P_LATE_MIN_NS}),
+               sum(late_receiver_ns) FILTER (WHERE late_receiver_ns > {P2P_LATE_MIN_NS}), max(late_receiver_ns),
+               mode(send_site), mode(recv_site),
+               min(least(send_enter_ns, recv_enter_ns)), max(greatest(send_leave_ns, recv_leave_ns))
+        FROM {p} WHERE pair_seq > 1 AND send_enter_ns IS NOT NULL AND recv_enter_ns IS NOT NULL
+        GROUP BY pg, src, dst""").fetchall()
+    for pg, src, dst, n, ns_, ts_, ms_, nr_, tr_, mr_, ssite, rsite, t0, t1 in rows:
+        for kind, n_late, total, mx, late_rank, peer, site, verb, op in (
+                ("late_sender", ns_, ts_, ms_, src, dst, ssite, "sent late to", "send"),
+                ("late_receiver", nr_, tr_, mr_, dst, src, rsite, "posted its receive late for", "recv")):
+            if n_late < P2P_MIN_EVENTS or (total or 0) < P2P_MIN_TOTAL_NS:
+                continue
             mean = total / n_late
             out.append(Finding(
-                kind=kind, severity="warning", rank=int(late_rank), pg=pg, op="send" if who == "src" else "recv",
+                kind=kind, severity="warning", rank=int(late_rank), pg=pg, op=op,
                 site=site, t_ns=_i(t0), t_end_ns=_i(t1), impact_ns=int(total),
                 evidence={"src": int(src), "dst": int(dst), "count": int(n_late), "pairs": int(n),
                           "total_ns": int(total), "mean_ns": mean, "max_ns": int(mx)},
@@ -179,9 +181,12 @@ def collective_mismatch(run) -> list[Finding]:
     n x its input and reduce_scatter's input n x its output."""
     out = []
     t = run._t
+    c = run._ensure_coll()
+    if not run._sql(f"SELECT count(*) FROM {c} WHERE differs").fetchone()[0]:
+        return out
     rows = run._sql(f"""
-        WITH x AS (SELECT pg, seq, rank, op, dtype, count, bytes, out_bytes, pg_size, site, t_enqueue_ns
-                   FROM {t} WHERE kind = 'op' AND op IN {COLLECTIVE_SQL} AND seq IS NOT NULL AND pg IS NOT NULL),
+        WITH x AS (SELECT x.pg, x.seq, x.rank, x.op, x.dtype, x.count, x.bytes, x.out_bytes, x.pg_size, x.site, x.t_enqueue_ns
+                   FROM {t} x SEMI JOIN (SELECT ckey FROM {c} WHERE differs) d ON d.ckey = x.ckey),
         g AS (
             SELECT pg, seq, count(DISTINCT op) AS n_op, count(DISTINCT dtype) AS n_dtype,
                    count(DISTINCT count) AS n_count, mode(op) AS mop,
@@ -268,7 +273,7 @@ def fmt_bytes(b) -> str:
 def _incomplete_keys(run) -> str:
     """(pg, seq) of collectives that some member never issued."""
     c = run._ensure_coll()
-    return f"(SELECT pg, seq FROM {c} WHERE n_ranks < n_expected)"
+    return f"(SELECT ckey FROM {c} WHERE n_ranks < n_expected)"
 
 
 def not_joined(run) -> list[Finding]:
@@ -283,10 +288,9 @@ def not_joined(run) -> list[Finding]:
     if pairs:
         run._many(f"INSERT INTO {mt} VALUES (?, ?)", pairs)
     rows = run._sql(f"""
-        WITH inc AS (SELECT pg, seq, op, first_enter_ns, last_enter_ns, site, n_ranks
+        WITH inc AS (SELECT ckey, pg, seq, op, first_enter_ns, last_enter_ns, site, n_ranks
                      FROM {c} WHERE n_ranks < n_expected),
-        issued AS (SELECT DISTINCT x.pg, x.seq, x.rank FROM {run._t} x SEMI JOIN inc ON x.pg = inc.pg AND x.seq = inc.seq
-                   WHERE x.kind = 'op'),
+        issued AS (SELECT DISTINCT x.pg, x.seq, x.rank FROM {run._t} x SEMI JOIN inc ON x.ckey = inc.ckey),
         miss AS (SELECT inc.*, m.rank FROM inc JOIN {mt} m ON m.pg = inc.pg
                  ANTI JOIN issued i ON i.pg = inc.pg AND i.seq = inc.seq AND i.rank = m.rank)
         SELECT pg, rank, min(seq) AS seq, arg_min(op, seq), arg_min(first_enter_ns, seq), arg_min(site, seq),
@@ -336,13 +340,13 @@ def not_completed(run) -> list[Finding]:
     tmax = run.t_max_ns or 0
     rows = run._sql(f"""
         WITH x AS (
-            SELECT rank, pg, seq, op, site, t_enqueue_ns, op_id, async_op, peer FROM {run._t}
+            SELECT rank, pg, seq, op, site, t_enqueue_ns, op_id, async_op, peer, ckey FROM {run._t}
             WHERE kind = 'op' AND t_end_ns IS NULL AND error IS NULL)
         SELECT pg, CASE WHEN op IN {COLLECTIVE_SQL} THEN seq END AS cseq,
                CASE WHEN op IN {COLLECTIVE_SQL} THEN NULL ELSE rank END AS prank,
                CASE WHEN op IN {COLLECTIVE_SQL} THEN NULL ELSE coalesce(op_id, seq) END AS pid,
                mode(op), mode(site), min(t_enqueue_ns), list(DISTINCT rank ORDER BY rank), min(peer), min(seq)
-        FROM x WHERE NOT (op IN {COLLECTIVE_SQL} AND (pg, seq) IN {inc})
+        FROM x WHERE ckey IS NULL OR ckey NOT IN {inc}
         GROUP BY ALL ORDER BY min(t_enqueue_ns) LIMIT {MAX_PER_GROUP * 5}""").fetchall()
     out = []
     for pg, cseq, prank, pid, op, site, t0, ranks, peer, seq in rows:
@@ -368,11 +372,13 @@ def sync_rules(run) -> list[Finding]:
     (synchronize() right after wait(), nothing issued between), grouped per call site."""
     t = run._t
     out = []
+    if not run._sql(f"SELECT count(*) FROM {t} WHERE kind = 'sync'").fetchone()[0]:
+        return out
     rows = run._sql(f"""
         WITH s AS (
-            SELECT rank, site, t_enqueue_ns, t_return_ns, inflight, inflight_ids FROM {t} WHERE kind = 'sync'),
+            SELECT rank, site, t_enqueue_ns, t_return_ns, inflight FROM {t} WHERE kind = 'sync'),
         f AS (
-            SELECT s.*, coalesce(s.inflight, len(s.inflight_ids),
+            SELECT s.*, coalesce(s.inflight,
                 (SELECT count(*) FROM {t} o WHERE o.rank = s.rank AND o.kind = 'op' AND coalesce(o.async_op, false)
                    AND o.t_enqueue_ns < s.t_enqueue_ns AND coalesce(o.t_end_ns, o.t_wait_end_ns, {run.t_max_ns or 0}) > s.t_enqueue_ns)) AS n_inflight
             FROM s)
@@ -389,11 +395,12 @@ def sync_rules(run) -> list[Finding]:
                      f"with up to {mx} async op(s) in flight, draining every stream ({fmt_ns(total)} in all); "
                      f"the communication could not overlap")))
     rows = run._sql(f"""
-        WITH s AS (SELECT rank, site, t_enqueue_ns, t_return_ns, inflight, inflight_ids FROM {t}
-                   WHERE kind = 'sync' AND coalesce(inflight, len(inflight_ids), 0) = 0),
+        WITH s AS (SELECT rank, site, t_enqueue_ns, t_return_ns, inflight FROM {t}
+                   WHERE kind = 'sync' AND coalesce(inflight, 0) = 0),
         w AS (SELECT rank AS wr, t_wait_end_ns AS we, t_enqueue_ns AS op_t FROM {t}
-              WHERE kind = 'op' AND t_wait_end_ns IS NOT NULL),
-        e AS (SELECT rank AS er, t_enqueue_ns AS et FROM {t} WHERE kind IN ('op', 'sync') AND t_enqueue_ns IS NOT NULL),
+              WHERE kind = 'op' AND t_wait_end_ns IS NOT NULL AND rank IN (SELECT rank FROM s)),
+        e AS (SELECT rank AS er, t_enqueue_ns AS et FROM {t} WHERE kind IN ('op', 'sync') AND t_enqueue_ns IS NOT NULL
+              AND rank IN (SELECT rank FROM s)),
         j AS (SELECT s.*, w.we FROM s ASOF JOIN w ON s.rank = w.wr AND s.t_enqueue_ns >= w.we),
         k AS (SELECT j.*, e.et AS last_issue FROM j ASOF JOIN e ON j.rank = e.er AND j.t_enqueue_ns > e.et)
         SELECT site, list(DISTINCT rank ORDER BY rank), count(*), sum(t_return_ns - t_enqueue_ns),
@@ -416,16 +423,21 @@ def wait_immediately(run) -> list[Finding]:
     """Async ops waited right after the issue (t_wait - t_return <= WAIT_IMMEDIATE_NS) with no
     other call of that rank in between: the async op bought no overlap."""
     t = run._t
+    cand = f"""SELECT rank, op, pg, seq, site, t_enqueue_ns, t_return_ns, t_wait_ns, t_end_ns FROM {t}
+               WHERE kind = 'op' AND coalesce(async_op, false) AND t_wait_ns IS NOT NULL
+                 AND t_return_ns IS NOT NULL AND t_wait_ns - t_return_ns <= {WAIT_IMMEDIATE_NS}"""
+    if not run._sql(f"SELECT count(*) FROM ({cand})").fetchone()[0]:
+        return []
+    # The next call of the rank after the issue returned (ASOF: smallest later enqueue).
     rows = run._sql(f"""
-        WITH a AS (
-            SELECT rank, op, pg, seq, site, t_enqueue_ns, t_return_ns, t_wait_ns, t_end_ns, async_op, kind,
-                   lead(t_enqueue_ns) OVER (PARTITION BY rank ORDER BY t_enqueue_ns) AS next_t
-            FROM {t} WHERE t_enqueue_ns IS NOT NULL AND kind <> 'mark')
+        WITH c AS ({cand}),
+        e AS (SELECT rank AS er, t_enqueue_ns AS et FROM {t} WHERE kind <> 'mark' AND t_enqueue_ns IS NOT NULL
+              AND rank IN (SELECT rank FROM c)),
+        a AS (SELECT c.*, e.et AS next_t FROM c ASOF LEFT JOIN e ON c.rank = e.er AND c.t_return_ns < e.et)
         SELECT site, mode(op), list(DISTINCT rank ORDER BY rank), count(*),
                sum(coalesce(t_end_ns, t_wait_ns) - t_enqueue_ns), min(t_enqueue_ns), max(t_wait_ns),
                avg(t_wait_ns - t_return_ns), min(pg), min(seq)
-        FROM a WHERE kind = 'op' AND coalesce(async_op, false) AND t_wait_ns IS NOT NULL AND t_return_ns IS NOT NULL
-          AND t_wait_ns - t_return_ns <= {WAIT_IMMEDIATE_NS} AND (next_t IS NULL OR next_t >= t_wait_ns)
+        FROM a WHERE next_t IS NULL OR next_t >= t_wait_ns
         GROUP BY site ORDER BY count(*) DESC""").fetchall()
     out = []
     for site, op, ranks, n, total, t0, t1, gap, pg, seq in rows:
@@ -459,13 +471,19 @@ def use_before_wait(run) -> list[Finding]:
     """kind="hazard" rows written live by the capture side: a host read of an async op's tensor
     before wait(); `ref_op_id` names the pending op."""
     t = run._t
+    if not run._sql(f"SELECT count(*) FROM {t} WHERE kind = 'hazard'").fetchone()[0]:
+        return []
+    api = run.lazy_columns("kind = 'hazard'", ["api"])
+    run._con.register("__hz_api", api)
     rows = run._sql(f"""
-        SELECT h.site, h.detail, h.api, list(DISTINCT h.rank ORDER BY h.rank), count(*), min(h.t_enqueue_ns),
+        SELECT h.site, h.detail, a.api, list(DISTINCT h.rank ORDER BY h.rank), count(*), min(h.t_enqueue_ns),
                max(h.t_enqueue_ns), mode(o.op), mode(o.pg), min(o.seq), mode(o.site), min(h.ref_op_id),
                max(coalesce(o.t_wait_ns, o.t_end_ns) - h.t_enqueue_ns)
         FROM {t} h LEFT JOIN {t} o ON o.rank = h.rank AND o.op_id = h.ref_op_id AND o.kind = 'op'
+             LEFT JOIN __hz_api a ON a.rid = h.rid
         WHERE h.kind = 'hazard'
-        GROUP BY h.site, h.detail, h.api ORDER BY min(h.t_enqueue_ns)""").fetchall()
+        GROUP BY h.site, h.detail, a.api ORDER BY min(h.t_enqueue_ns)""").fetchall()
+    run._con.unregister("__hz_api")
     out = []
     for site, detail, api, ranks, n, t0, t1, op, pg, seq, osite, ref, early in rows:
         method = _hazard_method(detail, api)
@@ -494,25 +512,30 @@ def first_op_init_stall(run) -> list[Finding]:
     rank (lazy communicator set-up). Column `first_on_pg` when recorded, else derived."""
     t = run._t
     w = run._ensure_waits()
+    x = f"""SELECT rank, pg, seq, ckey, op, site, t_enqueue_ns, t_return_ns - t_enqueue_ns AS block,
+                   CASE WHEN op IN {COLLECTIVE_SQL} THEN 'c' ELSE 'p' || CAST(peer AS VARCHAR) END AS chan, first_on_pg
+            FROM {t} WHERE kind = 'op' AND t_return_ns IS NOT NULL AND pg IS NOT NULL"""
+    has_flag = run._sql(f"SELECT count(*) FROM {t} WHERE first_on_pg").fetchone()[0] > 0
+    if has_flag:
+        firsts = f"SELECT * FROM ({x}) WHERE first_on_pg AND block >= {INIT_STALL_MIN_NS}"
+    else:
+        firsts = f"""SELECT * FROM (SELECT rank, pg, chan, arg_min(seq, t_enqueue_ns) AS seq, arg_min(ckey, t_enqueue_ns) AS ckey,
+                            arg_min(op, t_enqueue_ns) AS op,
+                            arg_min(site, t_enqueue_ns) AS site, min(t_enqueue_ns) AS t_enqueue_ns,
+                            arg_min(block, t_enqueue_ns) AS block
+                     FROM ({x}) GROUP BY rank, pg, chan) WHERE block >= {INIT_STALL_MIN_NS}"""
     rows = run._sql(f"""
-        WITH x AS (
-            SELECT rank, pg, seq, op, site, t_enqueue_ns, t_return_ns - t_enqueue_ns AS block,
-                   CASE WHEN op IN {COLLECTIVE_SQL} THEN 'c' ELSE 'p' || CAST(peer AS VARCHAR) END AS chan,
-                   first_on_pg
-            FROM {t} WHERE kind = 'op' AND t_return_ns IS NOT NULL AND pg IS NOT NULL),
-        y AS (SELECT *, row_number() OVER (PARTITION BY rank, pg, chan ORDER BY t_enqueue_ns) AS k,
-                     bool_or(coalesce(first_on_pg, false)) OVER (PARTITION BY rank, pg, chan) AS has_flag FROM x),
-        firsts AS (SELECT * FROM y WHERE (has_flag AND first_on_pg) OR (NOT has_flag AND k = 1)),
-        base AS (SELECT rank, pg, chan, median(block) AS med FROM y WHERE k > 1 GROUP BY ALL)
-        SELECT f.pg, f.chan LIKE 'p%' AS is_p2p, list(f.rank ORDER BY f.rank),
-               max(f.block - coalesce(wt.wait_ns, 0) - coalesce(b.med, 0)) AS stall,
-               arg_max(f.rank, f.block - coalesce(wt.wait_ns, 0)), arg_max(f.op, f.block - coalesce(wt.wait_ns, 0)),
-               arg_max(f.site, f.block - coalesce(wt.wait_ns, 0)), max(b.med), min(f.t_enqueue_ns), max(f.seq)
-        FROM firsts f LEFT JOIN base b ON b.rank = f.rank AND b.pg = f.pg AND b.chan = f.chan
-             LEFT JOIN {w} wt ON wt.rank = f.rank AND wt.pg = f.pg AND wt.seq = f.seq AND f.chan = 'c'
-        WHERE f.block - coalesce(wt.wait_ns, 0) - coalesce(b.med, 0) >= {INIT_STALL_MIN_NS}
-          AND f.block - coalesce(wt.wait_ns, 0) >= {INIT_STALL_RATIO} * coalesce(b.med, 0)
-        GROUP BY f.pg, is_p2p""").fetchall()
+        WITH f0 AS ({firsts}),
+        base AS (SELECT y.rank, y.pg, y.chan, median(y.block) AS med
+                 FROM ({x}) y JOIN f0 ON f0.rank = y.rank AND f0.pg = y.pg AND f0.chan = y.chan
+                 WHERE y.t_enqueue_ns > f0.t_enqueue_ns GROUP BY ALL),
+        f AS (SELECT f0.*, f0.block - coalesce(wt.wait_ns, 0) AS own, coalesce(b.med, 0) AS med
+              FROM f0 LEFT JOIN base b ON b.rank = f0.rank AND b.pg = f0.pg AND b.chan = f0.chan
+                      LEFT JOIN {w} wt ON wt.rank = f0.rank AND wt.ckey = f0.ckey)
+        SELECT pg, chan LIKE 'p%' AS is_p2p, list(rank ORDER BY rank), max(own - med), arg_max(rank, own),
+               arg_max(op, own), arg_max(site, own), max(med), min(t_enqueue_ns), max(seq)
+        FROM f WHERE own - med >= {INIT_STALL_MIN_NS} AND own >= {INIT_STALL_RATIO} * med
+        GROUP BY pg, is_p2p""").fetchall()
     out = []
     for pg, is_p2p, ranks, stall, r, op, site, med, t0, seq in rows:
         what = "peer pair" if is_p2p else "group"

@@ -46,6 +46,7 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
     base = run
     if steps:
         run = run.subset(steps)
+    run.start_background()
     tick("matching collectives", 0.1)
     coll_sum = run.collectives_summary()
     tick("wait states and overlap", 0.3)
@@ -59,16 +60,19 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
     n_ops = run._sql(f"SELECT count(*) FROM {run._t} WHERE kind = 'op'").fetchone()[0]
     c = run._ensure_coll()
     n_coll = run._sql(f"SELECT count(*) FROM {c}").fetchone()[0]
+    w = run._ensure_waits()
     topc = run._arrow(f"""
         SELECT k.pg, k.seq, k.op, k.step, k.bytes, k.site, k.last_rank, k.n_ranks,
                k.arrival_skew_ns / 1e9 AS arrival_skew_s, k.t_comm_ns / 1e9 AS t_comm_s, k.busbw_gbps,
                coalesce(w.total_wait_ns, 0) / 1e9 AS total_wait_s, coalesce(w.max_wait_ns, 0) / 1e9 AS max_wait_s
-        FROM {c} k LEFT JOIN (SELECT pg, seq, sum(wait_ns) AS total_wait_ns, max(wait_ns) AS max_wait_ns
-                              FROM {run._ensure_waits()} GROUP BY pg, seq) w ON w.pg = k.pg AND w.seq = k.seq
+        FROM {c} k LEFT JOIN (SELECT ckey, sum(wait_ns) AS total_wait_ns, max(wait_ns) AS max_wait_ns
+                              FROM {w} GROUP BY ckey) w ON w.ckey = k.ckey
         ORDER BY total_wait_s DESC NULLS LAST, k.pg, k.seq LIMIT {int(max(top, 0))}""")
     sites = run._arrow(f"""
-        SELECT site, mode(op) AS op, count(*) AS count, sum(wait_ns) / 1e9 AS wait_s
-        FROM {run._ensure_waits()} WHERE site IS NOT NULL GROUP BY site ORDER BY wait_s DESC LIMIT {int(max(top, 0))}""")
+        SELECT k.site, any_value(k.op) AS op, sum(w.n) AS count, sum(w.wait_ns) / 1e9 AS wait_s
+        FROM (SELECT ckey, count(*) AS n, sum(wait_ns) AS wait_ns FROM {w} GROUP BY ckey) w
+             JOIN {c} k ON k.ckey = w.ckey
+        WHERE k.site IS NOT NULL GROUP BY k.site ORDER BY wait_s DESC LIMIT {int(max(top, 0))}""")
     import duckdb
     con = duckdb.connect()
     con.register("ps", per_step)

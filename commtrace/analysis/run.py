@@ -50,11 +50,57 @@ def load(path, *, threads: int | None = None, memory_limit: str | None = None) -
     con.execute("SET preserve_insertion_order = false")
     if memory_limit:
         con.execute(f"SET memory_limit = '{memory_limit}'")
+    offs = _offsets(rf.meta)
+    con.execute("CREATE OR REPLACE TABLE offsets (rank INTEGER, off BIGINT, rtt BIGINT)")
+    if offs:
+        con.executemany("INSERT INTO offsets VALUES (?, ?, ?)", offs)
     try:
-        R.load_into_duckdb(con, rf, "raw")
+        pgs = R.distinct_values(con, rf, "pg")
+        R.load_into_duckdb(con, rf, "t0", wrap=lambda q: _align_sql(q, pgs), columns=LOAD_COLUMNS)
     except duckdb.Error as e:
         raise TraceFormatError(f"{path}: cannot read trace: {str(e).splitlines()[0]}") from None
     return Run(con, rf)
+
+
+#: Columns the analysis never reads: left in the Parquet parts and joined back by row id
+#: (`rid`) when ops() returns full rows, so that loading materialises less.
+LAZY_COLUMNS = ("api", "backend", "thread", "t_start_ns")
+#: Read at load for derived values (completion fill, in-flight count), then dropped.
+_LOAD_ONLY = ("device", "inflight_ids")
+LOAD_COLUMNS = [c for c in S.COLUMNS if c not in LAZY_COLUMNS]
+
+
+def _offsets(meta: dict) -> list[tuple[int, int, int]]:
+    out = []
+    for r, m in meta.items():
+        vals = []
+        for k in ("clock_offset_ns", "clock_rtt_ns"):
+            try:
+                vals.append(int(m.get(k) or 0))
+            except (TypeError, ValueError):
+                vals.append(0)
+        out.append((int(r), vals[0], vals[1]))
+    return out
+
+
+def _align_sql(src: str, pgs=()) -> str:
+    """Apply each rank's clock offset (metrics.md "Clock alignment": offset = the rank's clock
+    minus rank 0's, so aligned = t - offset), and fill a completion the writer did not record
+    but the host saw: a waited op (wait() returned) or a blocking CPU op that returned without
+    error has completed by then."""
+    end_expr = ("coalesce(r.t_end_ns, CASE WHEN r.kind = 'op' AND r.error IS NULL THEN coalesce(r.t_wait_end_ns, "
+                "CASE WHEN NOT coalesce(r.async_op, false) AND coalesce(r.device, '') NOT LIKE 'cuda%' "
+                "THEN r.t_return_ns END) END)")
+    repl = ", ".join(f"{end_expr if c == 't_end_ns' else 'r.' + c} - coalesce(o.off, 0) AS {c}"
+                     for c in S.TIME_COLUMNS if c not in LAZY_COLUMNS)
+    repl += ", CAST(coalesce(r.inflight, len(r.inflight_ids)) AS INTEGER) AS inflight"
+    # ckey: one BIGINT per collective (pg index << 40 | seq), so that matching groups and joins
+    # on an integer instead of (VARCHAR, BIGINT); NULL on every other row.
+    pg_list = "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in pgs) + "]::VARCHAR[]"
+    ckey = (f"CASE WHEN r.kind = 'op' AND r.op IN {COLLECTIVE_SQL} AND r.seq IS NOT NULL AND r.pg IS NOT NULL "
+            f"THEN (CAST(list_position({pg_list}, r.pg) AS BIGINT) << 40) | r.seq END AS ckey")
+    return (f"SELECT r.* EXCLUDE ({', '.join(_LOAD_ONLY)}) REPLACE ({repl}), {ckey} "
+            f"FROM ({src}) r LEFT JOIN offsets o ON o.rank = r.rank")
 
 
 class Run:
@@ -117,33 +163,9 @@ class Run:
     def _prepare(self) -> None:
         rf = self._files
         meta = rf.meta
-        offs = []
-        for r, m in meta.items():
-            try:
-                off = int(m.get("clock_offset_ns") or 0)
-            except (TypeError, ValueError):
-                off = 0
-            try:
-                rtt = int(m.get("clock_rtt_ns") or 0)
-            except (TypeError, ValueError):
-                rtt = 0
-            offs.append((int(r), off, rtt))
+        offs = _offsets(meta)
         self._offsets = {r: o for r, o, _ in offs}
         self._rtts = {r: t for r, _, t in offs}
-        self._sql("CREATE OR REPLACE TABLE offsets (rank INTEGER, off BIGINT, rtt BIGINT)")
-        if offs:
-            self._many("INSERT INTO offsets VALUES (?, ?, ?)", offs)
-        # A completion the writer did not record but the host saw: a waited op (wait() returned)
-        # or a blocking CPU op that returned without error has completed by then.
-        end_expr = ("coalesce(r.t_end_ns, CASE WHEN r.kind = 'op' AND r.error IS NULL THEN coalesce(r.t_wait_end_ns, "
-                    "CASE WHEN NOT coalesce(r.async_op, false) AND coalesce(r.device, '') NOT LIKE 'cuda%' "
-                    "THEN r.t_return_ns END) END)")
-        repl = ", ".join(f"{end_expr if c == 't_end_ns' else 'r.' + c} - coalesce(o.off, 0) AS {c}"
-                         for c in S.TIME_COLUMNS)
-        self._sql(f"""
-            CREATE OR REPLACE TABLE t0 AS
-            SELECT r.* REPLACE ({repl}) FROM raw r LEFT JOIN offsets o ON o.rank = r.rank""")
-        self._sql("DROP TABLE raw")
         self._assign_steps()
         info = self._sql(f"""
             SELECT min(t_enqueue_ns), max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)),
@@ -293,7 +315,37 @@ class Run:
         """Rows of the trace (aligned), plus `blocked_ns` (host-blocked: t_return - t_enqueue,
         + t_wait_end - t_wait when waited) and `inflight_ns` (t_end - t_enqueue), metrics.md
         "Timestamps recorded per op and rank"."""
-        return self._arrow(f"SELECT * FROM ({self._ops_sql(ranks, t0, t1, kinds)}) ORDER BY rank, t_enqueue_ns")
+        x = self._ensure_lazy()
+        cols = []
+        for c in S.COLUMNS:
+            if c in S.TIME_COLUMNS and (c in LAZY_COLUMNS or c in _LOAD_ONLY):
+                cols.append(f"x.{c} - coalesce(o.off, 0) AS {c}")
+            elif c in LAZY_COLUMNS or c in _LOAD_ONLY:
+                cols.append(f"x.{c}")
+            else:
+                cols.append(f"q.{c}")
+        return self._arrow(f"""
+            SELECT {', '.join(cols)}, q.blocked_ns, q.inflight_ns
+            FROM ({self._ops_sql(ranks, t0, t1, kinds)}) q LEFT JOIN {x} x ON x.rid = q.rid
+                 LEFT JOIN offsets o ON o.rank = q.rank
+            ORDER BY q.rank, q.t_enqueue_ns""")
+
+    def _ensure_lazy(self) -> str:
+        """The columns left in the parts (LAZY_COLUMNS, and device / inflight_ids), by rid."""
+        name = "t_lazy"
+        if "lazy" not in self._cache:
+            with self._lock:
+                R.load_columns(self._con, self._files, name, list(LAZY_COLUMNS) + list(_LOAD_ONLY))
+            self._cache["lazy"] = True
+        return name
+
+    def lazy_columns(self, where: str, columns) -> pa.Table:
+        """`rid` + `columns` of the part rows matching `where` (SQL on unaligned columns), read
+        straight from the Parquet parts (projection and filter pushdown)."""
+        q = R.select_parts_sql(self._files, list(columns) + [c for c in ("kind", "rank") if c not in columns])
+        if q is None:
+            return _np_table({"rid": np.zeros(0, np.int64)})
+        return self._arrow(f"SELECT rid, {', '.join(columns)} FROM ({q}) WHERE {where}")
 
     def _ops_sql(self, ranks=None, t0=None, t1=None, kinds=("op",)) -> str:
         conds = []
@@ -324,51 +376,57 @@ class Run:
         self._sql(f"""
             CREATE OR REPLACE TABLE {name} AS
             WITH k AS (
-                SELECT pg, seq, mode(op) AS op, count(DISTINCT op) AS n_ops, max(pg_size) AS pg_size,
-                       count(DISTINCT rank) AS n_ranks, max(bytes) AS in_bytes,
+                SELECT ckey, any_value(pg) AS pg, any_value(seq) AS seq, any_value(op) AS op, max(pg_size) AS pg_size,
+                       count(*) AS n_ranks, max(bytes) AS in_bytes,
                        min(t_enqueue_ns) AS first_enter_ns, max(t_enqueue_ns) AS last_enter_ns,
-                       arg_max(rank, t_enqueue_ns) AS last_rank, max(t_enqueue_ns, 2) AS top2,
+                       arg_max(rank, t_enqueue_ns) AS last_rank,
                        min(t_end_ns) AS first_leave_ns, max(t_end_ns) AS last_leave_ns,
                        count(t_end_ns) AS n_done, count(*) AS n_rows, min(step) AS step,
-                       mode(site) AS site, min(root) AS root,
-                       max(t_enqueue_ns) FILTER (WHERE rank = root) AS root_enter_ns,
-                       max(t_enqueue_ns) FILTER (WHERE rank <> root) AS last_nonroot_enter_ns,
-                       min(t_end_ns) FILTER (WHERE rank <> root) AS first_nonroot_leave_ns,
-                       max(t_end_ns) FILTER (WHERE rank = root) AS root_leave_ns,
-                       bool_or(coalesce(first_on_pg, false)) AS first_on_pg
+                       any_value(site) AS site, min(root) AS root,
+                       max(CASE WHEN rank = root THEN t_enqueue_ns END) AS root_enter_ns,
+                       max(CASE WHEN rank <> root THEN t_enqueue_ns END) AS last_nonroot_enter_ns,
+                       min(CASE WHEN rank <> root THEN t_end_ns END) AS first_nonroot_leave_ns,
+                       max(CASE WHEN rank = root THEN t_end_ns END) AS root_leave_ns,
+                       bool_or(coalesce(first_on_pg, false)) AS first_on_pg,
+                       min(hash(op, dtype, count)) <> max(hash(op, dtype, count))
+                         OR bool_or(op = 'all_gather' AND out_bytes <> bytes * pg_size)
+                         OR bool_or(op = 'reduce_scatter' AND out_bytes * pg_size <> bytes) AS differs
                 FROM {self._t}
-                WHERE kind = 'op' AND op IN {COLLECTIVE_SQL} AND seq IS NOT NULL AND pg IS NOT NULL
-                GROUP BY pg, seq),
+                WHERE ckey IS NOT NULL
+                GROUP BY ckey),
             c AS (
                 SELECT k.*, coalesce(m.n_members, k.pg_size, k.n_ranks) AS n_expected,
                        greatest(coalesce(k.pg_size, k.n_ranks), 1) AS n,
                        {_PATTERN_SQL} AS pattern,
                        (k.n_done = k.n_rows AND k.n_ranks >= coalesce(m.n_members, k.pg_size, k.n_ranks)) AS complete,
-                       row_number() OVER (PARTITION BY k.pg ORDER BY k.seq) = 1 AS first_of_pg
+                       k.seq = min(k.seq) OVER (PARTITION BY k.pg) AS first_of_pg
                 FROM k LEFT JOIN {name}_m m ON m.pg = k.pg)
-            SELECT pg, seq, op, pattern, pg_size, n_ranks, n_expected, complete, n_ops,
+            SELECT ckey, pg, seq, op, pattern, pg_size, n_ranks, n_expected, complete,
                    CAST(CASE WHEN op IN {_BYTES_X_N_SQL} THEN in_bytes * n ELSE in_bytes END AS BIGINT) AS bytes,
                    CASE WHEN complete AND first_leave_ns > last_enter_ns THEN first_leave_ns - last_enter_ns END AS t_comm_ns,
                    first_enter_ns, last_enter_ns, first_leave_ns, last_leave_ns,
                    last_enter_ns - first_enter_ns AS arrival_skew_ns,
                    CASE WHEN complete THEN last_leave_ns - first_leave_ns END AS completion_skew_ns,
                    last_rank,
-                   CASE WHEN n_ranks >= 2 THEN last_enter_ns - top2[2] END AS last_late_ns,
+                   CAST(NULL AS BIGINT) AS last_late_ns,
                    root, root_enter_ns, last_nonroot_enter_ns, first_nonroot_leave_ns, root_leave_ns,
-                   step, site, first_of_pg, first_on_pg, {f} AS busbw_factor
+                   step, site, first_of_pg, first_on_pg, coalesce(differs, false) AS differs, {f} AS busbw_factor
             FROM c""")
         self._cache[name] = True
         # Rooted patterns: t_comm = min over the waiting ranks of (leave - enter - wait), which
         # for N x N is exactly min_r leave_r - max_j enter_j (metrics.md), and for a broadcast
         # whose root finished before a late receiver entered stays the transfer time itself.
         w = self._ensure_waits()
+        # last_late_ns: the last arrival's lead over the second-latest one (straggler evidence).
         self._sql(f"""
-            UPDATE {name} SET t_comm_ns = u.tc FROM (
-                SELECT pg, seq, min(t_end_ns - t_enqueue_ns - wait_ns) AS tc FROM {w}
-                WHERE (pattern = 'late_broadcast' AND rank IS DISTINCT FROM root)
-                   OR (pattern = 'early_reduce' AND rank = root)
-                GROUP BY pg, seq) u
-            WHERE {name}.pg = u.pg AND {name}.seq = u.seq AND u.tc > 0""")
+            UPDATE {name} SET
+                t_comm_ns = CASE WHEN {name}.pattern <> 'nxn' AND u.tc > 0 THEN u.tc ELSE {name}.t_comm_ns END,
+                last_late_ns = u.lead
+            FROM (
+                SELECT ckey, min(t_end_ns - t_enqueue_ns - wait_ns) FILTER (WHERE tc_role) AS tc,
+                       min(lead_ns) FILTER (WHERE NOT is_last) AS lead
+                FROM {w} GROUP BY ckey) u
+            WHERE {name}.ckey = u.ckey""")
         self._sql(f"""
             CREATE OR REPLACE TABLE {name} AS
             SELECT *, bytes / t_comm_ns AS algbw_gbps, bytes / t_comm_ns * busbw_factor AS busbw_gbps
@@ -383,7 +441,7 @@ class Run:
         `arrival_skew_ns`, `completion_skew_ns`, `last_rank` (arrived last), `last_late_ns`
         (its lead over the second-latest arrival), `first_enter_ns`, `last_enter_ns`, `step`."""
         c = self._ensure_coll()
-        return self._arrow(f"SELECT * FROM {c} ORDER BY pg, seq")
+        return self._arrow(f"SELECT * EXCLUDE (ckey) FROM {c} ORDER BY pg, seq")
 
     def _ensure_waits(self) -> str:
         name = f"{self._t}_waits"
@@ -392,7 +450,9 @@ class Run:
         c = self._ensure_coll()
         self._sql(f"""
             CREATE OR REPLACE TABLE {name} AS
-            SELECT x.pg, x.seq, x.rank, k.op, k.pattern, k.root, x.step, x.site, x.t_enqueue_ns, x.t_end_ns,
+            SELECT x.ckey, x.rank, x.step, x.t_enqueue_ns, x.t_end_ns,
+                CASE k.pattern WHEN 'late_broadcast' THEN x.rank IS DISTINCT FROM k.root
+                               WHEN 'early_reduce' THEN x.rank = k.root ELSE false END AS tc_role,
                 CAST(CASE k.pattern
                   WHEN 'late_broadcast' THEN CASE WHEN x.rank = k.root THEN 0
                        ELSE greatest(0, least(coalesce(k.root_enter_ns, k.last_enter_ns), x.t_end_ns) - x.t_enqueue_ns) END
@@ -401,9 +461,11 @@ class Run:
                        ELSE 0 END
                   ELSE greatest(0, least(k.last_enter_ns, x.t_end_ns) - x.t_enqueue_ns) END AS BIGINT) AS wait_ns,
                 CAST(CASE WHEN k.pattern = 'nxn' THEN greatest(0, x.t_end_ns - greatest(k.first_leave_ns, k.last_enter_ns)) END
-                     AS BIGINT) AS completion_wait_ns
-            FROM {self._t} x JOIN {c} k ON k.pg = x.pg AND k.seq = x.seq
-            WHERE x.kind = 'op' AND x.op IN {COLLECTIVE_SQL} AND k.complete""")
+                     AS BIGINT) AS completion_wait_ns,
+                k.last_enter_ns - x.t_enqueue_ns AS lead_ns, x.rank = k.last_rank AS is_last,
+                k.first_of_pg, k.n_ranks
+            FROM {self._t} x JOIN {c} k ON k.ckey = x.ckey
+            WHERE k.complete""")
         self._cache[name] = True
         return name
 
@@ -413,7 +475,11 @@ class Run:
         late_broadcast for non-roots; early_reduce for the root) and `completion_wait_ns`
         (N x N completion). Only collectives that every member completed."""
         w = self._ensure_waits()
-        return self._arrow(f"SELECT * FROM {w} ORDER BY pg, seq, rank")
+        c = self._ensure_coll()
+        return self._arrow(f"""
+            SELECT k.pg, k.seq, w.rank, k.op, k.pattern, w.step, w.t_enqueue_ns, w.t_end_ns, w.wait_ns,
+                   w.completion_wait_ns, w.lead_ns, w.is_last
+            FROM {w} w JOIN {c} k ON k.ckey = w.ckey ORDER BY k.pg, k.seq, w.rank""")
 
     def _ensure_p2p(self) -> str:
         name = f"{self._t}_p2p"
@@ -464,8 +530,8 @@ class Run:
             return self._cache[key]
         w = self._ensure_waits()
         p = self._ensure_p2p()
-        t = self._arrow(f"""
-            SELECT rank, step, sum(wait_ns)::BIGINT AS wait_ns, sum(completion_wait_ns)::BIGINT AS completion_wait_ns,
+        t = self._np(f"""
+            SELECT rank, coalesce(step, -9223372036854775807) AS step, sum(wait_ns)::BIGINT AS wait_ns, sum(completion_wait_ns)::BIGINT AS completion_wait_ns,
                    sum(ls)::BIGINT AS late_sender_ns, sum(lr)::BIGINT AS late_receiver_ns
             FROM (
                 SELECT rank, step, wait_ns, completion_wait_ns, 0 AS ls, 0 AS lr FROM {w}
@@ -486,15 +552,39 @@ class Run:
         `stream_wait_ns` (the compute stream behind the comm stream) to the exposed part."""
         if "overlap" in self._cache:
             return self._cache["overlap"]
+        fut = self._cache.get("overlap_future")
+        out = fut.result() if fut is not None else self._compute_overlap(None)
+        self._cache["overlap"] = out
+        return out
+
+    def start_background(self) -> None:
+        """Start the numpy overlap computation on a second DuckDB cursor in a thread, so that it
+        runs while the SQL side matches collectives (both release the GIL)."""
+        if "overlap" in self._cache or "overlap_future" in self._cache:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+        with self._lock:
+            cur = self._con.cursor()
+        ex = ThreadPoolExecutor(1, thread_name_prefix="commtrace-overlap")
+        self._cache["overlap_future"] = ex.submit(self._compute_overlap, cur)
+        ex.shutdown(wait=False)
+
+    def _compute_overlap(self, cur) -> dict:
+        def fetch(q):
+            if cur is None:
+                return self._np(q)
+            d = cur.sql(q).fetchnumpy()
+            return {k: (np.ma.getdata(v) if isinstance(v, np.ma.MaskedArray) else np.asarray(v)) for k, v in d.items()}
         base = self.t_min_ns or 0
         span = (self.t_max_ns or base) - base + 1
         stride = IV.keyspace_stride(span)
         nr = (max(self.ranks) + 1) if self.ranks else 0
-        d = self._np(f"""
+        d = fetch(f"""
             SELECT rank::BIGINT * {stride} + (t_enqueue_ns - {base}) AS s, rank::BIGINT * {stride} + (t_end_ns - {base}) AS e
             FROM {self._t} WHERE kind = 'op' AND t_enqueue_ns IS NOT NULL AND t_end_ns IS NOT NULL""")
         c_s, c_e = IV.union(d["s"], d["e"])
-        b = self._np(f"""
+        del d
+        b = fetch(f"""
             SELECT rank::BIGINT * {stride} + (a - {base}) AS s, rank::BIGINT * {stride} + (z - {base}) AS e FROM (
                 SELECT rank, t_enqueue_ns AS a, t_return_ns AS z FROM {self._t}
                   WHERE kind IN ('op', 'sync') AND t_enqueue_ns IS NOT NULL AND t_return_ns IS NOT NULL
@@ -502,10 +592,24 @@ class Run:
                 SELECT rank, t_wait_ns, t_wait_end_ns FROM {self._t}
                   WHERE kind = 'op' AND t_wait_ns IS NOT NULL AND t_wait_end_ns IS NOT NULL)""")
         b_s, b_e = IV.union(b["s"], b["e"])
+        del b
         x_s, x_e = IV.intersect(c_s, c_e, b_s, b_e)
-        out = {"stride": stride, "base": base, "nr": nr, "C": (c_s, c_e), "B": (b_s, b_e), "X": (x_s, x_e)}
-        self._cache["overlap"] = out
-        return out
+        if cur is not None:
+            cur.close()
+        return {"stride": stride, "base": base, "nr": nr, "C": (c_s, c_e), "B": (b_s, b_e), "X": (x_s, x_e)}
+
+    def _rank_step(self) -> dict[str, np.ndarray]:
+        """One pass per (rank, step) (step may be null): ops, bytes, GPU stream waits, time in
+        synchronize(), and the step's first timestamp (its boundary)."""
+        if "rank_step" not in self._cache:
+            self._cache["rank_step"] = self._np(f"""
+                SELECT rank, step, count(*) FILTER (WHERE kind = 'op') AS ops,
+                       coalesce(sum(bytes) FILTER (WHERE kind = 'op'), 0)::BIGINT AS bytes,
+                       coalesce(sum(stream_wait_ns) FILTER (WHERE kind = 'op'), 0)::BIGINT AS stream_wait_ns,
+                       coalesce(sum(t_return_ns - t_enqueue_ns) FILTER (WHERE kind = 'sync'), 0)::BIGINT AS sync_ns,
+                       min(t_enqueue_ns) AS t0, step IS NULL AS nostep
+                FROM {self._t} GROUP BY rank, step ORDER BY rank, step""")
+        return self._cache["rank_step"]
 
     def per_rank(self) -> pa.Table:
         """Per rank, in seconds (metrics.md): `ops`; `blocked_s` = |union of host-blocked
@@ -522,46 +626,44 @@ class Run:
         C = IV.per_rank_sum(*ov["C"], stride, nr)
         B = IV.per_rank_sum(*ov["B"], stride, nr)
         X = IV.per_rank_sum(*ov["X"], stride, nr)
-        base = self._np(f"""
-            SELECT rank, count(*) FILTER (WHERE kind = 'op') AS ops,
-                   coalesce(sum(bytes) FILTER (WHERE kind = 'op'), 0)::BIGINT AS bytes,
-                   coalesce(sum(stream_wait_ns) FILTER (WHERE kind = 'op'), 0)::BIGINT AS stream_wait_ns,
-                   coalesce(sum(t_return_ns - t_enqueue_ns) FILTER (WHERE kind = 'sync'), 0)::BIGINT AS sync_ns
-            FROM {self._t} GROUP BY rank ORDER BY rank""")
+        rs = self._rank_step()
+        ranks_u = np.unique(rs["rank"].astype(np.int64))
+        pos = np.searchsorted(ranks_u, rs["rank"].astype(np.int64))
+        base = {"rank": ranks_u}
+        for k in ("ops", "bytes", "stream_wait_ns", "sync_ns"):
+            base[k] = np.bincount(pos, weights=rs[k].astype(np.float64), minlength=len(ranks_u))
         w = self._wait_by_rank_step()
-        wr = {}
-        if w.num_rows:
-            import pyarrow.compute as pc  # noqa: F401
-            g = w.group_by("rank").aggregate([("wait_ns", "sum"), ("completion_wait_ns", "sum"),
-                                               ("late_sender_ns", "sum"), ("late_receiver_ns", "sum")])
-            for row in g.to_pylist():
-                wr[row["rank"]] = row
-        st = {r["rank"]: r for r in self.stragglers().to_pylist()}
-        ranks = base["rank"].astype(np.int64)
-        rows = {k: [] for k in ("rank", "ops", "blocked_s", "inflight_s", "exposed_s", "overlapped_s",
-                                "overlap_ratio", "wait_s", "completion_wait_s", "late_sender_s",
-                                "late_receiver_s", "sync_s", "bytes", "last_count", "straggler_share")}
-        for i, r in enumerate(ranks):
-            c = C[r] if r < nr else 0.0
-            x = min((X[r] if r < nr else 0.0) + float(base["stream_wait_ns"][i]), c)
-            ww = wr.get(int(r), {})
-            s = st.get(int(r), {})
-            rows["rank"].append(int(r))
-            rows["ops"].append(int(base["ops"][i]))
-            rows["blocked_s"].append((B[r] if r < nr else 0.0) / 1e9)
-            rows["inflight_s"].append(c / 1e9)
-            rows["exposed_s"].append(x / 1e9)
-            rows["overlapped_s"].append((c - x) / 1e9)
-            rows["overlap_ratio"].append(((c - x) / c) if c > 0 else None)
-            rows["wait_s"].append((ww.get("wait_ns_sum") or 0) / 1e9)
-            rows["completion_wait_s"].append((ww.get("completion_wait_ns_sum") or 0) / 1e9)
-            rows["late_sender_s"].append((ww.get("late_sender_ns_sum") or 0) / 1e9)
-            rows["late_receiver_s"].append((ww.get("late_receiver_ns_sum") or 0) / 1e9)
-            rows["sync_s"].append(float(base["sync_ns"][i]) / 1e9)
-            rows["bytes"].append(int(base["bytes"][i]))
-            rows["last_count"].append(int(s.get("last_count") or 0))
-            rows["straggler_share"].append(float(s.get("share") or 0.0))
-        t = pa.table(rows)
+        ranks = base["rank"]
+        idx = {int(r): i for i, r in enumerate(ranks)}
+        wsum = {k: np.zeros(len(ranks)) for k in ("wait_ns", "completion_wait_ns", "late_sender_ns", "late_receiver_ns")}
+        if len(w["rank"]):
+            wr = np.searchsorted(ranks, w["rank"].astype(np.int64))
+            wr = np.where((wr < len(ranks)) & (ranks[np.clip(wr, 0, len(ranks) - 1)] == w["rank"]), wr, -1)
+            ok = wr >= 0
+            for k in wsum:
+                v = np.nan_to_num(w[k].astype(np.float64))
+                wsum[k] = np.bincount(wr[ok], weights=v[ok], minlength=len(ranks))
+        self.stragglers()
+        st = self._cache["stragglers_np"]
+        last = np.zeros(len(ranks), np.int64)
+        share = np.zeros(len(ranks))
+        for r, lc, sh in zip(st["rank"], st["last_count"], st["share"]):
+            if int(r) in idx:
+                last[idx[int(r)]], share[idx[int(r)]] = lc, sh
+        rr = np.clip(ranks, 0, max(nr - 1, 0))
+        inr = ranks < nr
+        c = np.where(inr, C[rr] if nr else 0.0, 0.0)
+        x = np.minimum(np.where(inr, X[rr] if nr else 0.0, 0.0) + base["stream_wait_ns"], c)
+        b = np.where(inr, B[rr] if nr else 0.0, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(c > 0, (c - x) / c, np.nan)
+        rows = {"rank": ranks.astype(np.int64), "ops": base["ops"].astype(np.int64), "blocked_s": b / 1e9,
+                "inflight_s": c / 1e9, "exposed_s": x / 1e9, "overlapped_s": (c - x) / 1e9, "overlap_ratio": ratio,
+                "wait_s": wsum["wait_ns"] / 1e9, "completion_wait_s": wsum["completion_wait_ns"] / 1e9,
+                "late_sender_s": wsum["late_sender_ns"] / 1e9, "late_receiver_s": wsum["late_receiver_ns"] / 1e9,
+                "sync_s": base["sync_ns"] / 1e9, "bytes": base["bytes"].astype(np.int64),
+                "last_count": last, "straggler_share": share}
+        t = _np_table(rows)
         self._cache["per_rank"] = t
         return t
 
@@ -572,31 +674,39 @@ class Run:
             return self._cache["per_step"]
         ov = self._overlap()
         stride, base = ov["stride"], ov["base"]
-        bd = self._np(f"""
-            SELECT rank::BIGINT * {stride} + (min(t_enqueue_ns) - {base}) AS k, rank, step FROM {self._t}
-            WHERE step IS NOT NULL AND t_enqueue_ns IS NOT NULL GROUP BY rank, step ORDER BY k""")
-        keys, b_rank, b_step = bd["k"], bd["rank"].astype(np.int64), bd["step"].astype(np.int64)
+        rs = self._rank_step()
+        m = ~rs["nostep"].astype(bool)
+        b_rank, b_step = rs["rank"][m].astype(np.int64), rs["step"][m].astype(np.int64)
+        keys = b_rank * stride + (rs["t0"][m].astype(np.int64) - base)
+        order = np.argsort(keys, kind="stable")
+        keys, b_rank, b_step = keys[order], b_rank[order], b_step[order]
+        b_ops, b_sw = rs["ops"][m][order], rs["stream_wait_ns"][m][order]
         acc: dict[str, dict] = {}
         if len(keys):
+            # Rank r's first boundary is moved to the start of r's key range, so that segments
+            # before it count in its first step; then each (sorted) segment takes the last
+            # boundary at or before its start: a bincount of boundary positions and a cumsum,
+            # O(n) instead of a binary search per segment.
+            kk = keys.copy()
+            first_of_rank = np.r_[True, b_rank[1:] != b_rank[:-1]]
+            kk[first_of_rank] = b_rank[first_of_rank] * stride
             for nm in ("C", "B", "X"):
                 s, e = ov[nm]
-                idx = np.searchsorted(keys, s, side="right") - 1
-                seg_rank = s // stride
-                # Before the rank's first boundary: its first step.
-                first_idx = np.searchsorted(b_rank, seg_rank, side="left")
-                bad = (idx < 0) | (b_rank[np.clip(idx, 0, len(keys) - 1)] != seg_rank)
-                idx = np.where(bad, np.clip(first_idx, 0, len(keys) - 1), idx)
-                ok = b_rank[idx] == seg_rank
+                if not len(s):
+                    acc[nm] = np.zeros(len(keys))
+                    continue
+                pos = np.searchsorted(s, kk, side="left")
+                idx = np.cumsum(np.bincount(pos, minlength=len(s) + 1)[: len(s)]) - 1
+                ok = idx >= 0
+                ok[ok] = b_rank[idx[ok]] == s[ok] // stride
                 acc[nm] = np.bincount(idx[ok], weights=(e - s)[ok].astype(np.float64), minlength=len(keys))
-        opc = self._arrow(f"""
-            SELECT rank, step, count(*) FILTER (WHERE kind = 'op') AS ops,
-                   coalesce(sum(stream_wait_ns) FILTER (WHERE kind = 'op'), 0)::BIGINT AS stream_wait_ns
-            FROM {self._t} WHERE step IS NOT NULL GROUP BY rank, step""")
+        opc = _np_table({"rank": b_rank, "step": b_step, "ops": b_ops.astype(np.int64),
+                        "stream_wait_ns": b_sw.astype(np.int64)})
         w = self._wait_by_rank_step()
         con = duckdb.connect()
         con.register("opc", opc)
-        con.register("w", w)
-        con.register("seg", pa.table({
+        con.register("w", _np_table(w))
+        con.register("seg", _np_table({
             "rank": b_rank, "step": b_step,
             "C": acc.get("C", np.zeros(len(keys))), "B": acc.get("B", np.zeros(len(keys))),
             "X": acc.get("X", np.zeros(len(keys)))}))
@@ -626,20 +736,38 @@ class Run:
         if "stragglers" in self._cache:
             return self._cache["stragglers"]
         c = self._ensure_coll()
-        t = self._arrow(f"""
-            WITH k AS (SELECT pg, seq, last_rank, last_late_ns, n_ranks FROM {c}
-                       WHERE complete AND n_ranks >= 2 AND NOT first_of_pg),
-            m AS (SELECT x.rank, k.* FROM {self._t} x JOIN k ON x.pg = k.pg AND x.seq = k.seq
-                  WHERE x.kind = 'op' AND x.op IN {COLLECTIVE_SQL})
-            SELECT rank, count(*) AS n_collectives,
-                   count(*) FILTER (WHERE last_rank = rank) AS last_count,
-                   count(*) FILTER (WHERE last_rank = rank) / count(*) AS share,
-                   sum(1.0 / n_ranks) / count(*) AS expected_share,
-                   sum((1.0 / n_ranks) * (1 - 1.0 / n_ranks)) AS var_count,
-                   coalesce(avg(last_late_ns) FILTER (WHERE last_rank = rank), 0) AS mean_late_ns,
-                   coalesce(sum(last_late_ns) FILTER (WHERE last_rank = rank), 0)::BIGINT AS total_late_ns,
-                   coalesce(median(last_late_ns) FILTER (WHERE last_rank <> rank), 0) AS typical_late_ns
-            FROM m GROUP BY rank ORDER BY rank""")
+        w = self._ensure_waits()
+        part = self._np(f"""
+            SELECT rank, count(*) AS n_collectives, sum(1.0 / n_ranks) AS exp_count,
+                   sum((1.0 / n_ranks) * (1 - 1.0 / n_ranks)) AS var_count
+            FROM {w} WHERE n_ranks >= 2 AND NOT first_of_pg GROUP BY rank ORDER BY rank""")
+        lr = self._np(f"""
+            SELECT last_rank, last_late_ns FROM {c}
+            WHERE complete AND n_ranks >= 2 AND NOT first_of_pg AND last_late_ns IS NOT NULL""")
+        last_rank = lr["last_rank"].astype(np.int64)
+        late = lr["last_late_ns"].astype(np.float64)
+        ranks = part["rank"].astype(np.int64)
+        n = part["n_collectives"].astype(np.int64)
+        gmed = float(np.median(late)) if len(late) else 0.0
+        cnt = np.zeros(len(ranks), np.int64)
+        tot = np.zeros(len(ranks))
+        typ = np.zeros(len(ranks))
+        for i, r in enumerate(ranks):
+            mine = last_rank == r
+            k = int(mine.sum())
+            cnt[i] = k
+            tot[i] = late[mine].sum() if k else 0.0
+            others = len(late) - k
+            # The lead of other ranks' last arrivals: needs a few of them to mean anything.
+            typ[i] = (gmed if k == 0 else float(np.median(late[~mine]))) if others >= 10 else 0.0
+        self._cache["stragglers_np"] = d = {
+            "rank": ranks, "n_collectives": n, "last_count": cnt,
+            "share": np.where(n > 0, cnt / np.maximum(n, 1), 0.0),
+            "expected_share": np.where(n > 0, part["exp_count"].astype(float) / np.maximum(n, 1), 0.0),
+            "var_count": part["var_count"].astype(float),
+            "mean_late_ns": np.where(cnt > 0, tot / np.maximum(cnt, 1), 0.0),
+            "total_late_ns": tot.astype(np.int64), "typical_late_ns": typ}
+        t = _np_table(d)
         self._cache["stragglers"] = t
         return t
 
@@ -657,10 +785,13 @@ class Run:
                    avg(busbw_gbps) AS busbw_gbps, min(busbw_gbps) AS busbw_min_gbps,
                    max(busbw_gbps) AS busbw_max_gbps, stddev_samp(busbw_gbps) AS busbw_std_gbps,
                    avg(algbw_gbps) AS algbw_gbps, sum(arrival_skew_ns) / 1e9 AS arrival_skew_total_s,
-                   count(*) FILTER (WHERE NOT complete) AS incomplete
-            FROM {c} GROUP BY ALL ORDER BY pg, op, size_bucket""")
-        labels = [_size_label(v) for v in t.column("size_bucket").to_pylist()]
-        return t.append_column("size_label", pa.array(labels, pa.string()))
+                   count(*) FILTER (WHERE NOT complete) AS incomplete,
+                   CASE WHEN size_bucket >= 1073741824 THEN (size_bucket // 1073741824) || ' GiB'
+                        WHEN size_bucket >= 1048576 THEN (size_bucket // 1048576) || ' MiB'
+                        WHEN size_bucket >= 1024 THEN (size_bucket // 1024) || ' KiB'
+                        ELSE size_bucket || ' B' END AS size_label
+            FROM {c} GROUP BY pg, op, size_bucket ORDER BY pg, op, size_bucket""")
+        return t
 
     def clock(self) -> dict:
         """Clock alignment facts (metrics.md "Clock alignment"): offsets applied and the count of
@@ -704,9 +835,9 @@ class Run:
         t1 = (self.t_max_ns + 1) if t1 is None else int(t1)
         nbins = max(1, int(nbins))
         if t0 is None or t1 is None or t1 <= t0:
-            return pa.table({"rank": pa.array([], pa.int32()), "bin": pa.array([], pa.int64()),
-                             "t0_ns": pa.array([], pa.int64()), "t1_ns": pa.array([], pa.int64()),
-                             **{k: pa.array([], pa.int64()) for k in ("blocked_ns", "inflight_ns", "wait_ns", "sync_ns", "ops")}})
+            return _np_table({"rank": np.zeros(0, np.int32), "bin": np.zeros(0, np.int64),
+                              "t0_ns": np.zeros(0, np.int64), "t1_ns": np.zeros(0, np.int64),
+                              **{k: np.zeros(0, np.int64) for k in ("blocked_ns", "inflight_ns", "wait_ns", "sync_ns", "ops")}})
         edges = np.linspace(t0, t1, nbins + 1).round().astype(np.int64)
         edges[0], edges[-1] = t0, t1
         rsel = ""
@@ -748,13 +879,12 @@ class Run:
             ri = np.array([pos.get(int(r), -1) for r in cnt["rank"]])
             ok = (ri >= 0) & (cnt["b"] >= 0) & (cnt["b"] < nbins)
             np.add.at(ops, (ri[ok], cnt["b"][ok].astype(np.int64)), cnt["n"][ok].astype(np.int64))
-        return pa.table({
-            "rank": pa.array(np.repeat(np.array(rank_list, np.int32), nbins)),
-            "bin": pa.array(np.tile(np.arange(nbins, dtype=np.int64), nr)),
-            "t0_ns": pa.array(np.tile(edges[:-1], nr)), "t1_ns": pa.array(np.tile(edges[1:], nr)),
-            "blocked_ns": pa.array(out[0].ravel()), "inflight_ns": pa.array(out[1].ravel()),
-            "wait_ns": pa.array(out[2].ravel()), "sync_ns": pa.array(out[3].ravel()),
-            "ops": pa.array(ops.ravel())})
+        return _np_table({
+            "rank": np.repeat(np.array(rank_list, np.int32), nbins),
+            "bin": np.tile(np.arange(nbins, dtype=np.int64), nr),
+            "t0_ns": np.tile(edges[:-1], nr), "t1_ns": np.tile(edges[1:], nr),
+            "blocked_ns": out[0].ravel(), "inflight_ns": out[1].ravel(),
+            "wait_ns": out[2].ravel(), "sync_ns": out[3].ravel(), "ops": ops.ravel()})
 
     # ------------------------------------------------------------------ findings / report
     def findings(self) -> list:
@@ -767,14 +897,17 @@ class Run:
     def last_completed(self) -> dict[int, dict | None]:
         """rank -> its last completed op (op, pg, seq, site, t_end_ns), the "last completed op"
         that names a hang culprit's position."""
+        if "last_completed" in self._cache:
+            return dict(self._cache["last_completed"])
         rows = self._sql(f"""
-            SELECT rank, arg_max(op, t_end_ns), arg_max(pg, t_end_ns), arg_max(seq, t_end_ns),
-                   arg_max(site, t_end_ns), max(t_end_ns)
-            FROM {self._t} WHERE kind = 'op' AND t_end_ns IS NOT NULL GROUP BY rank ORDER BY rank""").fetchall()
+            SELECT rank, x.op, x.pg, x.seq, x.site, x.t FROM (
+                SELECT rank, arg_max(struct_pack(op := op, pg := pg, seq := seq, site := site, t := t_end_ns), t_end_ns) AS x
+                FROM {self._t} WHERE kind = 'op' AND t_end_ns IS NOT NULL GROUP BY rank) ORDER BY rank""").fetchall()
         out: dict[int, dict | None] = {r: None for r in self.ranks}
         for r, op, pg, seq, site, te in rows:
             out[int(r)] = {"op": op, "pg": pg, "seq": seq, "site": site, "t_end_ns": te}
-        return out
+        self._cache["last_completed"] = out
+        return dict(out)
 
     def report(self, top: int = 10, rank: int | None = None, steps=None, progress=None) -> dict:
         """The `commtrace report --format json` dict (public contract, docs/report.md)."""
@@ -790,6 +923,23 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<commtrace.Run {self.path!r} world_size={self.world_size} ranks={len(self.ranks)}>"
+
+
+def _np_array(a) -> pa.Array:
+    """Arrow array from a numpy array without pa.array(), which imports pandas (~0.8 s) on
+    first use; floats keep NaN, bools are bit-packed."""
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.bool_:
+        return pa.Array.from_buffers(pa.bool_(), len(a), [None, pa.py_buffer(np.packbits(a, bitorder="little"))])
+    types = {np.dtype(np.int64): pa.int64(), np.dtype(np.int32): pa.int32(), np.dtype(np.float64): pa.float64()}
+    if a.dtype not in types:
+        a = a.astype(np.float64 if a.dtype.kind == "f" else np.int64)
+    return pa.Array.from_buffers(types[a.dtype], len(a), [None, pa.py_buffer(a)])
+
+
+def _np_table(cols: dict) -> pa.Table:
+    """Arrow table from a dict of numpy arrays (see _np_array)."""
+    return pa.Table.from_arrays([_np_array(np.asarray(v)) for v in cols.values()], names=list(cols))
 
 
 class _Rows:

@@ -38,6 +38,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -83,6 +84,8 @@ class RunFiles:
     stacks: dict[int, list[str]] = field(default_factory=dict)
     rank_dirs: list[int] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: pending ops of the snapshots as a table (set by load_into_duckdb)
+    snapshot: object = None
 
     @property
     def columns(self) -> set[str]:
@@ -224,9 +227,9 @@ def _merge_meta(rf: RunFiles) -> None:
         rf.meta.setdefault(int(r), {}).update(p.meta)
 
 
-def _select_list(columns: set[str], hive_rank: bool) -> str:
+def _select_list(columns: set[str], hive_rank: bool, names=None) -> str:
     out = []
-    for name in S.COLUMNS:
+    for name in (names or S.COLUMNS):
         if name == "rank":
             if "rank" in columns and hive_rank:
                 out.append('CAST(coalesce("rank", __hive_rank) AS INTEGER) AS "rank"')
@@ -243,18 +246,26 @@ def _select_list(columns: set[str], hive_rank: bool) -> str:
     return ", ".join(out)
 
 
-def _read_parts_sql(parts: list[PartInfo]) -> str:
+#: Row id of a part row: file index in the part list << 32 | row number in the file. Snapshot
+#: rows get negative ids.
+RID_SQL = "(CAST(file_index AS BIGINT) << 32) | CAST(file_row_number AS BIGINT)"
+
+
+def _read_parts_sql(parts: list[PartInfo], names=None, rid: bool = False) -> str:
     cols: set[str] = set()
     for p in parts:
         cols.update(p.columns)
     files = ", ".join("'" + p.path.replace("'", "''") + "'" for p in parts)
-    hive = all(p.rank is not None for p in parts)
-    src = f"read_parquet([{files}], union_by_name=true, filename=true)"
+    # Rank from the directory name only for writers that left the rank column out somewhere.
+    hive = all(p.rank is not None for p in parts) and any("rank" not in p.columns for p in parts)
+    src = f"read_parquet([{files}], union_by_name=true{', filename=true' if hive else ''})"
+    rid_sql = RID_SQL
     if hive:
-        # Rank from the directory name, for writers that leave the rank column null.
         src = (f"(SELECT *, CAST(regexp_extract(filename, 'rank=(-?[0-9]+)', 1) AS INTEGER) "
-               f"AS __hive_rank FROM {src})")
-    return f"SELECT {_select_list(cols, hive)} FROM {src}"
+               f"AS __hive_rank, file_index AS __fi, file_row_number AS __frn FROM {src})")
+        rid_sql = "(CAST(__fi AS BIGINT) << 32) | CAST(__frn AS BIGINT)"
+    extra = f", {rid_sql} AS rid" if rid else ""
+    return f"SELECT {_select_list(cols, hive, names)}{extra} FROM {src}"
 
 
 def _snapshot_table(rf: RunFiles) -> pa.Table | None:
@@ -280,19 +291,43 @@ def _snapshot_table(rf: RunFiles) -> pa.Table | None:
         except (pa.ArrowException, TypeError, ValueError):
             arrays.append(pa.nulls(n, type=f.type))
             rf.warnings.append(f"_inflight.json: unreadable values in column {f.name}; ignored")
-    return pa.Table.from_arrays(arrays, schema=S.SCHEMA)
+    t = pa.Table.from_arrays(arrays, schema=S.SCHEMA)
+    return t.append_column("rid", pa.array(-np.arange(1, n + 1, dtype=np.int64)))
 
 
-def load_into_duckdb(con, rf: RunFiles, table: str = "raw") -> None:
-    """Create DuckDB table `table` holding every row of the run (unaligned clocks), all schema
-    columns present, plus pending ops from the ``_inflight.json`` snapshots.
+def distinct_values(con, rf: RunFiles, column: str) -> list:
+    """Distinct non-null values of `column` over the parts and snapshots (reads one column)."""
+    vals: set = set()
+    if rf.parts and any(column in p.columns for p in rf.parts):
+        try:
+            rows = con.execute(f'SELECT DISTINCT "{column}" FROM ({_read_parts_sql(rf.parts, [column])}) '
+                               f'WHERE "{column}" IS NOT NULL').fetchall()
+            vals.update(r[0] for r in rows)
+        except Exception:  # noqa: BLE001 -- a corrupt part: the full load finds and reports it
+            pass
+    for snap in rf.inflight.values():
+        for op in snap.get("ops", []):
+            if isinstance(op, dict) and op.get(column) is not None:
+                vals.add(str(op[column]))
+    return sorted(vals, key=str)
+
+
+def load_into_duckdb(con, rf: RunFiles, table: str = "raw", wrap=None, columns=None) -> None:
+    """Create DuckDB table `table` holding every row of the run (unaligned clocks), the schema
+    `columns` (default: all) present, plus `rid` (see RID_SQL), plus pending ops from the
+    ``_inflight.json`` snapshots.
 
     A part that DuckDB cannot decode (corrupt pages behind a valid footer) is found by reading
-    each part with pyarrow, skipped with a warning naming it, and the load retried."""
+    each part with pyarrow, skipped with a warning naming it, and the load retried.
+
+    `wrap(sql) -> sql` may transform the rows on the way in (the analysis aligns clocks there,
+    so that the run is materialised once)."""
+    wrap = wrap or (lambda q: q)
+    names = list(columns or S.COLUMNS)
     parts = list(rf.parts)
     if parts:
         try:
-            con.execute(f"CREATE OR REPLACE TABLE {table} AS {_read_parts_sql(parts)}")
+            con.execute(f"CREATE OR REPLACE TABLE {table} AS {wrap(_read_parts_sql(parts, names, rid=True))}")
         except Exception:  # duckdb raises its own exception family
             good = []
             for p in parts:
@@ -308,23 +343,48 @@ def load_into_duckdb(con, rf: RunFiles, table: str = "raw") -> None:
                 raise EmptyTraceError(f"{rf.path}: no readable trace part")
             parts = good
             if parts:
-                con.execute(f"CREATE OR REPLACE TABLE {table} AS {_read_parts_sql(parts)}")
+                con.execute(f"CREATE OR REPLACE TABLE {table} AS {wrap(_read_parts_sql(parts, names, rid=True))}")
     if not parts:
-        cols = ", ".join(f'CAST(NULL AS {duck_type(n)}) AS "{n}"' for n in S.COLUMNS)
-        con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT {cols} LIMIT 0")
-    snap = _snapshot_table(rf)
-    if snap is not None:
-        con.register("__snapshot", snap)
-        names = ", ".join(f'"{n}"' for n in S.COLUMNS)
-        s_names = ", ".join(f's."{n}"' for n in S.COLUMNS)
-        # Keep snapshot ops that have no row at all in the parts (completed or not).
-        con.execute(f"""
-            INSERT INTO {table} ({names})
+        cols = ", ".join(f'CAST(NULL AS {duck_type(n)}) AS "{n}"' for n in names)
+        con.execute(f"CREATE OR REPLACE TABLE {table} AS {wrap(f'SELECT {cols}, CAST(NULL AS BIGINT) AS rid LIMIT 0')}")
+    rf.snapshot = _snapshot_table(rf)
+    if rf.snapshot is not None:
+        con.register("__snapshot", rf.snapshot)
+        s_names = ", ".join(f's."{n}"' for n in names + ["rid"])
+        sel = f"""
             SELECT {s_names} FROM __snapshot s
             WHERE NOT EXISTS (
                 SELECT 1 FROM {table} t WHERE t.rank = s.rank AND t.kind = s.kind AND (
                     (s.op_id IS NOT NULL AND t.op_id = s.op_id) OR
                     (s.op_id IS NULL AND t.pg IS NOT DISTINCT FROM s.pg
-                     AND t.seq IS NOT DISTINCT FROM s.seq AND t.op IS NOT DISTINCT FROM s.op)))
-        """)
+                     AND t.seq IS NOT DISTINCT FROM s.seq AND t.op IS NOT DISTINCT FROM s.op)))"""
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM ({wrap(sel)})")
         con.unregister("__snapshot")
+
+
+def select_parts_sql(rf: RunFiles, columns) -> str | None:
+    """SQL over the parts with `rid` and `columns` (schema names), for targeted lazy reads."""
+    if not rf.parts:
+        return None
+    return _read_parts_sql(rf.parts, list(columns), rid=True)
+
+
+def load_columns(con, rf: RunFiles, table: str, columns) -> None:
+    """Create `table` (rid + `columns`) for every part row and snapshot op: the columns that
+    :func:`load_into_duckdb` left out, joined back by `rid` when someone asks for them."""
+    names = list(columns)
+    sels = []
+    if rf.parts:
+        sels.append(_read_parts_sql(rf.parts, ["rank"] + names, rid=True))
+    snap = getattr(rf, "snapshot", None)
+    if snap is not None:
+        con.register("__snapshot_x", snap)
+        sels.append("SELECT " + ", ".join(f'"{n}"' for n in ["rank"] + names + ["rid"]) + " FROM __snapshot_x")
+    if not sels:
+        sels.append("SELECT " + ", ".join(f'CAST(NULL AS {duck_type(n)}) AS "{n}"' for n in ["rank"] + names)
+                    + ", CAST(NULL AS BIGINT) AS rid LIMIT 0")
+    cols = ", ".join(f'"{n}"' for n in names)
+    con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT rid, {cols} FROM ("
+                + " UNION ALL BY NAME ".join(sels) + ")")
+    if snap is not None:
+        con.unregister("__snapshot_x")
