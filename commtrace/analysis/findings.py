@@ -27,6 +27,8 @@ STRAGGLER_MIN_COLLECTIVES = 4
 STRAGGLER_MIN_LAST = 3
 STRAGGLER_MIN_Z = 3.0
 STRAGGLER_MIN_RATIO = 1.5
+STRAGGLER_SHARE_HALFWAY = 0.5
+STRAGGLER_MAX_RATIO = 10.0
 STRAGGLER_MIN_LATE_NS = 500_000
 STRAGGLER_TYPICAL_FACTOR = 3.0
 # Late sender / receiver per peer pair (first op of a pair excluded: lazy set-up).
@@ -121,7 +123,11 @@ def straggler(run) -> list[Finding]:
         exp_share = s["expected_share"] or 0.0
         mean_late = float(s["mean_late_ns"] or 0.0)
         typical = float(s["typical_late_ns"] or 0.0)
-        if z < STRAGGLER_MIN_Z or share < STRAGGLER_MIN_RATIO * exp_share:
+        # Arrival order is correlated over consecutive collectives (one step's buckets, a
+        # burst of CPU contention), so the z-score alone overstates the evidence: the share
+        # must also reach halfway from chance to always-last, or STRAGGLER_MAX_RATIO x chance.
+        need = min(exp_share + STRAGGLER_SHARE_HALFWAY * (1 - exp_share), STRAGGLER_MAX_RATIO * exp_share)
+        if z < STRAGGLER_MIN_Z or share < max(STRAGGLER_MIN_RATIO * exp_share, need):
             continue
         if mean_late < max(STRAGGLER_MIN_LATE_NS, STRAGGLER_TYPICAL_FACTOR * typical):
             continue
@@ -453,6 +459,8 @@ def wait_immediately(run) -> list[Finding]:
 
 
 def _hazard_method(detail, api) -> str:
+    if detail and detail in KINDS:
+        detail = None  # plain-text hazard kind; the api names the method (Tensor.item)
     if detail:
         try:
             d = json.loads(detail)
@@ -488,14 +496,18 @@ def use_before_wait(run) -> list[Finding]:
     for site, detail, api, ranks, n, t0, t1, op, pg, seq, osite, ref, early in rows:
         method = _hazard_method(detail, api)
         kind = "use_before_wait"
-        try:
-            d = json.loads(detail) if detail else {}
-            if isinstance(d, dict) and d.get("hazard") in KINDS:
-                kind = d["hazard"]
-        except ValueError:
-            pass
+        if detail in KINDS:
+            kind = detail
+        else:
+            try:
+                d = json.loads(detail) if detail else {}
+                if isinstance(d, dict) and d.get("hazard") in KINDS:
+                    kind = d["hazard"]
+            except ValueError:
+                pass
         opdesc = f"async {op} (pg {pg}, seq {seq}{', issued at ' + osite if osite else ''})" if op else "a pending async op"
-        m = method if method.startswith(".") or " " in method else f".{method}()"
+        short = method.rsplit(".", 1)[-1] if method.startswith(("Tensor.", "torch.")) else method
+        m = short if short.startswith(".") or " " in short else f".{short}()"
         out.append(Finding(
             kind=kind, severity="error", rank=int(ranks[0]), pg=pg, seq=_i(seq), op=op, site=site,
             t_ns=_i(t0), t_end_ns=_i(t1), impact_ns=int(n) * 1_000_000_000,

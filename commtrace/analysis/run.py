@@ -523,7 +523,8 @@ class Run:
 
     # ------------------------------------------------------------------ per rank / step
     def _wait_by_rank_step(self) -> pa.Table:
-        """Wait-state totals per (rank, step): collectives' wait_ns, late sender on the recv
+        """Wait-state totals per (rank, step): collectives' wait_ns (but the first collective
+        of each group, whose wait is start-up skew: see `init_wait_s`), late sender on the recv
         side, late receiver on blocking sends."""
         key = "wait_rs"
         if key in self._cache:
@@ -534,7 +535,7 @@ class Run:
             SELECT rank, coalesce(step, -9223372036854775807) AS step, sum(wait_ns)::BIGINT AS wait_ns, sum(completion_wait_ns)::BIGINT AS completion_wait_ns,
                    sum(ls)::BIGINT AS late_sender_ns, sum(lr)::BIGINT AS late_receiver_ns
             FROM (
-                SELECT rank, step, wait_ns, completion_wait_ns, 0 AS ls, 0 AS lr FROM {w}
+                SELECT rank, step, wait_ns, completion_wait_ns, 0 AS ls, 0 AS lr FROM {w} WHERE NOT first_of_pg
                 UNION ALL
                 SELECT dst, step, late_sender_ns, 0, late_sender_ns, 0 FROM {p} WHERE recv_enter_ns IS NOT NULL AND send_enter_ns IS NOT NULL
                 UNION ALL
@@ -617,8 +618,10 @@ class Run:
         blocked| (+ GPU stream waits); `overlapped_s` = inflight - exposed; `overlap_ratio` =
         overlapped / inflight; `wait_s` = wait-state total (N x N, late broadcast, early reduce,
         late sender, late receiver on blocking sends); `completion_wait_s`, `late_sender_s`,
-        `late_receiver_s`, `sync_s` (time in synchronize()), `bytes`, `last_count` and
-        `straggler_share` (fraction of its collectives in which it arrived last)."""
+        `late_receiver_s`, `sync_s` (time in synchronize()), `bytes`, `last_count`,
+        `straggler_share` (fraction of its collectives in which it arrived last) and
+        `init_wait_s` (wait in the first collective of each group: start-up skew and
+        connection set-up, kept out of `wait_s`)."""
         if "per_rank" in self._cache:
             return self._cache["per_rank"]
         ov = self._overlap()
@@ -657,12 +660,18 @@ class Run:
         b = np.where(inr, B[rr] if nr else 0.0, 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(c > 0, (c - x) / c, np.nan)
+        iw = self._np(f"SELECT rank, sum(wait_ns)::BIGINT AS w FROM {self._ensure_waits()} WHERE first_of_pg GROUP BY rank")
+        init_wait = np.zeros(len(ranks))
+        for r, v in zip(iw["rank"], iw["w"]):
+            j = np.searchsorted(ranks, int(r))
+            if j < len(ranks) and ranks[j] == int(r):
+                init_wait[j] = float(v)
         rows = {"rank": ranks.astype(np.int64), "ops": base["ops"].astype(np.int64), "blocked_s": b / 1e9,
                 "inflight_s": c / 1e9, "exposed_s": x / 1e9, "overlapped_s": (c - x) / 1e9, "overlap_ratio": ratio,
                 "wait_s": wsum["wait_ns"] / 1e9, "completion_wait_s": wsum["completion_wait_ns"] / 1e9,
                 "late_sender_s": wsum["late_sender_ns"] / 1e9, "late_receiver_s": wsum["late_receiver_ns"] / 1e9,
                 "sync_s": base["sync_ns"] / 1e9, "bytes": base["bytes"].astype(np.int64),
-                "last_count": last, "straggler_share": share}
+                "last_count": last, "straggler_share": share, "init_wait_s": init_wait / 1e9}
         t = _np_table(rows)
         self._cache["per_rank"] = t
         return t

@@ -82,13 +82,20 @@ def _s(v, unit="s"):
     return f"{v:.3g}"
 
 
+def _short_site(site, n: int = 40) -> str:
+    if not site:
+        return ""
+    return site if len(site) <= n else "..." + site[-(n - 3):]
+
+
 def render(rep: dict, top: int = 10, console=None) -> None:
     """Print the report dict as a readable terminal report (rich)."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    con = console or Console(highlight=False, soft_wrap=False)
+    con = console or Console(highlight=False, soft_wrap=False,
+                             width=None if sys.stdout.isatty() else 110)
     sev_style = {"error": "bold red", "warning": "yellow", "info": "cyan"}
     con.rule(f"[bold]commtrace report[/bold]  {rep.get('path', '')}")
     miss = rep.get("missing_ranks") or []
@@ -107,7 +114,7 @@ def render(rep: dict, top: int = 10, console=None) -> None:
 
     t = Table(title="Per rank", title_justify="left", show_edge=False)
     for col in ("rank", "ops", "blocked", "in flight", "exposed", "overlap", "wait", "last arrivals"):
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", no_wrap=True)
     pr = rep.get("per_rank") or []
     worst = max((r.get("wait_s") or 0 for r in pr), default=0)
     for r in pr[: max(top, 1) * 8] if len(pr) > 64 else pr:
@@ -136,7 +143,7 @@ def render(rep: dict, top: int = 10, console=None) -> None:
             t.add_column(col, justify="left" if col in ("op", "site", "pg") else "right")
         for r in tc[:top]:
             t.add_row(str(r["pg"]), str(r["seq"]), r["op"], str(r.get("step")), _s(r.get("total_wait_s")),
-                      _s(r.get("arrival_skew_s")), str(r.get("last_rank")), r.get("site") or "")
+                      _s(r.get("arrival_skew_s")), str(r.get("last_rank")), _short_site(r.get("site")))
         con.print(t)
 
     fs = rep.get("findings") or []
