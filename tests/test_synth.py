@@ -102,3 +102,49 @@ def test_synth_cli(tmp_path, capsys):
     assert ("not_joined", 1, 50) in [(f.kind, f.rank, f.seq) for f in run.findings()]
     assert main(["synth", "--help"]) == 0
     assert "Examples:" in capsys.readouterr().out
+
+
+def test_late_sender_pair(tmp_path):
+    synth_run(str(tmp_path), ranks=4, ops=300, late_send=[(2, 3_000_000)], seed=4)
+    run = commtrace.load(str(tmp_path))
+    ls = findings(run, "late_sender")
+    assert [(f.rank, f.evidence["src"], f.evidence["dst"]) for f in ls] == [(2, 2, 3)]
+    # the receiver waits from its wait() until the late send: the planted 3 ms minus the time
+    # between an on-time send (rank 1's, same step) and rank 3's wait()
+    ops = run.ops().to_pylist()
+    on_time = {o["step"]: o["t_enqueue_ns"] for o in ops if o["rank"] == 1 and o["op"] == "send"}
+    waits = {o["step"]: o["t_wait_ns"] for o in ops if o["rank"] == 3 and o["op"] == "recv"}
+    expect = [on_time[k] + 3_000_000 - waits[k] for k in waits if k > 0]
+    assert ls[0].evidence["mean_ns"] == pytest.approx(sum(expect) / len(expect), rel=0.1)
+    p2p = [p for p in run.p2p().to_pylist() if p["src"] == 2 and p["pair_seq"] > 1]
+    assert all(p["late_sender_ns"] > 2e6 for p in p2p)
+    pr = {r["rank"]: r for r in run.per_rank().to_pylist()}
+    assert pr[3]["late_sender_s"] == pytest.approx(sum(p["late_sender_ns"] for p in p2p) / 1e9, rel=0.05)
+    assert not findings(run, "straggler")
+
+
+def test_steps_detected_without_markers(tmp_path):
+    import pyarrow.parquet as pq
+    import shutil
+
+    synth_run(str(tmp_path / "a"), ranks=2, ops=9 * 20, seed=6)
+    b = tmp_path / "b"
+    for r in range(2):
+        os.makedirs(b / f"rank={r}")
+        t = pq.read_table(str(tmp_path / "a" / f"rank={r}"))
+        t = t.filter(pa_compute_not_mark(t)).drop_columns(["step"])
+        pq.write_table(t, str(b / f"rank={r}" / "part-0.parquet"))
+    shutil.copy(tmp_path / "a" / S.MANIFEST_NAME, b / S.MANIFEST_NAME)
+    run = commtrace.load(str(b))
+    assert any("steps detected" in w for w in run.warnings)
+    ops = run.ops().to_pylist()
+    ref = {(o["rank"], o["op_id"]): o["step"] for o in commtrace.load(str(tmp_path / "a")).ops().to_pylist()}
+    same = sum(ref[(o["rank"], o["op_id"])] == o["step"] for o in ops)
+    assert same / len(ops) > 0.9  # boundaries at the broadcast that opens each step
+    assert len({o["step"] for o in ops}) == 20
+
+
+def pa_compute_not_mark(t):
+    import pyarrow.compute as pc
+
+    return pc.not_equal(t.column("kind"), "mark")

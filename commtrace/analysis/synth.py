@@ -27,6 +27,8 @@ Planted anomalies:
   elsewhere); the others block in it until the job is killed. Half of them have it as a row with
   no completion, the other half only in ``_inflight.json``;
 * ``mismatch=[(rank, seq)]``: the rank's collective `seq` of group "0" has twice the count;
+* ``late_send=[(rank, delay_ns)]``: the rank posts its ring isend `delay_ns` late (late sender
+  for its successor);
 * ``skew=[(rank, ns)]``: the rank's clock runs `ns` ahead; its measured offset is recorded in
   the metadata (unless ``record_offsets=False``);
 * ``hazards=True``: on rank 0, in step 1: a ``.item()`` on a pending all_reduce
@@ -102,7 +104,7 @@ def parse_duration_ns(text: str) -> int:
 
 def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=None, mismatch=(),
               skew=(), hazards: bool = False, init_stall_ns: int = 0, record_offsets: bool = True,
-              parts_per_rank: int = 1, seed: int = 0, overwrite: bool = True,
+              parts_per_rank: int = 1, seed: int = 0, overwrite: bool = True, late_send=(),
               command: str | None = None) -> SynthResult:
     """Write a synthetic run of `ranks` ranks x `ops` ops to directory `out` (see module doc)."""
     n = int(ranks)
@@ -116,6 +118,9 @@ def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=N
     delay = np.zeros(n, np.int64)
     for r, d in straggler:
         delay[int(r)] += int(d)
+    lsend = np.zeros(n, np.int64)
+    for r, d in late_send:
+        lsend[int(r)] += int(d)
     skew_ns = np.zeros(n, np.int64)
     for r, d in skew:
         skew_ns[int(r)] += int(d)
@@ -212,6 +217,8 @@ def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=N
         # wait), so that it arrives `delay` late at every collective rather than accumulating.
         is_coll = name not in ("send", "recv")
         gap = GAP_NS + rng.integers(0, JITTER_NS, n) + (delay if synced and is_coll else 0)
+        if name == "send":
+            gap = gap + lsend
         if is_coll:
             synced = False
         enter = cur + gap

@@ -31,6 +31,7 @@ def _pair(value: str, opt: str, duration: bool):
 @click.option("--ops", "-m", type=click.IntRange(1), default=1000, show_default=True, help="Ops per rank.")
 @click.option("--straggler", multiple=True, metavar="R:DELAY",
               help="Rank R arrives DELAY late at every op (20ms, 500us, bare number = ns).")
+@click.option("--late-send", multiple=True, metavar="R:DELAY", help="Rank R posts its ring isend DELAY late.")
 @click.option("--skip", metavar="R:SEQ", help="Rank R never issues collective SEQ of pg 0; the job hangs there.")
 @click.option("--mismatch", multiple=True, metavar="R:SEQ", help="Rank R passes twice the count at collective SEQ.")
 @click.option("--skew", multiple=True, metavar="R:NS", help="Rank R's clock runs NS ahead (units allowed).")
@@ -40,7 +41,7 @@ def _pair(value: str, opt: str, duration: bool):
 @click.option("--parts", type=click.IntRange(1), default=1, show_default=True, help="Parquet parts per rank.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", "-f", is_flag=True, help="Replace OUT if it exists.")
-def command(out, ranks, ops, straggler, skip, mismatch, skew, no_offsets, hazards, init_stall, parts, seed, force):
+def command(out, ranks, ops, straggler, late_send, skip, mismatch, skew, no_offsets, hazards, init_stall, parts, seed, force):
     """Write a synthetic run in the public trace format, with planted anomalies.
 
     The run mixes broadcast, all_gather, async all_reduce buckets, reduce_scatter, isend/irecv
@@ -62,6 +63,7 @@ def command(out, ranks, ops, straggler, skip, mismatch, skew, no_offsets, hazard
         res = synth_run(
             out, ranks=ranks, ops=ops,
             straggler=[_pair(s, "--straggler", True) for s in straggler],
+            late_send=[_pair(s, "--late-send", True) for s in late_send],
             skip=_pair(skip, "--skip", False) if skip else None,
             mismatch=[_pair(s, "--mismatch", False) for s in mismatch],
             skew=[_pair(s, "--skew", True) for s in skew],
