@@ -40,12 +40,15 @@ def _factor_sql(op: str, n: str) -> str:
             f"WHEN {op} IN ({nm}) THEN ({n} - 1.0) / {n} ELSE 1.0 END")
 
 
-def load(path, *, threads: int | None = None, memory_limit: str | None = None) -> "Run":
+def load(path, *, threads: int | None = None, memory_limit: str | None = None, progress=None) -> "Run":
     """Load a run directory (or one Parquet trace) for analysis.
 
     Raises :class:`commtrace.errors.TraceFormatError` (or a subclass) when `path` is not a
-    readable trace; tolerable damage (missing ranks, corrupt parts) becomes `Run.warnings`."""
+    readable trace; tolerable damage (missing ranks, corrupt parts) becomes `Run.warnings`.
+    `progress(stage, fraction, rows)` is told when loading starts (with the row count)."""
     rf = R.scan_run(path)
+    if progress:
+        progress("loading", 0.0, rf.num_rows)
     con = duckdb.connect(config={"threads": threads or max(1, min(os.cpu_count() or 1, 8))})
     con.execute("SET preserve_insertion_order = false")
     if memory_limit:

@@ -21,6 +21,33 @@ Examples:
 PROGRESS_ROWS = 200_000
 
 
+class _Bar:
+    """A rich progress bar on stderr, started once the run turns out large (PROGRESS_ROWS) and
+    stderr is a terminal, or when forced with --progress."""
+
+    def __init__(self, force):
+        self.force = force
+        self.bar = None
+        self.task = None
+
+    def __call__(self, stage, frac, rows=None):
+        if self.bar is None and rows is not None and (
+                self.force or (self.force is None and rows >= PROGRESS_ROWS and sys.stderr.isatty())):
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            self.bar = Progress(TextColumn("[bold]{task.description:<24}"), BarColumn(), TimeElapsedColumn(),
+                                console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(f"{stage} ({rows:,} rows)", total=1.0)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=frac, description=stage)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
 def _steps(value):
     if not value:
         return None
@@ -45,19 +72,13 @@ def command(run_dir, fmt, top, rank, steps, progress):
     from ..analysis.run import load
 
     rng = _steps(steps)
-    run = load(run_dir)
-    n_rows = run._files.num_rows
-    show = progress if progress is not None else (n_rows >= PROGRESS_ROWS and sys.stderr.isatty())
-    if show:
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
-                      console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task("analysing", total=1.0)
-            rep = run.report(top=top, rank=rank, steps=rng,
-                             progress=lambda stage, f: bar.update(task, completed=f, description=stage))
-    else:
-        rep = run.report(top=top, rank=rank, steps=rng)
+    bar = _Bar(progress)
+    try:
+        run = load(run_dir, progress=bar)
+        bar("matching", 0.05)
+        rep = run.report(top=top, rank=rank, steps=rng, progress=bar)
+    finally:
+        bar.close()
     if fmt == "json":
         click.echo(json.dumps(rep, indent=1, default=str))
     else:
