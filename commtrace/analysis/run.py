@@ -27,6 +27,7 @@ from ..trace import schema as S
 from . import intervals as IV
 
 COLLECTIVE_SQL = "(" + ", ".join(f"'{o}'" for o in OPS.COLLECTIVE_OPS) + ")"
+_ROOTED_SQL = ", ".join(f"'{n}'" for n, o in OPS.OPS.items() if o.pattern in (OPS.LATE_BROADCAST, OPS.EARLY_REDUCE))
 _PATTERN_SQL = "CASE op " + " ".join(
     f"WHEN '{n}' THEN '{o.pattern}'" for n, o in OPS.OPS.items() if o.collective) + " ELSE 'nxn' END"
 _BYTES_X_N_SQL = "(" + ", ".join(f"'{n}'" for n, o in OPS.OPS.items() if o.size_rule == "bytes_x_n") + ")"
@@ -62,6 +63,7 @@ def load(path, *, threads: int | None = None, memory_limit: str | None = None, p
         R.load_into_duckdb(con, rf, "t0", wrap=lambda q: _align_sql(q, pgs), columns=LOAD_COLUMNS)
     except duckdb.Error as e:
         raise TraceFormatError(f"{path}: cannot read trace: {str(e).splitlines()[0]}") from None
+    rf.pgs = list(pgs)
     return Run(con, rf)
 
 
@@ -114,6 +116,8 @@ class Run:
         self._files = rf
         self._lock = threading.RLock()
         self._cache: dict = {}
+        #: group names in load order: a collective key's group is its index here
+        self._pgs = list(getattr(rf, "pgs", None) or [])
         self.path = rf.path
         self.manifest = rf.manifest
         self.warnings: list[str] = rf.warnings if _parent is None else list(_parent.warnings)
@@ -257,6 +261,12 @@ class Run:
         self._sql("DROP TABLE __bounds")
         self.warnings.append(f"no step markers: steps detected from a repeating pattern of {period} collectives")
 
+    def _pg_of_ckey(self, expr: str) -> str:
+        """SQL: the group name of a collective key (its index in the load-time group list)."""
+        pgs = getattr(self, "_pgs", None) or []
+        lst = "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in pgs) + "]::VARCHAR[]"
+        return f"list_extract({lst}, CAST({expr} >> 40 AS INTEGER))"
+
     # ------------------------------------------------------------------ subsets
     def subset(self, steps: tuple[int | None, int | None] | None = None) -> "Run":
         """A run restricted to steps [a, b) (either end open when None)."""
@@ -273,7 +283,7 @@ class Run:
         name = f"t_sub_{len(self._cache)}_{abs(hash(steps)) % 10**8}"
         self._sql(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM {self._t} WHERE " + " AND ".join(conds))
         sub = Run(self._con, self._files, _table=name, _parent=self)
-        sub._offsets, sub._rtts = self._offsets, self._rtts
+        sub._offsets, sub._rtts, sub._pgs = self._offsets, self._rtts, getattr(self, "_pgs", [])
         rng = sub._sql(f"SELECT min(t_enqueue_ns), max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)) FROM {name}").fetchone()
         sub.t_min_ns, sub.t_max_ns = rng
         sub._lock = self._lock
@@ -378,18 +388,14 @@ class Run:
         f = _factor_sql("c.op", "c.n")
         self._sql(f"""
             CREATE OR REPLACE TABLE {name} AS
-            WITH k AS (
-                SELECT ckey, any_value(pg) AS pg, any_value(seq) AS seq, any_value(op) AS op, max(pg_size) AS pg_size,
+            WITH k0 AS (
+                SELECT ckey, any_value(op) AS op, max(pg_size) AS pg_size,
                        count(*) AS n_ranks, max(bytes) AS in_bytes,
                        min(t_enqueue_ns) AS first_enter_ns, max(t_enqueue_ns) AS last_enter_ns,
                        arg_max(rank, t_enqueue_ns) AS last_rank,
                        min(t_end_ns) AS first_leave_ns, max(t_end_ns) AS last_leave_ns,
                        count(t_end_ns) AS n_done, count(*) AS n_rows, min(step) AS step,
-                       any_value(site) AS site, min(root) AS root,
-                       max(CASE WHEN rank = root THEN t_enqueue_ns END) AS root_enter_ns,
-                       max(CASE WHEN rank <> root THEN t_enqueue_ns END) AS last_nonroot_enter_ns,
-                       min(CASE WHEN rank <> root THEN t_end_ns END) AS first_nonroot_leave_ns,
-                       max(CASE WHEN rank = root THEN t_end_ns END) AS root_leave_ns,
+                       any_value(site) AS site,
                        bool_or(coalesce(first_on_pg, false)) AS first_on_pg,
                        min(hash(op, dtype, count)) <> max(hash(op, dtype, count))
                          OR bool_or(op = 'all_gather' AND out_bytes <> bytes * pg_size)
@@ -397,6 +403,18 @@ class Run:
                 FROM {self._t}
                 WHERE ckey IS NOT NULL
                 GROUP BY ckey),
+            -- Rooted ops only (broadcast, scatter, reduce, gather): the root's entry and leave.
+            rt AS (
+                SELECT ckey, min(root) AS root,
+                       max(CASE WHEN rank = root THEN t_enqueue_ns END) AS root_enter_ns,
+                       max(CASE WHEN rank <> root THEN t_enqueue_ns END) AS last_nonroot_enter_ns,
+                       min(CASE WHEN rank <> root THEN t_end_ns END) AS first_nonroot_leave_ns,
+                       max(CASE WHEN rank = root THEN t_end_ns END) AS root_leave_ns
+                FROM {self._t} WHERE ckey IS NOT NULL AND op IN ({_ROOTED_SQL}) GROUP BY ckey),
+            k AS (
+                SELECT k0.*, {self._pg_of_ckey("k0.ckey")} AS pg, k0.ckey & {(1 << 40) - 1} AS seq,
+                       rt.* EXCLUDE (ckey)
+                FROM k0 LEFT JOIN rt ON rt.ckey = k0.ckey),
             c AS (
                 SELECT k.*, coalesce(m.n_members, k.pg_size, k.n_ranks) AS n_expected,
                        greatest(coalesce(k.pg_size, k.n_ranks), 1) AS n,
