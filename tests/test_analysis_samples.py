@@ -177,3 +177,33 @@ def test_per_step_sums_to_per_rank():
         mine = [p for p in ps if p["rank"] == r]
         for k in ("ops", "inflight_s", "exposed_s", "wait_s", "blocked_s"):
             assert sum(p[k] for p in mine) == pytest.approx(pr[r][k], rel=1e-9, abs=1e-12), k
+
+
+def test_inflight_snapshot_merge(tmp_path):
+    """Snapshot ops with a row in the parts are dropped (by op_id, or by pg+seq+op without
+    op_id); the others read as pending with t_end_ns null."""
+    import shutil
+
+    from commtrace.analysis.synth import synth_run
+
+    d = tmp_path / "run"
+    synth_run(str(d), ranks=2, ops=30, seed=2)
+    done = [o for o in commtrace.load(str(d)).ops(ranks=[1]).to_pylist() if o["op"] == "all_reduce"]
+    snap = {"rank": 1, "t_ns": done[-1]["t_end_ns"] + 10**9, "ops": [
+        {"op_id": done[0]["op_id"], "op": "all_reduce", "pg": "0", "seq": done[0]["seq"]},  # has a row
+        {"op": "all_reduce", "pg": "0", "seq": done[1]["seq"]},                           # has a row, no op_id
+        {"op_id": 9999, "op": "all_reduce", "pg": "0", "seq": 9999, "t_enqueue_ns": done[-1]["t_end_ns"] + 5,
+         "t_end_ns": 123, "site": "x.py:1"},                                               # pending
+    ]}
+    (d / "rank=1" / "_inflight.json").write_text(json.dumps(snap))
+    run = commtrace.load(str(d))
+    rows = run.ops(ranks=[1]).to_pylist()
+    assert len(rows) == 30 + 1
+    pend = [o for o in rows if o["op_id"] == 9999]
+    assert len(pend) == 1 and pend[0]["t_end_ns"] is None and pend[0]["site"] == "x.py:1"
+    nj = [f for f in run.findings() if f.kind == "not_joined"]
+    assert [(f.rank, f.seq) for f in nj] == [(0, 9999)]
+    assert nj[0].evidence["waiting"] == [1]
+    # the pending time runs to the snapshot's t_ns
+    assert nj[0].evidence["waited_ns"] == pytest.approx(10**9, rel=0.01)
+    shutil.rmtree(d)
