@@ -11,7 +11,6 @@ Tables are ``pyarrow.Table``; times are int64 ns on rank 0's clock (offsets appl
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from functools import cached_property
@@ -102,7 +101,7 @@ def _align_sql(src: str, pgs=()) -> str:
     # ckey: one BIGINT per collective (pg index << 40 | seq), so that matching groups and joins
     # on an integer instead of (VARCHAR, BIGINT); NULL on every other row.
     pg_list = "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in pgs) + "]::VARCHAR[]"
-    ckey = (f"CASE WHEN r.kind = 'op' AND r.op IN {COLLECTIVE_SQL} AND r.seq IS NOT NULL AND r.pg IS NOT NULL "
+    ckey = (f"CASE WHEN r.kind = 'op' AND list_contains([{COLLECTIVE_SQL[1:-1]}], r.op) AND r.seq IS NOT NULL AND r.pg IS NOT NULL "
             f"THEN (CAST(list_position({pg_list}, r.pg) AS BIGINT) << 40) | r.seq END AS ckey")
     return (f"SELECT r.* EXCLUDE ({', '.join(_LOAD_ONLY)}) REPLACE ({repl}), {ckey} "
             f"FROM ({src}) r LEFT JOIN offsets o ON o.rank = r.rank")
@@ -981,16 +980,6 @@ class _Rows:
 
     def fetchone(self):
         return self.rows[0] if self.rows else None
-
-
-def _size_label(b) -> str:
-    if b is None or b <= 0:
-        return "0 B"
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= div:
-            v = b / div
-            return f"{v:g} {unit}"
-    return f"{b} B"
 
 
 __all__ = ["load", "Run", "CommtraceError"]

@@ -258,7 +258,9 @@ def _read_parts_sql(parts: list[PartInfo], names=None, rid: bool = False) -> str
     files = ", ".join("'" + p.path.replace("'", "''") + "'" for p in parts)
     # Rank from the directory name only for writers that left the rank column out somewhere.
     hive = all(p.rank is not None for p in parts) and any("rank" not in p.columns for p in parts)
-    src = f"read_parquet([{files}], union_by_name=true{', filename=true' if hive else ''})"
+    # union_by_name only when the parts' schemas differ (older writers, extra columns): it costs.
+    same = len({tuple(p.columns) for p in parts}) == 1
+    src = f"read_parquet([{files}], union_by_name={'false' if same else 'true'}{', filename=true' if hive else ''})"
     rid_sql = RID_SQL
     if hive:
         src = (f"(SELECT *, CAST(regexp_extract(filename, 'rank=(-?[0-9]+)', 1) AS INTEGER) "
