@@ -37,24 +37,30 @@ def union(keys_s: np.ndarray, keys_e: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def intersect(a_s, a_e, b_s, b_e) -> tuple[np.ndarray, np.ndarray]:
-    """Intersection of two unions of disjoint sorted segments: the segments covered by both.
+    """Intersection of two unions of disjoint sorted segments: the segments covered by both,
+    sorted.
 
-    A sweep over the merged boundaries: +1/-1 per side, kept where both counts are positive."""
+    For each A segment, the B segments that overlap it form a contiguous index range (both
+    lists are sorted and disjoint): [first B ending after a_s, first B starting at/after a_e).
+    The pairs are expanded with repeat/cumsum (at most len(A) + len(B) of them) and clipped."""
+    a_s, a_e, b_s, b_e = (np.asarray(x, dtype=np.int64) for x in (a_s, a_e, b_s, b_e))
     if len(a_s) == 0 or len(b_s) == 0:
         z = np.zeros(0, np.int64)
         return z, z
-    t = np.concatenate([a_s, a_e, b_s, b_e])
-    da = np.concatenate([np.ones(len(a_s), np.int8), -np.ones(len(a_e), np.int8),
-                         np.zeros(len(b_s) + len(b_e), np.int8)])
-    db = np.concatenate([np.zeros(len(a_s) + len(a_e), np.int8), np.ones(len(b_s), np.int8),
-                         -np.ones(len(b_e), np.int8)])
-    order = np.argsort(t, kind="stable")
-    t = t[order]
-    ca = np.cumsum(da[order], dtype=np.int32)
-    cb = np.cumsum(db[order], dtype=np.int32)
-    both = (ca[:-1] > 0) & (cb[:-1] > 0) & (t[1:] > t[:-1])
-    idx = np.flatnonzero(both)
-    return t[idx], t[idx + 1]
+    lo = np.searchsorted(b_e, a_s, side="right")
+    hi = np.searchsorted(b_s, a_e, side="left")
+    cnt = np.maximum(hi - lo, 0)
+    total = int(cnt.sum())
+    if total == 0:
+        z = np.zeros(0, np.int64)
+        return z, z
+    ai = np.repeat(np.arange(len(a_s)), cnt)
+    start = np.cumsum(cnt) - cnt
+    bi = np.repeat(lo, cnt) + (np.arange(total) - np.repeat(start, cnt))
+    s = np.maximum(a_s[ai], b_s[bi])
+    e = np.minimum(a_e[ai], b_e[bi])
+    keep = e > s
+    return s[keep], e[keep]
 
 
 def per_rank_sum(keys_s, keys_e, stride: int, nranks: int) -> np.ndarray:

@@ -507,16 +507,14 @@ class Run:
             return name
         self._sql(f"""
             CREATE OR REPLACE TABLE {name} AS
-            WITH s AS (
-                SELECT pg, rank AS src, peer AS dst, t_enqueue_ns, t_end_ns, bytes, async_op, site, step,
+            WITH x AS MATERIALIZED (
+                SELECT pg, op, rank, peer, t_enqueue_ns, t_end_ns, bytes, async_op, site, step,
                        CASE WHEN coalesce(async_op, false) THEN t_wait_ns ELSE t_enqueue_ns END AS block_ns,
-                       row_number() OVER (PARTITION BY pg, rank, peer ORDER BY t_enqueue_ns, op_id) AS pair_seq
-                FROM {self._t} WHERE kind = 'op' AND op = 'send' AND peer IS NOT NULL AND peer >= 0),
-            r AS (
-                SELECT pg, peer AS src, rank AS dst, t_enqueue_ns, t_end_ns, bytes, async_op, site, step,
-                       CASE WHEN coalesce(async_op, false) THEN t_wait_ns ELSE t_enqueue_ns END AS block_ns,
-                       row_number() OVER (PARTITION BY pg, rank, peer ORDER BY t_enqueue_ns, op_id) AS pair_seq
-                FROM {self._t} WHERE kind = 'op' AND op = 'recv' AND peer IS NOT NULL AND peer >= 0)
+                       row_number() OVER (PARTITION BY pg, op, rank, peer ORDER BY t_enqueue_ns, op_id) AS pair_seq
+                FROM {self._t}
+                WHERE ckey IS NULL AND peer IS NOT NULL AND peer >= 0 AND kind = 'op' AND op IN ('send', 'recv')),
+            s AS (SELECT x.* EXCLUDE (op, rank, peer), rank AS src, peer AS dst FROM x WHERE op = 'send'),
+            r AS (SELECT x.* EXCLUDE (op, rank, peer), peer AS src, rank AS dst FROM x WHERE op = 'recv')
             SELECT coalesce(s.pg, r.pg) AS pg, coalesce(s.src, r.src) AS src, coalesce(s.dst, r.dst) AS dst,
                    coalesce(s.pair_seq, r.pair_seq) AS pair_seq, coalesce(s.bytes, r.bytes) AS bytes,
                    s.t_enqueue_ns AS send_enter_ns, s.t_end_ns AS send_leave_ns,
@@ -605,13 +603,18 @@ class Run:
             FROM {self._t} WHERE kind = 'op' AND t_enqueue_ns IS NOT NULL AND t_end_ns IS NOT NULL""")
         c_s, c_e = IV.union(d["s"], d["e"])
         del d
+        # One scan for both kinds of blocked interval: the call and the wait().
         b = fetch(f"""
-            SELECT rank::BIGINT * {stride} + (a - {base}) AS s, rank::BIGINT * {stride} + (z - {base}) AS e FROM (
-                SELECT rank, t_enqueue_ns AS a, t_return_ns AS z FROM {self._t}
-                  WHERE kind IN ('op', 'sync') AND t_enqueue_ns IS NOT NULL AND t_return_ns IS NOT NULL
-                UNION ALL
-                SELECT rank, t_wait_ns, t_wait_end_ns FROM {self._t}
-                  WHERE kind = 'op' AND t_wait_ns IS NOT NULL AND t_wait_end_ns IS NOT NULL)""")
+            SELECT rank::BIGINT * {stride} AS k, coalesce(t_enqueue_ns - {base}, -1) AS a,
+                   coalesce(t_return_ns - {base}, -1) AS z, coalesce(t_wait_ns - {base}, -1) AS wa,
+                   coalesce(t_wait_end_ns - {base}, -1) AS wz
+            FROM {self._t} WHERE kind IN ('op', 'sync')
+              AND ((t_enqueue_ns IS NOT NULL AND t_return_ns IS NOT NULL)
+                   OR (t_wait_ns IS NOT NULL AND t_wait_end_ns IS NOT NULL))""")
+        m1 = (b["a"] >= 0) & (b["z"] >= 0)
+        m2 = (b["wa"] >= 0) & (b["wz"] >= 0)
+        b = {"s": np.concatenate([b["k"][m1] + b["a"][m1], b["k"][m2] + b["wa"][m2]]),
+             "e": np.concatenate([b["k"][m1] + b["z"][m1], b["k"][m2] + b["wz"][m2]])}
         b_s, b_e = IV.union(b["s"], b["e"])
         del b
         x_s, x_e = IV.intersect(c_s, c_e, b_s, b_e)
