@@ -322,27 +322,3 @@ class trace(contextlib.ContextDecorator):
         if self._owned.pop():
             disable()
         return False
-
-
-def _make_trace_package_callable() -> None:
-    """``commtrace.trace`` is both this context manager (``commtrace.__getattr__``) and the
-    ``commtrace/trace/`` package (the on-disk format). Once the package is imported, Python
-    resolves ``commtrace.trace`` to it and ``commtrace.trace(output=...)`` would fail; so the
-    package module is made callable, forwarding to :class:`trace`."""
-    import types
-
-    mod = sys.modules.get("commtrace.trace")
-    if mod is None or callable(mod):
-        return
-
-    class _CallableTraceModule(types.ModuleType):
-        def __call__(self, output=None, **options):
-            return trace(output, **options)
-
-    try:
-        mod.__class__ = _CallableTraceModule
-    except TypeError:  # pragma: no cover
-        pass
-
-
-_make_trace_package_callable()
