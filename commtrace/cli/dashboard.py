@@ -1,0 +1,72 @@
+"""`commtrace dashboard DIR`: serve the interactive dashboard of one run (docs/dashboard.md)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import threading
+import webbrowser
+
+import click
+
+from ..errors import CommtraceError, TraceFormatError
+
+EPILOG = """\b
+Examples:
+  commtrace dashboard commtrace-traces/<run>
+  commtrace dashboard RUN --port 8051 --no-browser
+  commtrace dashboard RUN --host 0.0.0.0      # reachable from other machines (warns)
+"""
+
+
+class ServeError(CommtraceError):
+    """The dashboard's server could not start (port taken, bad host)."""
+
+
+def is_loopback(host: str) -> bool:
+    """True when `host` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command("dashboard", epilog=EPILOG)
+@click.argument("run_dir", metavar="DIR", type=click.Path())
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8050, show_default=True)
+@click.option("--no-browser", is_flag=True, help="Do not open a web browser.")
+def command(run_dir, host, port, no_browser):
+    """Serve the interactive dashboard of a run: timeline, overlap, stalls, findings, bandwidth.
+
+    Serves only the run DIR; stop it with Ctrl-C."""
+    from ..analysis.run import load
+
+    if not os.path.exists(run_dir):
+        raise TraceFormatError(f"{run_dir}: no such run directory")
+    if not os.access(run_dir, os.R_OK):
+        raise TraceFormatError(f"{run_dir}: not readable")
+    if not is_loopback(host):
+        click.echo(f"commtrace: warning: serving on {host}, reachable from other machines; "
+                   "the dashboard has no authentication", err=True)
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, port))
+    except OSError as e:
+        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    click.echo(f"loading {run_dir} ...", err=True)
+    run = load(run_dir)
+    if run.missing_ranks:
+        click.echo(f"commtrace: warning: partial run, rank(s) {', '.join(map(str, run.missing_ranks))} missing", err=True)
+    from dashboard.app import build
+
+    app = build(run)
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+    click.echo(f"commtrace dashboard of {run_dir} at {url}  (Ctrl-C to stop)")
+    if not no_browser:
+        threading.Timer(1.0, lambda: webbrowser.open(url)).start()
+    app.run(host=host, port=port, debug=False)
+    return 0

@@ -1,0 +1,384 @@
+"""Figure builders: pure functions from a :class:`dashboard.data.RunData` (and a view state) to
+plotly figures or table rows. Names follow shared/reference/metrics.md (host-blocked, in-flight,
+wait, exposed_comm, overlap ratio, busbw, arrival skew, late_sender / late_receiver).
+
+Large arrays go to plotly as numpy so that plotly sends them as typed binary arrays, and the
+timeline uses WebGL traces (Scattergl) or one heatmap image, never one SVG shape per op."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from commtrace.analysis.findings import fmt_ns
+
+from .data import NS, RunData
+
+#: Ops in the window above which the timeline draws level-of-detail bins instead of exact ops.
+EXACT_MAX = 5000
+#: Sub-rows per rank: host calls (host-blocked), in-flight, waits and syncs.
+SUBROWS = ("host-blocked", "in-flight", "wait / sync")
+#: synchronize() bands drawn as shapes at most (beyond that they show in the wait / sync row).
+MAX_SYNC_BANDS = 300
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+           "#bcbd22", "#7f7f7f", "#393b79", "#637939", "#8c6d31"]
+SEVERITY_COLOR = {"error": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4"}
+
+
+def fmt_bytes(n) -> str:
+    """1.5 MiB, 12 KiB, 80 B."""
+    if n is None:
+        return "?"
+    n = float(n)
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= f:
+            return f"{n / f:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def _ms(s):
+    return "—" if s is None or not np.isfinite(s) else f"{s * 1e3:.3f} ms"
+
+
+def _segments(a: np.ndarray, b: np.ndarray, y: np.ndarray):
+    """x, y arrays of line segments [a, b] at height y, separated by NaN gaps."""
+    ok = np.isfinite(a) & np.isfinite(b)
+    a, b, y = a[ok], b[ok], y[ok]
+    n = len(a)
+    x = np.full(3 * n, np.nan)
+    yy = np.full(3 * n, np.nan)
+    x[0::3], x[1::3] = a, b
+    yy[0::3], yy[1::3] = y, y
+    return x, yy
+
+
+def _base_layout(fig: go.Figure, d: RunData, a: float, b: float, mode: str) -> go.Figure:
+    nr = len(d.ranks)
+    fig.update_layout(
+        height=max(360, min(1400, 60 + nr * 3 * 6)), margin=dict(l=70, r=20, t=30, b=40),
+        xaxis=dict(range=[a, b], title="time since start of run (s)", showgrid=False, zeroline=False),
+        yaxis=dict(range=[nr * 3 - 0.5, -0.5], tickvals=[i * 3 + 1 for i in range(nr)],
+                   ticktext=[f"rank {r}" for r in d.ranks], fixedrange=True, showgrid=False, zeroline=False),
+        dragmode="zoom", hovermode="closest", legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"),
+        meta={"mode": mode, "ranks": d.ranks}, plot_bgcolor="white")
+    return fig
+
+
+def timeline_figure(d: RunData, a: float | None = None, b: float | None = None,
+                    selected: dict | None = None, exact_max: int = EXACT_MAX) -> go.Figure:
+    """The timeline over [a, b] s: exact ops when at most `exact_max` ops were entered in the
+    window, else level-of-detail bins of `Run.timeline_bins`. `selected` = {"pg", "seq"} adds
+    the highlight of that collective on every rank. `layout.meta.mode` says which was drawn."""
+    a = 0.0 if a is None else max(0.0, float(a))
+    b = d.duration_s if b is None else min(d.duration_s, float(b))
+    if b <= a:
+        b = min(d.duration_s, a + 1e-6)
+    exact = d.count_in(a, b) <= exact_max
+    fig = go.Figure()
+    if exact:
+        _exact_traces(fig, d, a, b)
+    else:
+        _bin_traces(fig, d, a, b)
+    _findings_trace(fig, d, a, b)
+    if selected and selected.get("pg") is not None and selected.get("seq") is not None:
+        _selected_traces(fig, d, selected["pg"], int(selected["seq"]))
+    return _base_layout(fig, d, a, b, "exact" if exact else "bins")
+
+
+def _bin_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
+    t = d.bins(a, b)
+    nr, nb = len(d.ranks), d.nbins
+    width = (t["t1_ns"].to_numpy() - t["t0_ns"].to_numpy()).astype(np.float64)
+    width[width <= 0] = 1.0
+    pos = np.array([d.row_of[int(r)] for r in t["rank"].to_numpy()], np.int64)
+    binn = t["bin"].to_numpy().astype(np.int64)
+    z = np.full((nr * 3, nb), np.nan, np.float32)
+    z[pos * 3 + 0, binn] = t["blocked_ns"].to_numpy() / width
+    z[pos * 3 + 1, binn] = t["inflight_ns"].to_numpy() / width
+    z[pos * 3 + 2, binn] = (t["wait_ns"].to_numpy() + t["sync_ns"].to_numpy()) / width
+    x = ((np.arange(nb) + 0.5) * (b - a) / nb + a).astype(np.float64)
+    fig.add_trace(go.Heatmap(
+        z=z, x=x, y=np.arange(nr * 3), zmin=0, zmax=1, colorscale="Viridis", name="busy fraction",
+        colorbar=dict(title="busy fraction", thickness=10, len=0.5),  # in-flight can exceed 1: ops in flight at once
+        hovertemplate="t=%{x:.4f} s<br>row %{y}: %{z:.2f} of the bin busy<extra>"
+                      "host-blocked / in-flight / wait+sync rows per rank</extra>"))
+
+
+def _exact_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
+    o = d.o
+    idx = d.window(a, b)
+    row = o["row"][idx] * 3
+    ops = o["op"][idx]
+    for k, name in enumerate(o["op_values"]):
+        m = ops == k
+        if not m.any():
+            continue
+        j = idx[m]
+        r = row[m].astype(np.float64)
+        xs, ys = [], []
+        for (s, e, off) in ((o["t_enqueue"][j], o["t_return"][j], 0), (o["t_enqueue"][j], o["t_end"][j], 1),
+                            (o["t_wait"][j], o["t_wait_end"][j], 2)):
+            x, y = _segments(s, e, r + off)
+            xs.append(x)
+            ys.append(y)
+        fig.add_trace(go.Scattergl(x=np.concatenate(xs), y=np.concatenate(ys), mode="lines", name=name,
+                                   line=dict(width=5, color=PALETTE[k % len(PALETTE)]), hoverinfo="skip",
+                                   legendgroup=name))
+    if len(idx):
+        pgv, sitev, opv = o["pg_values"], o["site_values"], o["op_values"]
+        text = [
+            f"<b>{opv[o['op'][i]]}</b> rank {o['rank'][i]} pg {pgv[o['pg'][i]] if o['pg'][i] >= 0 else '—'} "
+            f"seq {o['seq'][i]}<br>bytes {fmt_bytes(o['bytes'][i])}<br>enqueue {o['t_enqueue'][i]:.6f} s"
+            f"<br>host-blocked {_ms(o['t_return'][i] - o['t_enqueue'][i])}"
+            f"<br>in-flight {_ms(o['t_end'][i] - o['t_enqueue'][i])}"
+            f"<br>wait {_ms(o['t_wait_end'][i] - o['t_wait'][i])}"
+            f"<br>site {sitev[o['site'][i]] if o['site'][i] >= 0 else '—'}"
+            for i in idx.tolist()]
+        custom = np.c_[o["pg"][idx], o["seq"][idx], o["rank"][idx]]
+        fig.add_trace(go.Scattergl(
+            x=o["t_enqueue"][idx], y=(row + 1).astype(np.float64), mode="markers", name="ops (hover / click)",
+            marker=dict(size=6, color="rgba(0,0,0,0.35)", symbol="line-ns-open"), text=text,
+            customdata=custom, hovertemplate="%{text}<extra></extra>", showlegend=False))
+    _sync_traces(fig, d, a, b)
+
+
+def _sync_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
+    s = d.sync
+    m = (s["t_return"] >= a) & (s["t_enqueue"] <= b)
+    j = np.flatnonzero(m)
+    if len(j):
+        r = s["row"][j] * 3.0
+        x, y = _segments(s["t_enqueue"][j], s["t_return"][j], r + 2)
+        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", name="synchronize()",
+                                   line=dict(width=8, color="#d62728"), hoverinfo="skip"))
+        sitev = s["site_values"]
+        fig.add_trace(go.Scattergl(
+            x=s["t_enqueue"][j], y=r + 2, mode="markers", showlegend=False, name="synchronize()",
+            marker=dict(size=9, color="#d62728", symbol="diamond"),
+            text=[f"<b>synchronize()</b> rank {s['rank'][i]}<br>{s['inflight'][i]} op(s) in flight"
+                  f"<br>host-blocked {_ms(s['t_return'][i] - s['t_enqueue'][i])}"
+                  f"<br>site {sitev[s['site'][i]] if s['site'][i] >= 0 else '—'}" for i in j.tolist()],
+            hovertemplate="%{text}<extra></extra>"))
+        for i in j[:MAX_SYNC_BANDS].tolist():
+            y0 = s["row"][i] * 3 - 0.5
+            fig.add_shape(type="rect", x0=s["t_enqueue"][i], x1=s["t_return"][i], y0=y0, y1=y0 + 3,
+                          fillcolor="rgba(214,39,40,0.15)", line_width=0, layer="below")
+    h = d.hazards
+    j = np.flatnonzero((h["t_enqueue"] >= a) & (h["t_enqueue"] <= b))
+    if len(j):
+        fig.add_trace(go.Scattergl(
+            x=h["t_enqueue"][j], y=h["row"][j] * 3.0, mode="markers", name="hazard",
+            marker=dict(size=11, color="#d62728", symbol="x"),
+            text=[f"<b>hazard</b> {h['api_values'][h['api'][i]] if h['api'][i] >= 0 else ''} rank {h['rank'][i]}"
+                  f"<br>site {h['site_values'][h['site'][i]] if h['site'][i] >= 0 else '—'}" for i in j.tolist()],
+            hovertemplate="%{text}<extra></extra>"))
+
+
+def _findings_trace(fig: go.Figure, d: RunData, a: float, b: float) -> None:
+    xs, ys, cs, text = [], [], [], []
+    for f in d.findings:
+        if f.t_ns is None:
+            continue
+        x = (f.t_ns - d.t_min_ns) / NS
+        if not (a <= x <= b):
+            continue
+        rows = [d.row_of[f.rank]] if f.rank in d.row_of else list(range(len(d.ranks)))
+        for r in rows[:64]:
+            xs.append(x)
+            ys.append(r * 3 + 1)
+            cs.append(SEVERITY_COLOR.get(f.severity, "#333"))
+            text.append(f"<b>{f.severity}: {f.kind}</b><br>{f.message[:200]}")
+    if xs:
+        fig.add_trace(go.Scattergl(x=xs, y=ys, mode="markers", name="finding",
+                                   marker=dict(size=13, color=cs, symbol="triangle-down", line=dict(width=1, color="black")),
+                                   text=text, hovertemplate="%{text}<extra></extra>"))
+
+
+def _selected_traces(fig: go.Figure, d: RunData, pg: str, seq: int) -> None:
+    o = d.o
+    j = d.copies(pg, seq)
+    if not len(j):
+        return
+    r = o["row"][j] * 3.0
+    x, y = _segments(o["t_enqueue"][j], o["t_end"][j], r + 1)
+    fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", name=f"selected pg {pg} seq {seq}",
+                               line=dict(width=9, color="rgba(255,215,0,0.9)")))
+    fig.add_trace(go.Scattergl(x=o["t_enqueue"][j], y=r + 1, mode="markers", name="selected",
+                               showlegend=False, customdata=o["rank"][j],
+                               marker=dict(size=14, color="rgba(0,0,0,0)", line=dict(width=3, color="black")),
+                               hovertemplate="rank %{customdata} entered at %{x:.6f} s<extra>selected</extra>"))
+
+
+def selection_info(d: RunData, pg: str, seq: int) -> dict:
+    """Arrival skew, last rank and per-rank entry of collective (pg, seq), from collectives()."""
+    c = d.collective(pg, seq)
+    j = d.copies(pg, seq)
+    o = d.o
+    out = {"pg": pg, "seq": int(seq), "ranks": [int(x) for x in o["rank"][j]],
+           "op": o["op_values"][o["op"][j[0]]] if len(j) else None}
+    if c:
+        out.update(arrival_skew_ns=c["arrival_skew_ns"], last_rank=c["last_rank"], bytes=c["bytes"],
+                   busbw_gbps=c["busbw_gbps"], completion_skew_ns=c["completion_skew_ns"])
+    return out
+
+
+def window_for_finding(d: RunData, f) -> tuple[float, float]:
+    """The timeline window (s) that shows a finding's evidence: its collective when it names one,
+    else its span, at most 50 ms from its start so that exact ops are drawn."""
+    if f.pg is not None and f.seq is not None:
+        j = d.copies(f.pg, f.seq)
+        if len(j):
+            o = d.o
+            a = float(np.nanmin(o["t_enqueue"][j]))
+            b = float(np.nanmax(np.r_[o["t_end"][j], o["t_return"][j], o["t_wait_end"][j]]))
+            pad = max((b - a) * 0.5, 2e-4)
+            return max(0.0, a - pad), min(d.duration_s, b + pad)
+    a = (f.t_ns - d.t_min_ns) / NS if f.t_ns is not None else 0.0
+    b = (f.t_end_ns - d.t_min_ns) / NS if f.t_end_ns is not None else a
+    b = min(max(b, a + 1e-3), a + 0.05)
+    pad = (b - a) * 0.1
+    return max(0.0, a - pad), min(d.duration_s, b + pad)
+
+
+# ---------------------------------------------------------------------- other views
+def overlap_figures(d: RunData) -> tuple[go.Figure, go.Figure]:
+    """(per rank, per step): exposed_comm vs overlapped comm as stacked bars and the overlap
+    ratio (metrics.md "Overlap")."""
+    pr = d.per_rank
+    ranks = [f"rank {r}" for r in pr["rank"].to_pylist()]
+    f1 = go.Figure([
+        go.Bar(x=ranks, y=pr["exposed_s"].to_numpy(), name="exposed comm (s)", marker_color="#d62728"),
+        go.Bar(x=ranks, y=pr["overlapped_s"].to_numpy(), name="overlapped comm (s)", marker_color="#2ca02c"),
+        go.Scatter(x=ranks, y=pr["overlap_ratio"].to_numpy(zero_copy_only=False), name="overlap ratio",
+                   yaxis="y2", mode="lines+markers", line=dict(color="black"))])
+    f1.update_layout(barmode="stack", title="Per rank: exposed vs overlapped communication",
+                     yaxis=dict(title="seconds"), yaxis2=dict(title="overlap ratio", overlaying="y", side="right", range=[0, 1]),
+                     height=380, margin=dict(l=60, r=60, t=50, b=40), legend=dict(orientation="h"))
+    ps = d.per_step
+    step = ps["step"].to_numpy(zero_copy_only=False)
+    ok = np.isfinite(step.astype(np.float64))
+    step = step[ok].astype(np.int64)
+    ex = np.nan_to_num(ps["exposed_s"].to_numpy(zero_copy_only=False)[ok].astype(np.float64))
+    ov = np.nan_to_num(ps["overlapped_s"].to_numpy(zero_copy_only=False)[ok].astype(np.float64))
+    steps, inv = np.unique(step, return_inverse=True)
+    exs = np.bincount(inv, ex, len(steps))
+    ovs = np.bincount(inv, ov, len(steps))
+    tot = exs + ovs
+    ratio = np.divide(ovs, tot, out=np.full_like(tot, np.nan), where=tot > 0)
+    f2 = go.Figure([
+        go.Bar(x=steps, y=exs, name="exposed comm (s, all ranks)", marker_color="#d62728"),
+        go.Bar(x=steps, y=ovs, name="overlapped comm (s, all ranks)", marker_color="#2ca02c"),
+        go.Scattergl(x=steps, y=ratio, name="overlap ratio", yaxis="y2", mode="lines", line=dict(color="black"))])
+    f2.update_layout(barmode="stack", title="Per step: exposed vs overlapped communication, overlap ratio over the run",
+                     xaxis=dict(title="step"), yaxis=dict(title="seconds"),
+                     yaxis2=dict(title="overlap ratio", overlaying="y", side="right", range=[0, 1]),
+                     height=380, margin=dict(l=60, r=60, t=50, b=40), legend=dict(orientation="h"))
+    return f1, f2
+
+
+def stalls_figures(d: RunData) -> tuple[go.Figure, go.Figure, list[dict]]:
+    """(heatmap ranks x time bins of wait time, straggler ranking, late sender / receiver pairs)."""
+    t = d.full_bins
+    nr, nb = len(d.ranks), d.nbins
+    pos = np.array([d.row_of[int(r)] for r in t["rank"].to_numpy()], np.int64)
+    z = np.zeros((nr, nb), np.float32)
+    z[pos, t["bin"].to_numpy().astype(np.int64)] = t["wait_ns"].to_numpy() / 1e6
+    x = (np.arange(nb) + 0.5) * d.duration_s / nb
+    f1 = go.Figure(go.Heatmap(z=z, x=x, y=[f"rank {r}" for r in d.ranks], colorscale="Reds",
+                              colorbar=dict(title="wait (ms)"),
+                              hovertemplate="%{y}, t=%{x:.3f} s: wait %{z:.3f} ms<extra></extra>"))
+    f1.update_layout(title="Wait time (Scalasca wait states) per rank and time bin", xaxis_title="time since start of run (s)",
+                     yaxis=dict(autorange="reversed"), height=max(300, 80 + nr * 8), margin=dict(l=70, r=20, t=50, b=40))
+    s = d.stragglers
+    order = np.argsort(-s["share"].to_numpy(zero_copy_only=False).astype(np.float64))[:20]
+    sr = s.take(order)
+    f2 = go.Figure([
+        go.Bar(x=[f"rank {r}" for r in sr["rank"].to_pylist()], y=sr["share"].to_numpy(zero_copy_only=False),
+               name="straggler share (arrived last)", marker_color="#9467bd",
+               customdata=np.c_[sr["last_count"].to_numpy(zero_copy_only=False), sr["mean_late_ns"].to_numpy(zero_copy_only=False) / 1e6],
+               hovertemplate="%{x}: last at %{customdata[0]} collectives (%{y:.1%}), mean late %{customdata[1]:.3f} ms<extra></extra>")])
+    f2.update_layout(title="Straggler ranking (share of collectives arrived last)", yaxis=dict(title="share", tickformat=".0%"),
+                     height=320, margin=dict(l=60, r=20, t=50, b=40))
+    return f1, f2, late_pairs(d)
+
+
+def late_pairs(d: RunData, top: int = 20) -> list[dict]:
+    """Peer pairs ranked by late_sender + late_receiver time (from p2p())."""
+    p = d.p2p
+    if not p.num_rows:
+        return []
+    src = p["src"].to_numpy(zero_copy_only=False).astype(np.int64)
+    dst = p["dst"].to_numpy(zero_copy_only=False).astype(np.int64)
+    ls = np.nan_to_num(p["late_sender_ns"].to_numpy(zero_copy_only=False).astype(np.float64))
+    lr = np.nan_to_num(p["late_receiver_ns"].to_numpy(zero_copy_only=False).astype(np.float64))
+    key = src * (1 << 32) + dst
+    keys, inv = np.unique(key, return_inverse=True)
+    sls, slr = np.bincount(inv, ls), np.bincount(inv, lr)
+    n = np.bincount(inv)
+    nls, nlr = np.bincount(inv, ls > 0), np.bincount(inv, lr > 0)
+    order = np.argsort(-(sls + slr))[:top]
+    return [{"src": int(keys[i] >> 32), "dst": int(keys[i] & 0xFFFFFFFF), "transfers": int(n[i]),
+             "late_sender": fmt_ns(sls[i]), "late_sender_count": int(nls[i]),
+             "late_receiver": fmt_ns(slr[i]), "late_receiver_count": int(nlr[i])}
+            for i in order if sls[i] + slr[i] > 0]
+
+
+def findings_rows(d: RunData) -> list[dict]:
+    """The findings table, in the analysis' order (severity, then impact)."""
+    return [{"i": i, "severity": f.severity, "kind": f.kind, "rank": f.rank, "pg": f.pg, "seq": f.seq,
+             "op": f.op, "site": f.site, "impact": fmt_ns(f.impact_ns), "message": f.message}
+            for i, f in enumerate(d.findings)]
+
+
+def bandwidth_figure(d: RunData) -> go.Figure:
+    """busbw against message size per op (nccl-tests), log x, one WebGL trace per op."""
+    c = d.collectives
+    ops = c["op"].to_pylist()
+    byt = c["bytes"].to_numpy(zero_copy_only=False).astype(np.float64)
+    bw = c["busbw_gbps"].to_numpy(zero_copy_only=False).astype(np.float64)
+    fig = go.Figure()
+    opsa = np.array(ops, dtype=object)
+    for k, name in enumerate(sorted({x for x in ops if x})):
+        m = (opsa == name) & np.isfinite(bw) & (byt > 0)
+        if m.any():
+            fig.add_trace(go.Scattergl(x=byt[m], y=bw[m], mode="markers", name=f"{name} ({int(m.sum())})",
+                                       marker=dict(size=5, opacity=0.5, color=PALETTE[k % len(PALETTE)]),
+                                       hovertemplate="%{x:.3s}B: busbw %{y:.3f} GB/s<extra>" + name + "</extra>"))
+    fig.update_layout(title="busbw vs message size (each matched collective)", xaxis=dict(type="log", title="message size S (bytes)"),
+                      yaxis=dict(title="busbw (GB/s)"), height=420, margin=dict(l=60, r=20, t=50, b=40))
+    return fig
+
+
+def bandwidth_rows(d: RunData) -> list[dict]:
+    """nccl-tests style table from collectives_summary()."""
+    s = d.summary.to_pylist()
+    f = lambda v, n=3: None if v is None else round(float(v), n)  # noqa: E731
+    return [{"pg": r["pg"], "op": r["op"], "size": r["size_label"], "count": r["count"],
+             "time_us": f(r["t_comm_s"] / r["count"] * 1e6 if r["count"] and r["t_comm_s"] is not None else None, 1),
+             "algbw_gbps": f(r["algbw_gbps"]), "busbw_gbps": f(r["busbw_gbps"]),
+             "busbw_min": f(r["busbw_min_gbps"]), "busbw_max": f(r["busbw_max_gbps"]), "busbw_std": f(r["busbw_std_gbps"]),
+             "incomplete": r["incomplete"]} for r in s]
+
+
+def summary_facts(d: RunData) -> dict:
+    """World size, hosts, backend, versions, counts by op, total and exposed comm, dropped rows."""
+    run = d.run
+    meta = run.meta
+    o = d.o
+    counts = np.bincount(o["op"][o["op"] >= 0], minlength=len(o["op_values"])) if len(o["op"]) else []
+    pr = d.per_rank
+    return {
+        "world_size": run.world_size, "ranks_present": len(d.ranks), "missing_ranks": list(run.missing_ranks),
+        "hosts": sorted({str(m.get("host")) for m in meta.values() if m.get("host")}),
+        "backend": sorted({str(m.get("backend")) for m in meta.values() if m.get("backend")}),
+        "torch_version": sorted({str(m.get("torch_version")) for m in meta.values() if m.get("torch_version")}),
+        "commtrace_version": sorted({str(m.get("commtrace_version")) for m in meta.values() if m.get("commtrace_version")}),
+        "ops_by_op": {o["op_values"][k]: int(n) for k, n in enumerate(counts) if n},
+        "ops": int(len(o["rank"])), "syncs": int(len(d.sync["rank"])), "hazards": int(len(d.hazards["rank"])),
+        "collectives": d.collectives.num_rows, "p2p_pairs": d.p2p.num_rows,
+        "total_comm_s": float(np.nansum(pr["inflight_s"].to_numpy(zero_copy_only=False).astype(np.float64))),
+        "exposed_comm_s": float(np.nansum(pr["exposed_s"].to_numpy(zero_copy_only=False).astype(np.float64))),
+        "overlapped_comm_s": float(np.nansum(pr["overlapped_s"].to_numpy(zero_copy_only=False).astype(np.float64))),
+        "dropped_rows": int(sum(int(m.get("dropped_rows") or 0) for m in meta.values())),
+        "duration_s": d.duration_s, "findings": len(d.findings),
+        "clock_violations": d.clock.get("violations"), "warnings": list(run.warnings)}

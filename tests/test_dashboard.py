@@ -1,0 +1,212 @@
+"""Unit tests of the dashboard's cache, figure builders and CLI, on synthetic runs with planted
+anomalies (`commtrace synth`), asserting values against the analysis API."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import commtrace
+from conftest import ROOT, clean_env
+
+RANKS = 4
+
+
+def synth(out, *args):
+    p = subprocess.run([sys.executable, "-m", "commtrace", "synth", str(out), *map(str, args), "-f"],
+                       env=clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from dashboard.data import RunData
+    path = synth(tmp_path_factory.mktemp("dash") / "run", "--ranks", RANKS, "--ops", 600,
+                 "--straggler", "1:2ms", "--late-send", "2:1ms", "--hazards")
+    run = commtrace.load(path)
+    yield RunData(run, nbins=100)
+    run.close()
+
+
+def test_cache_holds_every_op(data):
+    ops = data.run.ops()
+    assert len(data.o["rank"]) == ops.num_rows == RANKS * 600
+    assert np.all(np.diff(data.o["t_enqueue"]) >= 0)
+    assert len(data.sync["rank"]) >= 1 and len(data.hazards["rank"]) >= 1
+
+
+def test_zoomed_out_timeline_is_bins_whose_sums_equal_the_analysis(data):
+    from dashboard import figures as F
+    assert F.timeline_figure(data).layout.meta["mode"] == "exact"  # 2,400 ops: under the exact budget
+    fig = F.timeline_figure(data, exact_max=500)
+    assert fig.layout.meta["mode"] == "bins"
+    assert list(fig.layout.yaxis.ticktext) == [f"rank {r}" for r in range(RANKS)]
+    hm = fig.data[0]
+    z = np.asarray(hm.z, dtype=np.float64)
+    assert z.shape == (RANKS * 3, 100)
+    bins = data.run.timeline_bins(nbins=100)
+    width = (bins["t1_ns"].to_numpy() - bins["t0_ns"].to_numpy()).reshape(RANKS, 100)
+    # Row 3r+1 is in-flight: busy fraction x bin width gives back the analysis' in-flight ns,
+    # and these sum to the in-flight time of every op (t_end - t_enqueue) inside the run.
+    inflight = (z[1::3] * width).sum()
+    assert inflight == pytest.approx(bins["inflight_ns"].to_numpy().sum(), rel=1e-5)
+    ops = data.run.ops()
+    assert inflight == pytest.approx(np.nansum(ops["inflight_ns"].to_numpy(zero_copy_only=False).astype(float)), rel=1e-3)
+    assert (z[0::3] * width).sum() == pytest.approx(bins["blocked_ns"].to_numpy().sum(), rel=1e-5)
+
+
+def test_zoomed_in_timeline_draws_exact_ops_with_hover(data):
+    from dashboard import figures as F
+    a, b = 0.05, 0.08
+    fig = F.timeline_figure(data, a, b)
+    assert fig.layout.meta["mode"] == "exact"
+    assert tuple(fig.layout.xaxis.range) == (a, b)
+    hover = [t for t in fig.data if t.name == "ops (hover / click)"][0]
+    idx = data.window(a, b)
+    assert len(hover.x) == len(idx) > 0
+    # every rank has ops in the window, on its own in-flight sub-row
+    assert set(np.asarray(hover.y).astype(int)) == {r * 3 + 1 for r in range(RANKS)}
+    assert "seq" in hover.text[0] and "bytes" in hover.text[0] and "site" in hover.text[0]
+    op_traces = {t.name for t in fig.data if t.mode == "lines" and t.type == "scattergl"}
+    assert op_traces >= {str(data.o["op_values"][k]) for k in np.unique(data.o["op"][idx])}
+    # the exact view of a window never exceeds the exact budget
+    assert F.timeline_figure(data, 0, data.duration_s, exact_max=10).layout.meta["mode"] == "bins"
+
+
+def test_selection_highlights_every_rank_and_reports_skew(data):
+    from dashboard import figures as F
+    c = data.collectives.to_pylist()
+    row = max((r for r in c if r["n_ranks"] == RANKS), key=lambda r: r["arrival_skew_ns"])
+    sel = {"pg": row["pg"], "seq": row["seq"]}
+    fig = F.timeline_figure(data, 0, data.duration_s, sel)
+    hl = [t for t in fig.data if t.name == "selected"][0]
+    assert sorted(np.asarray(hl.customdata).tolist()) == list(range(RANKS))
+    info = F.selection_info(data, row["pg"], row["seq"])
+    assert info["arrival_skew_ns"] == row["arrival_skew_ns"] and info["last_rank"] == row["last_rank"]
+    enter = {int(r): x for r, x in zip(hl.customdata, hl.x)}
+    assert max(enter, key=enter.get) == row["last_rank"]
+    assert (max(enter.values()) - min(enter.values())) * 1e9 == pytest.approx(row["arrival_skew_ns"], abs=2000)
+
+
+def test_finding_window_contains_its_evidence(data):
+    from dashboard import figures as F
+    kinds = {f.kind for f in data.findings}
+    assert {"straggler", "late_sender", "use_before_wait", "sync_while_inflight"} <= kinds
+    for f in data.findings:
+        a, b = F.window_for_finding(data, f)
+        assert 0 <= a < b <= data.duration_s
+        if f.t_ns is not None:
+            assert a <= (f.t_ns - data.t_min_ns) / 1e9 <= b
+        if f.pg is not None and f.seq is not None:
+            j = data.copies(f.pg, f.seq)
+            assert len(j) and a <= data.o["t_enqueue"][j].min() and data.o["t_end"][j].max() <= b
+        fig = F.timeline_figure(data, a, b)
+        assert fig.layout.meta["mode"] == "exact"
+        assert any(t.name == "finding" for t in fig.data)
+
+
+def test_other_views_carry_the_analysis_values(data):
+    from dashboard import figures as F
+    pr = data.run.per_rank()
+    f1, f2 = F.overlap_figures(data)
+    assert list(f1.data[0].y) == pytest.approx(pr["exposed_s"].to_pylist())
+    assert list(f1.data[1].y) == pytest.approx(pr["overlapped_s"].to_pylist())
+    assert np.sum(f2.data[0].y) == pytest.approx(np.nansum(data.per_step["exposed_s"].to_numpy(zero_copy_only=False).astype(float)))
+    heat, strag, pairs = F.stalls_figures(data)
+    assert np.asarray(heat.data[0].z).shape == (RANKS, 100)
+    assert np.asarray(heat.data[0].z).sum() * 1e6 == pytest.approx(data.full_bins["wait_ns"].to_numpy().sum(), rel=1e-4)
+    assert strag.data[0].x[0] == "rank 1"  # the planted straggler ranks first
+    assert any(p["src"] == 2 and p["late_sender_count"] > 0 for p in pairs)  # rank 2 sends late
+    rows = F.bandwidth_rows(data)
+    assert sum(r["count"] for r in rows) == data.summary["count"].to_numpy().sum()
+    bw = F.bandwidth_figure(data)
+    assert bw.layout.xaxis.type == "log" and sum(len(t.x) for t in bw.data) > 0
+    facts = F.summary_facts(data)
+    assert facts["world_size"] == RANKS and facts["ops"] == RANKS * 600 and facts["dropped_rows"] == 0
+    assert sum(facts["ops_by_op"].values()) == RANKS * 600
+    assert facts["exposed_comm_s"] == pytest.approx(np.nansum(pr["exposed_s"].to_numpy(zero_copy_only=False).astype(float)))
+    assert [r["kind"] for r in F.findings_rows(data)] == [f.kind for f in data.run.findings()]
+
+
+def test_figures_stay_small(data):
+    from dashboard import figures as F
+    for fig in (F.timeline_figure(data), F.timeline_figure(data, exact_max=10), F.timeline_figure(data, 0.05, 0.2), F.bandwidth_figure(data),
+                *F.overlap_figures(data), *F.stalls_figures(data)[:2]):
+        assert len(fig.to_json()) < 5_000_000
+
+
+def test_app_callbacks_take_no_path_input(data):
+    from dashboard.app import create_app
+    app = create_app(data)
+    inputs = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb["inputs"]}
+    assert inputs == {("tabs", "value"), ("timeline", "relayoutData"), ("range", "value"), ("reset", "n_clicks"),
+                      ("findings", "active_cell"), ("timeline", "clickData"), ("window", "data"), ("selected", "data")}
+    assert "Location" not in json.dumps(app.layout.to_plotly_json(), default=str)
+
+
+def test_partial_run_shows_banner(tmp_path):
+    from dashboard.app import build
+    path = synth(tmp_path / "run", "--ranks", 3, "--ops", 100)
+    shutil.rmtree(tmp_path / "run" / "rank=2")
+    run = commtrace.load(path)
+    assert run.missing_ranks == [2]
+    app = build(run, nbins=20)
+    text = json.dumps(app.layout.to_plotly_json(), default=str)
+    assert "Partial run: rank(s) 2 missing (2 of 3 present)" in text
+    run.close()
+
+
+def _cli(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "commtrace", "dashboard", *map(str, args)], env=clean_env(),
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    p = _cli(tmp_path / "nope", "--no-browser")
+    assert p.returncode != 0 and p.stderr.strip().count("\n") == 0
+    assert "no such run directory" in p.stderr and "Traceback" not in p.stderr
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "x.parquet").write_text("not parquet")
+    p = _cli(tmp_path / "junk", "--no-browser")
+    assert p.returncode != 0 and "Traceback" not in p.stderr and p.stderr.strip().count("\n") <= 1, p.stderr
+    p = _cli("--help")
+    assert p.returncode == 0 and p.stdout.rstrip().splitlines()[-1].strip().startswith("commtrace dashboard")
+    assert "Examples:" in p.stdout
+
+
+def test_loopback_detection():
+    from commtrace.cli.dashboard import is_loopback
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+
+
+def test_cli_serves_and_warns_on_public_host(tmp_path):
+    import time
+    import urllib.request
+
+    from conftest import free_port
+    path = synth(tmp_path / "run", "--ranks", 2, "--ops", 50)
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "commtrace", "dashboard", path, "--port", str(port), "--no-browser",
+                          "--host", "0.0.0.0"], env=clean_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        body = None
+        for _ in range(120):
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/_dash-layout", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert body and b"timeline" in body
+    finally:
+        p.terminate()
+        out, err = p.communicate(timeout=20)
+    assert f"at http://0.0.0.0:{port}/" in out
+    assert "warning: serving on 0.0.0.0" in err
