@@ -7,8 +7,9 @@ So nothing here relies on them:
 
 * a daemon thread (``commtrace-watchdog``) wakes every ``min(1 s, timeout / 4)`` and looks for
   ops in flight longer than the timeout: async ops through :meth:`Recorder.pending_ops`, and the
-  blocking call a thread is inside of by finding the capture wrapper's frame in
-  :func:`sys._current_frames` (its ``row`` and ``t0`` locals). For each new hung op it writes
+  blocking calls in progress through :meth:`Recorder.blocking_rows` (with an older recorder
+  without it, by finding the capture wrapper's frame in :func:`sys._current_frames` and reading
+  its ``row`` local). For each new hung op it writes
   ``rank=<r>/stacks-<time>.txt`` (a header naming the op, then
   :func:`faulthandler.dump_traceback` of all threads, which reads the frames at C level) and
   forces :meth:`Recorder.flush`, so that the parts and ``_inflight.json`` hold everything up to
@@ -67,8 +68,17 @@ def _describe(row) -> str:
         parts.append(f"on pg {row[I['pg']]}")
     if row[I["api"]] and row[I["api"]] != op:
         parts.append(f"(api {row[I['api']]})")
-    if row[I["site"]]:
-        parts.append(f"at {row[I['site']]}")
+    site = row[I["site"]]
+    if site:
+        try:
+            from .sites import format_site  # the row may hold a raw site, formatted on demand
+
+            site = format_site(site)
+        except ImportError:
+            pass
+        except Exception:
+            site = str(site)
+        parts.append(f"at {site}")
     return " ".join(parts)
 
 
@@ -186,7 +196,7 @@ class _Watchdog:
             t = row[I_ENQ]
             if row[I_END] is None and t is not None and now - t >= min_age_ns:
                 out[row[I_ID]] = (row[I_ID], now - t, row)
-        blocking = getattr(rec, "blocking_ops", None)  # the recorder's own registry, when it has one
+        blocking = getattr(rec, "blocking_rows", None)  # the recorder's own registry, when it has one
         rows = []
         if callable(blocking):
             try:
