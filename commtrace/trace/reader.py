@@ -211,12 +211,47 @@ def scan_run(path: str) -> RunFiles:
             p = _part_info(path, fp, None, rf.warnings)
             if p is not None:
                 rf.parts.append(p)
+    if rf.rank_dirs and not os.path.exists(mpath):
+        rf.warnings.append(f"no {S.MANIFEST_NAME} in {path} (the run was cut short, or copied "
+                           "without it): world size and command taken from the parts")
     if not rf.parts and not rf.inflight:
         if rf.warnings:
             raise EmptyTraceError(f"{path}: no readable trace part ({'; '.join(rf.warnings)})")
         raise EmptyTraceError(f"{path}: no trace parts found (is this a commtrace run directory?)")
     _merge_meta(rf)
+    _check_rank_claims(rf)
     return rf
+
+
+def _check_rank_claims(rf: RunFiles) -> None:
+    """Warn when two processes wrote parts for one rank (two runs written into one directory,
+    two nodes started with the same --node-rank, a restarted worker) or when a part's metadata
+    names another rank than its directory: the rows are still read, but collectives of that
+    rank may be counted twice."""
+    writers: dict[int, dict[tuple, list[str]]] = {}
+    for p in rf.parts:
+        mr = p.meta.get("rank")
+        if p.rank is not None and mr is not None and _int_or_none(mr) not in (None, p.rank):
+            rf.warnings.append(f"{_rel(rf.path, p.path)} says rank {mr} but lies in rank={p.rank}; "
+                               f"read as rank {p.rank}")
+        r = p.rank if p.rank is not None else _int_or_none(mr)
+        if r is None or (p.meta.get("pid") is None and p.meta.get("host") is None):
+            continue
+        key = (str(p.meta.get("host")), str(p.meta.get("pid")))
+        writers.setdefault(r, {}).setdefault(key, []).append(_rel(rf.path, p.path))
+    for r, procs in sorted(writers.items()):
+        if len(procs) > 1:
+            who = ", ".join(f"pid {pid} on {host} ({len(files)} part(s), e.g. {files[0]})"
+                            for (host, pid), files in sorted(procs.items()))
+            rf.warnings.append(f"rank {r} was written by {len(procs)} processes: {who}; two runs "
+                               "in one directory, or a restarted worker? its ops may be counted twice")
+
+
+def _int_or_none(v):
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
 
 
 def _merge_meta(rf: RunFiles) -> None:
