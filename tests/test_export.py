@@ -69,6 +69,8 @@ def test_one_call_event_per_op_and_pids_are_ranks(skewed):
     assert len(_events(doc, ph="X", cat="wait")) == len(waited) > 0
     syncs = run.ops(kinds=("sync",)).num_rows
     assert len(_events(doc, ph="X", cat="sync")) == syncs > 0
+    hazards = run.ops(kinds=("hazard",)).num_rows
+    assert len(_events(doc, ph="i", cat="hazard")) == hazards == counts["hazards"] > 0
 
 
 def test_flows_link_the_copies_of_each_collective(skewed):
