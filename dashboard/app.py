@@ -65,8 +65,12 @@ def create_app(d: RunData) -> dash.Dash:
         html.Div(id="view-other"),
     ])
 
-    @app.callback(Output("view-timeline", "style"), Output("view-other", "children"), Input("tabs", "value"))
+    @app.callback(Output("view-timeline", "style"), Output("view-other", "children"),
+                  Output("view-findings", "style"), Input("tabs", "value"))
     def show_view(tab):
+        return (*_view(tab), {} if tab == "findings" else {"display": "none"})
+
+    def _view(tab):
         hidden = {"display": "none"}
         if tab == "timeline":
             return {}, None
@@ -91,10 +95,6 @@ def create_app(d: RunData) -> dash.Dash:
                                                          "impact", "message"], page_size=50,
                style_data_conditional=[{"if": {"filter_query": f'{{severity}} = "{k}"'}, "color": c}
                                        for k, c in F.SEVERITY_COLOR.items()])]))
-
-    @app.callback(Output("view-findings", "style"), Input("tabs", "value"))
-    def show_findings(tab):
-        return {} if tab == "findings" else {"display": "none"}
 
     @app.callback(Output("window", "data"), Output("range", "value"), Output("tabs", "value"),
                   Output("selected", "data", allow_duplicate=True),

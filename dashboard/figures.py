@@ -134,7 +134,8 @@ def _exact_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
             f"<br>wait {_ms(o['t_wait_end'][i] - o['t_wait'][i])}"
             f"<br>site {sitev[o['site'][i]] if o['site'][i] >= 0 else '—'}"
             for i in idx.tolist()]
-        custom = np.c_[o["pg"][idx], o["seq"][idx], o["rank"][idx]]
+        # plain lists: Dash hands customdata back in clickData
+        custom = np.c_[o["pg"][idx], o["seq"][idx], o["rank"][idx]].tolist()
         fig.add_trace(go.Scattergl(
             x=o["t_enqueue"][idx], y=(row + 1).astype(np.float64), mode="markers", name="ops (hover / click)",
             marker=dict(size=6, color="rgba(0,0,0,0.35)", symbol="line-ns-open"), text=text,
@@ -204,7 +205,7 @@ def _selected_traces(fig: go.Figure, d: RunData, pg: str, seq: int) -> None:
     fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", name=f"selected pg {pg} seq {seq}",
                                line=dict(width=9, color="rgba(255,215,0,0.9)")))
     fig.add_trace(go.Scattergl(x=o["t_enqueue"][j], y=r + 1, mode="markers", name="selected",
-                               showlegend=False, customdata=o["rank"][j],
+                               showlegend=False, customdata=o["rank"][j].tolist(),
                                marker=dict(size=14, color="rgba(0,0,0,0)", line=dict(width=3, color="black")),
                                hovertemplate="rank %{customdata} entered at %{x:.6f} s<extra>selected</extra>"))
 
@@ -231,7 +232,7 @@ def window_for_finding(d: RunData, f) -> tuple[float, float]:
             o = d.o
             a = float(np.nanmin(o["t_enqueue"][j]))
             b = float(np.nanmax(np.r_[o["t_end"][j], o["t_return"][j], o["t_wait_end"][j]]))
-            pad = max((b - a) * 0.5, 2e-4)
+            pad = max((b - a) * 0.1, 2e-4)
             return max(0.0, a - pad), min(d.duration_s, b + pad)
     a = (f.t_ns - d.t_min_ns) / NS if f.t_ns is not None else 0.0
     b = (f.t_end_ns - d.t_min_ns) / NS if f.t_end_ns is not None else a

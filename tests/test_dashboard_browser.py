@@ -1,0 +1,192 @@
+"""Browser tests: the dashboard served from a thread, driven by Debian's Chromium through
+Playwright, on a traced 2-rank DDP run and on a large synthetic run with planted anomalies.
+Screenshots go to test-artifacts/ (docs/img/ holds copies of good ones)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import commtrace
+from conftest import ROOT, SAMPLES, clean_env, run_traced, torchrun_cmd
+
+CHROMIUM = "/usr/bin/chromium"
+ART = os.path.join(ROOT, "test-artifacts")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium")]
+#: The large synthetic run (the benchmark, benchmarks/dashboard.py, uses 64 x 20,000).
+BIG_RANKS, BIG_OPS = 64, int(os.environ.get("COMMTRACE_TEST_DASH_OPS", "2000"))
+
+GD = "document.querySelector('#timeline .js-plotly-plot')"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def _serve(path):
+    from dashboard.app import build
+    from dashboard.serve import Server
+    run = commtrace.load(path)
+    return run, Server(build(run))
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dash-ddp") / "run"
+    # a 15 ms straggler on rank 1 so that the run always has a finding to click
+    run_traced(str(out), torchrun_cmd(os.path.join(SAMPLES, "ddp_mlp.py"), "--steps", 16, "--straggler-ms", 15))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def big_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dash-big") / "run"
+    p = subprocess.run([sys.executable, "-m", "commtrace", "synth", str(out), "--ranks", str(BIG_RANKS),
+                        "--ops", str(BIG_OPS), "--straggler", "5:2ms", "--late-send", "3:1ms", "--hazards"],
+                       env=clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return str(out)
+
+
+def _timeline(page):
+    return page.evaluate(f"""() => {{ const g = {GD};
+        return {{mode: g.layout.meta.mode, range: g.layout.xaxis.range, ticks: g.layout.yaxis.ticktext,
+                 names: g.data.map(t => t.name)}}; }}""")
+
+
+def _open(page, url, errors):
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    t = time.perf_counter()
+    page.goto(url)
+    page.wait_for_function(f"() => {{ const g = {GD}; return g && g.data && g.layout && g.layout.meta; }}",
+                           timeout=60_000)
+    dt = time.perf_counter() - t
+    page.wait_for_load_state("networkidle")
+    return dt
+
+
+def _tab(page, label, selector):
+    """Switch view; click again if a late initial callback hid it (2-core machines)."""
+    for _ in range(3):
+        page.click(f"#tabs >> text={label}")
+        try:
+            page.wait_for_selector(selector, timeout=10_000)
+            return
+        except Exception:  # noqa: BLE001
+            continue
+    page.wait_for_selector(selector, timeout=10_000)
+
+
+def _click_op(page, world):
+    """Click an op of rank 0 (exact view) whose collective also shows on another rank; returns
+    its (pg code, seq)."""
+    cands = page.evaluate(f"""() => {{ const g = {GD};
+        const t = g._fullData.find(t => t.name === 'ops (hover / click)'); if (!t) return [];
+        const fl = g._fullLayout, xa = fl.xaxis, ya = fl.yaxis, r = g.getBoundingClientRect();
+        const key = k => t.customdata[k][0] + ':' + t.customdata[k][1];
+        const selTrace = g.data.find(t => t.name && t.name.startsWith('selected pg'));
+        const cur = selTrace ? selTrace.name.split(' seq ')[1] : null;
+        const rows = {{}};
+        for (let k = 0; k < t.x.length; k++) (rows[key(k)] = rows[key(k)] || new Set()).add(t.y[k]);
+        const out = [];
+        for (let k = 0; k < t.x.length; k++) {{
+            if (t.y[k] !== 1 || rows[key(k)].size < 2 || /<b>(send|recv)/.test(t.text[k]) ||
+                String(t.customdata[k][1]) === cur) continue;
+            const px = xa.l2p(t.x[k]);
+            if (px < 20 || px > xa._length - 20) continue;
+            out.push([r.left + fl._size.l + px, r.top + fl._size.t + ya.l2p(t.y[k]), t.customdata[k][0], t.customdata[k][1]]);
+        }}
+        const step = Math.max(1, Math.floor(out.length / 4));
+        return out.filter((_, j) => j % step === 0); }}""")
+    assert cands, "no clickable collective op of rank 0 in view"
+    for x, y, pg, seq in cands[:4]:
+        page.mouse.move(x - 3, y)
+        page.mouse.move(x, y)
+        page.wait_for_timeout(300)
+        page.mouse.click(x, y)
+        try:
+            page.wait_for_function(f"""() => {{ const g = {GD};
+                const t = g.data.find(t => t.name === 'selected');
+                return t && t.customdata && new Set(Array.from(t.customdata)).size >= 2 &&
+                       g.data.find(t => t.name && t.name.startsWith('selected pg')).name.endsWith(' seq {seq}'); }}""",
+                                   timeout=8_000)
+            return pg, seq
+        except Exception:  # noqa: BLE001 (a marker on top took the click: try the next op)
+            continue
+    raise AssertionError("clicking an op did not highlight its collective")
+
+
+def _check_run(browser, path, name, world):
+    os.makedirs(ART, exist_ok=True)
+    run, srv = _serve(path)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    try:
+        first = _open(page, srv.url, errors)
+        tl = _timeline(page)
+        # one row per rank
+        assert tl["ticks"] == [f"rank {r}" for r in range(world)]
+        assert tl["range"][0] == 0
+        page.screenshot(path=f"{ART}/dashboard-{name}-timeline.png", full_page=True)
+
+        # clicking a finding zooms the timeline to its evidence
+        assert run.findings(), "the run should have findings"
+        _tab(page, "Findings", "#findings td")
+        page.screenshot(path=f"{ART}/dashboard-{name}-findings.png", full_page=True)
+        full = tl["range"][1]
+        t = time.perf_counter()
+        page.locator("#findings tbody tr").nth(1).locator("td").first.click()
+        page.wait_for_function(f"() => {{ const g = {GD}; return g.offsetParent !== null && "
+                               f"g.layout.xaxis.range[1] - g.layout.xaxis.range[0] < {full} * 0.9; }}", timeout=20_000)
+        zoom_s = time.perf_counter() - t
+        tl = _timeline(page)
+        assert tl["mode"] == "exact" and "finding" in tl["names"]
+        f = run.findings()[0]
+        t_f = (f.t_ns - run.t_min_ns) / 1e9
+        assert tl["range"][0] <= t_f <= tl["range"][1]
+        page.wait_for_timeout(500)
+        page.screenshot(path=f"{ART}/dashboard-{name}-finding-zoom.png", full_page=True)
+
+        # selecting an op highlights the other ranks' copies, with arrival skew and last rank
+        t = time.perf_counter()
+        pg, seq = _click_op(page, world)
+        select_s = time.perf_counter() - t
+        hl = page.evaluate(f"() => Array.from({GD}.data.find(t => t.name === 'selected').customdata)")
+        coll = [r for r in run.collectives().to_pylist() if r["seq"] == seq]
+        assert sorted(hl) == sorted(range(world)) if any(r["n_ranks"] == world for r in coll) else len(hl) >= 2
+        info = page.inner_text("#selection-info")
+        assert f"seq {seq}" in info and "arrival skew" in info and "last rank" in info
+        page.wait_for_timeout(500)
+        page.screenshot(path=f"{ART}/dashboard-{name}-selected.png", full_page=True)
+
+        for tab, sel in (("Overlap", "#overlap-step .main-svg"), ("Stalls", "#stalls-heatmap .main-svg"),
+                         ("Bandwidth", "#busbw .main-svg"), ("Summary", "#summary")):
+            _tab(page, tab, sel)
+            page.wait_for_timeout(500)
+            page.screenshot(path=f"{ART}/dashboard-{name}-{tab.lower()}.png", full_page=True)
+        assert f'"world_size": {world}' in page.inner_text("#summary")
+        assert errors == [], errors
+        print(f"{name}: first page {first:.2f} s, finding zoom {zoom_s:.2f} s, select {select_s:.2f} s")
+    finally:
+        page.close()
+        srv.stop()
+        run.close()
+
+
+def test_ddp_run_in_browser(browser, ddp_run):
+    _check_run(browser, ddp_run, "ddp", 2)
+
+
+def test_large_synthetic_run_in_browser(browser, big_run):
+    _check_run(browser, big_run, "synth64", BIG_RANKS)
