@@ -1,0 +1,90 @@
+"""End-to-end hang diagnosis (issue 6 acceptance): a real 2-rank gloo job under commtrace run
+where rank 1 skips the 6th all_reduce; watchdog dump, SIGUSR1 on a rank blocked in gloo, SIGTERM
+after 25 s, and the report naming rank 1 not_joined at seq 5."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from conftest import SCRIPTS, clean_env, torchrun_cmd
+from test_hang import _stacks, _wait_for
+
+
+def _hang_line() -> int:
+    with open(os.path.join(SCRIPTS, "hang_skip.py")) as f:
+        return next(i for i, line in enumerate(f, 1) if "HANG-LINE" in line)
+
+
+def test_hang_end_to_end(tmp_path):
+    """Rank 1 of 2 skips the 6th all_reduce; the job is ended with SIGTERM 25 s after start.
+    The watchdog (timeout 5 s) has dumped rank 0's stacks and flushed before; SIGUSR1 dumps a
+    rank blocked inside gloo; the report names rank 1 not_joined at seq 5."""
+    out = tmp_path / "t"
+    cmd = [sys.executable, "-m", "commtrace", "run", "-o", str(out), "--hang-timeout", "5",
+           "--", *torchrun_cmd(os.path.join(SCRIPTS, "hang_skip.py"))]
+    t_start = time.monotonic()
+    p = subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    log_lines: list[str] = []
+    reader = threading.Thread(target=lambda: log_lines.extend(p.stdout), daemon=True)
+    reader.start()
+    try:
+        hang_files = _wait_for(lambda: _stacks(out), timeout=40, step=0.2)
+        assert hang_files, "".join(log_lines)[-4000:]
+        # SIGUSR1 to rank 0 while its main thread is blocked inside gloo
+        pid = _rank_pid(out, 0)
+        os.kill(pid, signal.SIGUSR1)
+        assert _wait_for(lambda: len(_stacks(out)) == 2, timeout=10), "".join(log_lines)[-4000:]
+        time.sleep(max(0.0, 25 - (time.monotonic() - t_start)))
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=60)
+    finally:
+        if p.poll() is None:  # a failed assertion: end the job the way torchrun expects
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=45)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+    reader.join(5)
+    log = "".join(log_lines)
+    assert rc != 0
+    assert f"trace of 2 rank(s) written to {out}" in log, log[-3000:]
+    assert "in flight for" in log and "possible hang" in log  # the watchdog's one line
+
+    line = _hang_line()
+    where = f'hang_skip.py", line {line} in <module>'
+    hang_text, usr1_text = (open(f).read() for f in _stacks(out))
+    if "SIGUSR1" in hang_text:
+        hang_text, usr1_text = usr1_text, hang_text
+    assert "--hang-timeout 5 s" in hang_text
+    assert f"all_reduce seq 5 on pg 0 at {SCRIPTS}/hang_skip.py:{line}" in hang_text
+    assert where in hang_text and where in usr1_text and "SIGUSR1 received" in usr1_text
+    assert _stacks(out, rank=1) == []  # rank 1 was not in a collective
+
+    rp = subprocess.run([sys.executable, "-m", "commtrace", "report", str(out), "--format", "json"],
+                        env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert rp.returncode == 0, rp.stderr
+    rep = json.loads(rp.stdout)
+    nj = [f for f in rep["findings"] if f["kind"] == "not_joined"]
+    assert [(f["rank"], f["pg"], f["seq"], f["op"]) for f in nj] == [(1, "0", 5, "all_reduce")]
+    assert nj[0]["evidence"]["waiting"] == [0]
+    assert rep["last_completed"]["1"]["seq"] == 4 and rep["last_completed"]["0"]["seq"] == 4
+    assert sorted(os.path.basename(f) for f in rep["stacks"]["0"]) == sorted(
+        os.path.basename(f) for f in _stacks(out))
+    txt = subprocess.run([sys.executable, "-m", "commtrace", "report", str(out)],
+                         env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert txt.returncode == 0 and "not_joined" in txt.stdout and "Traceback" not in txt.stderr
+
+
+def _rank_pid(run_dir, rank) -> int:
+    import pyarrow.parquet as pq
+
+    parts = sorted(glob.glob(os.path.join(str(run_dir), f"rank={rank}", "*.parquet")))
+    return int(json.loads(pq.read_schema(parts[-1]).metadata[b"commtrace.meta"])["pid"])
