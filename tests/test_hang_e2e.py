@@ -88,3 +88,29 @@ def _rank_pid(run_dir, rank) -> int:
 
     parts = sorted(glob.glob(os.path.join(str(run_dir), f"rank={rank}", "*.parquet")))
     return int(json.loads(pq.read_schema(parts[-1]).metadata[b"commtrace.meta"])["pid"])
+
+
+def test_killed_rank_leaves_readable_parts(tmp_path):
+    """Rank 1 is SIGKILLed after 20 all_reduces: its parts stay readable, its snapshot is not
+    final (it never flushed at exit), and the report names it as the rank that stopped: not_joined
+    at seq 20 with its last completed op seq 19."""
+    out = tmp_path / "t"
+    p = subprocess.run([sys.executable, "-m", "commtrace", "run", "-o", str(out), "--flush-interval",
+                        "0.2", "--", *torchrun_cmd(os.path.join(SCRIPTS, "hang_killed.py"))],
+                       env=clean_env(), capture_output=True, text=True, timeout=150)
+    assert p.returncode != 0 and f"trace of 2 rank(s) written to {out}" in p.stderr, p.stderr[-3000:]
+    assert "rank 1 killing itself" in p.stdout
+    import commtrace
+
+    run = commtrace.load(str(out))
+    assert run.ranks == [0, 1] and not [w for w in run.warnings if "corrupt" in w]
+    ops1 = run.ops(ranks=[1]).to_pylist()
+    assert sorted(r["seq"] for r in ops1) == list(range(20))  # everything before the kill
+    snap1 = json.load(open(out / "rank=1" / "_inflight.json"))
+    snap0 = json.load(open(out / "rank=0" / "_inflight.json"))
+    assert snap1["final"] is False and snap0["final"] is True
+    rep = run.report()
+    nj = [f for f in rep["findings"] if f["kind"] == "not_joined"]
+    assert [(f["rank"], f["seq"]) for f in nj] == [(1, 20)]
+    assert rep["last_completed"]["1"]["seq"] == 19
+    assert "hang_killed.py:" in rep["last_completed"]["1"]["site"]
