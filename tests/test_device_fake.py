@@ -431,3 +431,180 @@ def test_busy_or_hung_device_never_blocks_the_writer():
     calib_stream.busy_until = 0                                 # the device recovers
     clock.advance(100_000_000)
     assert t.poll() == [(1, a, a + 1_000, None)]
+
+
+# ------------------------------------------------------------------ NCCL path through the wrappers
+
+
+class _DoneFuture:
+    """ProcessGroupNCCL's future: marked completed right after enqueue (callbacks fire at once)."""
+
+    def add_done_callback(self, fn):
+        fn(self)
+
+
+class _NcclWork:
+    def __init__(self):
+        self.done = False
+
+    def get_future(self):
+        return _DoneFuture()
+
+    def is_completed(self):
+        return self.done
+
+
+class _CudaTensor:
+    """Just enough of a CUDA tensor for the wrappers' size and device reads."""
+
+    def __init__(self, numel=1024):
+        import torch
+
+        self.dtype = torch.float32
+        self._n = numel
+        self.nbytes = 4 * numel
+        self.is_cpu = False
+        self.device = "cuda:0"
+
+    def numel(self):
+        return self._n
+
+    def get_device(self):
+        return 0
+
+
+def _rec_with_timer(tmp_path):
+    from commtrace.capture.recorder import Recorder
+    from commtrace.config import Config
+
+    clock, dev, t = make()
+    rec = Recorder(Config(output=str(tmp_path), hazards="off"), rank=0, world_size=1,
+                   clock=clock, start_thread=False)
+    rec.device_timer = t
+    return rec, clock, dev, t
+
+
+def _rows(path):
+    import pyarrow.dataset as ds
+
+    return {r["op_id"]: r for r in ds.dataset(str(path), partitioning="hive").to_table()
+            .to_pylist()}
+
+
+def _async_row(rec, clock):
+    from commtrace.capture.recorder import IDX, NCOL
+
+    r = [None] * NCOL
+    r[IDX["kind"]], r[IDX["rank"]], r[IDX["op"]], r[IDX["api"]] = "op", 0, "all_reduce", \
+        "all_reduce"
+    r[IDX["op_id"]], r[IDX["async_op"]], r[IDX["device"]] = rec.new_op_id(), True, "cuda:0"
+    r[IDX["backend"]] = "nccl"
+    r[IDX["t_enqueue_ns"]] = r[IDX["t_return_ns"]] = clock()
+    return r
+
+
+def _issue_async(rec, clock, dev, t, kernel_ns):
+    """An async collective on a side (NCCL) stream, as ProcessGroupNCCL issues it."""
+    from commtrace.capture import wrappers as Wr
+
+    row = _async_row(rec, clock)
+    tok = t.on_issue(row[25])
+    comm = D.FakeStream(dev, "nccl")
+    comm.wait_event(tok.start)
+    comm.launch(kernel_ns)
+    done = D.FakeEvent(dev)
+    done.record(comm)
+    t.on_return(tok, False)
+    work = _NcclWork()
+    Wr._track_work(rec, row, work, (), tok)
+    return row, tok, done, work
+
+
+def _wait(dev, t, tok, done):
+    t.on_wait_begin(tok)
+    dev.current.wait_event(done)
+    t.on_wait(tok)
+
+
+def test_nccl_future_done_at_enqueue_does_not_complete_a_device_timed_op(tmp_path):
+    rec, clock, dev, t = _rec_with_timer(tmp_path)
+    a = clock()
+    row, tok, done, work = _issue_async(rec, clock, dev, t, 2_000_000)
+    assert row[19] is None                 # t_end_ns: the early future did not complete it
+    rec._service(final=False)              # not done, not waited: still in flight
+    assert row[19] is None and rec.inflight_ids() == [row[25]]
+    _wait(dev, t, tok, done)
+    clock.advance(3_000_000)
+    rec._service(final=False)              # the end event has completed: device times
+    assert (row[18], row[19]) == (a, a + 2_000_000)
+    rec.close()
+    got = _rows(tmp_path)[row[25]]
+    assert (got["t_start_ns"], got["t_end_ns"]) == (a, a + 2_000_000)
+
+
+def test_never_waited_device_op_completes_through_is_completed(tmp_path):
+    rec, clock, dev, t = _rec_with_timer(tmp_path)
+    row, tok, done, work = _issue_async(rec, clock, dev, t, 1_000_000)
+    rec._service(final=False)
+    assert row[19] is None
+    clock.advance(2_000_000)
+    work.done = True
+    seen = clock()
+    rec._service(final=False)              # the writer's is_completed() poll
+    assert row[19] == seen
+    assert rec.inflight_ids() == []
+
+
+def test_close_reads_device_times_before_releasing_pending_ops(tmp_path):
+    rec, clock, dev, t = _rec_with_timer(tmp_path)
+    a = clock()
+    row, tok, done, work = _issue_async(rec, clock, dev, t, 500_000)
+    _wait(dev, t, tok, done)
+    clock.advance(1_000_000)               # completed on the device; the writer never polled
+    rec.close()
+    got = _rows(tmp_path)[row[25]]
+    assert (got["t_start_ns"], got["t_end_ns"]) == (a, a + 500_000)
+
+
+def test_call_that_raises_abandons_its_device_token(tmp_path):
+    from commtrace.capture import recorder as R
+    from commtrace.capture import wrappers as Wr
+    from commtrace.capture.api_table import API_TABLE
+
+    class _PG:
+        pass
+
+    pg = _PG()
+    Wr._pg_cache[pg] = Wr.PgInfo(pg, "7", 1, [0], "nccl", True)
+    rec, clock, dev, t = _rec_with_timer(tmp_path)
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        raise RuntimeError("NCCL error: unhandled system error")
+
+    w = Wr.make_wrapper("all_reduce", all_reduce, API_TABLE["all_reduce"])
+    R._set_recorder(rec)
+    try:
+        with pytest.raises(RuntimeError, match="unhandled system error"):
+            w(_CudaTensor(), group=pg)
+    finally:
+        R._set_recorder(None)
+        Wr._pg_cache.pop(pg, None)
+    assert t.pending() == 0                # the token was abandoned, not left to expire
+    rec.close()
+    (got,) = _rows(tmp_path).values()
+    assert (got["pg"], got["device"], got["bytes"], got["t_end_ns"]) == ("7", "cuda:0", 4096, None)
+    assert got["error"] == "RuntimeError: NCCL error: unhandled system error"
+
+
+def test_disable_undoes_hazards_sync_and_device(monkeypatch):
+    import commtrace
+    from commtrace.capture import device, hazards, sync
+
+    calls = []
+    monkeypatch.setattr(hazards, "uninstall", lambda: calls.append("hazards"))
+    monkeypatch.setattr(sync, "uninstall", lambda: calls.append("sync"))
+    monkeypatch.setattr(device, "uninstall", lambda: calls.append("device"))
+    monkeypatch.setattr(device, "_timer", object())
+    commtrace.disable()
+    assert calls == ["hazards", "sync", "device"]
+    assert device._timer is None

@@ -227,6 +227,14 @@ def _install_optional(rec, cfg) -> None:
         rec.meta_providers.append(nvml.collect)
     except ImportError:
         pass
+    try:
+        from . import watchdog
+
+        watchdog.install(rec)
+    except ImportError:
+        pass
+    except Exception as e:
+        log.warn_once("watchdog", "hang watchdog unavailable", e)
 
 
 # --------------------------------------------------------------------------------------------
@@ -280,6 +288,26 @@ def disable() -> None:
                 rec.close()
             except Exception as e:
                 log.warn_once("close", "error while closing the trace", e)
+        _uninstall_optional()
+
+
+def _uninstall_optional() -> None:
+    """Undo the mechanisms :func:`_start` / :func:`_install_optional` put in place beyond the
+    pass-through wrappers: host-hazard patches, synchronize wrappers, the CUDA-graph guard, the
+    process's device timer (a later enable() creates a fresh one) and the hang watchdog. Each
+    guarded."""
+    for mod, fns in (("hazards", ("uninstall",)), ("sync", ("uninstall",)),
+                     ("device", ("uninstall", "reset_device_timer")),
+                     ("watchdog", ("uninstall",))):
+        name = f"{__package__}.{mod}"
+        m = sys.modules.get(name)
+        if m is None:
+            continue  # never imported: nothing of it installed
+        for fn in fns:
+            try:
+                getattr(m, fn)()
+            except Exception as e:
+                log.warn_once(("uninstall", mod, fn), f"cannot undo {mod}.{fn}", e)
 
 
 def mark_step(step: int | None = None) -> None:

@@ -171,6 +171,15 @@ class Reader:
             pass
         return r
 
+    def slot(self, name) -> tuple:
+        """``(position, name, default)`` of parameter `name` for inline lookups:
+        ``args[i] if i < len(args) else kwargs.get(name, default)``. A parameter that cannot be
+        passed positionally (or no parameter) gets position 2**30."""
+        if not name:
+            return 1 << 30, None, None
+        i = self.idx.get(name)
+        return (1 << 30 if i is None else i), name, self.defaults.get(name)
+
     def arg(self, args, kwargs, name):
         """Value of parameter `name` in this call (its default when not passed)."""
         if not name:

@@ -33,7 +33,8 @@ import weakref
 from .. import __version__
 from ..config import Config, clock_skew_for
 from ..trace import schema as S
-from . import log
+from . import log, nvtx_ranges
+from .sites import format_site
 
 # Column indices of a row list (schema order). Rows are plain lists so that the hot path does
 # no Arrow work; the writer thread transposes them.
@@ -120,16 +121,15 @@ def _next_part_index() -> int:
 class PendingOp:
     """An async op issued and not yet written: its row, its Work (or tensor) and state."""
 
-    __slots__ = ("op_id", "op", "api", "site", "tensors", "async_op", "waited", "row",
+    __slots__ = ("op_id", "op", "api", "tensors", "async_op", "waited", "row",
                  "work", "work_ref", "has_future", "t_done_seen", "device_token", "key",
-                 "siblings", "__weakref__")
+                 "siblings", "nvtx_range", "__weakref__")
 
     def __init__(self, row, tensors=(), device_token=None):
         self.row = row
         self.op_id = row[I_OP_ID]
         self.op = row[I_OP]
         self.api = row[I_API]
-        self.site = row[I_SITE]
         self.async_op = row[I_ASYNC]
         self.tensors = tensors
         self.waited = False
@@ -140,6 +140,12 @@ class PendingOp:
         self.device_token = device_token
         self.key = None         # key in Recorder._by_key (id of the Work or tensor)
         self.siblings = None    # other ops completed by the same Work (coalesced)
+        self.nvtx_range = None  # id of the NVTX issue-to-wait range (async ops, tool attached)
+
+    @property
+    def site(self) -> str | None:
+        """``file:line`` of the call (formatted on demand, off the hot path)."""
+        return format_site(self.row[I_SITE])
 
     def work_alive(self) -> bool:
         if self.work is not None:
@@ -148,9 +154,16 @@ class PendingOp:
         return r is not None and r() is not None
 
     def as_json(self) -> dict:
-        d = {c: self.row[i] for i, c in enumerate(COLUMNS) if self.row[i] is not None}
-        d["pending"] = True
-        return d
+        return _row_json(self.row)
+
+
+def _row_json(row) -> dict:
+    """One ``_inflight.json`` entry: the row's non-null columns plus ``"pending": true``."""
+    d = {c: row[i] for i, c in enumerate(COLUMNS) if row[i] is not None}
+    if "site" in d:
+        d["site"] = format_site(d["site"])
+    d["pending"] = True
+    return d
 
 
 class Recorder:
@@ -166,6 +179,9 @@ class Recorder:
         self.device_timer = None
         self.skew_ns = clock_skew_for(self.rank)
         self._clock = clock or _time_ns
+        if self._clock is _time_ns and not self.skew_ns:
+            # The common case: rec.now_ns() is the builtin itself (no Python frame per read).
+            self.now_ns = _time_ns
         self.meta: dict = {
             "rank": self.rank,
             "world_size": self.world_size,
@@ -194,6 +210,10 @@ class Recorder:
         self._pending: dict[int, PendingOp] = {}   # op_id -> PendingOp
         self._by_key: dict[int, PendingOp] = {}    # id(work or tensor) -> PendingOp
         self._device_rows: dict[int, list] = {}    # op_id -> row waiting for device times
+        #: op_id -> row of a blocking call in progress (set before the call, popped after it
+        #: returns). The writer thread lists them in _inflight.json: a rank hung inside a
+        #: blocking collective must show which one. dict set/pop are atomic under the GIL.
+        self._blocking: dict[int, list] = {}
         self._listeners: list = []
         self._pend_lock = threading.Lock()
         self._write_lock = threading.RLock()
@@ -255,6 +275,19 @@ class Recorder:
     def inflight_ids(self) -> list[int]:
         """op_ids of async ops issued and not yet completed."""
         return [p.op_id for p in list(self._pending.values()) if p.row[I_T_END] is None]
+
+    def begin_blocking(self, row) -> None:
+        """A blocking call is about to run: list it as in flight until :meth:`end_blocking`."""
+        self._blocking[row[I_OP_ID]] = row
+
+    def end_blocking(self, row) -> bool:
+        """The blocking call of `row` returned (or raised). False when the final flush already
+        wrote it as never completed (then the caller must not queue it again)."""
+        return self._blocking.pop(row[I_OP_ID], None) is not None
+
+    def blocking_rows(self) -> list:
+        """Rows of the blocking calls in progress (any thread)."""
+        return list(self._blocking.values())
 
     def pending_ops(self) -> dict:
         """op_id -> :class:`PendingOp` for async ops issued and not yet written out (not waited,
@@ -359,6 +392,9 @@ class Recorder:
             self._by_key.pop(p.key, None)
         p.work = None
         p.tensors = ()
+        if p.nvtx_range is not None:  # never waited: the range ends when the op is written
+            nvtx_ranges.end(p.nvtx_range)
+            p.nvtx_range = None
         if p.device_token is not None and self.device_timer is not None and not self._stop.is_set():
             self.hold_device_row(p.op_id, p.row)
         else:
@@ -391,7 +427,10 @@ class Recorder:
                 log.warn_once("writer", "writer thread error", e)
 
     def _service(self, final: bool) -> None:
-        """Poll Work objects without a future, release finished pending ops, read device times."""
+        """Read device times, poll Work objects without a future, release finished pending ops.
+        Device times are read first so that ops released now (at close, every pending op)
+        still carry them."""
+        self._poll_device()
         now = self.now_ns()
         hold_ns = int(HOLD_FLUSHES * max(0.05, float(self.config.flush_interval)) * 1e9)
         polled = 0
@@ -416,6 +455,14 @@ class Recorder:
                 p.t_done_seen = now
             if p.waited or not p.work_alive() or now - p.t_done_seen >= hold_ns:
                 self._release(p)
+        if final and self._device_rows:
+            for row in list(self._device_rows.values()):
+                self.append_row(row)
+            self._device_rows.clear()
+
+    def _poll_device(self) -> None:
+        """Fill device times (t_start_ns, t_end_ns, stream_wait_ns) reported by the device
+        timer into held rows (then queued) and pending ops (still in flight)."""
         dt = self.device_timer
         if dt is not None:
             try:
@@ -439,10 +486,6 @@ class Recorder:
                         self.append_row(row)
             except Exception as e:
                 log.warn_once("device-poll", "device timer poll failed", e)
-        if final and self._device_rows:
-            for row in list(self._device_rows.values()):
-                self.append_row(row)
-            self._device_rows.clear()
 
     def _collect_pg_ranks(self) -> dict:
         out = dict(self._pg_ranks_extra)
@@ -490,10 +533,17 @@ class Recorder:
                     rows.append(q.popleft())
                 inflight = [p.as_json() for p in list(self._pending.values())
                             if p.row[I_T_END] is None]
+                inflight += [_row_json(r) for r in self.blocking_rows()]
                 if final:
+                    # A blocking call still in progress (its thread is stuck in C++, or this
+                    # flush runs from another thread) is written now, never completed. Popping
+                    # it first keeps it from being queued again should the call return.
+                    for op_id in list(self._blocking):
+                        r = self._blocking.pop(op_id, None)
+                        if r is not None:
+                            rows.append(r)
                     # Ops written just now with t_end null are still reported as in flight.
-                    inflight = [{c: r[i] for i, c in enumerate(COLUMNS) if r[i] is not None}
-                                | {"pending": True}
+                    inflight = [_row_json(r)
                                 for r in rows if r[I_KIND] == S.KIND_OP and r[I_T_END] is None]
                 self._write(rows, inflight, final)
             except Exception as e:
@@ -507,6 +557,8 @@ class Recorder:
             os.makedirs(d, exist_ok=True)
             if rows:
                 cols = list(zip(*rows))
+                # Wrappers keep the call site as a raw (file, line) pair: format it here.
+                cols[I_SITE] = [format_site(v) for v in cols[I_SITE]]
                 table = W.rows_to_table_nopandas({c: list(cols[i]) for i, c in enumerate(COLUMNS)})
                 W.write_part(self.run_dir, self.rank, table, self._metadata(),
                              index=_next_part_index())

@@ -1,7 +1,10 @@
 """`site`: the first user frame outside torch and commtrace, as ``file:line``.
 
-The walk is a few attribute reads per frame; whether a file is internal is cached per file
-name, so the cost per op is that of the frames between the user and our wrapper.
+The walk is a few attribute reads per frame; whether a frame is internal is cached per code
+object (and per file name behind it), so the cost per op is one dict lookup per frame between
+the user and our wrapper. On the hot path the wrappers keep the raw ``(file, line)`` pair
+(:func:`user_site_raw`) and the writer thread formats it (:func:`format_site`): no string is
+built on the training thread.
 """
 
 from __future__ import annotations
@@ -38,6 +41,69 @@ def _is_internal(fn: str) -> bool:
     return b
 
 
+_code_internal: dict = {}   # code object -> bool
+
+
+def _code_is_internal(code) -> bool:
+    fn = code.co_filename
+    b = _internal.get(fn)
+    if b is None:
+        b = _is_internal(fn)
+    if len(_code_internal) < 100_000:
+        _code_internal[code] = b
+    return b
+
+
+#: (code, f_lasti) -> (file, line): one shared pair per call site, so recording a site
+#: allocates nothing that lives on (and computes no line number) after the first time.
+_site_pairs: dict = {}
+_MAX_SITES = 1 << 16
+
+
+def site_pair(f) -> tuple:
+    """``(file, line)`` of frame `f`, shared per call site."""
+    code = f.f_code
+    k = (code, f.f_lasti)
+    s = _site_pairs.get(k)
+    if s is None:
+        s = (code.co_filename, f.f_lineno)
+        if len(_site_pairs) < _MAX_SITES:
+            _site_pairs[k] = s
+    return s
+
+
+def site_of_frame(f) -> tuple | None:
+    """``(file, line)`` of the first frame from `f` outwards that lies outside torch and
+    commtrace; None when there is none."""
+    get = _code_internal.get
+    while f is not None:
+        code = f.f_code
+        b = get(code)
+        if b is None:
+            b = _code_is_internal(code)
+        if not b:
+            return site_pair(f)
+        f = f.f_back
+    return None
+
+
+def user_site_raw(depth: int = 2) -> tuple | None:
+    """Like :func:`user_site`, but the raw ``(file, line)`` pair (format it off the hot path
+    with :func:`format_site`)."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return None
+    return site_of_frame(f)
+
+
+def format_site(v) -> str | None:
+    """``file:line`` from a raw site pair; strings and None pass through."""
+    if v is None or isinstance(v, str):
+        return v
+    return f"{v[0]}:{v[1]}"
+
+
 def user_site(depth: int = 2) -> str | None:
     """``file:line`` of the first frame, starting `depth` frames above the caller, that lies
     outside torch and commtrace; None when there is none."""
@@ -45,13 +111,4 @@ def user_site(depth: int = 2) -> str | None:
         f = sys._getframe(depth)
     except ValueError:
         return None
-    get = _internal.get
-    while f is not None:
-        fn = f.f_code.co_filename
-        b = get(fn)
-        if b is None:
-            b = _is_internal(fn)
-        if not b:
-            return f"{fn}:{f.f_lineno}"
-        f = f.f_back
-    return None
+    return format_site(site_of_frame(f))

@@ -32,22 +32,30 @@ from . import recorder as _R
 from .api_table import API_TABLE, Reader, split_param, tensors_of
 from .registry import ORIGINAL_ATTR, original_of, patch, restore
 from .recorder import (I_API, I_ASYNC, I_BYTES, I_COUNT, I_DETAIL, I_DEVICE, I_DTYPE, I_ERROR,
-                       I_FIRST, I_OP_ID, I_OUT_BYTES, I_PEER, I_SEQ, I_T_END, I_T_RET,
+                       I_FIRST, I_OP_ID, I_OUT_BYTES, I_PEER, I_ROOT, I_SEQ, I_T_END, I_T_RET,
                        I_T_WAIT, I_T_WAIT_END, NCOL)
-from .sites import user_site
+from . import sites as _sites
+from .sites import site_of_frame, user_site_raw
+
+_getframe = __import__("sys")._getframe
 
 
 class _TLS(threading.local):
-    depth = 0          # >0 inside an object collective: inner calls are not rows of their own
-    acc = None         # [bytes, out_bytes] accumulated from inner calls of an object collective
-    api = None         # api name override (batch_isend_irecv, ddp_comm_hook, ...)
-    detail = None      # detail text for rows issued in this context (DDP bucket, ...)
-    coalesce = None    # list of (row, token) issued inside a _coalescing_manager
+    # Set per thread in __init__ so that reads hit the instance dict (class-level defaults make
+    # every read on the hot path miss it first).
+    def __init__(self):
+        self.depth = 0        # >0 inside a recorded call: inner calls are not rows of their own
+        self.acc = None       # [count, bytes, out_bytes, dtype, device] from an object
+        #                       collective's inner calls
+        self.api = None       # api name override (batch_isend_irecv, ddp_comm_hook, ...)
+        self.detail = None    # detail text for rows issued in this context (DDP bucket, ...)
+        self.coalesce = None  # list of (row, tensors, token) issued inside a _coalescing_manager
 
 
 tls = _TLS()
 
 _c10d = None     # torch.distributed.distributed_c10d
+_world = None    # its _World (the default group is read as _world._default_pg, no property)
 _dist = None     # torch.distributed
 _installed = False
 _install_lock = threading.RLock()
@@ -107,6 +115,17 @@ def pg_info(group) -> PgInfo | None:
     return info
 
 
+class _WorldShim:
+    """``_default_pg`` through the public property, for a torch whose _World lacks the field."""
+
+    def __init__(self, c10d):
+        self._c10d = c10d
+
+    @property
+    def _default_pg(self):
+        return self._c10d._world.default_pg
+
+
 def _global(info: PgInfo, glob, grp):
     if glob is not None:
         return int(glob)
@@ -164,7 +183,7 @@ def new_row(rec, kind, info: PgInfo, op, api, async_op, t0) -> list:
     """A row in schema.COLUMNS order, with the fields known before the call."""
     return [kind, rec.rank, info.name, info.size, None, op, api, async_op, info.backend,
             None, None, None, None, None, None, None, t0, None, None, None, None, None,
-            rec.step, user_site(3) if rec.stack else None, None, next(rec._op_ids), None,
+            rec.step, user_site_raw(3) if rec.stack else None, None, next(rec._op_ids), None,
             None, None, None, None, _get_ident(), tls.detail]
 
 
@@ -212,7 +231,7 @@ def _prepare(rec, reader: Reader, args, kwargs, t0):
             row[I_FIRST] = s == 0
     else:
         if spec.root:
-            row[15] = _global(info, reader.arg(args, kwargs, spec.root[0]),
+            row[I_ROOT] = _global(info, reader.arg(args, kwargs, spec.root[0]),
                               reader.arg(args, kwargs, spec.root[1]))
         s = rec.next_seq(info.name)
         row[I_SEQ] = s
@@ -225,6 +244,15 @@ _nofuture: set = set()   # (backend, op) whose Work has no future (gloo p2p)
 
 def _track_work(rec, row, work, tensors, token):
     """Register an async op's Work: completion through its future, else by polling."""
+    if token is not None:
+        # Device-timed op (CUDA tensors): ProcessGroupNCCL completes the Work's future right
+        # after enqueue, so the future says nothing about completion. The op stays in flight
+        # until the device timer's poll() reports its end event (or is_completed() polled by
+        # the writer thread, or wait()).
+        p = rec.add_pending(row, key_obj=work, work=work, strong=True, has_future=False,
+                            tensors=tensors, device_token=token)
+        rec.wake()
+        return p
     key = (row[8], row[I_API])
     if key not in _nofuture:
         get_future = getattr(work, "get_future", None)
@@ -276,9 +304,8 @@ def _finish(rec, reader, row, ret, t1, tensors, token, info):
     if row[I_ASYNC]:
         if ret is None:
             rec.append_row(row)  # nothing to wait on: completion unknown
-            return
-        _track_work(rec, row, ret, tensors, token)
-        return
+            return None
+        return _track_work(rec, row, ret, tensors, token)
     row[I_T_END] = t1
     if token is not None and rec.device_timer is not None:
         rec.hold_device_row(row[I_OP_ID], row)
@@ -296,6 +323,7 @@ def _record_error(rec, row, t1, e):
 
 
 def _call(rec, reader: Reader, orig, args, kwargs):
+    """The general path of one recorded call: prepare the row, then :func:`_run`."""
     t0 = rec.now_ns()
     try:
         prep = _prepare(rec, reader, args, kwargs, t0)
@@ -305,6 +333,12 @@ def _call(rec, reader: Reader, orig, args, kwargs):
     if prep is None:
         return orig(*args, **kwargs)
     row, tensors, info = prep
+    return _run(rec, reader, orig, args, kwargs, row, tensors, info)
+
+
+def _run(rec, reader: Reader, orig, args, kwargs, row, tensors, info):
+    """Run the call of a prepared row with everything the fast path leaves out: device timer,
+    NVTX, object collectives (sizes accumulated from inner calls), async completion."""
     spec = reader.spec
     token = None
     dt = rec.device_timer
@@ -315,15 +349,24 @@ def _call(rec, reader: Reader, orig, args, kwargs):
             log.warn_once("dt-issue", "device timer failed", e)
     nv = nvtx_ranges.active
     if nv:
-        nvtx_ranges.push(spec.op, row[I_BYTES])
+        nvtx_ranges.push(spec.op, row[I_BYTES], row[2], row[I_SEQ])
     if spec.object:
         prev_acc = tls.acc
         acc = tls.acc = [0, 0, 0, None, None]
     tls.depth += 1
+    # In flight while the call runs: a rank stuck inside it lists it in _inflight.json.
+    rec._blocking[row[I_OP_ID]] = row
     try:
         ret = orig(*args, **kwargs)
     except BaseException as e:
-        _record_error(rec, row, rec.now_ns(), e)
+        t1 = rec.now_ns()
+        if rec.end_blocking(row):
+            _record_error(rec, row, t1, e)
+        if token is not None:
+            try:
+                dt.abandon(token)
+            except Exception:
+                pass
         raise
     finally:
         tls.depth -= 1
@@ -332,14 +375,19 @@ def _call(rec, reader: Reader, orig, args, kwargs):
         if nv:
             nvtx_ranges.pop()
     t1 = rec.now_ns()
+    if not rec.end_blocking(row):
+        return ret  # the final flush already wrote it as never completed
     try:
         if spec.object:
             row[I_COUNT], row[I_BYTES], row[I_OUT_BYTES] = acc[0], acc[1], acc[2]
             row[I_DTYPE], row[I_DEVICE] = acc[3], acc[4]
         if token is not None:
             dt.on_return(token, not row[I_ASYNC])
-        _finish(rec, reader, row, ret, t1, tensors if rec.config.hazards != "off" else (),
-                token, info)
+        p = _finish(rec, reader, row, ret, t1, tensors if rec.config.hazards != "off" else (),
+                    token, info)
+        if nv and p is not None:
+            # Second range for an async op: from the return until wait() (or until written).
+            p.nvtx_range = nvtx_ranges.start(spec.op, row[I_BYTES], row[2], row[I_SEQ])
     except Exception as e:
         log.warn_once(("finish", reader.api), f"cannot record {reader.api}", e)
     return ret
@@ -366,22 +414,196 @@ def _accumulate(reader: Reader, args, kwargs):
         pass
 
 
+_NOPOS = 1 << 30
+_code_internal = _sites._code_internal
+
+
+_site_pairs = _sites._site_pairs
+
+
+def _site(f):
+    """Raw (file, line) of the first user frame from `f`. The caller is usually user code
+    seen before: two dict lookups and no allocation that outlives the call."""
+    code = f.f_code
+    if _code_internal.get(code) is False:
+        s = _site_pairs.get((code, f.f_lasti))
+        if s is not None:
+            return s
+    return site_of_frame(f)
+
+
+def _sizes_fn(reader: Reader):
+    """A function ``(args, kwargs, n) -> (count, bytes, out_bytes, first_tensor, tensors)``
+    compiled for one API: positions resolved once, a single-tensor fast path (no lists)."""
+    spec = reader.spec
+    in_name, in_kind = split_param(spec.ins)
+    out_name, out_kind = split_param(spec.outs)
+    i_i, i_n, i_d = reader.slot(in_name)
+    o_i, o_n, o_d = reader.slot(out_name)
+    if in_name and in_kind == "" and (out_name is None or (out_name == in_name and out_kind == "")):
+        inplace = out_name is not None
+
+        def sizes(args, kwargs, n):
+            x = args[i_i] if i_i < n else kwargs.get(i_n, i_d)
+            if x is None:
+                return None, None, None, None, ()
+            b = x.nbytes
+            return x.numel(), b, (b if inplace else 0), x, (x,)
+        return sizes
+    if in_name and in_kind == "" and out_name and out_kind == "":
+        def sizes(args, kwargs, n):
+            x = args[i_i] if i_i < n else kwargs.get(i_n, i_d)
+            y = args[o_i] if o_i < n else kwargs.get(o_n, o_d)
+            if x is None or y is None:
+                ins = [x] if x is not None else []
+                outs = [y] if y is not None else []
+                return _generic_sizes(ins, outs)
+            return x.numel(), x.nbytes, y.nbytes, x, (x, y)
+        return sizes
+
+    def sizes(args, kwargs, n):
+        ins = tensors_of(args[i_i] if i_i < n else kwargs.get(i_n, i_d), in_kind) \
+            if in_name else []
+        outs = tensors_of(args[o_i] if o_i < n else kwargs.get(o_n, o_d), out_kind) \
+            if out_name else []
+        return _generic_sizes(ins, outs)
+    return sizes
+
+
+def _generic_sizes(ins, outs):
+    if not ins and not outs:
+        return None, None, None, None, ()
+    c, b = _nbytes(ins)
+    ob = _nbytes(outs)[1] if outs else 0
+    return c, b, ob, (ins[0] if ins else outs[0]), ins + outs
+
+
 def make_wrapper(api: str, orig, spec):
-    """The wrapper of one torch.distributed function (see module docstring)."""
+    """The wrapper of one torch.distributed function (see module docstring).
+
+    The common call (a tensor collective or send/recv, no device timer, no NVTX tool, not an
+    object collective) is recorded inline: argument positions are resolved once here, the call
+    site is kept as a raw (file, line) pair, the row is one list literal appended to a deque.
+    Everything else goes through :func:`_run`."""
     reader = Reader.build(api, orig, spec)
-    get = _R.get_recorder
+    g_i, g_n, g_d = reader.slot(spec.group)
+    a_i, a_n, a_d = reader.slot(spec.async_param)
+    has_async = bool(spec.async_param)
+    always_async = spec.always_async
+    sizes = _sizes_fn(reader)
+    op = spec.op
+    is_object = spec.object
+    peer = spec.peer
+    root = spec.root
+    is_send = op == "send"
+    is_recv = op == "recv"
+    barrier = op == "barrier"
+    KIND = S.KIND_OP
+    warn = log.warn_once
 
     def wrapper(*args, **kwargs):
         rec = _R._recorder
         if rec is None:
             return orig(*args, **kwargs)
-        if tls.depth:
-            if tls.acc is not None:
+        st = tls.__dict__  # this thread's state: one thread-local read, then dict lookups
+        if st["depth"]:
+            if st["acc"] is not None:
                 _accumulate(reader, args, kwargs)
             return orig(*args, **kwargs)
-        return _call(rec, reader, orig, args, kwargs)
+        now = rec.now_ns
+        t0 = now()
+        row = None
+        try:
+            n = len(args)
+            group = args[g_i] if g_i < n else kwargs.get(g_n, g_d)
+            info = _pg_cache.get(group if group is not None else _world._default_pg)
+            if info is None:
+                info = pg_info(group)
+            if info is not None and info.member:
+                if always_async:
+                    async_op = True
+                elif has_async:
+                    async_op = bool(args[a_i] if a_i < n else kwargs.get(a_n, a_d))
+                else:
+                    async_op = False
+                row = [KIND, rec.rank, info.name, info.size, None, op, st["api"] or api, async_op,
+                       info.backend, None, None, None, None, None, None, None, t0, None, None,
+                       None, None, None, rec.step,
+                       _site(_getframe(1)) if rec.stack else None, None,
+                       next(rec._op_ids), None, None, None, None, None, _get_ident(), st["detail"]]
+                if is_object:
+                    tensors = ()
+                else:
+                    c, b, ob, t, tensors = sizes(args, kwargs, n)
+                    if t is not None:
+                        row[I_COUNT] = c
+                        row[I_BYTES] = b
+                        row[I_OUT_BYTES] = ob
+                        dn = _dtype_names.get(t.dtype)
+                        if dn is None:
+                            dn = dtype_name(t.dtype)
+                        row[I_DTYPE] = dn
+                        d = t.get_device()
+                        row[I_DEVICE] = (_dev_names.get(d) or device_name(t)) if d >= 0 \
+                            else ("cpu" if t.is_cpu else str(t.device))
+                    elif barrier:
+                        row[I_COUNT] = row[I_BYTES] = row[I_OUT_BYTES] = 0
+                if peer:
+                    pr = _global(info, reader.arg(args, kwargs, peer[0]),
+                                 reader.arg(args, kwargs, peer[1]))
+                    row[I_PEER] = pr
+                    if pr is not None:
+                        me = rec.rank
+                        s = rec.next_p2p_seq(info.name, me, pr) if is_send \
+                            else rec.next_p2p_seq(info.name, pr, me)
+                        row[I_SEQ] = s
+                        row[I_FIRST] = s == 0
+                else:
+                    if root:
+                        row[I_ROOT] = _global(info, reader.arg(args, kwargs, root[0]),
+                                              reader.arg(args, kwargs, root[1]))
+                    seqs = rec.seq
+                    pg = info.name
+                    s = seqs.get(pg, 0)
+                    seqs[pg] = s + 1
+                    row[I_SEQ] = s
+                    row[I_FIRST] = s == 0
+        except Exception as e:
+            warn(("prepare", api), f"cannot record {api}", e)
+            row = None
+        if row is None:
+            return orig(*args, **kwargs)
+        if is_object or async_op or nvtx_ranges.active or st["coalesce"] is not None \
+                or (rec.device_timer is not None and row[I_DEVICE] is not None
+                    and row[I_DEVICE].startswith("cuda")) or (is_recv and row[I_PEER] is None):
+            return _run(rec, reader, orig, args, kwargs, row, tensors, info)
+        # Fast path: a blocking call, completed when it returns.
+        blocking = rec._blocking
+        op_id = row[I_OP_ID]
+        blocking[op_id] = row   # in flight while the call runs (_inflight.json)
+        st["depth"] = 1         # it was 0: inner wrapped calls are not rows of their own
+        try:
+            ret = orig(*args, **kwargs)
+        except BaseException as e:
+            t1 = now()
+            if blocking.pop(op_id, None) is not None:
+                _record_error(rec, row, t1, e)
+            raise
+        finally:
+            st["depth"] = 0
+        t1 = now()
+        if blocking.pop(op_id, None) is not None:
+            row[I_T_RET] = t1
+            row[I_T_END] = t1
+            q = rec._ready
+            if len(q) < rec.cap:
+                # A finished row never changes again: a tuple of atomic values, which the
+                # cyclic GC stops tracking, so a full buffer does not slow down collections.
+                q.append(tuple(row))
+            else:
+                rec._dropped += 1
+        return ret
 
-    del get
     try:
         functools.update_wrapper(wrapper, orig)
     except Exception:
@@ -416,6 +638,9 @@ def _make_wait(orig_wait):
             r = orig_wait(self, *args, **kwargs)
         except BaseException as e:
             t1 = rec.now_ns()
+            if p.nvtx_range is not None:
+                nvtx_ranges.end(p.nvtx_range)
+                p.nvtx_range = None
             for q in group:
                 if q.row[I_ERROR] is None:
                     q.row[I_ERROR] = f"{type(e).__name__}: {e}"
@@ -425,6 +650,9 @@ def _make_wait(orig_wait):
             raise
         t1 = rec.now_ns()
         try:
+            if p.nvtx_range is not None:
+                nvtx_ranges.end(p.nvtx_range)
+                p.nvtx_range = None
             if dt is not None and p.device_token is not None:
                 dt.on_wait(p.device_token)
             for q in group:
@@ -564,7 +792,7 @@ def install() -> bool:
     """Wrap the torch.distributed functions of API_TABLE (plus batch_isend_irecv,
     _coalescing_manager and Work.wait). Safe to call while torch is half-imported (it touches
     only ``distributed_c10d`` and ``torch.distributed``) and idempotent."""
-    global _c10d, _dist, _installed
+    global _c10d, _dist, _installed, _world
     import sys
 
     with _install_lock:
@@ -572,6 +800,9 @@ def install() -> bool:
         if c10d is None:
             import torch.distributed.distributed_c10d as c10d  # noqa: F811
         _c10d = c10d
+        _world = c10d._world
+        if not hasattr(_world, "_default_pg"):  # pragma: no cover - older/newer torch
+            _world = _WorldShim(c10d)
         _dist = sys.modules.get("torch.distributed")
         targets = [c10d] + ([_dist] if _dist is not None else [])
         for name, spec in API_TABLE.items():
