@@ -108,6 +108,8 @@ def test_good_overlap_has_nothing_of_note_and_diff_shows_bad_exposes_more(tmp, c
     assert {f["kind"]: (f["a"], f["b"]) for f in d["findings"]}["wait_immediately"] == (0, 1)
     ar = [r for r in d["ops"] if r["op"] == "all_reduce"]
     assert sum(r["calls_b"] or 0 for r in ar) > sum(r["calls_a"] or 0 for r in ar)  # one call per parameter
+    # per op too: the all_reduces' own exposed time is larger in the eager variant
+    assert sum(r["exposed_s_b"] or 0 for r in ar) > 1.5 * sum(r["exposed_s_a"] or 0 for r in ar)
     assert main(["diff", str(tmp / "good_overlap"), str(bad_dir)]) == 0
     text = capsys.readouterr().out
     assert "exposed_s" in text and "wait_immediately" in text
