@@ -1,0 +1,141 @@
+"""Soak benchmark (issue 6): 2 ranks x N tiny all_reduces (default 200,000), untraced and under
+`commtrace run`. Checks every op is in the trace, the traced ranks' peak resident memory stays
+within 50 MB of the untraced run's, and the trace takes at most 40 bytes per op on disk.
+
+    python benchmarks/soak.py [--ops 200000] [--out DIR]
+
+Prints the figures (and a JSON line) and exits 1 when a target is missed. Not part of CI: it
+runs for minutes on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RSS_BUDGET_MB = 50.0
+BYTES_PER_OP_BUDGET = 40.0
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def worker(n: int, out: str) -> None:
+    """One rank: n all_reduces of one float; peak RSS sampled along the way."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    t = torch.ones(1)
+    rss_after_init = _status_kb("VmRSS")
+    t0 = time.perf_counter()
+    samples = []
+    for i in range(n):
+        dist.all_reduce(t)
+        if i % 20000 == 0:
+            samples.append(_status_kb("VmRSS"))
+    elapsed = time.perf_counter() - t0
+    dist.barrier()
+    res = {"rank": rank, "ops": n, "elapsed_s": elapsed, "us_per_op": elapsed / n * 1e6,
+           "rss_after_init_mb": rss_after_init / 1024, "rss_end_mb": _status_kb("VmRSS") / 1024,
+           "rss_peak_mb": _status_kb("VmHWM") / 1024, "rss_samples_mb": [s / 1024 for s in samples]}
+    dist.destroy_process_group()
+    with open(f"{out}.rank{rank}.json", "w") as f:
+        json.dump(res, f)
+
+
+def _torchrun(n: int, res: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            os.path.abspath(__file__), "--worker", "--ops", str(n), "--res", res]
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMMTRACE_")}
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _results(res: str) -> dict[int, dict]:
+    return {r: json.load(open(f"{res}.rank{r}.json")) for r in (0, 1)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", type=int, default=200_000)
+    ap.add_argument("--out", default=None, help="directory for the trace (default: a temp dir)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--res", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        worker(a.ops, a.res)
+        return 0
+
+    work = a.out or tempfile.mkdtemp(prefix="commtrace-soak-")
+    os.makedirs(work, exist_ok=True)
+    trace = os.path.join(work, "trace")
+    t0 = time.time()
+    subprocess.run(_torchrun(a.ops, os.path.join(work, "plain")), env=_env(), check=True, cwd=ROOT)
+    t_plain = time.time() - t0
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "commtrace", "run", "-o", trace, "--",
+                    *_torchrun(a.ops, os.path.join(work, "traced"))], env=_env(), check=True, cwd=ROOT)
+    t_traced = time.time() - t0
+    plain, traced = _results(os.path.join(work, "plain")), _results(os.path.join(work, "traced"))
+
+    import pyarrow.dataset as ds
+    import pyarrow.compute as pc
+
+    tbl = ds.dataset(trace, format="parquet", partitioning="hive").to_table(
+        columns=["kind", "rank", "op", "seq", "count"])
+    ok_ops = True
+    per_rank_ops = {}
+    for r in (0, 1):
+        m = pc.and_(pc.and_(pc.equal(tbl["rank"], r), pc.equal(tbl["kind"], "op")),
+                    pc.and_(pc.equal(tbl["op"], "all_reduce"), pc.equal(tbl["count"], 1)))
+        seqs = tbl.filter(m)["seq"]
+        n, nu = len(seqs), len(pc.unique(seqs))
+        per_rank_ops[r] = n
+        ok_ops &= n == a.ops and nu == a.ops
+    parts = glob.glob(os.path.join(trace, "rank=*", "*.parquet"))
+    disk = sum(os.path.getsize(p) for p in parts)
+    bytes_per_op = disk / (2 * a.ops)
+    rss_delta = {r: traced[r]["rss_peak_mb"] - plain[r]["rss_peak_mb"] for r in (0, 1)}
+    ok_rss = all(d <= RSS_BUDGET_MB for d in rss_delta.values())
+    ok_disk = bytes_per_op <= BYTES_PER_OP_BUDGET
+    dropped = []
+    for p in sorted(parts)[-2:]:
+        import pyarrow.parquet as pq
+
+        dropped.append(json.loads(pq.read_schema(p).metadata[b"commtrace.meta"]).get("dropped_rows"))
+
+    print(f"soak: 2 ranks x {a.ops:,} all_reduce of 1 float (gloo)")
+    print(f"  wall: untraced {t_plain:.1f} s, traced {t_traced:.1f} s (incl. start-up)")
+    for r in (0, 1):
+        print(f"  rank {r}: {plain[r]['us_per_op']:.1f} -> {traced[r]['us_per_op']:.1f} us/op; "
+              f"peak RSS {plain[r]['rss_peak_mb']:.1f} -> {traced[r]['rss_peak_mb']:.1f} MB "
+              f"(+{rss_delta[r]:.1f} MB); ops in trace {per_rank_ops[r]:,}")
+    print(f"  trace: {len(parts)} parts, {disk / 1e6:.2f} MB = {bytes_per_op:.1f} B/op; dropped_rows {dropped}")
+    print(f"  every op present: {ok_ops}; RSS within {RSS_BUDGET_MB:g} MB: {ok_rss}; "
+          f"<= {BYTES_PER_OP_BUDGET:g} B/op: {ok_disk}")
+    print(json.dumps({"ops": a.ops, "plain": plain, "traced": traced, "t_plain_s": t_plain,
+                      "t_traced_s": t_traced, "disk_bytes": disk, "bytes_per_op": bytes_per_op,
+                      "ops_in_trace": per_rank_ops, "rss_delta_mb": rss_delta, "parts": len(parts)}))
+    return 0 if ok_ops and ok_rss and ok_disk else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
