@@ -81,6 +81,7 @@ def test_hang_end_to_end(tmp_path):
     txt = subprocess.run([sys.executable, "-m", "commtrace", "report", str(out)],
                          env=clean_env(), capture_output=True, text=True, timeout=120)
     assert txt.returncode == 0 and "not_joined" in txt.stdout and "Traceback" not in txt.stderr
+    assert "Last completed op per rank" in txt.stdout and "stacks of rank 0: " in txt.stdout
 
 
 def _rank_pid(run_dir, rank) -> int:

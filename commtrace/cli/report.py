@@ -167,6 +167,8 @@ def render(rep: dict, top: int = 10, console=None) -> None:
                       _s(r.get("arrival_skew_s")), str(r.get("last_rank")), _short_site(r.get("site")))
         con.print(t)
 
+    _render_hang(con, rep)
+
     fs = rep.get("findings") or []
     con.rule("Findings")
     if not fs:
@@ -190,3 +192,31 @@ def render(rep: dict, top: int = 10, console=None) -> None:
         con.print(Text("        " + f["message"]))
     if len(fs) > max(top, 1) * 3:
         con.print(f"... {len(fs) - max(top, 1) * 3} more (use --top or --format json)")
+
+
+def _render_hang(con, rep: dict) -> None:
+    """For a hung or partial run (stack dumps, missing ranks, not_joined / not_completed): the
+    last op each rank completed and the stack dumps to read next."""
+    from rich.table import Table
+
+    stacks = rep.get("stacks") or {}
+    hang_kinds = {"not_joined", "not_completed"}
+    hung = any(f.get("kind") in hang_kinds for f in rep.get("findings") or [])
+    if not (stacks or hung or rep.get("missing_ranks")):
+        return
+    last = rep.get("last_completed") or {}
+    t = Table(title="Last completed op per rank (hung or partial run)", title_justify="left", show_edge=False)
+    for col in ("rank", "op", "pg", "seq", "site"):
+        t.add_column(col, justify="right" if col in ("rank", "seq") else "left")
+    for r in sorted(set(map(str, rep.get("ranks") or [])) | set(last), key=lambda x: int(x)):
+        lc = last.get(r) or last.get(int(r)) if isinstance(last, dict) else None
+        if lc:
+            t.add_row(r, str(lc.get("op")), str(lc.get("pg")), str(lc.get("seq")), _short_site(lc.get("site"), 60))
+        else:
+            t.add_row(r, "none completed", "", "", "")
+    for r in rep.get("missing_ranks") or []:
+        t.add_row(str(r), "no trace at all", "", "", "")
+    con.print(t)
+    for r, files in sorted(stacks.items(), key=lambda kv: int(kv[0])):
+        for f in files:
+            con.print(f"stacks of rank {r}: {f}")
