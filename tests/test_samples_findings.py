@@ -103,8 +103,10 @@ def test_good_overlap_has_nothing_of_note_and_diff_shows_bad_exposes_more(tmp, c
     capsys.readouterr()
     assert main(["diff", str(tmp / "good_overlap"), str(bad_dir), "--format", "json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    ex = d["totals"]["exposed_s"]
-    assert ex["b"] > 1.5 * ex["a"] and ex["delta"] > 0.1, ex
+    # Steady state: the first step also holds the ranks' start-up skew (seconds on a loaded
+    # machine), absorbed as exposed time by whichever collective comes first.
+    ex = d["totals"]["exposed_after_first_step_s"]
+    assert ex["b"] > 1.5 * ex["a"] and ex["delta"] > 0.1, d["totals"]
     assert {f["kind"]: (f["a"], f["b"]) for f in d["findings"]}["wait_immediately"] == (0, 1)
     ar = [r for r in d["ops"] if r["op"] == "all_reduce"]
     assert sum(r["calls_b"] or 0 for r in ar) > sum(r["calls_a"] or 0 for r in ar)  # one call per parameter

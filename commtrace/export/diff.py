@@ -29,7 +29,8 @@ def summarize(run) -> dict:
     calls over all ranks, matched collectives, mean t_comm_s, mean busbw_gbps, blocked_s = the
     host-blocked time of those calls, exposed_s = the part of it while the op was in flight),
     `findings` (kind -> count), `totals` (exposed_s,
-    inflight_s, blocked_s, wait_s summed over ranks; ops; duration_s)."""
+    inflight_s, blocked_s, wait_s summed over ranks; exposed_after_first_step_s, the exposed time
+    of every step but the first; ops; duration_s)."""
     t = run._t
     rows = run._sql(f"""
         SELECT op, CAST(CASE WHEN coalesce(bytes, 0) <= 0 THEN 0 ELSE pow(2, floor(log2(bytes))) END AS BIGINT) AS b,
@@ -86,6 +87,14 @@ def summarize(run) -> dict:
         v.pop("_nb", None)
     pr = run.per_rank().to_pylist()
     totals = {k: float(sum((r.get(k) or 0.0) for r in pr)) for k in ("exposed_s", "inflight_s", "blocked_s", "wait_s")}
+    # The same without the first step: start-up skew between ranks is absorbed by the first
+    # collectives (DDP's construction-time checks, the first broadcast) and counts as exposed
+    # there, which says nothing about the overlap of the training loop (warm-up steps are
+    # skipped for the same reason by every profiler).
+    ps = run.per_step().to_pylist()
+    first = min((r["step"] for r in ps if r["step"] is not None), default=None)
+    totals["exposed_after_first_step_s"] = float(sum((r.get("exposed_s") or 0.0) for r in ps
+                                                     if r["step"] is not None and r["step"] != first))
     totals["ops"] = int(sum(r["ops"] for r in pr))
     totals["duration_s"] = ((run.t_max_ns or 0) - (run.t_min_ns or 0)) / 1e9
     totals["ranks"] = len(run.ranks)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-STEPS, BATCH, HIDDEN, LAYERS = 12, 64, 256, 4
+STEPS, BATCH, HIDDEN, LAYERS = 8, 64, 256, 4
 
 
 def model():
