@@ -39,7 +39,9 @@ def _table(id_, rows, columns=None, **kw):
 
 def create_app(d: RunData) -> dash.Dash:
     """A Dash app serving the views of `d` (see docs/dashboard.md)."""
-    app = dash.Dash(__name__, title=f"commtrace: {d.run.path}", update_title=None)
+    app = dash.Dash(__name__, title=f"commtrace: {d.run.path}", update_title=None, eager_loading=True)
+    app._commtrace_data = d  # for the benchmark and tests
+    slider_step = d.duration_s / 10000
     first = F.timeline_figure(d)
     facts = F.summary_facts(d)
     app.layout = html.Div(style={"fontFamily": "sans-serif", "margin": "6px 12px"}, children=[
@@ -54,7 +56,7 @@ def create_app(d: RunData) -> dash.Dash:
                 html.Button("Reset zoom", id="reset"),
                 html.Span(id="mode-info"),
                 html.Span(id="selection-info", style={"fontWeight": "bold"})]),
-            dcc.RangeSlider(id="range", min=0, max=d.duration_s, value=[0, d.duration_s], step=d.duration_s / 10000,
+            dcc.RangeSlider(id="range", min=0, max=d.duration_s, value=[0, d.duration_s], step=slider_step,
                             marks=None, allowCross=False, tooltip={"placement": "bottom", "always_visible": False},
                             updatemode="mouseup"),
             dcc.Graph(id="timeline", figure=first, config={"displaylogo": False, "scrollZoom": False}),
@@ -96,7 +98,9 @@ def create_app(d: RunData) -> dash.Dash:
                style_data_conditional=[{"if": {"filter_query": f'{{severity}} = "{k}"'}, "color": c}
                                        for k, c in F.SEVERITY_COLOR.items()])]))
 
-    @app.callback(Output("window", "data"), Output("range", "value"), Output("tabs", "value"),
+    # The slider is an input only: had it followed the zoom, its snapping to its step would
+    # re-fire this callback and Dash would drop the in-flight response (lost zooms).
+    @app.callback(Output("window", "data"), Output("tabs", "value"),
                   Output("selected", "data", allow_duplicate=True),
                   Input("timeline", "relayoutData"), Input("range", "value"), Input("reset", "n_clicks"),
                   Input("findings", "active_cell"), State("window", "data"), State("selected", "data"),
@@ -105,24 +109,24 @@ def create_app(d: RunData) -> dash.Dash:
         trig = dash.ctx.triggered_id
         no = dash.no_update
         if trig == "reset":
-            return {"a": 0.0, "b": d.duration_s}, [0, d.duration_s], no, no
+            return {"a": 0.0, "b": d.duration_s}, no, no
         if trig == "range" and rng:
-            return {"a": float(rng[0]), "b": float(rng[1])}, no, no, no
+            return {"a": float(rng[0]), "b": float(rng[1])}, no, no
         if trig == "findings" and cell:
             i = (rows[cell["row"]]["i"] if rows and cell["row"] < len(rows) else cell["row"])
             f = d.findings[int(i)]
             a, b = F.window_for_finding(d, f)
             new_sel = {"pg": f.pg, "seq": f.seq} if f.pg is not None and f.seq is not None else sel
-            return {"a": a, "b": b}, [a, b], "timeline", new_sel
+            return {"a": a, "b": b}, "timeline", new_sel
         if trig == "timeline" and relayout:
             if relayout.get("xaxis.autorange"):
-                return {"a": 0.0, "b": d.duration_s}, [0, d.duration_s], no, no
+                return {"a": 0.0, "b": d.duration_s}, no, no
             a, b = relayout.get("xaxis.range[0]"), relayout.get("xaxis.range[1]")
             if a is None and isinstance(relayout.get("xaxis.range"), list):
                 a, b = relayout["xaxis.range"]
             if a is not None and b is not None:
                 a, b = max(0.0, float(a)), min(d.duration_s, float(b))
-                return {"a": a, "b": b}, [a, b], no, no
+                return {"a": a, "b": b}, no, no
         raise dash.exceptions.PreventUpdate
 
     @app.callback(Output("selected", "data"), Input("timeline", "clickData"), prevent_initial_call=True)

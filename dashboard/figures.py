@@ -190,7 +190,7 @@ def _findings_trace(fig: go.Figure, d: RunData, a: float, b: float) -> None:
             cs.append(SEVERITY_COLOR.get(f.severity, "#333"))
             text.append(f"<b>{f.severity}: {f.kind}</b><br>{f.message[:200]}")
     if xs:
-        fig.add_trace(go.Scattergl(x=xs, y=ys, mode="markers", name="finding",
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name="finding",
                                    marker=dict(size=13, color=cs, symbol="triangle-down", line=dict(width=1, color="black")),
                                    text=text, hovertemplate="%{text}<extra></extra>"))
 

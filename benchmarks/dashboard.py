@@ -1,0 +1,149 @@
+"""Dashboard benchmark: a real headless Chromium (Playwright, Debian's /usr/bin/chromium) on the
+dashboard of a synthetic run (default 64 ranks x 20,000 ops, with a straggler, a late sender and
+host hazards planted).
+
+Measures: server start (load + cached derived tables), first page (navigation until the timeline
+figure is drawn), each interaction (zoom out->in, zoom via a finding, select an op, switch view)
+until the browser has drawn its result, and the JSON payload of every callback response (the
+figures sent to the browser).
+
+    python benchmarks/dashboard.py [--ranks 64] [--ops 20000] [--keep DIR] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+GD = "document.querySelector('#timeline .js-plotly-plot')"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=64)
+    ap.add_argument("--ops", type=int, default=20000)
+    ap.add_argument("--keep", default=None, help="reuse / keep the synthetic run in this directory")
+    ap.add_argument("--json", default=None, help="write the figures as JSON here")
+    args = ap.parse_args()
+
+    import commtrace
+    from dashboard.app import build
+    from dashboard.serve import Server
+    from playwright.sync_api import sync_playwright
+
+    path = args.keep or os.path.join(tempfile.mkdtemp(prefix="ct-dash-bench-"), "run")
+    if not os.path.exists(path):
+        subprocess.run([sys.executable, "-m", "commtrace", "synth", path, "--ranks", str(args.ranks), "--ops",
+                        str(args.ops), "--straggler", "5:2ms", "--late-send", "3:1ms", "--hazards"],
+                       check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    res: dict = {"ranks": args.ranks, "ops_per_rank": args.ops, "cpus": os.cpu_count()}
+    t = time.perf_counter()
+    run = commtrace.load(path)
+    res["load_s"] = time.perf_counter() - t
+    app = build(run)
+    res["server_start_s"] = time.perf_counter() - t
+
+    sizes: list[tuple[str, int]] = []
+    with Server(app) as srv, sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = b.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        if os.environ.get("BENCH_DEBUG"):
+            page.on("request", lambda r: print("req", (r.post_data or "")[:200], file=sys.stderr) if "update" in r.url else None)
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        label = ["first page"]
+        marks: list[tuple[str, int]] = []  # (interaction, resource entries before it)
+
+        def entries():
+            return page.evaluate("() => performance.getEntriesByType('resource').map(e => [e.name, e.encodedBodySize])")
+
+        def drawn(cond: str, timeout=60_000):
+            try:
+                page.wait_for_function(f"() => {{ const g = {GD}; return g && g.layout && g.layout.meta && ({cond}); }}",
+                                       timeout=timeout)
+            except Exception:
+                print("timed out waiting for", cond, page.evaluate(
+                    f"() => [{GD}.layout.xaxis.range, {GD}.layout.meta.mode, document.querySelector('#mode-info').innerText]"),
+                    file=sys.stderr)
+                raise
+
+        t = time.perf_counter()
+        page.goto(srv.url)
+        drawn("true")
+        res["first_page_s"] = time.perf_counter() - t
+        page.wait_for_load_state("networkidle")
+        inter = {}
+
+        def step(name, action, cond, settle=True):
+            label[0] = name
+            marks.append((name, len(entries())))
+            t = time.perf_counter()
+            action()
+            drawn(cond)
+            inter[name] = time.perf_counter() - t
+            if settle:
+                page.wait_for_load_state("networkidle")
+
+        d = app._commtrace_data  # the RunData the app serves
+        dur = d.duration_s
+        # zoom with the range selector: 10 % of the run (still bins), then 0.2 % (exact ops)
+        for name, frac in (("zoom to 10% (bins)", 0.1), ("zoom to 0.2% (exact ops)", 0.002)):
+            a, bb = dur * 0.4, dur * (0.4 + frac)
+            step(name, lambda a=a, bb=bb: page.evaluate(
+                f"() => Plotly.relayout({GD}, {{'xaxis.range[0]': {a}, 'xaxis.range[1]': {bb}}})"),
+                f"Math.abs(g.layout.xaxis.range[1] - {bb}) < {dur * 2e-4} && g.layout.meta.mode === "
+                f"'{'bins' if frac > 0.01 else 'exact'}' && document.querySelector('#mode-info').innerText.includes('{a:.4f}')")
+        # select an op: the click handler's callback (clickData) through the real Dash round trip
+        i, k, cd = page.evaluate(f"() => {{ const g = {GD}, i = g._fullData.findIndex(t => t.name === 'ops (hover / click)'); "
+                                 "const t = g._fullData[i]; for (let k = 0; k < t.x.length; k++) "
+                                 "if (!/<b>(send|recv)/.test(t.text[k])) return [i, k, t.customdata[k]]; }")
+        step("select an op", lambda: page.evaluate(
+            f"() => {GD}.emit('plotly_click', {{points: [{{curveNumber: {i}, pointNumber: {k}, customdata: {json.dumps(cd)}}}]}})"),
+            f"g.data.some(t => t.name === 'selected pg {d.o['pg_values'][cd[0]]} seq {cd[1]}')")
+        step("reset zoom (full run, bins)", lambda: page.click("#reset"), "g.layout.meta.mode === 'bins' && g.layout.xaxis.range[0] === 0")
+        for tab, sel in (("Overlap", "#overlap-step .main-svg"), ("Stalls", "#stalls-heatmap .main-svg"),
+                         ("Bandwidth", "#busbw .main-svg"), ("Findings", "#findings td")):
+            label[0] = f"view {tab}"
+            marks.append((label[0], len(entries())))
+            t = time.perf_counter()
+            page.click(f"#tabs >> text={tab}")
+            page.wait_for_selector(sel, timeout=60_000)
+            inter[f"view {tab}"] = time.perf_counter() - t
+            page.wait_for_load_state("networkidle")
+        step("click a finding (zoom to evidence)",
+             lambda: page.locator("#findings tbody tr").nth(1).locator("td").first.click(),
+             f"g.offsetParent !== null && g.layout.xaxis.range[1] - g.layout.xaxis.range[0] < {dur} / 2")
+        res["interactions_s"] = inter
+        ent = entries()
+        bounds = [("first page", 0)] + marks + [("end", len(ent))]
+        for (name, lo), (_, hi) in zip(bounds[:-1], bounds[1:]):
+            for url, n in ent[lo:hi]:
+                if "_dash-update-component" in url or "_dash-layout" in url:
+                    sizes.append((name, int(n)))
+        res["console_errors"] = errors
+        b.close()
+    per: dict[str, int] = {}
+    for name, n in sizes:
+        per[name] = max(per.get(name, 0), n)
+    res["max_response_bytes"] = per
+    res["max_figure_bytes"] = max(per.values()) if per else 0
+    run.close()
+    print(json.dumps(res, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    ok = (res["first_page_s"] <= 5 and all(v <= 1 for v in inter.values()) and res["max_figure_bytes"] <= 5e6
+          and not errors)
+    print("targets (first page <= 5 s, interactions <= 1 s, responses <= 5 MB):", "met" if ok else "NOT met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
