@@ -51,7 +51,7 @@ def write_part(run_dir: str, rank: int, table: pa.Table, meta: dict, pid: int | 
     pid = os.getpid() if pid is None else pid
     name = S.PART_FMT.format(pid=pid, index=index)
     path = os.path.join(d, name)
-    tmp = os.path.join(d, "_tmp-" + name)
+    tmp = os.path.join(d, "_tmp-" + name + ".partial")  # no .parquet suffix: globs skip it
     table = table.replace_schema_metadata(file_metadata(meta))
     pq.write_table(table, tmp, compression=compression)
     os.replace(tmp, path)
