@@ -7,24 +7,13 @@ import sys
 
 import click
 
+from .report import _s  # one duration formatter for both commands
+
 EPILOG = """\b
 Examples:
   commtrace diff traces/before traces/after
   commtrace diff traces/good traces/bad --format json > diff.json
 """
-
-
-def _s(v):
-    if v is None:
-        return "-"
-    a = abs(v)
-    if a >= 1:
-        return f"{v:.3f} s"
-    if a >= 1e-3:
-        return f"{v * 1e3:.2f} ms"
-    if a > 0:
-        return f"{v * 1e6:.1f} us"
-    return "0"
 
 
 def _signed(v, fmt):
