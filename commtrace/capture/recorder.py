@@ -86,6 +86,61 @@ HOLD_FLUSHES = 2
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
 
+# ------------------------------------------------------------------------------------------
+# Short records of the blocking fast path (wrappers.make_wrapper), expanded off the hot path.
+# ------------------------------------------------------------------------------------------
+
+#: index -> (op, api, inplace): facts of one wrapper, fixed at install.
+FAST_SPECS: list = []
+#: index -> (pg name, pg size, backend): facts of one process group, fixed when first seen.
+PG_FACTS: list = []
+_facts_lock = threading.Lock()
+
+# Fields of a short record ``pre``; the finished record is the pair ``(pre, t_return_ns)``.
+(F_SPEC, F_PG, F_SEQ, F_PEER, F_ROOT, F_T0, F_STEP, F_SITE, F_OP_ID, F_THREAD, F_API,
+ F_DETAIL, F_COUNT, F_DTYPE, F_DEVICE, F_BYTES, F_OUT_BYTES, F_ASYNC) = range(18)
+PRE_LEN = 18
+
+
+def register_fact(table: list, fact: tuple) -> int:
+    """Append `fact` to FAST_SPECS or PG_FACTS; its index."""
+    with _facts_lock:
+        table.append(fact)
+        return len(table) - 1
+
+
+_dtype_names: dict = {}
+
+
+def _dtype_name(dt):
+    if dt is None or isinstance(dt, str):
+        return dt
+    s = _dtype_names.get(dt)
+    if s is None:
+        s = _dtype_names[dt] = str(dt).replace("torch.", "")
+    return s
+
+
+def expand(rank: int, pre: tuple, t1) -> list:
+    """The full row (schema order) of a short record; `t1` is the return time of a completed
+    blocking call (t_return_ns = t_end_ns), None while the call is in progress."""
+    op, api, inplace = FAST_SPECS[pre[F_SPEC]]
+    name, size, backend = PG_FACTS[pre[F_PG]]
+    count = pre[F_COUNT]
+    dt = pre[F_DTYPE]
+    b = pre[F_BYTES]
+    if b is None and count is not None and dt is not None and not isinstance(dt, str):
+        b = count * dt.itemsize
+    ob = pre[F_OUT_BYTES]
+    if ob is None and b is not None:
+        ob = b if inplace else 0
+    seq = pre[F_SEQ]
+    return [S.KIND_OP, rank, name, size, seq, op, pre[F_API] or api, pre[F_ASYNC], backend,
+            pre[F_DEVICE], _dtype_name(dt), count, b, ob, pre[F_PEER], pre[F_ROOT], pre[F_T0],
+            t1, None, t1, None, None, pre[F_STEP], pre[F_SITE], None, pre[F_OP_ID], None, None,
+            None, (seq == 0) if seq is not None else None, None, pre[F_THREAD], pre[F_DETAIL]]
+
+
 _recorder: "Recorder | None" = None
 _part_counter = 0  # process-wide, so a second recorder in the same process never overwrites
 _part_lock = threading.Lock()
@@ -287,7 +342,8 @@ class Recorder:
 
     def blocking_rows(self) -> list:
         """Rows of the blocking calls in progress (any thread)."""
-        return list(self._blocking.values())
+        return [expand(self.rank, v, None) if len(v) == PRE_LEN else v
+                for v in list(self._blocking.values())]
 
     def pending_ops(self) -> dict:
         """op_id -> :class:`PendingOp` for async ops issued and not yet written out (not waited,
@@ -529,8 +585,10 @@ class Recorder:
                     self._service(final=True)
                 rows = []
                 q = self._ready
+                rank = self.rank
                 while q:
-                    rows.append(q.popleft())
+                    r = q.popleft()
+                    rows.append(expand(rank, r[0], r[1]) if len(r) == 2 else r)
                 inflight = [p.as_json() for p in list(self._pending.values())
                             if p.row[I_T_END] is None]
                 inflight += [_row_json(r) for r in self.blocking_rows()]
@@ -541,7 +599,7 @@ class Recorder:
                     for op_id in list(self._blocking):
                         r = self._blocking.pop(op_id, None)
                         if r is not None:
-                            rows.append(r)
+                            rows.append(expand(rank, r, None) if len(r) == PRE_LEN else r)
                     # Ops written just now with t_end null are still reported as in flight.
                     inflight = [_row_json(r)
                                 for r in rows if r[I_KIND] == S.KIND_OP and r[I_T_END] is None]

@@ -41,7 +41,23 @@ def _is_internal(fn: str) -> bool:
     return b
 
 
-_code_internal: dict = {}   # code object -> bool
+#: id(code) -> bool. Keyed by id, not by the code object: hashing a code object hashes its
+#: contents (0.1-0.7 us for a training loop's function, on every op). The code objects are kept
+#: alive in _codes_kept, so an id is never reused for another code object while cached.
+_code_internal: dict = {}
+_codes_kept: dict = {}      # id(code) -> code
+_MAX_CODES = 100_000
+
+
+def _keep(code) -> bool:
+    """Keep `code` alive (its id stays its own); False when the cache is full."""
+    k = id(code)
+    if k in _codes_kept:
+        return True
+    if len(_codes_kept) >= _MAX_CODES:
+        return False
+    _codes_kept[k] = code
+    return True
 
 
 def _code_is_internal(code) -> bool:
@@ -49,12 +65,12 @@ def _code_is_internal(code) -> bool:
     b = _internal.get(fn)
     if b is None:
         b = _is_internal(fn)
-    if len(_code_internal) < 100_000:
-        _code_internal[code] = b
+    if _keep(code):
+        _code_internal[id(code)] = b
     return b
 
 
-#: (code, f_lasti) -> (file, line): one shared pair per call site, so recording a site
+#: (id(code), f_lasti) -> (file, line): one shared pair per call site, so recording a site
 #: allocates nothing that lives on (and computes no line number) after the first time.
 _site_pairs: dict = {}
 _MAX_SITES = 1 << 16
@@ -63,11 +79,11 @@ _MAX_SITES = 1 << 16
 def site_pair(f) -> tuple:
     """``(file, line)`` of frame `f`, shared per call site."""
     code = f.f_code
-    k = (code, f.f_lasti)
+    k = (id(code), f.f_lasti)
     s = _site_pairs.get(k)
     if s is None:
         s = (code.co_filename, f.f_lineno)
-        if len(_site_pairs) < _MAX_SITES:
+        if len(_site_pairs) < _MAX_SITES and _keep(code):
             _site_pairs[k] = s
     return s
 
@@ -78,7 +94,7 @@ def site_of_frame(f) -> tuple | None:
     get = _code_internal.get
     while f is not None:
         code = f.f_code
-        b = get(code)
+        b = get(id(code))
         if b is None:
             b = _code_is_internal(code)
         if not b:

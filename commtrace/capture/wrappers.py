@@ -67,11 +67,13 @@ _WRAPPERS: dict[str, object] = {}
 
 
 class PgInfo:
-    __slots__ = ("name", "size", "ranks", "backend", "member", "pg")
+    __slots__ = ("name", "size", "ranks", "backend", "member", "pg", "idx")
 
     def __init__(self, pg, name, size, ranks, backend, member):
         self.pg, self.name, self.size, self.ranks = pg, name, size, ranks
         self.backend, self.member = backend, member
+        # Index of (name, size, backend) in recorder.PG_FACTS, for the fast path's records.
+        self.idx = _R.register_fact(_R.PG_FACTS, (name, size, backend)) if member else -1
 
 
 _pg_cache: dict = {}
@@ -156,7 +158,9 @@ def _nbytes(ts) -> tuple[int, int]:
     return n, b
 
 
-_dev_names: dict = {}
+#: device index -> name. -1 is the CPU (get_device() is -1 only for CPU and meta tensors,
+#: and meta tensors do not communicate).
+_dev_names: dict = {-1: "cpu"}
 
 
 def device_name(t) -> str:
@@ -425,8 +429,9 @@ def _site(f):
     """Raw (file, line) of the first user frame from `f`. The caller is usually user code
     seen before: two dict lookups and no allocation that outlives the call."""
     code = f.f_code
-    if _code_internal.get(code) is False:
-        s = _site_pairs.get((code, f.f_lasti))
+    k = id(code)
+    if _code_internal.get(k) is False:
+        s = _site_pairs.get((k, f.f_lasti))
         if s is not None:
             return s
     return site_of_frame(f)
@@ -481,16 +486,25 @@ def _generic_sizes(ins, outs):
 def make_wrapper(api: str, orig, spec):
     """The wrapper of one torch.distributed function (see module docstring).
 
-    The common call (a tensor collective or send/recv, no device timer, no NVTX tool, not an
-    object collective) is recorded inline: argument positions are resolved once here, the call
-    site is kept as a raw (file, line) pair, the row is one list literal appended to a deque.
-    Everything else goes through :func:`_run`."""
+    The common call (a blocking tensor collective or send/recv, no device timer, no NVTX tool,
+    not an object collective) takes the fast path: argument positions are resolved once here,
+    the call is described by a short tuple of atomic values (``recorder.F_*``: indices of this
+    wrapper's and the group's fixed facts, seq, times, the raw call site, the tensor's count,
+    dtype object and device) which the writer thread expands into a full row
+    (:func:`recorder.expand`). Everything else goes through :func:`_run` with the full row."""
     reader = Reader.build(api, orig, spec)
     g_i, g_n, g_d = reader.slot(spec.group)
     a_i, a_n, a_d = reader.slot(spec.async_param)
     has_async = bool(spec.async_param)
     always_async = spec.always_async
     sizes = _sizes_fn(reader)
+    in_name, in_kind = split_param(spec.ins)
+    out_name, out_kind = split_param(spec.outs)
+    # One tensor in (and the same tensor out, or none): counted inline, no sizes() call.
+    single = bool(in_name) and in_kind == "" and (
+        out_name is None or (out_name == in_name and out_kind == ""))
+    inplace = single and out_name is not None
+    x_i, x_n, x_d = reader.slot(in_name)
     op = spec.op
     is_object = spec.object
     peer = spec.peer
@@ -498,8 +512,11 @@ def make_wrapper(api: str, orig, spec):
     is_send = op == "send"
     is_recv = op == "recv"
     barrier = op == "barrier"
-    KIND = S.KIND_OP
     warn = log.warn_once
+    fact = _R.register_fact(_R.FAST_SPECS, (op, api, inplace))
+    expand = _R.expand
+    dev_names = _dev_names
+    F_DEVICE = _R.F_DEVICE
 
     def wrapper(*args, **kwargs):
         rec = _R._recorder
@@ -512,7 +529,7 @@ def make_wrapper(api: str, orig, spec):
             return orig(*args, **kwargs)
         now = rec.now_ns
         t0 = now()
-        row = None
+        pre = None
         try:
             n = len(args)
             group = args[g_i] if g_i < n else kwargs.get(g_n, g_d)
@@ -526,80 +543,84 @@ def make_wrapper(api: str, orig, spec):
                     async_op = bool(args[a_i] if a_i < n else kwargs.get(a_n, a_d))
                 else:
                     async_op = False
-                row = [KIND, rec.rank, info.name, info.size, None, op, st["api"] or api, async_op,
-                       info.backend, None, None, None, None, None, None, None, t0, None, None,
-                       None, None, None, rec.step,
-                       _site(_getframe(1)) if rec.stack else None, None,
-                       next(rec._op_ids), None, None, None, None, None, _get_ident(), st["detail"]]
+                tensors = ()
+                c = dt = dev = b = ob = None
                 if is_object:
-                    tensors = ()
-                else:
-                    c, b, ob, t, tensors = sizes(args, kwargs, n)
-                    if t is not None:
-                        row[I_COUNT] = c
-                        row[I_BYTES] = b
-                        row[I_OUT_BYTES] = ob
-                        dn = _dtype_names.get(t.dtype)
-                        if dn is None:
-                            dn = dtype_name(t.dtype)
-                        row[I_DTYPE] = dn
-                        d = t.get_device()
-                        row[I_DEVICE] = (_dev_names.get(d) or device_name(t)) if d >= 0 \
-                            else ("cpu" if t.is_cpu else str(t.device))
+                    pass
+                elif single:
+                    x = args[x_i] if x_i < n else kwargs.get(x_n, x_d)
+                    if x is not None:
+                        c = x.numel()
+                        dt = x.dtype
+                        d = x.get_device()
+                        dev = dev_names.get(d) or device_name(x)
+                        tensors = (x,)
                     elif barrier:
-                        row[I_COUNT] = row[I_BYTES] = row[I_OUT_BYTES] = 0
+                        c = b = ob = 0
+                else:
+                    c, b, ob, x, tensors = sizes(args, kwargs, n)
+                    if x is not None:
+                        dt = x.dtype
+                        dev = dev_names.get(x.get_device()) or device_name(x)
+                    elif barrier:
+                        c = b = ob = 0
+                me = rec.rank
+                p = r = None
                 if peer:
-                    pr = _global(info, reader.arg(args, kwargs, peer[0]),
-                                 reader.arg(args, kwargs, peer[1]))
-                    row[I_PEER] = pr
-                    if pr is not None:
-                        me = rec.rank
-                        s = rec.next_p2p_seq(info.name, me, pr) if is_send \
-                            else rec.next_p2p_seq(info.name, pr, me)
-                        row[I_SEQ] = s
-                        row[I_FIRST] = s == 0
+                    p = _global(info, reader.arg(args, kwargs, peer[0]),
+                                reader.arg(args, kwargs, peer[1]))
+                    if p is not None:
+                        s = rec.next_p2p_seq(info.name, me, p) if is_send \
+                            else rec.next_p2p_seq(info.name, p, me)
+                    else:
+                        s = None
                 else:
                     if root:
-                        row[I_ROOT] = _global(info, reader.arg(args, kwargs, root[0]),
-                                              reader.arg(args, kwargs, root[1]))
+                        r = _global(info, reader.arg(args, kwargs, root[0]),
+                                    reader.arg(args, kwargs, root[1]))
                     seqs = rec.seq
                     pg = info.name
                     s = seqs.get(pg, 0)
                     seqs[pg] = s + 1
-                    row[I_SEQ] = s
-                    row[I_FIRST] = s == 0
+                pre = (fact, info.idx, s, p, r, t0, rec.step,
+                       _site(_getframe(1)) if rec.stack else None,
+                       next(rec._op_ids), _get_ident(), st["api"], st["detail"],
+                       c, dt, dev, b, ob, async_op)
         except Exception as e:
             warn(("prepare", api), f"cannot record {api}", e)
-            row = None
-        if row is None:
+            pre = None
+        if pre is None:
             return orig(*args, **kwargs)
         if is_object or async_op or nvtx_ranges.active or st["coalesce"] is not None \
-                or (rec.device_timer is not None and row[I_DEVICE] is not None
-                    and row[I_DEVICE].startswith("cuda")) or (is_recv and row[I_PEER] is None):
+                or (rec.device_timer is not None and dev is not None
+                    and dev.startswith("cuda")) or (is_recv and p is None):
+            try:
+                row = expand(me, pre, None)
+            except Exception as e:
+                warn(("prepare", api), f"cannot record {api}", e)
+                return orig(*args, **kwargs)
             return _run(rec, reader, orig, args, kwargs, row, tensors, info)
         # Fast path: a blocking call, completed when it returns.
         blocking = rec._blocking
-        op_id = row[I_OP_ID]
-        blocking[op_id] = row   # in flight while the call runs (_inflight.json)
+        op_id = pre[8]
+        blocking[op_id] = pre   # in flight while the call runs (_inflight.json)
         st["depth"] = 1         # it was 0: inner wrapped calls are not rows of their own
         try:
             ret = orig(*args, **kwargs)
         except BaseException as e:
             t1 = now()
             if blocking.pop(op_id, None) is not None:
-                _record_error(rec, row, t1, e)
+                _record_error(rec, expand(rec.rank, pre, None), t1, e)
             raise
         finally:
             st["depth"] = 0
         t1 = now()
         if blocking.pop(op_id, None) is not None:
-            row[I_T_RET] = t1
-            row[I_T_END] = t1
             q = rec._ready
             if len(q) < rec.cap:
-                # A finished row never changes again: a tuple of atomic values, which the
-                # cyclic GC stops tracking, so a full buffer does not slow down collections.
-                q.append(tuple(row))
+                # A tuple of atomic values (the cyclic GC stops tracking it), expanded by the
+                # writer thread.
+                q.append((pre, t1))
             else:
                 rec._dropped += 1
         return ret
