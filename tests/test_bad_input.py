@@ -139,13 +139,42 @@ def test_unknown_cli_flags(capsys, tmp_path):
     assert "No such command 'nosuchcommand'" in _err_line(capsys)
     assert main(["report", os.path.join(DATA, "clean"), "--format", "xml"]) == 2
     assert "'xml' is not one of" in _err_line(capsys)
-    # `commtrace run` passes everything after its own options to the command: an unknown
-    # option before `--` is taken as the command and fails as one, in one line
-    assert main(["run", "-o", str(tmp_path / "o"), "--bogus", "--", sys.executable, "-c", "pass"]) != 0
-    err = capsys.readouterr().err
-    assert "--bogus" in err and "Traceback" not in err
     assert main(["run", "--flush-interval", "0", "--", "true"]) == 2
     assert "--flush-interval" in _err_line(capsys)
+
+
+_ARGV_TO_FILE = "import json, sys; json.dump(sys.argv[1:], open(sys.argv[1], 'w'))"
+
+
+def test_run_unknown_option_before_the_command(capsys, tmp_path):
+    """An unknown option of `commtrace run` (before `--`, or before the command without `--`)
+    is a usage error: one line, exit 2, nothing run, no run directory created."""
+    marker = tmp_path / "ran.json"
+    for args in (["--bogus", "--"], ["--bogus"], ["--bogus=3", "--"], ["-x", "--"]):
+        out = tmp_path / "o"
+        rc = main(["run", "-o", str(out), *args, sys.executable, "-c", _ARGV_TO_FILE, str(marker)])
+        assert rc == 2, args
+        opt = args[0].split("=")[0]
+        assert f"No such option '{opt}'" in _err_line(capsys)
+        assert not marker.exists() and not out.exists()
+    assert main(["run", "--flush-intervl", "3", "--", "true"]) == 2
+    assert "Did you mean '--flush-interval'?" in _err_line(capsys)
+
+
+def test_run_passes_everything_after_the_command(capsys, tmp_path):
+    """After `--` (or after the command's first word) every argument, option-like or not,
+    belongs to the command."""
+    marker = tmp_path / "ran.json"
+    rc = main(["run", "-o", str(tmp_path / "a"), "--", sys.executable, "-c", _ARGV_TO_FILE,
+               str(marker), "--anything", "--bogus=1", "-x", "--", "--flush-interval"])
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads(marker.read_text()) == [str(marker), "--anything", "--bogus=1", "-x", "--",
+                                              "--flush-interval"]
+    marker.unlink()
+    rc = main(["run", "-o", str(tmp_path / "b"), "--no-stack", sys.executable, "-c", _ARGV_TO_FILE,
+               str(marker), "--lr", "3"])
+    assert rc == 0 and json.loads(marker.read_text()) == [str(marker), "--lr", "3"]
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def test_unwritable_output_directory(capsys, tmp_path):

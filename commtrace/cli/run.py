@@ -38,8 +38,11 @@ def bootstrap_dir() -> str:
 
 def child_env(config: Config, base=None) -> dict[str, str]:
     """Environment of the traced command: ours first on PYTHONPATH, tracing armed."""
+    from ..capture import memory
+
     env = dict(os.environ if base is None else base)
     env.update(config.to_env())
+    env.update(memory.allocator_env(env))  # before any rank loads pyarrow (capture/memory.py)
     env[ENV_ENABLE] = "1"
     boot = bootstrap_dir()
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != boot]
@@ -118,6 +121,10 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
     cmd = list(cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
+    elif cmd and cmd[0].startswith("-") and cmd[0] != "-":
+        # Unknown options are kept as arguments (so that `commtrace run python x.py --lr 1`
+        # passes --lr to the script), which would make one before CMD the command itself.
+        _no_such_option(cmd[0])
     if not cmd:
         raise UsageError("no command given (usage: commtrace run [OPTIONS] -- CMD [ARGS...])")
     out = os.path.abspath(output or default_output())
@@ -154,6 +161,16 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
     echo(f"  commtrace report {shown}")
     echo(f"  commtrace dashboard {shown}")
     return rc
+
+
+def _no_such_option(arg: str) -> None:
+    """Raise click's usage error for an unknown option of `commtrace run` (exit 2, one line)."""
+    ctx = click.get_current_context()
+    name = arg.split("=", 1)[0]
+    known = [o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")]
+    import difflib
+
+    raise click.NoSuchOption(name, possibilities=difflib.get_close_matches(name, known), ctx=ctx)
 
 
 def run_child(cmd: list[str], env: dict[str, str]) -> int:
