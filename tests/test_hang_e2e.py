@@ -76,6 +76,8 @@ def test_hang_end_to_end(tmp_path):
     assert [(f["rank"], f["pg"], f["seq"], f["op"]) for f in nj] == [(1, "0", 5, "all_reduce")]
     assert nj[0]["evidence"]["waiting"] == [0]
     assert rep["last_completed"]["1"]["seq"] == 4 and rep["last_completed"]["0"]["seq"] == 4
+    # rank 0 hung and rank 1 was stopped with the job: neither ended early
+    assert rep["ended_early"] == [], rep["ended_early"]
     assert sorted(os.path.basename(f) for f in rep["stacks"]["0"]) == sorted(
         os.path.basename(f) for f in _stacks(out))
     txt = subprocess.run([sys.executable, "-m", "commtrace", "report", str(out)],
@@ -115,3 +117,15 @@ def test_killed_rank_leaves_readable_parts(tmp_path):
     assert [(f["rank"], f["seq"]) for f in nj] == [(1, 20)]
     assert rep["last_completed"]["1"]["seq"] == 19
     assert "hang_killed.py:" in rep["last_completed"]["1"]["site"]
+    # the report says which rank ended early, and why
+    assert [e["rank"] for e in rep["ended_early"]] == [1], rep["ended_early"]
+    e = rep["ended_early"][0]
+    assert e["final_flush"] is False and e["signals"][:2] == ["no_final_flush", "behind"]
+    assert e["behind"] == {"0": {"last_seq": 19, "others_seq": 20, "ranks_ahead": [0]}}
+    assert e["last_op"]["seq"] == 19 and e["last_op"]["t_end_ns"] is not None
+    assert e["last_t_ns"] >= e["last_op"]["t_end_ns"] and e["last_t_ns"] <= e["others_until_ns"]
+    txt = subprocess.run([sys.executable, "-m", "commtrace", "report", str(out)],
+                         env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert txt.returncode == 0 and "Traceback" not in txt.stderr
+    assert "ended early: rank(s) 1" in txt.stdout and "rank 1 ended early (last sign of life" in txt.stdout
+    assert "rank(s) 0 went on to seq 20 on pg 0, its last was seq 19" in txt.stdout

@@ -14,6 +14,12 @@ from ..trace import schema as S
 #: Version of the report's JSON contract (not the trace schema).
 REPORT_SCHEMA = 1
 
+#: A rank without a final flush counts as having ended early when another rank was still
+#: recording later than one flush interval of it (its snapshot can be that stale while it is
+#: alive) plus this slack (a loaded writer thread runs late).
+ENDED_EARLY_SLACK_NS = 500_000_000
+DEFAULT_FLUSH_INTERVAL_S = 2.0
+
 
 def _clean(v):
     """JSON-safe scalars: NaN/inf -> None, numpy -> python."""
@@ -114,11 +120,96 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         "clock": _clean(ck),
         "last_completed": {str(k): _clean(v) for k, v in run.last_completed().items()},
         "stacks": {str(k): v for k, v in run.stacks().items()},
+        "ended_early": ended_early(base),
         "warnings": list(dict.fromkeys(base.warnings + run.warnings)),
         "finding_counts": _count(findings),
     }
     tick("done", 1.0)
     return rep
+
+
+def ended_early(run) -> list[dict]:
+    """Ranks whose process ended before the others, without commtrace's exit flush.
+
+    A traced rank rewrites ``rank=<r>/_inflight.json`` at every flush and writes it one last time
+    with ``"final": true`` when it exits through commtrace (normal exit, exception, SIGTERM or
+    SIGINT). A snapshot with ``"final": false`` means the process was killed (SIGKILL, the OOM
+    killer, a lost node), crashed hard, or is still running. Such a rank is listed here when the
+    others show they went on without it:
+
+    * ``behind``: on some process group other members issued collectives after its last one
+      (those it never issued are the ``not_joined`` findings);
+    * ``outlived``: another rank was still recording (rows, or its own snapshot) more than one
+      flush interval + :data:`ENDED_EARLY_SLACK_NS` after this rank's last sign of life.
+
+    A rank hung inside a collective and torn down with the others is not listed (the others did
+    not go on), nor is a rank that exited early through Python (its snapshot is final; a missed
+    collective still shows as ``not_joined``). Traces without snapshots (``commtrace synth``)
+    give an empty list. Times are on rank 0's clock.
+    """
+    snaps = getattr(run._files, "inflight", {}) or {}
+    candidates = [r for r in run.ranks if (snaps.get(r) or {}).get("final") is False]
+    if not candidates:
+        return []
+    snap_ns = run._info.get("snapshot_ns", {})
+    t = run._t
+    last = {}
+    for r, t_last, op in run._sql(f"""
+            SELECT rank, max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)),
+                   arg_max(struct_pack(op := op, pg := pg, seq := seq, site := site,
+                                       t_enqueue_ns := t_enqueue_ns, t_end_ns := t_end_ns,
+                                       error := error), t_enqueue_ns) FILTER (WHERE kind = 'op')
+            FROM {t} GROUP BY rank""").fetchall():
+        last[int(r)] = (t_last, op)
+    alive = {}
+    for r in run.ranks:
+        vals = [v for v in (last.get(r, (None,))[0], snap_ns.get(r)) if v is not None]
+        alive[r] = max(vals) if vals else None
+    top_seq = {(pg, int(r)): s for pg, r, s in run._sql(f"""
+            SELECT pg, rank, max(seq) FROM {t} WHERE kind = 'op' AND ckey IS NOT NULL
+            GROUP BY pg, rank""").fetchall()}
+    completed = run.last_completed()
+    out = []
+    for r in candidates:
+        behind = {}
+        for pg, members in run.pg_members.items():
+            if r not in members:
+                continue
+            others = [(top_seq[(pg, o)], o) for o in members if o != r and (pg, o) in top_seq]
+            mine = top_seq.get((pg, r), -1)
+            ahead = [o for s, o in others if s > mine]
+            if ahead:
+                behind[pg] = {"last_seq": None if mine < 0 else int(mine),
+                              "others_seq": int(max(s for s, _ in others)),
+                              "ranks_ahead": sorted(int(o) for o in ahead)}
+        flush_s = (run.meta.get(r) or {}).get("flush_interval_s") or DEFAULT_FLUSH_INTERVAL_S
+        others_alive = [(v, o) for o, v in alive.items() if o != r and v is not None]
+        others_until = max(others_alive)[0] if others_alive else None
+        gap = (others_until - alive[r]) if others_until is not None and alive[r] is not None else None
+        outlived = gap is not None and gap > float(flush_s) * 1e9 + ENDED_EARLY_SLACK_NS
+        if not behind and not outlived:
+            continue
+        op = _clean(last.get(r, (None, None))[1])
+        why = ["no exit flush (killed or crashed)"]
+        for pg, b in sorted(behind.items()):
+            why.append(f"rank(s) {', '.join(map(str, b['ranks_ahead']))} went on to seq "
+                       f"{b['others_seq']} on pg {pg}, its last was "
+                       + ("none" if b["last_seq"] is None else f"seq {b['last_seq']}"))
+        if outlived:
+            why.append(f"other ranks recorded {gap / 1e9:.3g} s longer")
+        out.append({
+            "rank": int(r),
+            "reason": "; ".join(why),
+            "signals": ["no_final_flush"] + (["behind"] if behind else []) + (["outlived"] if outlived else []),
+            "final_flush": False,
+            "last_t_ns": _clean(alive[r]),
+            "last_t_s": (alive[r] - run.t_min_ns) / 1e9 if alive[r] is not None and run.t_min_ns is not None else None,
+            "others_until_ns": _clean(others_until),
+            "last_op": op,
+            "last_completed": _clean(completed.get(r)),
+            "behind": _clean(behind),
+        })
+    return out
 
 
 def _count(findings) -> dict:

@@ -120,8 +120,10 @@ def render(rep: dict, top: int = 10, console=None) -> None:
     sev_style = {"error": "bold red", "warning": "yellow", "info": "cyan"}
     con.rule(f"[bold]commtrace report[/bold]  {rep.get('path', '')}")
     miss = rep.get("missing_ranks") or []
+    early = [e["rank"] for e in rep.get("ended_early") or []]
     con.print(f"world size {rep['world_size']}, {len(rep['ranks'])} rank(s) traced"
               + (f", [red]missing {miss}[/red]" if miss else "")
+              + (f", [red]ended early: rank(s) {', '.join(map(str, early))}[/red]" if early else "")
               + f"; {rep['ops']:,} ops, {rep.get('collectives', 0):,} collectives over {_s(rep.get('duration_s'))}"
               + (f"; steps {rep['steps'][0]}:{rep['steps'][1]}" if rep.get("steps") else ""))
     ck = rep.get("clock") or {}
@@ -202,7 +204,8 @@ def _render_hang(con, rep: dict) -> None:
     stacks = rep.get("stacks") or {}
     hang_kinds = {"not_joined", "not_completed"}
     hung = any(f.get("kind") in hang_kinds for f in rep.get("findings") or [])
-    if not (stacks or hung or rep.get("missing_ranks")):
+    early = rep.get("ended_early") or []
+    if not (stacks or hung or rep.get("missing_ranks") or early):
         return
     last = rep.get("last_completed") or {}
     t = Table(title="Last completed op per rank (hung or partial run)", title_justify="left", show_edge=False)
@@ -217,6 +220,14 @@ def _render_hang(con, rep: dict) -> None:
     for r in rep.get("missing_ranks") or []:
         t.add_row(str(r), "no trace at all", "", "", "")
     con.print(t)
+    for e in early:
+        lo = e.get("last_op") or {}
+        when = f" {_s(e['last_t_s'])} into the run" if e.get("last_t_s") is not None else ""
+        last_op = (f"; last op issued: {lo.get('op')} seq {lo.get('seq')} on pg {lo.get('pg')}"
+                   + (f" at {_short_site(lo.get('site'), 60)}" if lo.get("site") else "")
+                   + ("" if lo.get("t_end_ns") is not None else " (never completed)")) if lo else ""
+        con.print(f"[red]rank {e['rank']} ended early[/red] (last sign of life{when}): "
+                  f"{e.get('reason')}{last_op}", soft_wrap=True)
     for r, files in sorted(stacks.items(), key=lambda kv: int(kv[0])):
         for f in files:
             con.print(f"stacks of rank {r}: {f}")
