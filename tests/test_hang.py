@@ -75,6 +75,27 @@ def test_hung_async_op_dumps_stacks_and_flushes(rec, tmp_path):
     assert len(_stacks(tmp_path / "run")) == 1
 
 
+def test_no_dump_on_hang_still_flushes(tmp_path):
+    """`--no-dump-on-hang`: the hung op is flushed (pending in the snapshot), but no stacks file
+    is written."""
+    cfg = Config(output=str(tmp_path / "run"), hang_timeout=0.3, flush_interval=60, dump_on_hang=False)
+    r = R.Recorder(cfg, rank=0, world_size=1, backend="gloo", start_thread=False)
+    R._set_recorder(r)
+    try:
+        row = _pending_row(r, age_s=1.0, seq=7)
+        assert watchdog.install(r)
+        path = tmp_path / "run" / "rank=0" / "_inflight.json"
+        snap = _wait_for(lambda: path.exists() and json.load(open(path)), timeout=5)
+        assert [(o["op_id"], o["seq"], o["pending"]) for o in snap["ops"]] == [(row[R.I_OP_ID], 7, True)]
+        assert snap["final"] is False
+        time.sleep(0.8)  # the watchdog has long passed the op
+        assert _stacks(tmp_path / "run") == []
+    finally:
+        watchdog.uninstall()
+        R._set_recorder(None)
+        r.close()
+
+
 def test_healthy_ops_never_dump(rec, tmp_path):
     row = _pending_row(rec, age_s=0.0)
     row[R.I_T_END] = rec.now_ns()  # completed

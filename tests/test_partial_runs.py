@@ -1,5 +1,6 @@
-"""`ended_early` in the report (issue 6, "Killed rank": the report says which rank ended early),
-on synthetic runs whose snapshots say how each rank ended. The real SIGKILL run is
+"""Diagnosis of partial runs on synthetic traces whose snapshots say how each rank ended:
+`ended_early` (issue 6, "Killed rank": the report says which rank ended early), `not_completed`
+and missing ranks. The real SIGKILL run is
 tests/test_hang_e2e.py::test_killed_rank_leaves_readable_parts."""
 
 from __future__ import annotations
@@ -122,3 +123,36 @@ def test_cli_json_and_text(tmp_path, capsys):
     assert "ended early: rank(s) 1" in out
     assert "rank 1 ended early (last sign of life 45.00 ms into the run): no exit flush" in out
     assert "last op issued: all_reduce seq 4 on pg 0 at train.py:41" in out
+
+
+def test_not_completed_names_the_op_every_member_issued(tmp_path, capsys):
+    """Both ranks entered all_reduce seq 3 and it never completed (a network or device failure):
+    not_completed names it, with how long it was pending at the end of the trace (the last
+    snapshot, 500 ms, minus the entry at 30 ms). Nobody is not_joined or ended early."""
+    run = _write_run(tmp_path / "r", {0: (4, True, 500, 3), 1: (4, True, 480, 3)})
+    rep = commtrace.load(str(run)).report()
+    nc = [f for f in rep["findings"] if f["kind"] == "not_completed"]
+    assert [(f["rank"], f["pg"], f["seq"], f["op"], f["severity"]) for f in nc] == [
+        (0, "0", 3, "all_reduce", "error")]
+    assert nc[0]["evidence"]["ranks"] == [0, 1] and nc[0]["evidence"]["pending_ns"] == 470 * MS
+    assert nc[0]["t_ns"] == T0 + 30 * MS and nc[0]["site"] in ("train.py:40", "train.py:41")
+    assert "issued by every member but never completed on rank(s) 0-1 (470 ms pending" in nc[0]["message"]
+    assert not [f for f in rep["findings"] if f["kind"] == "not_joined"] and rep["ended_early"] == []
+    assert rep["last_completed"]["0"]["seq"] == 2 and rep["last_completed"]["1"]["seq"] == 2
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "not_completed" in out and "Last completed op per rank" in out
+
+
+def test_missing_rank_is_reported_by_rank(tmp_path, capsys):
+    """World size 3 with no trace of rank 2: missing_ranks, a not_joined warning naming it, and
+    the text report's table row."""
+    run = _write_run(tmp_path / "r", {0: (3, True, 100, None), 1: (3, True, 100, None)}, world=3)
+    rep = commtrace.load(str(run)).report()
+    assert rep["world_size"] == 3 and rep["ranks"] == [0, 1] and rep["missing_ranks"] == [2]
+    nj = [f for f in rep["findings"] if f["kind"] == "not_joined"]
+    assert [(f["rank"], f["seq"], f["severity"]) for f in nj] == [(2, 0, "warning")]
+    assert "it left no trace at all" in nj[0]["message"] and rep["ended_early"] == []
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "missing [2]" in out and "no trace at all" in out
