@@ -35,3 +35,78 @@ def test_setting_reaches_a_child_and_pyarrow_still_writes(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout) == ["0", 999]
+
+
+def _table(n=2000):
+    from commtrace.trace import writer as W
+
+    return W.rows_to_table_nopandas({
+        "kind": ["op"] * n, "rank": [1] * n, "pg": ["0"] * n, "seq": list(range(n)),
+        "op": ["all_reduce"] * n, "t_enqueue_ns": [1_700_000_000_000_000_000 + 1000 * i for i in range(n)],
+        "site": [f"train.py:{40 + i % 3}" for i in range(n)],
+        "inflight_ids": [[i, i + 1] if i % 2 else None for i in range(n)]})
+
+
+def test_lean_parquet_write_is_byte_identical(tmp_path, monkeypatch):
+    """The rank's writer skips pyarrow.parquet (and its filesystem modules) but writes exactly
+    the bytes pyarrow.parquet.write_table writes; the fallback path writes them too."""
+    import pyarrow.parquet as pq
+
+    from commtrace.trace import writer as W
+
+    t = _table().replace_schema_metadata(W.file_metadata({"rank": 1}))
+    pq.write_table(t, tmp_path / "ref.parquet", compression="zstd")
+    monkeypatch.setattr(W, "_lean_ok", True)
+    W.write_parquet(t, str(tmp_path / "lean.parquet"))
+    assert W._lean_ok is True  # the private writer took the arguments
+    monkeypatch.setattr(W, "_lean_ok", False)
+    W.write_parquet(t, str(tmp_path / "fallback.parquet"))
+    ref = (tmp_path / "ref.parquet").read_bytes()
+    assert (tmp_path / "lean.parquet").read_bytes() == ref
+    assert (tmp_path / "fallback.parquet").read_bytes() == ref
+    back = pq.read_table(tmp_path / "lean.parquet")
+    assert back.num_rows == 2000 and back["inflight_ids"][3].as_py() == [3, 4]
+    assert back["seq"].to_pylist() == list(range(2000))
+
+
+def test_write_errors_propagate_on_both_paths(monkeypatch, tmp_path):
+    """Write errors (no directory, a full disk at the footer) reach the recorder, which counts
+    the rows as dropped; they never switch the writer to the fallback path."""
+    import pytest
+    from pyarrow import _parquet
+
+    from commtrace.trace import writer as W
+
+    for lean in (True, False):
+        monkeypatch.setattr(W, "_lean_ok", lean)
+        with pytest.raises(OSError):
+            W.write_parquet(_table(), str(tmp_path / "no-such-dir" / "x.parquet"))
+        assert W._lean_ok is lean
+
+    class FullDisk(_parquet.ParquetWriter):
+        def close(self):
+            super().close()
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_parquet, "ParquetWriter", FullDisk)
+    monkeypatch.setattr(W, "_lean_ok", True)
+    with pytest.raises(OSError, match="No space left"):
+        W.write_parquet(_table(), str(tmp_path / "x.parquet"))
+    assert W._lean_ok is True
+
+
+def test_rank_side_writer_does_not_import_pyarrow_fs(tmp_path):
+    """In a fresh process (a rank), writing a part imports neither pyarrow.parquet nor
+    pyarrow.fs (the S3/GCS/Azure/HDFS modules)."""
+    code = ("import sys, json; from commtrace.trace import writer as W; "
+            "t = W.rows_to_table_nopandas({'kind': ['op'], 'rank': [0]}); "
+            "p = W.write_part(sys.argv[1], 0, t, {'rank': 0}, index=1); "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('pyarrow.parquet', 'pyarrow.fs', 'pyarrow._s3fs')))))")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == []
+    import pyarrow.parquet as pq
+
+    (part,) = (tmp_path / "run" / "rank=0").glob("*.parquet")
+    assert pq.read_table(part).to_pylist()[0]["kind"] == "op"
