@@ -143,6 +143,15 @@ def test_unknown_cli_flags(capsys, tmp_path):
     assert "--flush-interval" in _err_line(capsys)
 
 
+@pytest.mark.parametrize("cmd", ["report", "synth", "dashboard", "export", "diff", "run"])
+def test_unknown_option_of_every_command(capsys, tmp_path, cmd):
+    """Every subcommand: an unknown option is one line naming it, exit 2, nothing done."""
+    assert main([cmd, "--bogus", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    err = _err_line(capsys)
+    assert "No such option '--bogus'" in err and f"(see 'commtrace {cmd} --help')" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 _ARGV_TO_FILE = "import json, sys; json.dump(sys.argv[1:], open(sys.argv[1], 'w'))"
 
 

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
 import tempfile
@@ -16,8 +18,11 @@ import pyarrow as pa
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from rich.console import Console
+
 import commtrace
 from commtrace.capture import recorder as R
+from commtrace.cli.report import render
 from commtrace.config import Config
 from commtrace.ops import CANONICAL_OPS
 from commtrace.trace import reader as RD
@@ -138,7 +143,10 @@ def runs(draw):
                     row[c] = None
         out[r] = rows
     offsets = draw(st.lists(st.none() | st.integers(-10**6, 10**6), min_size=nranks, max_size=nranks))
-    return out, offsets, draw(st.booleans())
+    # the rank's _inflight.json: none, or (final, t_ns, a pending op or not)
+    snaps = draw(st.lists(st.none() | st.tuples(st.booleans(), TIME, st.booleans()),
+                          min_size=nranks, max_size=nranks))
+    return out, offsets, draw(st.booleans()), snaps
 
 
 _NULL_OP = {c: None for c in S.COLUMNS} | {"kind": "op", "rank": 0, "op": "all_reduce", "pg": "0", "seq": 0}
@@ -147,11 +155,13 @@ _NULL_OP = {c: None for c in S.COLUMNS} | {"kind": "op", "rank": 0, "op": "all_r
 @settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(runs())
-@example(({0: []}, [None], False))                                 # an empty table
-@example(({0: [dict(_NULL_OP)], 1: [dict(_NULL_OP, rank=1)]}, [None, 5], True))  # all-null times
-@example(({0: [dict(_NULL_OP, t_enqueue_ns=1, t_end_ns=2)]}, [0], True))       # one rank
+@example(({0: []}, [None], False, [None]))                                 # an empty table
+@example(({0: [dict(_NULL_OP)], 1: [dict(_NULL_OP, rank=1)]}, [None, 5], True, [None, None]))  # all-null times
+@example(({0: [dict(_NULL_OP, t_enqueue_ns=1, t_end_ns=2)]}, [0], True, [None]))       # one rank
+@example(({0: [dict(_NULL_OP, t_enqueue_ns=1, t_end_ns=2)], 1: [dict(_NULL_OP, rank=1)]},
+          [None, None], True, [(True, 10**9, False), (False, None, True)]))  # a killed rank, null times
 def test_analysis_never_crashes(spec):
-    per_rank, offsets, manifest = spec
+    per_rank, offsets, manifest, snaps = spec
     d = tempfile.mkdtemp(prefix="ct-prop-an-")
     try:
         if manifest:
@@ -162,11 +172,28 @@ def test_analysis_never_crashes(spec):
             if offsets[r] is not None:
                 meta["clock_offset_ns"] = offsets[r]
             W.write_part(d, r, W.rows_to_table(cols), meta, pid=1000 + r)
+            if snaps[r] is not None:
+                final, t_ns, pending = snaps[r]
+                ops = [{"kind": "op", "rank": r, "pg": "0", "seq": 9, "op": "all_reduce",
+                        "op_id": 99, "t_enqueue_ns": t_ns, "pending": True}] if pending else []
+                W.atomic_write_text(os.path.join(W.rank_dir(d, r), S.INFLIGHT_NAME), json.dumps(
+                    {"rank": r, "t_ns": t_ns, "final": final, "ops": ops}))
         run = commtrace.load(d)
         rep = run.report()
         with_ops = {r for r, rows in per_rank.items() if any(row["kind"] == "op" for row in rows)}
         assert with_ops <= set(rep["ranks"]) <= set(per_rank)
-        assert rep["ops"] == sum(1 for rows in per_rank.values() for row in rows if row["kind"] == "op")
+        # every op row, plus each snapshot's pending op (op_id 99 has no row in the parts)
+        n_pending = sum(1 for sn in snaps if sn is not None and sn[2])
+        assert rep["ops"] == n_pending + sum(1 for rows in per_rank.values() for row in rows
+                                             if row["kind"] == "op")
+        # ended_early: only ranks whose snapshot says they did not exit through commtrace
+        killed = {r for r, sn in enumerate(snaps) if sn is not None and sn[0] is False}
+        assert {e["rank"] for e in rep["ended_early"]} <= killed & set(rep["ranks"])
+        for e in rep["ended_early"]:
+            assert e["final_flush"] is False and e["signals"][0] == "no_final_flush"
+            assert e["reason"].startswith("no exit flush") and len(e["signals"]) >= 2
+        json.dumps(rep)  # the --format json output
+        render(rep, console=Console(file=io.StringIO(), width=100))  # the text report
         run.findings()
         run.per_step()
         run.p2p()
