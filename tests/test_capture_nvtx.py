@@ -137,7 +137,7 @@ def test_no_nvtx_package_means_no_ranges_and_calls_still_recorded(monkeypatch, t
     calls = []
     w = _wrapper(calls)
     w(torch.ones(4), group=pg)
-    assert calls == [False] and len(rec._ready) == 1
+    assert calls == [False] and rec.queued() == 1
 
 
 def test_no_profiler_attached_means_inactive(monkeypatch):

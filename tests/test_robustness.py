@@ -59,9 +59,6 @@ def test_training_sees_the_same_results(runs):
     assert "Traceback" not in p.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="capture bug: a user's wrapper of dist.all_reduce set before "
-                   "init_process_group is replaced by commtrace's at init (the user's calls are lost); "
-                   "reported in docs/dev/requests-capture.md")
 def test_user_monkeypatch_before_init_is_kept(runs):
     _, res, _ = runs
     for r in (0, 1):

@@ -141,6 +141,33 @@ def expand(rank: int, pre: tuple, t1) -> list:
             None, (seq == 0) if seq is not None else None, None, pre[F_THREAD], pre[F_DETAIL]]
 
 
+def expand_columns(rank: int, c: tuple) -> list:
+    """Schema-order column lists of the calls drained from the C fast path
+    (``_fastpath.drain_columns()``: the F_* fields and t_return_ns, one list each)."""
+    n = len(c[0])
+    specs = [FAST_SPECS[i] for i in c[F_SPEC]]
+    pgs = [PG_FACTS[i] for i in c[F_PG]]
+    counts, dts = c[F_COUNT], c[F_DTYPE]
+    nbytes = [None if (k is None or d is None or isinstance(d, str)) else k * d.itemsize
+              for k, d in zip(counts, dts)]
+    out_b = [ob if ob is not None else (b if sp[2] else (0 if b is not None else None))
+             for ob, b, sp in zip(c[F_OUT_BYTES], nbytes, specs)]
+    t1 = c[18]
+    nones = [None] * n
+    return [[S.KIND_OP] * n, [rank] * n, [p[0] for p in pgs], [p[1] for p in pgs], c[F_SEQ],
+            [sp[0] for sp in specs], [a or sp[1] for a, sp in zip(c[F_API], specs)],
+            c[F_ASYNC], [p[2] for p in pgs], c[F_DEVICE], [_dtype_name(d) for d in dts],
+            counts, nbytes, out_b, c[F_PEER], c[F_ROOT], c[F_T0], t1, nones, t1, nones, nones,
+            c[F_STEP], c[F_SITE], nones, c[F_OP_ID], nones, nones, nones,
+            [(s == 0) if s is not None else None for s in c[F_SEQ]], nones, c[F_THREAD],
+            c[F_DETAIL]]
+
+
+try:  # the C fast path's buffer of completed calls (wrappers.make_wrapper), when built
+    from . import _fastpath as _cfast
+except ImportError:
+    _cfast = None
+
 _recorder: "Recorder | None" = None
 _part_counter = 0  # process-wide, so a second recorder in the same process never overwrites
 _part_lock = threading.Lock()
@@ -342,8 +369,15 @@ class Recorder:
 
     def blocking_rows(self) -> list:
         """Rows of the blocking calls in progress (any thread)."""
-        return [expand(self.rank, v, None) if len(v) == PRE_LEN else v
+        rows = [expand(self.rank, v, None) if len(v) == PRE_LEN else v
                 for v in list(self._blocking.values())]
+        if _cfast is not None:
+            rows += [expand(self.rank, pre, None) for pre in _cfast.in_progress(False)]
+        return rows
+
+    def queued(self) -> int:
+        """Finished rows waiting for the next flush (Python queue and the C fast path's)."""
+        return len(self._ready) + (_cfast.buffered() if _cfast is not None else 0)
 
     def pending_ops(self) -> dict:
         """op_id -> :class:`PendingOp` for async ops issued and not yet written out (not waited,
@@ -589,6 +623,10 @@ class Recorder:
                 while q:
                     r = q.popleft()
                     rows.append(expand(rank, r[0], r[1]) if len(r) == 2 else r)
+                ccols = None
+                if _cfast is not None:
+                    ccols = _cfast.drain_columns()
+                    self._dropped += _cfast.take_dropped()
                 inflight = [p.as_json() for p in list(self._pending.values())
                             if p.row[I_T_END] is None]
                 inflight += [_row_json(r) for r in self.blocking_rows()]
@@ -600,21 +638,27 @@ class Recorder:
                         r = self._blocking.pop(op_id, None)
                         if r is not None:
                             rows.append(expand(rank, r, None) if len(r) == PRE_LEN else r)
+                    if _cfast is not None:
+                        rows += [expand(rank, pre, None) for pre in _cfast.in_progress(True)]
                     # Ops written just now with t_end null are still reported as in flight.
                     inflight = [_row_json(r)
                                 for r in rows if r[I_KIND] == S.KIND_OP and r[I_T_END] is None]
-                self._write(rows, inflight, final)
+                self._write(rows, inflight, final, ccols)
             except Exception as e:
                 log.warn_once("flush", "could not write trace part", e)
 
-    def _write(self, rows, inflight, final) -> None:
+    def _write(self, rows, inflight, final, ccols=None) -> None:
         from ..trace import writer as W
 
         d = W.rank_dir(self.run_dir, self.rank)
+        n_c = len(ccols[0]) if ccols else 0
         try:
             os.makedirs(d, exist_ok=True)
-            if rows:
-                cols = list(zip(*rows))
+            if rows or n_c:
+                cols = [list(col) for col in zip(*rows)] if rows else [[] for _ in COLUMNS]
+                if n_c:
+                    for col, more in zip(cols, expand_columns(self.rank, ccols)):
+                        col.extend(more)
                 # Wrappers keep the call site as a raw (file, line) pair: format it here.
                 cols[I_SITE] = [format_site(v) for v in cols[I_SITE]]
                 table = W.rows_to_table_nopandas({c: list(cols[i]) for i, c in enumerate(COLUMNS)})
@@ -626,7 +670,7 @@ class Recorder:
                 W.atomic_write_text(os.path.join(d, S.INFLIGHT_NAME), text)
                 self._last_inflight_text = text
         except Exception as e:
-            self._dropped += len(rows)
+            self._dropped += len(rows) + n_c
             if not self._write_failed:
                 self._write_failed = True
                 log.warn_once(("write", self.run_dir), f"cannot write trace under {d}; "

@@ -39,6 +39,15 @@ from .sites import site_of_frame, user_site_raw
 
 _getframe = __import__("sys")._getframe
 
+# The blocking fast path in C (commtrace/capture/_fastpath.c), when built; the Python one in
+# make_wrapper does the same. COMMTRACE_PURE_PYTHON=1 turns the C one off.
+_cfast = None
+if __import__("os").environ.get("COMMTRACE_PURE_PYTHON", "") in ("", "0"):
+    try:
+        from . import _fastpath as _cfast
+    except ImportError:
+        _cfast = None
+
 
 class _TLS(threading.local):
     # Set per thread in __init__ so that reads hit the instance dict (class-level defaults make
@@ -625,6 +634,29 @@ def make_wrapper(api: str, orig, spec):
                 rec._dropped += 1
         return ret
 
+    inout = bool(in_name) and in_kind == "" and bool(out_name) and out_kind == "" \
+        and out_name != in_name
+    if _cfast is not None and not is_object and not always_async and (single or inout):
+        try:
+            r0, r1 = (peer or root or ("", ""))
+            ctx = _cfast.make_ctx(
+                orig, wrapper, _on_error, _R, tls, _pg_cache, _world, nvtx_ranges,
+                _R._time_ns, _sites._code_internal, _sites._site_pairs, site_of_frame,
+                _dev_names, fact,
+                {"group": (g_i, g_n, g_d), "x": (x_i, x_n, x_d),
+                 "y": reader.slot(out_name) if inout else (1 << 30, None, None),
+                 "async": (a_i, a_n, a_d), "r0": reader.slot(r0), "r1": reader.slot(r1)},
+                {"has_y": inout, "has_root": bool(root), "has_peer": bool(peer),
+                 "is_send": is_send})
+        except Exception as e:
+            log.warn_once("cfast", "C fast path unavailable; using the Python one", e)
+        else:
+            ccall = _cfast.call
+            pywrapper = wrapper
+
+            def wrapper(*args, **kwargs):
+                return ccall(ctx, args, kwargs)
+            wrapper.__commtrace_python__ = pywrapper
     try:
         functools.update_wrapper(wrapper, orig)
     except Exception:
@@ -632,6 +664,14 @@ def make_wrapper(api: str, orig, spec):
     setattr(wrapper, ORIGINAL_ATTR, orig)
     wrapper.__commtrace_reader__ = reader
     return wrapper
+
+
+def _on_error(rec, pre, t1, exc) -> None:
+    """The C fast path's call raised: record the row with its error (never raises)."""
+    try:
+        _record_error(rec, _R.expand(rec.rank, pre, None), t1, exc)
+    except Exception:
+        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -839,11 +879,18 @@ def install() -> bool:
                     continue
                 w = make_wrapper(name, orig, spec)
                 _WRAPPERS[name] = w
+            orig = original_of(w)
             for mod in targets:
                 if hasattr(mod, name) or mod is c10d:
-                    if getattr(mod, name, None) is not w:
-                        restore(mod, name)
-                        patch(mod, name, w)
+                    cur = getattr(mod, name, None)
+                    if cur is w:
+                        continue
+                    if cur is not None and original_of(cur) is not orig:
+                        # Someone else (the user, another tool) replaced it since we
+                        # installed: keep theirs. It usually calls ours, which it captured.
+                        continue
+                    restore(mod, name)
+                    patch(mod, name, w)
         for name, maker in (("batch_isend_irecv", _make_batch),
                             ("_coalescing_manager", _make_coalescing)):
             w = _WRAPPERS.get(name)

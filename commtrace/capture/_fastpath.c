@@ -1,0 +1,807 @@
+/* The blocking fast path of commtrace's torch.distributed wrappers, in C.
+ *
+ * Optional: when this module is not built (no compiler) or COMMTRACE_PURE_PYTHON=1, the pure
+ * Python fast path in wrappers.make_wrapper does the same work. Both produce the same short
+ * record ``pre`` (recorder.F_* fields) and queue ``(pre, t_return_ns)`` for the writer thread,
+ * which expands it (recorder.expand). Anything this code does not handle itself (tracing off
+ * is handled here; async ops, object collectives, NVTX tool attached, device timer, injected
+ * clock skew, coalescing, nested calls, recv from any source, an argument it cannot read) is
+ * handed to the Python wrapper (`ctx.slow`) before the user's call runs, so the semantics are
+ * the Python wrapper's. Errors of commtrace's own bookkeeping are cleared and never raised:
+ * the user's call runs, and its result or exception passes through unchanged.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <pythread.h>
+#include <structmember.h>
+#include <limits.h>
+#include <time.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *orig;        /* torch's function */
+    PyObject *slow;        /* the Python wrapper: slow(*args, **kwargs) */
+    PyObject *on_error;    /* on_error(rec, pre, t1, exc) */
+    PyObject *recmod;      /* commtrace.capture.recorder (its _recorder) */
+    PyObject *tls;         /* wrappers.tls (threading.local) */
+    PyObject *pg_cache;    /* dict: group -> PgInfo */
+    PyObject *world;       /* object with _default_pg */
+    PyObject *nvtx;        /* nvtx_ranges module (its `active`) */
+    PyObject *time_ns;     /* time.time_ns: rec.now_ns must be it (no skew) */
+    PyObject *code_internal; /* sites._code_internal: id(code) -> bool */
+    PyObject *site_pairs;  /* sites._site_pairs: (id(code), lasti) -> (file, line) */
+    PyObject *site_of_frame; /* sites.site_of_frame(frame) */
+    PyObject *dev_names;   /* device index -> name */
+    PyObject *fact;        /* int: index in recorder.FAST_SPECS */
+    int fact_i;
+    Py_ssize_t g_i, x_i, y_i, a_i, r0_i, r1_i;
+    PyObject *g_n, *g_d, *x_n, *x_d, *y_n, *y_d, *a_n, *a_d, *r0_n, *r0_d, *r1_n, *r1_d;
+    int has_y;             /* a second (output) tensor argument: out_bytes = y.nbytes */
+    int has_root;          /* r0/r1 are (global root, group root) */
+    int has_peer;          /* r0/r1 are (global peer, group peer) */
+    int is_send;
+} FastCtx;
+
+/* Interned names. */
+static PyObject *s_recorder, *s_dict, *s_depth, *s_coalesce, *s_acc, *s_api, *s_detail,
+    *s_default_pg, *s_member, *s_idx, *s_name, *s_ranks, *s_active, *s_device_timer, *s_now_ns,
+    *s_numel, *s_dtype, *s_get_device, *s_nbytes, *s_seq, *s_p2p_seq, *s_step, *s_stack,
+    *s_op_ids, *s_blocking, *s_ready, *s_cap, *s_dropped, *s_append, *s_rank, *s_pop;
+static PyObject *i_zero, *i_one;   /* owned references to the ints 0 and 1 */
+/* Calls recorded here / handed to the Python wrapper, and the line of the last hand-over
+ * (tests and benchmarks read them through counts()). */
+static unsigned long long n_fast, n_slow;
+static int last_slow_line;
+
+static void ctx_clear_refs(FastCtx *c) {
+    Py_CLEAR(c->orig); Py_CLEAR(c->slow); Py_CLEAR(c->on_error); Py_CLEAR(c->recmod);
+    Py_CLEAR(c->tls); Py_CLEAR(c->pg_cache); Py_CLEAR(c->world); Py_CLEAR(c->nvtx);
+    Py_CLEAR(c->time_ns); Py_CLEAR(c->code_internal); Py_CLEAR(c->site_pairs);
+    Py_CLEAR(c->site_of_frame); Py_CLEAR(c->dev_names); Py_CLEAR(c->fact);
+    Py_CLEAR(c->g_n); Py_CLEAR(c->g_d); Py_CLEAR(c->x_n); Py_CLEAR(c->x_d); Py_CLEAR(c->y_n);
+    Py_CLEAR(c->y_d); Py_CLEAR(c->a_n); Py_CLEAR(c->a_d); Py_CLEAR(c->r0_n); Py_CLEAR(c->r0_d);
+    Py_CLEAR(c->r1_n); Py_CLEAR(c->r1_d);
+}
+
+static void ctx_dealloc(FastCtx *c) {
+    ctx_clear_refs(c);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+static PyTypeObject FastCtxType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "commtrace.capture._fastpath.FastCtx",
+    .tp_basicsize = sizeof(FastCtx),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)ctx_dealloc,
+    .tp_new = PyType_GenericNew,
+};
+
+/* Slot value: args[i] if i < n else kwargs.get(name, default). Borrowed reference. */
+static PyObject *slot(PyObject *args, PyObject *kwargs, Py_ssize_t i, PyObject *name,
+                      PyObject *dflt) {
+    if (i < PyTuple_GET_SIZE(args))
+        return PyTuple_GET_ITEM(args, i);
+    if (name != Py_None && kwargs != NULL) {
+        PyObject *v = PyDict_GetItemWithError(kwargs, name);
+        if (v != NULL)
+            return v;
+        if (PyErr_Occurred())
+            PyErr_Clear();
+    }
+    return dflt;
+}
+
+static inline long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec;
+}
+
+/* Global rank from (global arg, group-local arg) as wrappers._global. New reference or
+ * Py_None (new ref); NULL on error. */
+static PyObject *global_rank(PyObject *info, PyObject *glob, PyObject *grp) {
+    if (glob != Py_None)
+        return PyNumber_Index(glob);
+    if (grp != Py_None) {
+        PyObject *ranks = PyObject_GetAttr(info, s_ranks);
+        if (ranks == NULL)
+            return NULL;
+        PyObject *r = PyObject_GetItem(ranks, grp);
+        Py_DECREF(ranks);
+        if (r == NULL) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        return r;
+    }
+    Py_RETURN_NONE;
+}
+
+/* The call site: (file, line) of the first user frame above the wrapper's frame; new ref. */
+static PyObject *call_site(FastCtx *c) {
+#if PY_VERSION_HEX >= 0x030B0000
+    PyFrameObject *wf = PyEval_GetFrame();   /* borrowed: the Python wrapper's frame */
+    if (wf == NULL)
+        Py_RETURN_NONE;
+    PyFrameObject *f = PyFrame_GetBack(wf);  /* new ref: the caller */
+    if (f == NULL)
+        Py_RETURN_NONE;
+    PyCodeObject *code = PyFrame_GetCode(f); /* new ref */
+    PyObject *k = PyLong_FromVoidPtr(code);
+    Py_DECREF(code);
+    PyObject *res = NULL;
+    if (k != NULL) {
+        PyObject *internal = PyDict_GetItemWithError(c->code_internal, k);
+        if (internal == Py_False) {
+            PyObject *key = Py_BuildValue("(Ni)", k, PyFrame_GetLasti(f));  /* steals k */
+            k = NULL;
+            if (key != NULL) {
+                res = PyDict_GetItemWithError(c->site_pairs, key);
+                Py_XINCREF(res);
+                Py_DECREF(key);
+            }
+        }
+        Py_XDECREF(k);
+    }
+    if (res == NULL) {
+        if (PyErr_Occurred())
+            PyErr_Clear();
+        res = PyObject_CallOneArg(c->site_of_frame, (PyObject *)f);
+    }
+    Py_DECREF(f);
+    return res;
+#else
+    PyObject *sys_getframe = PySys_GetObject("_getframe");  /* borrowed */
+    if (sys_getframe == NULL)
+        Py_RETURN_NONE;
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *f = PyObject_CallOneArg(sys_getframe, one);
+    Py_DECREF(one);
+    if (f == NULL)
+        return NULL;
+    PyObject *res = PyObject_CallOneArg(c->site_of_frame, f);
+    Py_DECREF(f);
+    return res;
+#endif
+}
+
+
+/* ---------------------------------------------------------------------------------------
+ * Records of completed calls, kept in C until the writer thread drains them: no Python
+ * object per op on the training thread (no allocation, nothing for the cyclic GC to visit).
+ * ------------------------------------------------------------------------------------- */
+#define NONE_LL LLONG_MIN
+#define MAX_INPROG 64
+
+typedef struct {
+    long long seq, peer, root, t0, t1, step, op_id, count, outb;
+    unsigned long thread;
+    int fact, pgidx;
+    PyObject *site, *api, *detail, *dtype, *dev;   /* owned */
+} Rec;
+
+static Rec *buf;               /* completed calls, in order */
+static Py_ssize_t buf_len, buf_alloc, buf_max = 200000;
+static unsigned long long n_dropped;
+static Rec inprog[MAX_INPROG]; /* blocking calls in progress */
+static int inprog_used[MAX_INPROG], inprog_taken[MAX_INPROG];
+
+static long long as_ll(PyObject *o) {
+    if (o == NULL || o == Py_None || !PyLong_Check(o))
+        return NONE_LL;
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return NONE_LL;
+    }
+    return v;
+}
+
+static PyObject *ll_obj(long long v) {
+    if (v == NONE_LL)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(v);
+}
+
+static void rec_release(Rec *r) {
+    Py_CLEAR(r->site); Py_CLEAR(r->api); Py_CLEAR(r->detail); Py_CLEAR(r->dtype);
+    Py_CLEAR(r->dev);
+}
+
+static void buf_push(Rec *r) {
+    if (buf_len >= buf_max) {
+        n_dropped++;
+        rec_release(r);
+        return;
+    }
+    if (buf_len >= buf_alloc) {
+        Py_ssize_t n = buf_alloc ? buf_alloc * 2 : 4096;
+        if (n > buf_max)
+            n = buf_max;
+        Rec *nb = (Rec *)PyMem_RawRealloc(buf, (size_t)n * sizeof(Rec));
+        if (nb == NULL) {
+            n_dropped++;
+            rec_release(r);
+            return;
+        }
+        buf = nb;
+        buf_alloc = n;
+    }
+    buf[buf_len++] = *r;
+}
+
+/* The short record (recorder.F_* order) of r; new reference, NULL on error. */
+static PyObject *rec_pre(Rec *r) {
+    PyObject *v[18];
+    v[0] = PyLong_FromLong(r->fact);
+    v[1] = PyLong_FromLong(r->pgidx);
+    v[2] = ll_obj(r->seq);
+    v[3] = ll_obj(r->peer);
+    v[4] = ll_obj(r->root);
+    v[5] = ll_obj(r->t0);
+    v[6] = ll_obj(r->step);
+    v[7] = r->site; Py_XINCREF(v[7]);
+    v[8] = ll_obj(r->op_id);
+    v[9] = PyLong_FromUnsignedLong(r->thread);
+    v[10] = r->api; Py_XINCREF(v[10]);
+    v[11] = r->detail; Py_XINCREF(v[11]);
+    v[12] = ll_obj(r->count);
+    v[13] = r->dtype; Py_XINCREF(v[13]);
+    v[14] = r->dev; Py_XINCREF(v[14]);
+    v[15] = Py_None; Py_INCREF(Py_None);
+    v[16] = ll_obj(r->outb);
+    v[17] = Py_False; Py_INCREF(Py_False);
+    PyObject *t = PyTuple_New(18);
+    for (int i = 0; i < 18; i++) {
+        if (v[i] == NULL) {
+            v[i] = Py_None;
+            Py_INCREF(Py_None);
+            PyErr_Clear();
+        }
+        if (t != NULL)
+            PyTuple_SET_ITEM(t, i, v[i]);
+        else
+            Py_DECREF(v[i]);
+    }
+    return t;
+}
+
+/* drain_columns() -> None when empty, else 19 lists: the short-record fields (recorder.F_*
+ * order) and t_return_ns, of the calls completed since the last drain. Column lists, so the
+ * writer builds no Python object per row. */
+static PyObject *drain_columns(PyObject *module, PyObject *unused) {
+    Rec *b = buf;
+    Py_ssize_t n = buf_len;
+    if (n == 0)
+        Py_RETURN_NONE;
+    buf = NULL;
+    buf_len = buf_alloc = 0;
+    PyObject *cols[19];
+    int ok = 1;
+    for (int j = 0; j < 19; j++) {
+        cols[j] = PyList_New(n);
+        if (cols[j] == NULL)
+            ok = 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Rec *r = &b[i];
+        if (ok) {
+            PyObject *v[19];
+            v[0] = PyLong_FromLong(r->fact);
+            v[1] = PyLong_FromLong(r->pgidx);
+            v[2] = ll_obj(r->seq);
+            v[3] = ll_obj(r->peer);
+            v[4] = ll_obj(r->root);
+            v[5] = ll_obj(r->t0);
+            v[6] = ll_obj(r->step);
+            v[7] = r->site; r->site = NULL;       /* references move to the lists */
+            v[8] = ll_obj(r->op_id);
+            v[9] = PyLong_FromUnsignedLong(r->thread);
+            v[10] = r->api; r->api = NULL;
+            v[11] = r->detail; r->detail = NULL;
+            v[12] = ll_obj(r->count);
+            v[13] = r->dtype; r->dtype = NULL;
+            v[14] = r->dev; r->dev = NULL;
+            v[15] = Py_None; Py_INCREF(Py_None);
+            v[16] = ll_obj(r->outb);
+            v[17] = Py_False; Py_INCREF(Py_False);
+            v[18] = ll_obj(r->t1);
+            for (int j = 0; j < 19; j++) {
+                if (v[j] == NULL) {
+                    PyErr_Clear();
+                    v[j] = Py_None;
+                    Py_INCREF(Py_None);
+                }
+                PyList_SET_ITEM(cols[j], i, v[j]);
+            }
+        }
+        rec_release(r);
+    }
+    PyMem_RawFree(b);
+    if (!ok) {
+        for (int j = 0; j < 19; j++)
+            Py_XDECREF(cols[j]);
+        n_dropped += (unsigned long long)n;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyTuple_New(19);
+    if (out == NULL) {
+        for (int j = 0; j < 19; j++)
+            Py_DECREF(cols[j]);
+        return NULL;
+    }
+    for (int j = 0; j < 19; j++)
+        PyTuple_SET_ITEM(out, j, cols[j]);
+    return out;
+}
+
+/* in_progress(take=False) -> list of pre of the blocking calls in progress. take=True: they
+ * are written now as never completed, and not queued again when their call returns. */
+static PyObject *in_progress(PyObject *module, PyObject *args) {
+    int take = 0;
+    if (!PyArg_ParseTuple(args, "|p", &take))
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (int i = 0; i < MAX_INPROG; i++) {
+        if (!inprog_used[i] || inprog_taken[i])
+            continue;
+        if (take)
+            inprog_taken[i] = 1;
+        PyObject *pre = rec_pre(&inprog[i]);
+        if (pre == NULL || PyList_Append(out, pre) != 0)
+            PyErr_Clear();
+        Py_XDECREF(pre);
+    }
+    return out;
+}
+
+/* take_dropped() -> calls not recorded since the last take (buffer full). */
+static PyObject *take_dropped(PyObject *module, PyObject *unused) {
+    unsigned long long n = n_dropped;
+    n_dropped = 0;
+    return PyLong_FromUnsignedLongLong(n);
+}
+
+/* buffered() -> calls completed and not yet drained. */
+static PyObject *buffered(PyObject *module, PyObject *unused) {
+    return PyLong_FromSsize_t(buf_len);
+}
+
+/* set_limit(n): at most n completed calls wait in the buffer (the recorder's cap). */
+static PyObject *set_limit(PyObject *module, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    buf_max = n > 0 ? n : 1;
+    Py_RETURN_NONE;
+}
+
+/* The recorder's fixed fields, read once per recorder (they are set in its __init__). */
+static struct {
+    PyObject *rec;            /* strong: its address is not reused while cached */
+    PyObject *seq, *p2p_seq, *op_ids, *rank;
+    int stack, now_ok;
+} cst;
+
+static int cache_recorder(FastCtx *c, PyObject *rec) {
+    if (cst.rec == rec)
+        return 0;
+    Py_CLEAR(cst.rec); Py_CLEAR(cst.seq); Py_CLEAR(cst.p2p_seq); Py_CLEAR(cst.op_ids);
+    Py_CLEAR(cst.rank);
+    cst.seq = PyObject_GetAttr(rec, s_seq);
+    cst.p2p_seq = PyObject_GetAttr(rec, s_p2p_seq);
+    cst.op_ids = PyObject_GetAttr(rec, s_op_ids);
+    cst.rank = PyObject_GetAttr(rec, s_rank);
+    PyObject *st = PyObject_GetAttr(rec, s_stack);
+    PyObject *now = PyObject_GetAttr(rec, s_now_ns);
+    PyObject *cap = PyObject_GetAttr(rec, s_cap);
+    int ok = cst.seq && PyDict_Check(cst.seq) && cst.p2p_seq && PyDict_Check(cst.p2p_seq) &&
+             cst.op_ids && PyIter_Check(cst.op_ids) && cst.rank && st && now && cap;
+    if (ok) {
+        cst.stack = PyObject_IsTrue(st) == 1;
+        cst.now_ok = now == c->time_ns;   /* no injected skew, no custom clock */
+        Py_ssize_t n = PyLong_AsSsize_t(cap);
+        if (n > 0)
+            buf_max = n;
+    }
+    Py_XDECREF(st); Py_XDECREF(now); Py_XDECREF(cap);
+    PyErr_Clear();
+    if (!ok) {
+        Py_CLEAR(cst.seq); Py_CLEAR(cst.p2p_seq); Py_CLEAR(cst.op_ids); Py_CLEAR(cst.rank);
+        return -1;
+    }
+    cst.rec = rec;
+    Py_INCREF(rec);
+    return 0;
+}
+
+#define SLOW() do { last_slow_line = __LINE__; goto slow; } while (0)
+
+static PyObject *call(PyObject *module, PyObject *const *fa, Py_ssize_t nfa) {
+    if (nfa != 3 || !PyObject_TypeCheck(fa[0], &FastCtxType) || !PyTuple_Check(fa[1]) ||
+        !PyDict_Check(fa[2])) {
+        PyErr_SetString(PyExc_TypeError, "call(ctx, args: tuple, kwargs: dict)");
+        return NULL;
+    }
+    FastCtx *c = (FastCtx *)fa[0];
+    PyObject *args = fa[1], *kwargs = fa[2];
+    PyObject *rec = NULL, *st = NULL, *info = NULL, *tmp = NULL;
+    PyObject *count = NULL, *dtype = NULL, *dev = NULL, *outb = NULL, *peer = NULL,
+             *root = NULL, *seq = NULL, *site = NULL, *op_id = NULL, *step = NULL,
+             *ret = NULL;
+    long long t0;
+
+    rec = PyObject_GetAttr(c->recmod, s_recorder);
+    if (rec == NULL)
+        SLOW();
+    if (rec == Py_None) {
+        Py_DECREF(rec);
+        return PyObject_Call(c->orig, args, kwargs);
+    }
+    if (cache_recorder(c, rec) != 0 || !cst.now_ok)
+        SLOW();   /* injected clock skew (tests), a custom clock, or no recorder fields */
+    st = PyObject_GetAttr(c->tls, s_dict);
+    if (st == NULL || !PyDict_Check(st))
+        SLOW();
+    /* Nested call, coalescing manager, object-collective accumulation: Python handles it. */
+    tmp = PyDict_GetItemWithError(st, s_depth);
+    if (tmp == NULL || !PyLong_CheckExact(tmp) || PyLong_AsLong(tmp) != 0)
+        SLOW();
+    tmp = PyDict_GetItemWithError(st, s_coalesce);
+    if (tmp == NULL || tmp != Py_None)
+        SLOW();
+    tmp = PyObject_GetAttr(c->nvtx, s_active);
+    if (tmp == NULL)
+        SLOW();
+    {
+        int act = PyObject_IsTrue(tmp);
+        Py_DECREF(tmp);
+        if (act != 0)
+            SLOW();
+    }
+    tmp = PyObject_GetAttr(rec, s_device_timer);
+    if (tmp == NULL)
+        SLOW();
+    Py_DECREF(tmp);
+    if (tmp != Py_None)
+        SLOW();
+    t0 = now_ns();
+
+    /* Group -> PgInfo (cached by the Python side on first sight). */
+    {
+        PyObject *g = slot(args, kwargs, c->g_i, c->g_n, c->g_d);
+        PyObject *key;
+        if (g == Py_None) {
+            key = PyObject_GetAttr(c->world, s_default_pg);
+            if (key == NULL)
+                SLOW();
+        } else {
+            key = g;
+            Py_INCREF(key);
+        }
+        info = PyDict_GetItemWithError(c->pg_cache, key);
+        Py_DECREF(key);
+        if (info == NULL)
+            SLOW();
+        Py_INCREF(info);
+        tmp = PyObject_GetAttr(info, s_member);
+        if (tmp == NULL)
+            SLOW();
+        Py_DECREF(tmp);
+        if (tmp != Py_True)
+            SLOW();
+    }
+    if (c->a_n != Py_None) {
+        PyObject *a = slot(args, kwargs, c->a_i, c->a_n, c->a_d);
+        int t = PyObject_IsTrue(a);
+        if (t != 0)
+            SLOW();
+    }
+    /* The tensor: count, dtype, device (bytes = count * itemsize, in the writer). */
+    {
+        PyObject *x = slot(args, kwargs, c->x_i, c->x_n, c->x_d);
+        if (x == Py_None)
+            SLOW();
+        count = PyObject_CallMethodNoArgs(x, s_numel);
+        if (count == NULL)
+            SLOW();
+        dtype = PyObject_GetAttr(x, s_dtype);
+        if (dtype == NULL)
+            SLOW();
+        tmp = PyObject_CallMethodNoArgs(x, s_get_device);
+        if (tmp == NULL)
+            SLOW();
+        dev = PyDict_GetItemWithError(c->dev_names, tmp);
+        Py_DECREF(tmp);
+        if (dev == NULL)
+            SLOW();   /* first tensor on this device: the Python path names it */
+        Py_INCREF(dev);
+        if (c->has_y) {
+            PyObject *y = slot(args, kwargs, c->y_i, c->y_n, c->y_d);
+            if (y == Py_None)
+                SLOW();
+            outb = PyObject_GetAttr(y, s_nbytes);
+            if (outb == NULL)
+                SLOW();
+        } else {
+            outb = Py_None;
+            Py_INCREF(outb);
+        }
+    }
+    {
+        PyObject *rk = cst.rank;
+        Py_INCREF(rk);
+        PyObject *name = PyObject_GetAttr(info, s_name);
+        if (name == NULL) {
+            Py_DECREF(rk);
+            SLOW();
+        }
+        if (c->has_peer) {
+            peer = global_rank(info, slot(args, kwargs, c->r0_i, c->r0_n, c->r0_d),
+                               slot(args, kwargs, c->r1_i, c->r1_n, c->r1_d));
+            if (peer == NULL || peer == Py_None) {
+                Py_DECREF(rk);
+                Py_DECREF(name);
+                SLOW();   /* recv from any source */
+            }
+            PyObject *d = cst.p2p_seq;
+            Py_INCREF(d);
+            PyObject *k = d == NULL ? NULL :
+                (c->is_send ? PyTuple_Pack(3, name, rk, peer) : PyTuple_Pack(3, name, peer, rk));
+            if (k != NULL) {
+                PyObject *s = PyDict_GetItemWithError(d, k);
+                if (s == NULL && !PyErr_Occurred())
+                    s = PyLong_FromLong(0);
+                else
+                    Py_XINCREF(s);
+                if (s != NULL) {
+                    PyObject *s1 = PyNumber_Add(s, i_one);
+                    if (s1 != NULL && PyDict_SetItem(d, k, s1) == 0)
+                        seq = s;
+                    else
+                        Py_DECREF(s);
+                    Py_XDECREF(s1);
+                }
+                Py_DECREF(k);
+            }
+            Py_XDECREF(d);
+        } else {
+            if (c->has_root) {
+                root = global_rank(info, slot(args, kwargs, c->r0_i, c->r0_n, c->r0_d),
+                                   slot(args, kwargs, c->r1_i, c->r1_n, c->r1_d));
+                if (root == NULL) {
+                    Py_DECREF(rk);
+                    Py_DECREF(name);
+                    SLOW();
+                }
+            }
+            PyObject *d = cst.seq;
+            Py_INCREF(d);
+            if (d != NULL) {
+                PyObject *s = PyDict_GetItemWithError(d, name);
+                if (s == NULL && !PyErr_Occurred())
+                    s = PyLong_FromLong(0);
+                else
+                    Py_XINCREF(s);
+                if (s != NULL) {
+                    PyObject *s1 = PyNumber_Add(s, i_one);
+                    if (s1 != NULL && PyDict_SetItem(d, name, s1) == 0)
+                        seq = s;
+                    else
+                        Py_DECREF(s);
+                    Py_XDECREF(s1);
+                }
+                Py_DECREF(d);
+            }
+        }
+        Py_DECREF(rk);
+        Py_DECREF(name);
+        if (seq == NULL)
+            SLOW();   /* nothing counted yet: the Python path counts it */
+    }
+    /* From here on the seq is taken: never fall back to the Python path (it would count the
+     * call again). A failure of commtrace's own bookkeeping drops the row, not the call. */
+    {
+        Rec r;
+        memset(&r, 0, sizeof(r));
+        r.fact = c->fact_i;
+        r.pgidx = -1;
+        tmp = PyObject_GetAttr(info, s_idx);
+        if (tmp != NULL) {
+            r.pgidx = (int)PyLong_AsLong(tmp);
+            Py_DECREF(tmp);
+        }
+        r.seq = as_ll(seq);
+        r.peer = as_ll(peer);
+        r.root = as_ll(root);
+        r.t0 = t0;
+        step = PyObject_GetAttr(rec, s_step);
+        r.step = as_ll(step);
+        r.count = as_ll(count);
+        r.outb = as_ll(outb);
+        r.thread = PyThread_get_thread_ident();
+        if (cst.stack)
+            site = call_site(c);
+        if (site == NULL) {
+            PyErr_Clear();
+            site = Py_None;
+            Py_INCREF(site);
+        }
+        op_id = PyIter_Next(cst.op_ids);
+        r.op_id = as_ll(op_id);
+        PyObject *api = PyDict_GetItemWithError(st, s_api);
+        PyObject *detail = PyDict_GetItemWithError(st, s_detail);
+        PyErr_Clear();
+        r.site = site; Py_INCREF(site);
+        r.api = api ? api : Py_None; Py_INCREF(r.api);
+        r.detail = detail ? detail : Py_None; Py_INCREF(r.detail);
+        r.dtype = dtype; Py_INCREF(dtype);
+        r.dev = dev; Py_INCREF(dev);
+        PyErr_Clear();
+        n_fast++;
+        /* In flight while the call runs (_inflight.json, final flush): a slot of its own. */
+        int slot_i = -1;
+        for (int i = 0; i < MAX_INPROG; i++) {
+            if (!inprog_used[i]) {
+                slot_i = i;
+                inprog_used[i] = 1;
+                inprog_taken[i] = 0;
+                inprog[i] = r;
+                break;
+            }
+        }
+        PyDict_SetItem(st, s_depth, i_one);
+        PyErr_Clear();
+        /* The user's call. */
+        ret = PyObject_Call(c->orig, args, kwargs);
+        long long t1 = now_ns();
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        PyDict_SetItem(st, s_depth, i_zero);
+        int taken = 0;
+        if (slot_i >= 0) {
+            r = inprog[slot_i];
+            taken = inprog_taken[slot_i];
+            inprog_used[slot_i] = 0;
+            inprog_taken[slot_i] = 0;
+        }
+        r.t1 = t1;
+        if (taken) {
+            rec_release(&r);   /* a final flush wrote it as never completed */
+        } else if (ret == NULL) {
+            PyErr_NormalizeException(&et, &ev, &etb);
+            PyObject *pre = rec_pre(&r);
+            PyObject *t1o = PyLong_FromLongLong(t1);
+            if (pre != NULL && t1o != NULL) {
+                PyObject *x = PyObject_CallFunctionObjArgs(c->on_error, rec, pre, t1o,
+                                                           ev ? ev : Py_None, NULL);
+                Py_XDECREF(x);
+            }
+            Py_XDECREF(pre);
+            Py_XDECREF(t1o);
+            rec_release(&r);
+        } else {
+            buf_push(&r);      /* takes the references, or releases them when full */
+        }
+        PyErr_Clear();   /* commtrace's own errors never reach the user */
+        PyErr_Restore(et, ev, etb);
+    }
+    goto done;
+
+slow:
+    PyErr_Clear();
+    n_slow++;
+    ret = PyObject_Call(c->slow, args, kwargs);
+done:
+    Py_XDECREF(rec); Py_XDECREF(st); Py_XDECREF(info); Py_XDECREF(count); Py_XDECREF(dtype);
+    Py_XDECREF(dev); Py_XDECREF(outb); Py_XDECREF(peer); Py_XDECREF(root); Py_XDECREF(seq);
+    Py_XDECREF(site); Py_XDECREF(op_id); Py_XDECREF(step);
+    return ret;
+}
+
+/* make_ctx(orig, slow, on_error, recmod, tls, pg_cache, world, nvtx, time_ns, code_internal,
+ *          site_pairs, site_of_frame, dev_names, fact, slots: dict, flags: dict) */
+static PyObject *make_ctx(PyObject *module, PyObject *args) {
+    FastCtx *c = PyObject_New(FastCtx, &FastCtxType);
+    if (c == NULL)
+        return NULL;
+    memset(((char *)c) + sizeof(PyObject), 0, sizeof(FastCtx) - sizeof(PyObject));
+    PyObject *slots, *flags;
+    if (!PyArg_ParseTuple(args, "OOOOOO!OOOO!O!OO!OO!O!", &c->orig, &c->slow, &c->on_error,
+                          &c->recmod, &c->tls, &PyDict_Type, &c->pg_cache, &c->world,
+                          &c->nvtx, &c->time_ns, &PyDict_Type, &c->code_internal,
+                          &PyDict_Type, &c->site_pairs, &c->site_of_frame, &PyDict_Type,
+                          &c->dev_names, &c->fact, &PyDict_Type, &slots, &PyDict_Type,
+                          &flags)) {
+        memset(((char *)c) + sizeof(PyObject), 0, sizeof(FastCtx) - sizeof(PyObject));
+        Py_DECREF(c);
+        return NULL;
+    }
+    Py_INCREF(c->orig); Py_INCREF(c->slow); Py_INCREF(c->on_error); Py_INCREF(c->recmod);
+    Py_INCREF(c->tls); Py_INCREF(c->pg_cache); Py_INCREF(c->world); Py_INCREF(c->nvtx);
+    Py_INCREF(c->time_ns); Py_INCREF(c->code_internal); Py_INCREF(c->site_pairs);
+    Py_INCREF(c->site_of_frame); Py_INCREF(c->dev_names); Py_INCREF(c->fact);
+    c->fact_i = (int)PyLong_AsLong(c->fact);
+    struct { const char *k; Py_ssize_t *i; PyObject **n, **d; } sl[] = {
+        {"group", &c->g_i, &c->g_n, &c->g_d}, {"x", &c->x_i, &c->x_n, &c->x_d},
+        {"y", &c->y_i, &c->y_n, &c->y_d}, {"async", &c->a_i, &c->a_n, &c->a_d},
+        {"r0", &c->r0_i, &c->r0_n, &c->r0_d}, {"r1", &c->r1_i, &c->r1_n, &c->r1_d},
+    };
+    for (size_t j = 0; j < sizeof(sl) / sizeof(sl[0]); j++) {
+        PyObject *v = PyDict_GetItemString(slots, sl[j].k);  /* (i, name, default) */
+        if (v == NULL || !PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 3) {
+            PyErr_Format(PyExc_ValueError, "slot %s: (position, name, default)", sl[j].k);
+            Py_DECREF(c);
+            return NULL;
+        }
+        *sl[j].i = PyLong_AsSsize_t(PyTuple_GET_ITEM(v, 0));
+        *sl[j].n = PyTuple_GET_ITEM(v, 1);
+        *sl[j].d = PyTuple_GET_ITEM(v, 2);
+        Py_INCREF(*sl[j].n);
+        Py_INCREF(*sl[j].d);
+    }
+    struct { const char *k; int *v; } fl[] = {
+        {"has_y", &c->has_y}, {"has_root", &c->has_root}, {"has_peer", &c->has_peer},
+        {"is_send", &c->is_send},
+    };
+    for (size_t j = 0; j < sizeof(fl) / sizeof(fl[0]); j++) {
+        PyObject *v = PyDict_GetItemString(flags, fl[j].k);
+        *fl[j].v = v != NULL && PyObject_IsTrue(v) == 1;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(c);
+        return NULL;
+    }
+    return (PyObject *)c;
+}
+
+static PyObject *counts(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("(KKi)", n_fast, n_slow, last_slow_line);
+}
+
+static PyMethodDef methods[] = {
+    {"counts", counts, METH_NOARGS,
+     "(calls recorded in C, calls handed to the Python wrapper, source line of the last)."},
+    {"call", (PyCFunction)(void (*)(void))call, METH_FASTCALL,
+     "call(ctx, args, kwargs): one wrapped call (see the module source)."},
+    {"make_ctx", make_ctx, METH_VARARGS, "The per-wrapper context of call()."},
+    {"drain_columns", drain_columns, METH_NOARGS, "drain_columns() -> None or 19 column lists (F_* fields, t_return_ns)."},
+    {"in_progress", in_progress, METH_VARARGS, "in_progress(take=False) -> [pre] of blocking calls in progress."},
+    {"take_dropped", take_dropped, METH_NOARGS, "Calls not recorded since the last take (buffer full)."},
+    {"buffered", buffered, METH_NOARGS, "Calls completed and not yet drained."},
+    {"set_limit", set_limit, METH_O, "set_limit(n): at most n completed calls are buffered."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {
+    PyModuleDef_HEAD_INIT, "_fastpath", "commtrace's blocking fast path in C (optional).", -1,
+    methods,
+};
+
+#define INTERN(var, text) do { var = PyUnicode_InternFromString(text); if (!var) return NULL; } while (0)
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+    if (PyType_Ready(&FastCtxType) < 0)
+        return NULL;
+    INTERN(s_recorder, "_recorder"); INTERN(s_dict, "__dict__"); INTERN(s_depth, "depth");
+    INTERN(s_coalesce, "coalesce"); INTERN(s_acc, "acc"); INTERN(s_api, "api");
+    INTERN(s_detail, "detail"); INTERN(s_default_pg, "_default_pg"); INTERN(s_member, "member");
+    INTERN(s_idx, "idx"); INTERN(s_name, "name"); INTERN(s_ranks, "ranks");
+    INTERN(s_active, "active"); INTERN(s_device_timer, "device_timer");
+    INTERN(s_now_ns, "now_ns"); INTERN(s_numel, "numel"); INTERN(s_dtype, "dtype");
+    INTERN(s_get_device, "get_device"); INTERN(s_nbytes, "nbytes"); INTERN(s_seq, "seq");
+    INTERN(s_p2p_seq, "p2p_seq"); INTERN(s_step, "step"); INTERN(s_stack, "stack");
+    INTERN(s_op_ids, "_op_ids"); INTERN(s_blocking, "_blocking"); INTERN(s_ready, "_ready");
+    INTERN(s_cap, "cap"); INTERN(s_dropped, "_dropped"); INTERN(s_append, "append");
+    INTERN(s_rank, "rank"); INTERN(s_pop, "pop");
+    i_zero = PyLong_FromLong(0);
+    i_one = PyLong_FromLong(1);
+    if (i_zero == NULL || i_one == NULL)
+        return NULL;
+    return PyModule_Create(&moddef);
+}

@@ -1,0 +1,245 @@
+"""The blocking fast path in C (commtrace/capture/_fastpath.c) against the Python one: the
+same rows, errors recorded and re-raised unchanged, calls in progress listed and taken by a
+final flush, the buffer bounded with drops counted, nothing of the caller's retained."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from commtrace.capture import recorder as R
+from commtrace.capture import wrappers as Wr
+from commtrace.capture.api_table import API_TABLE
+from commtrace.config import Config
+
+cfast = Wr._cfast
+needs_c = pytest.mark.skipif(cfast is None, reason="the C fast path is not built here "
+                             "(no compiler, or COMMTRACE_PURE_PYTHON=1)")
+
+
+class _PG:
+    pass
+
+
+@pytest.fixture
+def traced(tmp_path):
+    pg = _PG()
+    Wr._pg_cache[pg] = Wr.PgInfo(pg, "7", 2, [0, 1], "gloo", True)
+    rec = R.Recorder(Config(output=str(tmp_path), hazards="off", buffer_ops=1000), rank=0,
+                     world_size=2, start_thread=False)
+    R._set_recorder(rec)
+    yield rec, pg
+    R._set_recorder(None)
+    rec.close()
+    Wr._pg_cache.pop(pg, None)
+
+
+def _rows(rec):
+    """Everything queued, as dicts (flushes to a part and reads it back)."""
+    import pyarrow.dataset as ds
+
+    rec.flush()
+    return sorted(ds.dataset(rec.run_dir, partitioning="hive").to_table().to_pylist(),
+                  key=lambda r: r["op_id"])
+
+
+def _wrap(fn, api="all_reduce"):
+    return Wr.make_wrapper(api, fn, API_TABLE[api])
+
+
+@needs_c
+def test_c_path_records_the_same_row_as_the_python_path(traced):
+    import torch
+
+    rec, pg = traced
+    seen = []
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        seen.append(tensor.shape[0])
+        return "ret"
+
+    w = _wrap(all_reduce)
+    assert hasattr(w, "__commtrace_python__")
+    before = cfast.counts()[0]
+    assert w(torch.ones(8), group=pg) == "ret"                     # C
+    assert w.__commtrace_python__(torch.ones(8), group=pg) == "ret"  # Python
+    assert cfast.counts()[0] == before + 1 and seen == [8, 8]
+    assert rec.queued() == 2
+    a, b = _rows(rec)
+    line = int(a["site"].rsplit(":", 1)[1])
+    assert a["site"] == f"{__file__}:{line}" and b["site"] == f"{__file__}:{line + 1}"
+    assert (a["seq"], b["seq"]) == (0, 1)
+    for k in ("t_enqueue_ns", "t_return_ns", "t_end_ns", "op_id", "seq", "first_on_pg", "site"):
+        a.pop(k), b.pop(k)
+    assert a == b
+    assert a["op"] == "all_reduce" and a["pg"] == "7" and a["pg_size"] == 2
+    assert a["count"] == 8 and a["bytes"] == 32 and a["out_bytes"] == 32
+    assert a["dtype"] == "float32" and a["device"] == "cpu" and a["async_op"] is False
+
+
+@needs_c
+def test_c_path_seq_times_and_in_out_sizes(traced):
+    import torch
+
+    rec, pg = traced
+
+    def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+        return None
+
+    w = _wrap(all_gather_into_tensor, "all_gather_into_tensor")
+    for _ in range(3):
+        w(torch.empty(8, dtype=torch.float64), torch.ones(4, dtype=torch.float64), group=pg)
+    rows = _rows(rec)
+    assert [r["seq"] for r in rows] == [0, 1, 2]
+    assert [r["first_on_pg"] for r in rows] == [True, False, False]
+    for r in rows:
+        assert r["count"] == 4 and r["bytes"] == 32 and r["out_bytes"] == 64
+        assert r["t_enqueue_ns"] <= r["t_return_ns"] == r["t_end_ns"]
+        assert r["op"] == "all_gather" and r["api"] == "all_gather_into_tensor"
+
+
+@needs_c
+def test_c_path_error_is_reraised_unchanged_and_recorded(traced):
+    import torch
+
+    rec, pg = traced
+    err = ValueError("boom 42")
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        raise err
+
+    w = _wrap(all_reduce)
+    with pytest.raises(ValueError) as ei:
+        w(torch.ones(2), group=pg)
+    assert ei.value is err
+    (row,) = _rows(rec)
+    assert row["error"] == "ValueError: boom 42"
+    assert row["t_end_ns"] is None and row["t_return_ns"] is not None
+
+
+@needs_c
+def test_c_path_call_in_progress_is_listed_and_taken_by_a_final_flush(traced):
+    import torch
+
+    rec, pg = traced
+    during = {}
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        during["listed"] = [r[R.I_OP] for r in rec.blocking_rows()]
+        during["taken"] = [R.expand(0, pre, None)[R.I_T_END] for pre in cfast.in_progress(True)]
+        during["again"] = cfast.in_progress(False)
+
+    w = _wrap(all_reduce)
+    w(torch.ones(2), group=pg)
+    assert during == {"listed": ["all_reduce"], "taken": [None], "again": []}
+    assert rec.queued() == 0          # written by the "final flush": not queued a second time
+    assert cfast.in_progress(False) == []
+
+
+@needs_c
+def test_c_path_buffer_is_bounded_and_drops_are_counted(traced):
+    import torch
+
+    rec, pg = traced
+    w = _wrap(lambda tensor, op=None, group=None, async_op=False: None)
+    t = torch.ones(1)
+    for _ in range(1010):
+        w(t, group=pg)
+    assert rec.cap == 1000 and rec.queued() == 1000
+    rows = _rows(rec)
+    assert len(rows) == 1000 and rec._dropped == 10
+    assert [r["seq"] for r in rows] == list(range(1000))
+
+
+@needs_c
+def test_c_path_keeps_no_reference_to_the_callers_objects(traced):
+    import torch
+
+    rec, pg = traced
+    w = _wrap(lambda tensor, op=None, group=None, async_op=False: None)
+    t = torch.ones(3)
+    n_t = sys.getrefcount(t)
+    for _ in range(200):
+        w(t, group=pg)
+    assert sys.getrefcount(t) == n_t
+    dt = torch.float32
+    n_dt = sys.getrefcount(dt)
+    rec.flush()
+    assert sys.getrefcount(dt) <= n_dt - 200 + 2   # the buffered rows' references were released
+
+
+@needs_c
+def test_c_path_hands_special_cases_to_python(traced):
+    import torch
+
+    rec, pg = traced
+    calls = []
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        calls.append(async_op)
+        return None
+
+    w = _wrap(all_reduce)
+    fast0, slow0, _ = cfast.counts()
+    w(torch.ones(2), group=pg, async_op=True)   # async: the Python path (completion tracking)
+    Wr.tls.depth = 1
+    try:
+        w(torch.ones(2), group=pg)              # nested inside a recorded call: not a row
+    finally:
+        Wr.tls.depth = 0
+    fast1, slow1, _ = cfast.counts()
+    assert fast1 == fast0 and slow1 == slow0 + 2 and calls == [True, False]
+    rows = _rows(rec)
+    assert len(rows) == 1 and rows[0]["async_op"] is True
+
+
+def test_c_and_python_paths_trace_a_real_gloo_job_identically(tmp_path, port):
+    """Every kind of fast-path call on a real gloo group (world size 1), once with the C path
+    and once with COMMTRACE_PURE_PYTHON=1: the same rows, but times, ids and threads."""
+    import pyarrow.dataset as ds
+
+    code = textwrap.dedent('''
+        import sys, torch, torch.distributed as dist, commtrace
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2],
+                                rank=0, world_size=1)
+        with commtrace.trace(output=sys.argv[1]):
+            t = torch.ones(16)
+            dist.all_reduce(t); dist.broadcast(t, src=0); dist.reduce(t, dst=0)
+            o = torch.empty(16)
+            dist.all_gather_into_tensor(o, t); dist.reduce_scatter_tensor(torch.empty(16), o)
+            dist.all_to_all_single(torch.empty(16), t); dist.barrier()
+            g = dist.new_group([0])
+            dist.all_reduce(torch.ones(3, dtype=torch.int64), group=g)
+            try:
+                dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)
+            except RuntimeError:
+                pass
+            commtrace.mark_step(3)
+            dist.all_reduce(torch.ones(5, dtype=torch.float16))
+        from commtrace.capture import wrappers as W
+        print(W._cfast.counts()[0] if W._cfast else 0)
+        dist.destroy_process_group()
+    ''')
+    volatile = {"t_enqueue_ns", "t_return_ns", "t_end_ns", "op_id", "thread", "site"}
+    out = {}
+    for mode in ("0", "1"):
+        d = tmp_path / f"pure{mode}"
+        env = dict(os.environ, COMMTRACE_PURE_PYTHON=mode)
+        p = subprocess.run([sys.executable, "-c", code, str(d), str(port + int(mode))],
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        n_c = int(p.stdout.strip().splitlines()[-1])
+        if mode == "1":
+            assert n_c == 0
+        elif cfast is not None:
+            assert n_c >= 5    # most calls took the C path (first sightings go to Python)
+        rows = ds.dataset(str(d), partitioning="hive").to_table().to_pylist()
+        out[mode] = sorted(({k: v for k, v in r.items() if k not in volatile} for r in rows),
+                           key=lambda r: json.dumps(r, sort_keys=True, default=str))
+    assert len(out["0"]) == 11
+    assert out["0"] == out["1"]
