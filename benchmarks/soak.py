@@ -2,10 +2,13 @@
 `commtrace run`. Checks every op is in the trace, the traced ranks' peak resident memory stays
 within 50 MB of the untraced run's, and the trace takes at most 40 bytes per op on disk.
 
-    python benchmarks/soak.py [--ops 200000] [--out DIR]
+    python benchmarks/soak.py [--ops 200000] [--out DIR] [--allocator-default]
 
-Prints the figures (and a JSON line) and exits 1 when a target is missed. Not part of CI: it
-runs for minutes on a 2-core machine.
+Prints the figures, where rank 0's extra resident memory sits at the end (per mapping of
+/proc/self/smaps, traced - untraced), and a JSON line; exits 1 when a target is missed.
+`--allocator-default` traces with mimalloc's default arena commit instead of the setting
+`commtrace run` passes (commtrace/capture/memory.py), for a before/after comparison. Not part
+of CI: it runs for minutes on a 2-core machine. Figures: the Soak section of docs/performance.md.
 """
 
 from __future__ import annotations
@@ -32,6 +35,24 @@ def _status_kb(key: str) -> int:
     return 0
 
 
+def _smaps_mb() -> dict[str, float]:
+    """Resident MB per mapping (shared library name, [heap], [anon], ...), for finding where a
+    traced rank's extra memory lives."""
+    agg: dict[str, float] = {}
+    cur = "[anon]"
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                p = line.split()
+                if p and not p[0].endswith(":"):
+                    cur = p[5].rsplit("/", 1)[-1] if len(p) > 5 else "[anon]"
+                elif p and p[0] == "Rss:":
+                    agg[cur] = agg.get(cur, 0.0) + int(p[1]) / 1024
+    except OSError:
+        pass
+    return {k: round(v, 2) for k, v in agg.items() if v >= 0.05}
+
+
 def worker(n: int, out: str) -> None:
     """One rank: n all_reduces of one float; peak RSS sampled along the way."""
     import torch
@@ -51,7 +72,9 @@ def worker(n: int, out: str) -> None:
     dist.barrier()
     res = {"rank": rank, "ops": n, "elapsed_s": elapsed, "us_per_op": elapsed / n * 1e6,
            "rss_after_init_mb": rss_after_init / 1024, "rss_end_mb": _status_kb("VmRSS") / 1024,
-           "rss_peak_mb": _status_kb("VmHWM") / 1024, "rss_samples_mb": [s / 1024 for s in samples]}
+           "rss_peak_mb": _status_kb("VmHWM") / 1024, "rss_samples_mb": [s / 1024 for s in samples],
+           "rss_anon_mb": _status_kb("RssAnon") / 1024, "rss_file_mb": _status_kb("RssFile") / 1024,
+           "smaps_mb": _smaps_mb()}
     dist.destroy_process_group()
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump(res, f)
@@ -62,8 +85,12 @@ def _torchrun(n: int, res: str) -> list[str]:
             os.path.abspath(__file__), "--worker", "--ops", str(n), "--res", res]
 
 
-def _env() -> dict:
+def _env(allocator_default: bool = False) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMMTRACE_")}
+    if allocator_default:
+        # mimalloc's own default (2: eager when the OS overcommits), i.e. commtrace before it set
+        # MIMALLOC_ARENA_EAGER_COMMIT=0 for the traced command (commtrace/capture/memory.py).
+        env["MIMALLOC_ARENA_EAGER_COMMIT"] = "2"
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["OMP_NUM_THREADS"] = "1"
     return env
@@ -77,6 +104,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", type=int, default=200_000)
     ap.add_argument("--out", default=None, help="directory for the trace (default: a temp dir)")
+    ap.add_argument("--allocator-default", action="store_true",
+                    help="trace with mimalloc's default arena commit (the figures before "
+                    "commtrace/capture/memory.py), for a before/after comparison")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--res", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -92,7 +122,8 @@ def main(argv=None) -> int:
     t_plain = time.time() - t0
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "commtrace", "run", "-o", trace, "--",
-                    *_torchrun(a.ops, os.path.join(work, "traced"))], env=_env(), check=True, cwd=ROOT)
+                    *_torchrun(a.ops, os.path.join(work, "traced"))],
+                   env=_env(a.allocator_default), check=True, cwd=ROOT)
     t_traced = time.time() - t0
     plain, traced = _results(os.path.join(work, "plain")), _results(os.path.join(work, "traced"))
 
@@ -122,16 +153,21 @@ def main(argv=None) -> int:
 
         dropped.append(json.loads(pq.read_schema(p).metadata[b"commtrace.meta"]).get("dropped_rows"))
 
-    print(f"soak: 2 ranks x {a.ops:,} all_reduce of 1 float (gloo)")
+    print(f"soak: 2 ranks x {a.ops:,} all_reduce of 1 float (gloo)"
+          + (" [mimalloc default arena commit]" if a.allocator_default else ""))
     print(f"  wall: untraced {t_plain:.1f} s, traced {t_traced:.1f} s (incl. start-up)")
     for r in (0, 1):
         print(f"  rank {r}: {plain[r]['us_per_op']:.1f} -> {traced[r]['us_per_op']:.1f} us/op; "
               f"peak RSS {plain[r]['rss_peak_mb']:.1f} -> {traced[r]['rss_peak_mb']:.1f} MB "
               f"(+{rss_delta[r]:.1f} MB); ops in trace {per_rank_ops[r]:,}")
+    sp, st = plain[0].get("smaps_mb", {}), traced[0].get("smaps_mb", {})
+    grew = sorted(((st.get(k, 0) - sp.get(k, 0), k) for k in set(sp) | set(st)), reverse=True)
+    print("  rank 0 resident at the end, traced - untraced (MB): "
+          + ", ".join(f"{k} {d:+.1f}" for d, k in grew[:8] if abs(d) >= 0.5))
     print(f"  trace: {len(parts)} parts, {disk / 1e6:.2f} MB = {bytes_per_op:.1f} B/op; dropped_rows {dropped}")
     print(f"  every op present: {ok_ops}; RSS within {RSS_BUDGET_MB:g} MB: {ok_rss}; "
           f"<= {BYTES_PER_OP_BUDGET:g} B/op: {ok_disk}")
-    print(json.dumps({"ops": a.ops, "plain": plain, "traced": traced, "t_plain_s": t_plain,
+    print(json.dumps({"ops": a.ops, "allocator_default": a.allocator_default, "plain": plain, "traced": traced, "t_plain_s": t_plain,
                       "t_traced_s": t_traced, "disk_bytes": disk, "bytes_per_op": bytes_per_op,
                       "ops_in_trace": per_rank_ops, "rss_delta_mb": rss_delta, "parts": len(parts)}))
     return 0 if ok_ops and ok_rss and ok_disk else 1
