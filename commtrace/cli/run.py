@@ -117,7 +117,10 @@ def _update_manifest(out: str, **fields) -> None:
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_on_hang,
             hazards, cuda_events, cmd):
-    """Run CMD with tracing on in every rank; write the trace to one run directory."""
+    """Run CMD with tracing on in every rank; write the trace to one run directory.
+
+    Options of commtrace run go before CMD (or before `--`); an unknown one is an error.
+    Everything from CMD on, options included, is passed to CMD unchanged."""
     cmd = list(cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
