@@ -2,12 +2,14 @@
 `commtrace run`. Checks every op is in the trace, the traced ranks' peak resident memory stays
 within 50 MB of the untraced run's, and the trace takes at most 40 bytes per op on disk.
 
-    python benchmarks/soak.py [--ops 200000] [--out DIR] [--allocator-default]
+    python benchmarks/soak.py [--ops 200000] [--out DIR] [--without-memory-fixes]
 
 Prints the figures, where rank 0's extra resident memory sits at the end (per mapping of
 /proc/self/smaps, traced - untraced), and a JSON line; exits 1 when a target is missed.
-`--allocator-default` traces with mimalloc's default arena commit instead of the setting
-`commtrace run` passes (commtrace/capture/memory.py), for a before/after comparison. Not part
+`--without-memory-fixes` traces as commtrace did before the soak's memory fixes, for a
+before/after comparison on one tree: mimalloc's default arena commit instead of the setting
+`commtrace run` passes (commtrace/capture/memory.py), and parts written through
+pyarrow.parquet (which imports pyarrow.fs) instead of the lean writer (commtrace/trace/writer.py). Not part
 of CI: it runs for minutes on a 2-core machine. Figures: the Soak section of docs/performance.md.
 """
 
@@ -53,10 +55,18 @@ def _smaps_mb() -> dict[str, float]:
     return {k: round(v, 2) for k, v in agg.items() if v >= 0.05}
 
 
-def worker(n: int, out: str) -> None:
+def worker(n: int, out: str, without_fixes: bool = False) -> None:
     """One rank: n all_reduces of one float; peak RSS sampled along the way."""
     import torch
     import torch.distributed as dist
+
+    if without_fixes and os.environ.get("COMMTRACE_ENABLE"):
+        # the writer as it was: through pyarrow.parquet (and so pyarrow.fs)
+        import pyarrow.parquet  # noqa: F401
+
+        from commtrace.trace import writer
+
+        writer._lean_ok = False
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -80,14 +90,15 @@ def worker(n: int, out: str) -> None:
         json.dump(res, f)
 
 
-def _torchrun(n: int, res: str) -> list[str]:
+def _torchrun(n: int, res: str, without_fixes: bool = False) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            os.path.abspath(__file__), "--worker", "--ops", str(n), "--res", res]
+            os.path.abspath(__file__), "--worker", "--ops", str(n), "--res", res,
+            *(["--without-memory-fixes"] if without_fixes else [])]
 
 
-def _env(allocator_default: bool = False) -> dict:
+def _env(without_fixes: bool = False) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMMTRACE_")}
-    if allocator_default:
+    if without_fixes:
         # mimalloc's own default (2: eager when the OS overcommits), i.e. commtrace before it set
         # MIMALLOC_ARENA_EAGER_COMMIT=0 for the traced command (commtrace/capture/memory.py).
         env["MIMALLOC_ARENA_EAGER_COMMIT"] = "2"
@@ -104,14 +115,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", type=int, default=200_000)
     ap.add_argument("--out", default=None, help="directory for the trace (default: a temp dir)")
-    ap.add_argument("--allocator-default", action="store_true",
-                    help="trace with mimalloc's default arena commit (the figures before "
-                    "commtrace/capture/memory.py), for a before/after comparison")
+    ap.add_argument("--without-memory-fixes", action="store_true",
+                    help="trace with mimalloc's default arena commit and pyarrow.parquet's "
+                    "writer (commtrace before the soak's memory fixes), for a before/after comparison")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--res", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
-        worker(a.ops, a.res)
+        worker(a.ops, a.res, a.without_memory_fixes)
         return 0
 
     work = a.out or tempfile.mkdtemp(prefix="commtrace-soak-")
@@ -122,8 +133,8 @@ def main(argv=None) -> int:
     t_plain = time.time() - t0
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "commtrace", "run", "-o", trace, "--",
-                    *_torchrun(a.ops, os.path.join(work, "traced"))],
-                   env=_env(a.allocator_default), check=True, cwd=ROOT)
+                    *_torchrun(a.ops, os.path.join(work, "traced"), a.without_memory_fixes)],
+                   env=_env(a.without_memory_fixes), check=True, cwd=ROOT)
     t_traced = time.time() - t0
     plain, traced = _results(os.path.join(work, "plain")), _results(os.path.join(work, "traced"))
 
@@ -154,7 +165,7 @@ def main(argv=None) -> int:
         dropped.append(json.loads(pq.read_schema(p).metadata[b"commtrace.meta"]).get("dropped_rows"))
 
     print(f"soak: 2 ranks x {a.ops:,} all_reduce of 1 float (gloo)"
-          + (" [mimalloc default arena commit]" if a.allocator_default else ""))
+          + (" [without the memory fixes]" if a.without_memory_fixes else ""))
     print(f"  wall: untraced {t_plain:.1f} s, traced {t_traced:.1f} s (incl. start-up)")
     for r in (0, 1):
         print(f"  rank {r}: {plain[r]['us_per_op']:.1f} -> {traced[r]['us_per_op']:.1f} us/op; "
@@ -167,7 +178,7 @@ def main(argv=None) -> int:
     print(f"  trace: {len(parts)} parts, {disk / 1e6:.2f} MB = {bytes_per_op:.1f} B/op; dropped_rows {dropped}")
     print(f"  every op present: {ok_ops}; RSS within {RSS_BUDGET_MB:g} MB: {ok_rss}; "
           f"<= {BYTES_PER_OP_BUDGET:g} B/op: {ok_disk}")
-    print(json.dumps({"ops": a.ops, "allocator_default": a.allocator_default, "plain": plain, "traced": traced, "t_plain_s": t_plain,
+    print(json.dumps({"ops": a.ops, "without_memory_fixes": a.without_memory_fixes, "plain": plain, "traced": traced, "t_plain_s": t_plain,
                       "t_traced_s": t_traced, "disk_bytes": disk, "bytes_per_op": bytes_per_op,
                       "ops_in_trace": per_rank_ops, "rss_delta_mb": rss_delta, "parts": len(parts)}))
     return 0 if ok_ops and ok_rss and ok_disk else 1
