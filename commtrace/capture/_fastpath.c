@@ -20,6 +20,13 @@
 
 typedef struct {
     PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;        /* attributes (functools.update_wrapper, __commtrace_original__) */
+    PyObject *last_key;    /* the group of the last call, and its PgInfo facts */
+    PyObject *last_name;
+    PyObject *last_info;
+    int last_idx;
+    unsigned long long last_gen;
     PyObject *orig;        /* torch's function */
     PyObject *slow;        /* the Python wrapper: slow(*args, **kwargs) */
     PyObject *on_error;    /* on_error(rec, pre, t1, exc) */
@@ -54,7 +61,11 @@ static PyObject *i_zero, *i_one;   /* owned references to the ints 0 and 1 */
 static unsigned long long n_fast, n_slow;
 static int last_slow_line;
 
+static unsigned long long pg_gen = 1;
+static _Thread_local PyObject *t_state;  /* this thread's wrappers.tls.__dict__ */   /* bumped when the Python side clears its cache */
+
 static void ctx_clear_refs(FastCtx *c) {
+    Py_CLEAR(c->dict); Py_CLEAR(c->last_key); Py_CLEAR(c->last_name); Py_CLEAR(c->last_info);
     Py_CLEAR(c->orig); Py_CLEAR(c->slow); Py_CLEAR(c->on_error); Py_CLEAR(c->recmod);
     Py_CLEAR(c->tls); Py_CLEAR(c->pg_cache); Py_CLEAR(c->world); Py_CLEAR(c->nvtx);
     Py_CLEAR(c->time_ns); Py_CLEAR(c->code_internal); Py_CLEAR(c->site_pairs);
@@ -69,26 +80,49 @@ static void ctx_dealloc(FastCtx *c) {
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
-static PyTypeObject FastCtxType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "commtrace.capture._fastpath.FastCtx",
-    .tp_basicsize = sizeof(FastCtx),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_dealloc = (destructor)ctx_dealloc,
-    .tp_new = PyType_GenericNew,
+static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames);
+
+static PyGetSetDef ctx_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL},
 };
 
-/* Slot value: args[i] if i < n else kwargs.get(name, default). Borrowed reference. */
-static PyObject *slot(PyObject *args, PyObject *kwargs, Py_ssize_t i, PyObject *name,
-                      PyObject *dflt) {
-    if (i < PyTuple_GET_SIZE(args))
-        return PyTuple_GET_ITEM(args, i);
-    if (name != Py_None && kwargs != NULL) {
-        PyObject *v = PyDict_GetItemWithError(kwargs, name);
-        if (v != NULL)
-            return v;
-        if (PyErr_Occurred())
-            PyErr_Clear();
+/* The wrapper itself: called like torch's function (vectorcall, no argument packing). */
+static PyTypeObject FastCtxType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "commtrace.capture._fastpath.Wrapper",
+    .tp_basicsize = sizeof(FastCtx),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_dealloc = (destructor)ctx_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(FastCtx, vectorcall),
+    .tp_dictoffset = offsetof(FastCtx, dict),
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_getset = ctx_getset,
+    .tp_doc = "A torch.distributed function recorded by commtrace (see __wrapped__).",
+};
+
+/* Slot value: args[i] if i < n else the keyword `name`, else its default. Borrowed. */
+static PyObject *slot(PyObject *const *a, Py_ssize_t n, PyObject *kwn, Py_ssize_t i,
+                      PyObject *name, PyObject *dflt) {
+    if (i < n)
+        return a[i];
+    if (name != Py_None && kwn != NULL) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwn);
+        for (Py_ssize_t j = 0; j < nk; j++) {
+            PyObject *k = PyTuple_GET_ITEM(kwn, j);
+            if (k == name)
+                return a[n + j];
+        }
+        for (Py_ssize_t j = 0; j < nk; j++) {
+            int eq = PyUnicode_Compare(PyTuple_GET_ITEM(kwn, j), name);
+            if (eq == 0)
+                return a[n + j];
+            if (eq == -1 && PyErr_Occurred())
+                PyErr_Clear();
+        }
     }
     return dflt;
 }
@@ -122,12 +156,11 @@ static PyObject *global_rank(PyObject *info, PyObject *glob, PyObject *grp) {
 /* The call site: (file, line) of the first user frame above the wrapper's frame; new ref. */
 static PyObject *call_site(FastCtx *c) {
 #if PY_VERSION_HEX >= 0x030B0000
-    PyFrameObject *wf = PyEval_GetFrame();   /* borrowed: the Python wrapper's frame */
-    if (wf == NULL)
-        Py_RETURN_NONE;
-    PyFrameObject *f = PyFrame_GetBack(wf);  /* new ref: the caller */
+    /* The wrapper is a C callable: the current Python frame is the caller's. */
+    PyFrameObject *f = PyEval_GetFrame();
     if (f == NULL)
         Py_RETURN_NONE;
+    Py_INCREF(f);
     PyCodeObject *code = PyFrame_GetCode(f); /* new ref */
     PyObject *k = PyLong_FromVoidPtr(code);
     Py_DECREF(code);
@@ -135,8 +168,9 @@ static PyObject *call_site(FastCtx *c) {
     if (k != NULL) {
         PyObject *internal = PyDict_GetItemWithError(c->code_internal, k);
         if (internal == Py_False) {
-            PyObject *key = Py_BuildValue("(Ni)", k, PyFrame_GetLasti(f));  /* steals k */
-            k = NULL;
+            PyObject *li = PyLong_FromLong(PyFrame_GetLasti(f));
+            PyObject *key = li == NULL ? NULL : PyTuple_Pack(2, k, li);
+            Py_XDECREF(li);
             if (key != NULL) {
                 res = PyDict_GetItemWithError(c->site_pairs, key);
                 Py_XINCREF(res);
@@ -156,9 +190,9 @@ static PyObject *call_site(FastCtx *c) {
     PyObject *sys_getframe = PySys_GetObject("_getframe");  /* borrowed */
     if (sys_getframe == NULL)
         Py_RETURN_NONE;
-    PyObject *one = PyLong_FromLong(1);
-    PyObject *f = PyObject_CallOneArg(sys_getframe, one);
-    Py_DECREF(one);
+    PyObject *zero = PyLong_FromLong(0);
+    PyObject *f = PyObject_CallOneArg(sys_getframe, zero);
+    Py_DECREF(zero);
     if (f == NULL)
         return NULL;
     PyObject *res = PyObject_CallOneArg(c->site_of_frame, f);
@@ -422,14 +456,10 @@ static int cache_recorder(FastCtx *c, PyObject *rec) {
 
 #define SLOW() do { last_slow_line = __LINE__; goto slow; } while (0)
 
-static PyObject *call(PyObject *module, PyObject *const *fa, Py_ssize_t nfa) {
-    if (nfa != 3 || !PyObject_TypeCheck(fa[0], &FastCtxType) || !PyTuple_Check(fa[1]) ||
-        !PyDict_Check(fa[2])) {
-        PyErr_SetString(PyExc_TypeError, "call(ctx, args: tuple, kwargs: dict)");
-        return NULL;
-    }
-    FastCtx *c = (FastCtx *)fa[0];
-    PyObject *args = fa[1], *kwargs = fa[2];
+static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames) {
+    FastCtx *c = (FastCtx *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *rec = NULL, *st = NULL, *info = NULL, *tmp = NULL;
     PyObject *count = NULL, *dtype = NULL, *dev = NULL, *outb = NULL, *peer = NULL,
              *root = NULL, *seq = NULL, *site = NULL, *op_id = NULL, *step = NULL,
@@ -441,13 +471,21 @@ static PyObject *call(PyObject *module, PyObject *const *fa, Py_ssize_t nfa) {
         SLOW();
     if (rec == Py_None) {
         Py_DECREF(rec);
-        return PyObject_Call(c->orig, args, kwargs);
+        return PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
     }
     if (cache_recorder(c, rec) != 0 || !cst.now_ok)
         SLOW();   /* injected clock skew (tests), a custom clock, or no recorder fields */
-    st = PyObject_GetAttr(c->tls, s_dict);
-    if (st == NULL || !PyDict_Check(st))
-        SLOW();
+    /* This thread's state dict (wrappers.tls.__dict__), looked up once per thread. */
+    st = t_state;
+    if (st == NULL) {
+        st = PyObject_GetAttr(c->tls, s_dict);
+        if (st == NULL || !PyDict_Check(st))
+            SLOW();
+        t_state = st;      /* the thread keeps one reference for good */
+        Py_INCREF(st);
+    } else {
+        Py_INCREF(st);
+    }
     /* Nested call, coalescing manager, object-collective accumulation: Python handles it. */
     tmp = PyDict_GetItemWithError(st, s_depth);
     if (tmp == NULL || !PyLong_CheckExact(tmp) || PyLong_AsLong(tmp) != 0)
@@ -474,7 +512,7 @@ static PyObject *call(PyObject *module, PyObject *const *fa, Py_ssize_t nfa) {
 
     /* Group -> PgInfo (cached by the Python side on first sight). */
     {
-        PyObject *g = slot(args, kwargs, c->g_i, c->g_n, c->g_d);
+        PyObject *g = slot(args, nargs, kwnames, c->g_i, c->g_n, c->g_d);
         PyObject *key;
         if (g == Py_None) {
             key = PyObject_GetAttr(c->world, s_default_pg);
@@ -484,27 +522,42 @@ static PyObject *call(PyObject *module, PyObject *const *fa, Py_ssize_t nfa) {
             key = g;
             Py_INCREF(key);
         }
-        info = PyDict_GetItemWithError(c->pg_cache, key);
+        if (key != c->last_key || c->last_gen != pg_gen) {
+            /* A group not seen last time by this wrapper: its PgInfo from the Python cache. */
+            PyObject *inf = PyDict_GetItemWithError(c->pg_cache, key);
+            PyObject *mem = inf == NULL ? NULL : PyObject_GetAttr(inf, s_member);
+            PyObject *idx = mem == NULL ? NULL : PyObject_GetAttr(inf, s_idx);
+            PyObject *name = idx == NULL ? NULL : PyObject_GetAttr(inf, s_name);
+            int ok = name != NULL && mem == Py_True && PyLong_Check(idx);
+            if (ok) {
+                Py_XSETREF(c->last_key, key);   /* strong: the address is not reused */
+                Py_INCREF(key);
+                Py_XSETREF(c->last_name, name);
+                name = NULL;
+                Py_INCREF(inf);
+                Py_XSETREF(c->last_info, inf);
+                c->last_idx = (int)PyLong_AsLong(idx);
+                c->last_gen = pg_gen;
+            }
+            Py_XDECREF(mem); Py_XDECREF(idx); Py_XDECREF(name);
+            if (!ok) {
+                Py_DECREF(key);
+                SLOW();   /* not a member, or first sight: the Python path */
+            }
+        }
         Py_DECREF(key);
-        if (info == NULL)
-            SLOW();
+        info = c->last_info;
         Py_INCREF(info);
-        tmp = PyObject_GetAttr(info, s_member);
-        if (tmp == NULL)
-            SLOW();
-        Py_DECREF(tmp);
-        if (tmp != Py_True)
-            SLOW();
     }
     if (c->a_n != Py_None) {
-        PyObject *a = slot(args, kwargs, c->a_i, c->a_n, c->a_d);
+        PyObject *a = slot(args, nargs, kwnames, c->a_i, c->a_n, c->a_d);
         int t = PyObject_IsTrue(a);
         if (t != 0)
             SLOW();
     }
     /* The tensor: count, dtype, device (bytes = count * itemsize, in the writer). */
     {
-        PyObject *x = slot(args, kwargs, c->x_i, c->x_n, c->x_d);
+        PyObject *x = slot(args, nargs, kwnames, c->x_i, c->x_n, c->x_d);
         if (x == Py_None)
             SLOW();
         count = PyObject_CallMethodNoArgs(x, s_numel);
@@ -522,7 +575,7 @@ static PyObject *call(PyObject *module, PyObject *const *fa, Py_ssize_t nfa) {
             SLOW();   /* first tensor on this device: the Python path names it */
         Py_INCREF(dev);
         if (c->has_y) {
-            PyObject *y = slot(args, kwargs, c->y_i, c->y_n, c->y_d);
+            PyObject *y = slot(args, nargs, kwnames, c->y_i, c->y_n, c->y_d);
             if (y == Py_None)
                 SLOW();
             outb = PyObject_GetAttr(y, s_nbytes);
@@ -536,14 +589,11 @@ static PyObject *call(PyObject *module, PyObject *const *fa, Py_ssize_t nfa) {
     {
         PyObject *rk = cst.rank;
         Py_INCREF(rk);
-        PyObject *name = PyObject_GetAttr(info, s_name);
-        if (name == NULL) {
-            Py_DECREF(rk);
-            SLOW();
-        }
+        PyObject *name = c->last_name;
+        Py_INCREF(name);
         if (c->has_peer) {
-            peer = global_rank(info, slot(args, kwargs, c->r0_i, c->r0_n, c->r0_d),
-                               slot(args, kwargs, c->r1_i, c->r1_n, c->r1_d));
+            peer = global_rank(info, slot(args, nargs, kwnames, c->r0_i, c->r0_n, c->r0_d),
+                               slot(args, nargs, kwnames, c->r1_i, c->r1_n, c->r1_d));
             if (peer == NULL || peer == Py_None) {
                 Py_DECREF(rk);
                 Py_DECREF(name);
@@ -572,8 +622,8 @@ static PyObject *call(PyObject *module, PyObject *const *fa, Py_ssize_t nfa) {
             Py_XDECREF(d);
         } else {
             if (c->has_root) {
-                root = global_rank(info, slot(args, kwargs, c->r0_i, c->r0_n, c->r0_d),
-                                   slot(args, kwargs, c->r1_i, c->r1_n, c->r1_d));
+                root = global_rank(info, slot(args, nargs, kwnames, c->r0_i, c->r0_n, c->r0_d),
+                                   slot(args, nargs, kwnames, c->r1_i, c->r1_n, c->r1_d));
                 if (root == NULL) {
                     Py_DECREF(rk);
                     Py_DECREF(name);
@@ -610,12 +660,7 @@ static PyObject *call(PyObject *module, PyObject *const *fa, Py_ssize_t nfa) {
         Rec r;
         memset(&r, 0, sizeof(r));
         r.fact = c->fact_i;
-        r.pgidx = -1;
-        tmp = PyObject_GetAttr(info, s_idx);
-        if (tmp != NULL) {
-            r.pgidx = (int)PyLong_AsLong(tmp);
-            Py_DECREF(tmp);
-        }
+        r.pgidx = c->last_idx;
         r.seq = as_ll(seq);
         r.peer = as_ll(peer);
         r.root = as_ll(root);
@@ -658,7 +703,7 @@ static PyObject *call(PyObject *module, PyObject *const *fa, Py_ssize_t nfa) {
         PyDict_SetItem(st, s_depth, i_one);
         PyErr_Clear();
         /* The user's call. */
-        ret = PyObject_Call(c->orig, args, kwargs);
+        ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
         long long t1 = now_ns();
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
@@ -696,7 +741,7 @@ static PyObject *call(PyObject *module, PyObject *const *fa, Py_ssize_t nfa) {
 slow:
     PyErr_Clear();
     n_slow++;
-    ret = PyObject_Call(c->slow, args, kwargs);
+    ret = PyObject_Vectorcall(c->slow, args, nargsf, kwnames);
 done:
     Py_XDECREF(rec); Py_XDECREF(st); Py_XDECREF(info); Py_XDECREF(count); Py_XDECREF(dtype);
     Py_XDECREF(dev); Py_XDECREF(outb); Py_XDECREF(peer); Py_XDECREF(root); Py_XDECREF(seq);
@@ -711,6 +756,7 @@ static PyObject *make_ctx(PyObject *module, PyObject *args) {
     if (c == NULL)
         return NULL;
     memset(((char *)c) + sizeof(PyObject), 0, sizeof(FastCtx) - sizeof(PyObject));
+    c->vectorcall = ctx_vectorcall;
     PyObject *slots, *flags;
     if (!PyArg_ParseTuple(args, "OOOOOO!OOOO!O!OO!OO!O!", &c->orig, &c->slow, &c->on_error,
                           &c->recmod, &c->tls, &PyDict_Type, &c->pg_cache, &c->world,
@@ -764,11 +810,95 @@ static PyObject *counts(PyObject *module, PyObject *unused) {
     return Py_BuildValue("(KKi)", n_fast, n_slow, last_slow_line);
 }
 
+
+/* ---------------------------------------------------------------------------------------
+ * Work.wait: torch's blocking collectives call work.wait() themselves. With no async op in
+ * flight (rec._by_key empty) there is nothing to record: call the original at once;
+ * otherwise the Python wrapper (`slow`) records the wait.
+ * ------------------------------------------------------------------------------------- */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;
+    PyObject *orig, *slow, *recmod;
+} WaitW;
+
+static PyObject *s_by_key;
+
+static PyObject *wait_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    WaitW *w = (WaitW *)self;
+    PyObject *rec = PyObject_GetAttr(w->recmod, s_recorder);
+    if (rec == NULL) {
+        PyErr_Clear();
+        return PyObject_Vectorcall(w->slow, args, nargsf, kwnames);
+    }
+    int idle = rec == Py_None;
+    if (!idle) {
+        PyObject *bk = PyObject_GetAttr(rec, s_by_key);
+        idle = bk != NULL && PyDict_Check(bk) && PyDict_GET_SIZE(bk) == 0;
+        Py_XDECREF(bk);
+        PyErr_Clear();
+    }
+    Py_DECREF(rec);
+    return PyObject_Vectorcall(idle ? w->orig : w->slow, args, nargsf, kwnames);
+}
+
+static PyObject *wait_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static void wait_dealloc(WaitW *w) {
+    Py_CLEAR(w->dict); Py_CLEAR(w->orig); Py_CLEAR(w->slow); Py_CLEAR(w->recmod);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+static PyTypeObject WaitType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "commtrace.capture._fastpath.WaitWrapper",
+    .tp_basicsize = sizeof(WaitW),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_dealloc = (destructor)wait_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(WaitW, vectorcall),
+    .tp_dictoffset = offsetof(WaitW, dict),
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_getset = ctx_getset,
+    .tp_descr_get = wait_descr_get,
+    .tp_doc = "Work.wait recorded by commtrace (see __wrapped__).",
+};
+
+/* make_wait(orig_wait, python_wait, recorder_module) */
+static PyObject *make_wait(PyObject *module, PyObject *args) {
+    PyObject *orig, *slow, *recmod;
+    if (!PyArg_ParseTuple(args, "OOO", &orig, &slow, &recmod))
+        return NULL;
+    WaitW *w = PyObject_New(WaitW, &WaitType);
+    if (w == NULL)
+        return NULL;
+    w->vectorcall = wait_vectorcall;
+    w->dict = NULL;
+    w->orig = orig; Py_INCREF(orig);
+    w->slow = slow; Py_INCREF(slow);
+    w->recmod = recmod; Py_INCREF(recmod);
+    return (PyObject *)w;
+}
+
+static PyObject *invalidate(PyObject *module, PyObject *unused) {
+    pg_gen++;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"counts", counts, METH_NOARGS,
      "(calls recorded in C, calls handed to the Python wrapper, source line of the last)."},
-    {"call", (PyCFunction)(void (*)(void))call, METH_FASTCALL,
-     "call(ctx, args, kwargs): one wrapped call (see the module source)."},
+    {"invalidate", invalidate, METH_NOARGS, "Forget cached process-group facts."},
+    {"make_wait", make_wait, METH_VARARGS, "make_wait(orig_wait, python_wait, recorder_module)."},
     {"make_ctx", make_ctx, METH_VARARGS, "The per-wrapper context of call()."},
     {"drain_columns", drain_columns, METH_NOARGS, "drain_columns() -> None or 19 column lists (F_* fields, t_return_ns)."},
     {"in_progress", in_progress, METH_VARARGS, "in_progress(take=False) -> [pre] of blocking calls in progress."},
@@ -786,7 +916,7 @@ static struct PyModuleDef moddef = {
 #define INTERN(var, text) do { var = PyUnicode_InternFromString(text); if (!var) return NULL; } while (0)
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
-    if (PyType_Ready(&FastCtxType) < 0)
+    if (PyType_Ready(&FastCtxType) < 0 || PyType_Ready(&WaitType) < 0)
         return NULL;
     INTERN(s_recorder, "_recorder"); INTERN(s_dict, "__dict__"); INTERN(s_depth, "depth");
     INTERN(s_coalesce, "coalesce"); INTERN(s_acc, "acc"); INTERN(s_api, "api");
@@ -798,7 +928,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_p2p_seq, "p2p_seq"); INTERN(s_step, "step"); INTERN(s_stack, "stack");
     INTERN(s_op_ids, "_op_ids"); INTERN(s_blocking, "_blocking"); INTERN(s_ready, "_ready");
     INTERN(s_cap, "cap"); INTERN(s_dropped, "_dropped"); INTERN(s_append, "append");
-    INTERN(s_rank, "rank"); INTERN(s_pop, "pop");
+    INTERN(s_rank, "rank"); INTERN(s_pop, "pop"); INTERN(s_by_key, "_by_key");
     i_zero = PyLong_FromLong(0);
     i_one = PyLong_FromLong(1);
     if (i_zero == NULL || i_one == NULL)

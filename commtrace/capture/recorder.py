@@ -302,6 +302,10 @@ class Recorder:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._closed = False
+        self._close_done = False
+        #: Signals that arrived while this process was writing (a part between its write and
+        #: its rename, or the exit flush): handled once the write is done (_redeliver).
+        self._deferred: list = []
         self._dropped = 0
         self._write_failed = False
         self._last_inflight_text = None
@@ -646,6 +650,8 @@ class Recorder:
                 self._write(rows, inflight, final, ccols)
             except Exception as e:
                 log.warn_once("flush", "could not write trace part", e)
+        if self._deferred:
+            self._redeliver()
 
     def _write(self, rows, inflight, final, ccols=None) -> None:
         from ..trace import writer as W
@@ -682,13 +688,33 @@ class Recorder:
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        self._wake.set()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=5.0)
-        self.flush(final=True)
+        try:
+            self._stop.set()
+            self._wake.set()
+            t = self._thread
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout=5.0)
+            self.flush(final=True)
+        finally:
+            self._close_done = True
         self._restore_signals()
+        self._redeliver()
+
+    def writing_here(self) -> bool:
+        """True while this thread is writing (a flush holds the write lock) or a close has
+        begun and not finished: a signal handler must not end the process now."""
+        if self._closed and not self._close_done:
+            return True
+        try:
+            return self._write_lock._is_owned()
+        except Exception:
+            return False
+
+    def _redeliver(self) -> None:
+        """Run the handlers of signals deferred during a write, now that it is done."""
+        while self._deferred and not self.writing_here():
+            handler, signum, frame = self._deferred.pop(0)
+            handler(signum, frame)
 
     # ------------------------------------------------------------------ signals / exit
 
@@ -733,6 +759,12 @@ def _make_handler(ref, prev):
     def handler(signum, frame):
         rec = ref()
         if rec is not None:
+            if rec.writing_here():
+                # The handler interrupted this thread's own write (between a part's write and
+                # its rename, or the exit flush): ending the process now would lose it. The
+                # write re-delivers the signal when it is done.
+                rec._deferred.append((handler, signum, frame))
+                return None
             try:
                 if signum == signal.SIGTERM and prev in (signal.SIG_DFL, None):
                     rec.close()  # the process ends right after: write everything
@@ -740,13 +772,19 @@ def _make_handler(ref, prev):
                     rec.flush()
             except Exception:
                 pass
-        if callable(prev):
-            return prev(signum, frame)
-        if prev == signal.SIG_IGN:
-            return None
-        # SIG_DFL: restore the default and re-deliver, so the exit status is the signal's.
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        return _after_flush(signum, frame, prev)
 
     handler.__commtrace__ = True
     return handler
+
+
+def _after_flush(signum, frame, prev):
+    """What the signal would have done without commtrace: the previous handler, or ignore, or
+    the default (restored and re-delivered, so the exit status is the signal's)."""
+    if callable(prev):
+        return prev(signum, frame)
+    if prev == signal.SIG_IGN:
+        return None
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    return None

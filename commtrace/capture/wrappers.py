@@ -651,12 +651,10 @@ def make_wrapper(api: str, orig, spec):
         except Exception as e:
             log.warn_once("cfast", "C fast path unavailable; using the Python one", e)
         else:
-            ccall = _cfast.call
-            pywrapper = wrapper
-
-            def wrapper(*args, **kwargs):
-                return ccall(ctx, args, kwargs)
-            wrapper.__commtrace_python__ = pywrapper
+            # The C object is the wrapper itself (called like torch's function, no argument
+            # packing); the Python wrapper runs whatever the C path hands over.
+            ctx.__commtrace_python__ = wrapper
+            wrapper = ctx
     try:
         functools.update_wrapper(wrapper, orig)
     except Exception:
@@ -733,6 +731,17 @@ def _make_wait(orig_wait):
         functools.update_wrapper(wait, orig_wait)
     except Exception:
         pass
+    if _cfast is not None:
+        # torch's blocking collectives call work.wait() themselves: with no async op in
+        # flight, the C object calls the original at once (no Python frame).
+        try:
+            w = _cfast.make_wait(orig_wait, wait, _R)
+            functools.update_wrapper(w, orig_wait)
+            setattr(w, ORIGINAL_ATTR, orig_wait)
+            w.__commtrace_python__ = wait
+            return w
+        except Exception as e:
+            log.warn_once("cfast-wait", "C Work.wait unavailable; using the Python one", e)
     return wait
 
 
@@ -935,7 +944,7 @@ def uninstall() -> None:
         except Exception:
             pass
         _WRAPPERS.clear()
-        _pg_cache.clear()
+        reset_caches()
         _installed = False
 
 
@@ -950,3 +959,5 @@ def wrapped_names() -> set[str]:
 
 def reset_caches() -> None:
     _pg_cache.clear()
+    if _cfast is not None:
+        _cfast.invalidate()
