@@ -198,11 +198,13 @@ def test_errors_from_a_real_process_are_one_line(tmp_path):
     """The installed entry point, not just main(): no traceback on stderr, exit 2."""
     (tmp_path / "empty").mkdir()
     for args in (["report", str(tmp_path / "empty")], ["report", str(tmp_path / "nope")],
-                 ["report", os.path.join(DATA, "newer_schema")], ["--bogus"]):
+                 ["report", os.path.join(DATA, "newer_schema")], ["--bogus"],
+                 ["run", "-o", str(tmp_path / "never"), "--bogus", "--", sys.executable, "-c", "pass"]):
         p = subprocess.run([sys.executable, "-m", "commtrace", *args], env=clean_env(),
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 2, (args, p.stderr)
         assert p.stderr.startswith("commtrace: error: ") and p.stderr.count("\n") == 1, p.stderr
+    assert not (tmp_path / "never").exists()
 
 
 def test_disk_filling_mid_run(tmp_path):
