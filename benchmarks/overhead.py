@@ -4,9 +4,10 @@
     python benchmarks/overhead.py --world-size 2 --rounds 40 --ops 500 --json out.json
 
 Method (the machine is noisy): many short rounds; in each round the same K small all_reduces
-run three times, untraced (torch's original function), through commtrace's wrapper with a
-recorder on, and untraced under ``torch.profiler.profile(activities=[CPU])``, in a rotating
-order. Per round we take the differences traced - untraced of the mean time per op, and report
+run four times, untraced (torch's original function), through commtrace's wrapper with a
+recorder on, untraced under ``torch.profiler.profile(activities=[CPU])``, and through a bare
+Python wrapper that only reads the clock twice (the floor of any Python-level tracer on this
+machine at this moment), in a rotating order. Per round we take the differences traced - untraced of the mean time per op, and report
 the median of these paired differences (not a difference of medians). With 2 ranks both run the
 same schedule in lockstep and rank 0 reports.
 """
@@ -63,13 +64,25 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
         with profile(activities=[ProfilerActivity.CPU]):
             return loop(original)
 
-    modes = {"untraced": untraced, "commtrace": traced, "profiler": profiled}
+    _time_ns = time.time_ns
+
+    def bare_wrapper(tensor, *a, **kw):
+        t0 = _time_ns()
+        r = original(tensor, *a, **kw)
+        t1 = _time_ns()
+        return r
+
+    def bare():
+        R._set_recorder(None)
+        return loop(bare_wrapper)
+
+    modes = {"untraced": untraced, "commtrace": traced, "profiler": profiled, "bare": bare}
     names = list(modes)
     for name in names:  # warm-up
         modes[name]()
     res = {n: [] for n in names}
     for i in range(args.rounds):
-        order = names[i % 3:] + names[:i % 3]
+        order = names[i % len(names):] + names[:i % len(names)]
         for name in order:
             dist.barrier()
             res[name].append(modes[name]())
@@ -77,6 +90,7 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
     commtrace.disable()
     d_ct = [c - u for c, u in zip(res["commtrace"], res["untraced"])]
     d_pr = [p - u for p, u in zip(res["profiler"], res["untraced"])]
+    d_bare = [b - u for b, u in zip(res["bare"], res["untraced"])]
     out = {
         "world_size": world, "rounds": args.rounds, "ops_per_round": k, "numel": args.numel,
         "untraced_us": statistics.median(res["untraced"]),
@@ -84,9 +98,11 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
         "profiler_added_us": statistics.median(d_pr),
         "commtrace_minus_profiler_us": statistics.median(
             [c - p for c, p in zip(res["commtrace"], res["profiler"])]),
+        "bare_wrapper_added_us": statistics.median(d_bare),
         "commtrace_added_iqr_us": _iqr(d_ct),
         "profiler_added_iqr_us": _iqr(d_pr),
         "rows_recorded": None,
+        "c_fast_path": _c_fast_path(),
     }
     try:
         import pyarrow.dataset as ds
@@ -98,6 +114,12 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
     if out_q is not None and rank == 0:
         out_q.put(out)
     return out
+
+
+def _c_fast_path() -> bool:
+    from commtrace.capture import wrappers
+
+    return getattr(wrappers, "_cfast", None) is not None
 
 
 def _iqr(xs):
@@ -137,10 +159,11 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = [run(w, args) for w in args.world_size]
     print(f"{'world':>5} {'untraced us/op':>15} {'commtrace +us':>14} {'profiler +us':>13} "
-          f"{'ct - prof us':>13}")
+          f"{'ct - prof us':>13} {'bare wrapper +us':>17}  C fast path")
     for r in results:
         print(f"{r['world_size']:>5} {r['untraced_us']:>15.2f} {r['commtrace_added_us']:>14.2f} "
-              f"{r['profiler_added_us']:>13.2f} {r['commtrace_minus_profiler_us']:>13.2f}")
+              f"{r['profiler_added_us']:>13.2f} {r['commtrace_minus_profiler_us']:>13.2f} "
+              f"{r['bare_wrapper_added_us']:>17.2f}  {'yes' if r['c_fast_path'] else 'no'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

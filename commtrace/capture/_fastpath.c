@@ -39,6 +39,7 @@ typedef struct {
     PyObject *code_internal; /* sites._code_internal: id(code) -> bool */
     PyObject *site_pairs;  /* sites._site_pairs: (id(code), lasti) -> (file, line) */
     PyObject *site_of_frame; /* sites.site_of_frame(frame) */
+    PyObject *recmod_d, *nvtx_d, *world_d;  /* their __dict__ (fast_attr) */
     PyObject *dev_names;   /* device index -> name */
     PyObject *fact;        /* int: index in recorder.FAST_SPECS */
     int fact_i;
@@ -70,6 +71,7 @@ static void ctx_clear_refs(FastCtx *c) {
     Py_CLEAR(c->tls); Py_CLEAR(c->pg_cache); Py_CLEAR(c->world); Py_CLEAR(c->nvtx);
     Py_CLEAR(c->time_ns); Py_CLEAR(c->code_internal); Py_CLEAR(c->site_pairs);
     Py_CLEAR(c->site_of_frame); Py_CLEAR(c->dev_names); Py_CLEAR(c->fact);
+    Py_CLEAR(c->recmod_d); Py_CLEAR(c->nvtx_d); Py_CLEAR(c->world_d);
     Py_CLEAR(c->g_n); Py_CLEAR(c->g_d); Py_CLEAR(c->x_n); Py_CLEAR(c->x_d); Py_CLEAR(c->y_n);
     Py_CLEAR(c->y_d); Py_CLEAR(c->a_n); Py_CLEAR(c->a_d); Py_CLEAR(c->r0_n); Py_CLEAR(c->r0_d);
     Py_CLEAR(c->r1_n); Py_CLEAR(c->r1_d);
@@ -133,6 +135,64 @@ static inline long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec;
 }
 
+
+/* obj.name read from obj's own __dict__ when it is there (modules, plain instances: a dict
+ * lookup, not the full attribute protocol), else through getattr. New reference or NULL. */
+static PyObject *fast_attr(PyObject *d, PyObject *obj, PyObject *name) {
+    if (d != NULL) {
+        PyObject *v = PyDict_GetItemWithError(d, name);
+        if (v != NULL) {
+            Py_INCREF(v);
+            return v;
+        }
+        PyErr_Clear();
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+/* obj.__dict__ (new reference) or NULL. */
+static PyObject *dict_of(PyObject *obj) {
+    PyObject *d = PyObject_GenericGetDict(obj, NULL);
+    if (d == NULL || !PyDict_Check(d)) {
+        PyErr_Clear();
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+
+/* torch's TensorBase.numel / get_device (method descriptors) and dtype (getset descriptor),
+ * called directly for tensors of the exact types given (torch.Tensor, nn.Parameter): no
+ * method lookup. Other types (subclasses) go through the ordinary method calls. */
+static PyObject *t_numel, *t_getdev, *t_dtype, *t_types;
+
+static PyObject *set_tensor_api(PyObject *module, PyObject *args) {
+    PyObject *numel, *getdev, *dtype, *types;
+    if (!PyArg_ParseTuple(args, "OOOO!", &numel, &getdev, &dtype, &PyTuple_Type, &types))
+        return NULL;
+    if (Py_TYPE(dtype)->tp_descr_get == NULL) {
+        PyErr_SetString(PyExc_TypeError, "dtype: a descriptor");
+        return NULL;
+    }
+    Py_INCREF(numel); Py_XSETREF(t_numel, numel);
+    Py_INCREF(getdev); Py_XSETREF(t_getdev, getdev);
+    Py_INCREF(dtype); Py_XSETREF(t_dtype, dtype);
+    Py_INCREF(types); Py_XSETREF(t_types, types);
+    Py_RETURN_NONE;
+}
+
+static inline int exact_tensor(PyObject *x) {
+    if (t_types == NULL)
+        return 0;
+    PyObject *tp = (PyObject *)Py_TYPE(x);
+    Py_ssize_t n = PyTuple_GET_SIZE(t_types);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyTuple_GET_ITEM(t_types, i) == tp)
+            return 1;
+    return 0;
+}
+
 /* Global rank from (global arg, group-local arg) as wrappers._global. New reference or
  * Py_None (new ref); NULL on error. */
 static PyObject *global_rank(PyObject *info, PyObject *glob, PyObject *grp) {
@@ -153,22 +213,47 @@ static PyObject *global_rank(PyObject *info, PyObject *glob, PyObject *grp) {
     Py_RETURN_NONE;
 }
 
-/* The call site: (file, line) of the first user frame above the wrapper's frame; new ref. */
+/* Call sites seen before, by (code object, instruction offset) of the calling frame, when
+ * that frame is user code (the site is then that frame's file:line). The code objects are
+ * kept alive, so an address is never reused while cached. */
+#define SITE_SLOTS 4096
+#define SITE_PROBES 8
+typedef struct { PyObject *code; int lasti; PyObject *site; } SiteEnt;
+static SiteEnt site_tab[SITE_SLOTS];
+
+static inline size_t site_hash(PyObject *code, int lasti) {
+    return ((((size_t)code) >> 4) ^ ((size_t)(unsigned)lasti * 2654435761u)) & (SITE_SLOTS - 1);
+}
+
+/* The call site: (file, line) of the first user frame above the wrapper; new ref. */
 static PyObject *call_site(FastCtx *c) {
 #if PY_VERSION_HEX >= 0x030B0000
     /* The wrapper is a C callable: the current Python frame is the caller's. */
     PyFrameObject *f = PyEval_GetFrame();
     if (f == NULL)
         Py_RETURN_NONE;
-    Py_INCREF(f);
     PyCodeObject *code = PyFrame_GetCode(f); /* new ref */
+    int lasti = PyFrame_GetLasti(f);
+    size_t h = site_hash((PyObject *)code, lasti);
+    for (int i = 0; i < SITE_PROBES; i++) {
+        SiteEnt *e = &site_tab[(h + i) & (SITE_SLOTS - 1)];
+        if (e->code == NULL)
+            break;
+        if (e->code == (PyObject *)code && e->lasti == lasti) {
+            Py_DECREF(code);
+            Py_INCREF(e->site);
+            return e->site;
+        }
+    }
+    Py_INCREF(f);
     PyObject *k = PyLong_FromVoidPtr(code);
-    Py_DECREF(code);
     PyObject *res = NULL;
+    int user = 0;
     if (k != NULL) {
         PyObject *internal = PyDict_GetItemWithError(c->code_internal, k);
         if (internal == Py_False) {
-            PyObject *li = PyLong_FromLong(PyFrame_GetLasti(f));
+            user = 1;
+            PyObject *li = PyLong_FromLong(lasti);
             PyObject *key = li == NULL ? NULL : PyTuple_Pack(2, k, li);
             Py_XDECREF(li);
             if (key != NULL) {
@@ -177,13 +262,30 @@ static PyObject *call_site(FastCtx *c) {
                 Py_DECREF(key);
             }
         }
-        Py_XDECREF(k);
     }
     if (res == NULL) {
         if (PyErr_Occurred())
             PyErr_Clear();
         res = PyObject_CallOneArg(c->site_of_frame, (PyObject *)f);
+        if (res != NULL && k != NULL && !user)
+            user = PyDict_GetItemWithError(c->code_internal, k) == Py_False;
     }
+    if (res != NULL && res != Py_None && user) {
+        for (int i = 0; i < SITE_PROBES; i++) {
+            SiteEnt *e = &site_tab[(h + i) & (SITE_SLOTS - 1)];
+            if (e->code == NULL) {
+                e->code = (PyObject *)code;
+                Py_INCREF(code);
+                e->lasti = lasti;
+                e->site = res;
+                Py_INCREF(res);
+                break;
+            }
+        }
+    }
+    PyErr_Clear();
+    Py_XDECREF(k);
+    Py_DECREF(code);
     Py_DECREF(f);
     return res;
 #else
@@ -419,6 +521,7 @@ static PyObject *set_limit(PyObject *module, PyObject *arg) {
 static struct {
     PyObject *rec;            /* strong: its address is not reused while cached */
     PyObject *seq, *p2p_seq, *op_ids, *rank;
+    PyObject *rdict;          /* its __dict__: device_timer and step, read per call */
     int stack, now_ok;
 } cst;
 
@@ -426,7 +529,8 @@ static int cache_recorder(FastCtx *c, PyObject *rec) {
     if (cst.rec == rec)
         return 0;
     Py_CLEAR(cst.rec); Py_CLEAR(cst.seq); Py_CLEAR(cst.p2p_seq); Py_CLEAR(cst.op_ids);
-    Py_CLEAR(cst.rank);
+    Py_CLEAR(cst.rank); Py_CLEAR(cst.rdict);
+    cst.rdict = dict_of(rec);
     cst.seq = PyObject_GetAttr(rec, s_seq);
     cst.p2p_seq = PyObject_GetAttr(rec, s_p2p_seq);
     cst.op_ids = PyObject_GetAttr(rec, s_op_ids);
@@ -466,7 +570,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
              *ret = NULL;
     long long t0;
 
-    rec = PyObject_GetAttr(c->recmod, s_recorder);
+    rec = fast_attr(c->recmod_d, c->recmod, s_recorder);
     if (rec == NULL)
         SLOW();
     if (rec == Py_None) {
@@ -493,7 +597,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     tmp = PyDict_GetItemWithError(st, s_coalesce);
     if (tmp == NULL || tmp != Py_None)
         SLOW();
-    tmp = PyObject_GetAttr(c->nvtx, s_active);
+    tmp = fast_attr(c->nvtx_d, c->nvtx, s_active);
     if (tmp == NULL)
         SLOW();
     {
@@ -502,7 +606,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         if (act != 0)
             SLOW();
     }
-    tmp = PyObject_GetAttr(rec, s_device_timer);
+    tmp = fast_attr(cst.rdict, rec, s_device_timer);
     if (tmp == NULL)
         SLOW();
     Py_DECREF(tmp);
@@ -515,7 +619,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         PyObject *g = slot(args, nargs, kwnames, c->g_i, c->g_n, c->g_d);
         PyObject *key;
         if (g == Py_None) {
-            key = PyObject_GetAttr(c->world, s_default_pg);
+            key = fast_attr(c->world_d, c->world, s_default_pg);
             if (key == NULL)
                 SLOW();
         } else {
@@ -560,13 +664,23 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         PyObject *x = slot(args, nargs, kwnames, c->x_i, c->x_n, c->x_d);
         if (x == Py_None)
             SLOW();
-        count = PyObject_CallMethodNoArgs(x, s_numel);
-        if (count == NULL)
-            SLOW();
-        dtype = PyObject_GetAttr(x, s_dtype);
-        if (dtype == NULL)
-            SLOW();
-        tmp = PyObject_CallMethodNoArgs(x, s_get_device);
+        if (exact_tensor(x)) {
+            count = PyObject_Vectorcall(t_numel, &x, 1, NULL);
+            if (count == NULL)
+                SLOW();
+            dtype = Py_TYPE(t_dtype)->tp_descr_get(t_dtype, x, (PyObject *)Py_TYPE(x));
+            if (dtype == NULL)
+                SLOW();
+            tmp = PyObject_Vectorcall(t_getdev, &x, 1, NULL);
+        } else {
+            count = PyObject_CallMethodNoArgs(x, s_numel);
+            if (count == NULL)
+                SLOW();
+            dtype = PyObject_GetAttr(x, s_dtype);
+            if (dtype == NULL)
+                SLOW();
+            tmp = PyObject_CallMethodNoArgs(x, s_get_device);
+        }
         if (tmp == NULL)
             SLOW();
         dev = PyDict_GetItemWithError(c->dev_names, tmp);
@@ -665,7 +779,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         r.peer = as_ll(peer);
         r.root = as_ll(root);
         r.t0 = t0;
-        step = PyObject_GetAttr(rec, s_step);
+        step = fast_attr(cst.rdict, rec, s_step);
         r.step = as_ll(step);
         r.count = as_ll(count);
         r.outb = as_ll(outb);
@@ -773,6 +887,9 @@ static PyObject *make_ctx(PyObject *module, PyObject *args) {
     Py_INCREF(c->time_ns); Py_INCREF(c->code_internal); Py_INCREF(c->site_pairs);
     Py_INCREF(c->site_of_frame); Py_INCREF(c->dev_names); Py_INCREF(c->fact);
     c->fact_i = (int)PyLong_AsLong(c->fact);
+    c->recmod_d = dict_of(c->recmod);
+    c->nvtx_d = dict_of(c->nvtx);
+    c->world_d = dict_of(c->world);
     struct { const char *k; Py_ssize_t *i; PyObject **n, **d; } sl[] = {
         {"group", &c->g_i, &c->g_n, &c->g_d}, {"x", &c->x_i, &c->x_n, &c->x_d},
         {"y", &c->y_i, &c->y_n, &c->y_d}, {"async", &c->a_i, &c->a_n, &c->a_d},
@@ -820,7 +937,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict;
-    PyObject *orig, *slow, *recmod;
+    PyObject *orig, *slow, *recmod, *recmod_d;
 } WaitW;
 
 static PyObject *s_by_key;
@@ -828,14 +945,14 @@ static PyObject *s_by_key;
 static PyObject *wait_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
     WaitW *w = (WaitW *)self;
-    PyObject *rec = PyObject_GetAttr(w->recmod, s_recorder);
+    PyObject *rec = fast_attr(w->recmod_d, w->recmod, s_recorder);
     if (rec == NULL) {
         PyErr_Clear();
         return PyObject_Vectorcall(w->slow, args, nargsf, kwnames);
     }
     int idle = rec == Py_None;
     if (!idle) {
-        PyObject *bk = PyObject_GetAttr(rec, s_by_key);
+        PyObject *bk = fast_attr(rec == cst.rec ? cst.rdict : NULL, rec, s_by_key);
         idle = bk != NULL && PyDict_Check(bk) && PyDict_GET_SIZE(bk) == 0;
         Py_XDECREF(bk);
         PyErr_Clear();
@@ -854,6 +971,7 @@ static PyObject *wait_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
 
 static void wait_dealloc(WaitW *w) {
     Py_CLEAR(w->dict); Py_CLEAR(w->orig); Py_CLEAR(w->slow); Py_CLEAR(w->recmod);
+    Py_CLEAR(w->recmod_d);
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
@@ -886,6 +1004,7 @@ static PyObject *make_wait(PyObject *module, PyObject *args) {
     w->orig = orig; Py_INCREF(orig);
     w->slow = slow; Py_INCREF(slow);
     w->recmod = recmod; Py_INCREF(recmod);
+    w->recmod_d = dict_of(recmod);
     return (PyObject *)w;
 }
 
@@ -898,6 +1017,7 @@ static PyMethodDef methods[] = {
     {"counts", counts, METH_NOARGS,
      "(calls recorded in C, calls handed to the Python wrapper, source line of the last)."},
     {"invalidate", invalidate, METH_NOARGS, "Forget cached process-group facts."},
+    {"set_tensor_api", set_tensor_api, METH_VARARGS, "set_tensor_api(numel, get_device, dtype_descriptor, exact_types)."},
     {"make_wait", make_wait, METH_VARARGS, "make_wait(orig_wait, python_wait, recorder_module)."},
     {"make_ctx", make_ctx, METH_VARARGS, "The per-wrapper context of call()."},
     {"drain_columns", drain_columns, METH_NOARGS, "drain_columns() -> None or 19 column lists (F_* fields, t_return_ns)."},

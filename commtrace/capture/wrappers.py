@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import sys
 import threading
 
 from ..trace import schema as S
@@ -874,6 +875,8 @@ def install() -> bool:
         if not hasattr(_world, "_default_pg"):  # pragma: no cover - older/newer torch
             _world = _WorldShim(c10d)
         _dist = sys.modules.get("torch.distributed")
+        if _cfast is not None:
+            _set_tensor_api()
         targets = [c10d] + ([_dist] if _dist is not None else [])
         for name, spec in API_TABLE.items():
             w = _WRAPPERS.get(name)
@@ -920,6 +923,23 @@ def install() -> bool:
             log.warn_once("work-wait", "cannot patch Work.wait; t_wait_ns will be null", e)
         _installed = True
         return True
+
+
+def _set_tensor_api() -> None:
+    """Give the C fast path torch's tensor accessors (looked up once, not per call)."""
+    try:
+        torch = sys.modules.get("torch")
+        base = getattr(getattr(torch, "_C", None), "TensorBase", None)
+        if base is None:
+            return   # torch still half-imported: the next install() call does it
+        d = base.__dict__
+        types = tuple(t for t in (getattr(torch, "Tensor", None),
+                                  getattr(getattr(torch, "nn", None), "Parameter", None))
+                      if isinstance(t, type)
+                      and not any(n in t.__dict__ for n in ("numel", "get_device", "dtype")))
+        _cfast.set_tensor_api(d["numel"], d["get_device"], d["dtype"], types)
+    except Exception as e:
+        log.warn_once("cfast-tensor", "C fast path: tensor accessors unavailable", e)
 
 
 def install_late() -> None:
