@@ -16,6 +16,9 @@
 #include <pythread.h>
 #include <structmember.h>
 #include <limits.h>
+
+/* Clear a pending error of commtrace's own (the check is cheaper than the clear). */
+#define CLEAR_ERR() do { if (PyErr_Occurred()) PyErr_Clear(); } while (0)
 #include <time.h>
 
 typedef struct {
@@ -123,7 +126,7 @@ static PyObject *slot(PyObject *const *a, Py_ssize_t n, PyObject *kwn, Py_ssize_
             if (eq == 0)
                 return a[n + j];
             if (eq == -1 && PyErr_Occurred())
-                PyErr_Clear();
+                CLEAR_ERR();
         }
     }
     return dflt;
@@ -145,7 +148,7 @@ static PyObject *fast_attr(PyObject *d, PyObject *obj, PyObject *name) {
             Py_INCREF(v);
             return v;
         }
-        PyErr_Clear();
+        CLEAR_ERR();
     }
     return PyObject_GetAttr(obj, name);
 }
@@ -154,7 +157,7 @@ static PyObject *fast_attr(PyObject *d, PyObject *obj, PyObject *name) {
 static PyObject *dict_of(PyObject *obj) {
     PyObject *d = PyObject_GenericGetDict(obj, NULL);
     if (d == NULL || !PyDict_Check(d)) {
-        PyErr_Clear();
+        CLEAR_ERR();
         Py_XDECREF(d);
         return NULL;
     }
@@ -205,7 +208,7 @@ static PyObject *global_rank(PyObject *info, PyObject *glob, PyObject *grp) {
         PyObject *r = PyObject_GetItem(ranks, grp);
         Py_DECREF(ranks);
         if (r == NULL) {
-            PyErr_Clear();
+            CLEAR_ERR();
             Py_RETURN_NONE;
         }
         return r;
@@ -265,7 +268,7 @@ static PyObject *call_site(FastCtx *c) {
     }
     if (res == NULL) {
         if (PyErr_Occurred())
-            PyErr_Clear();
+            CLEAR_ERR();
         res = PyObject_CallOneArg(c->site_of_frame, (PyObject *)f);
         if (res != NULL && k != NULL && !user)
             user = PyDict_GetItemWithError(c->code_internal, k) == Py_False;
@@ -283,7 +286,7 @@ static PyObject *call_site(FastCtx *c) {
             }
         }
     }
-    PyErr_Clear();
+    CLEAR_ERR();
     Py_XDECREF(k);
     Py_DECREF(code);
     Py_DECREF(f);
@@ -329,7 +332,7 @@ static long long as_ll(PyObject *o) {
         return NONE_LL;
     long long v = PyLong_AsLongLong(o);
     if (v == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
+        CLEAR_ERR();
         return NONE_LL;
     }
     return v;
@@ -394,7 +397,7 @@ static PyObject *rec_pre(Rec *r) {
         if (v[i] == NULL) {
             v[i] = Py_None;
             Py_INCREF(Py_None);
-            PyErr_Clear();
+            CLEAR_ERR();
         }
         if (t != NULL)
             PyTuple_SET_ITEM(t, i, v[i]);
@@ -446,7 +449,7 @@ static PyObject *drain_columns(PyObject *module, PyObject *unused) {
             v[18] = ll_obj(r->t1);
             for (int j = 0; j < 19; j++) {
                 if (v[j] == NULL) {
-                    PyErr_Clear();
+                    CLEAR_ERR();
                     v[j] = Py_None;
                     Py_INCREF(Py_None);
                 }
@@ -460,7 +463,7 @@ static PyObject *drain_columns(PyObject *module, PyObject *unused) {
         for (int j = 0; j < 19; j++)
             Py_XDECREF(cols[j]);
         n_dropped += (unsigned long long)n;
-        PyErr_Clear();
+        CLEAR_ERR();
         Py_RETURN_NONE;
     }
     PyObject *out = PyTuple_New(19);
@@ -490,7 +493,7 @@ static PyObject *in_progress(PyObject *module, PyObject *args) {
             inprog_taken[i] = 1;
         PyObject *pre = rec_pre(&inprog[i]);
         if (pre == NULL || PyList_Append(out, pre) != 0)
-            PyErr_Clear();
+            CLEAR_ERR();
         Py_XDECREF(pre);
     }
     return out;
@@ -548,7 +551,7 @@ static int cache_recorder(FastCtx *c, PyObject *rec) {
             buf_max = n;
     }
     Py_XDECREF(st); Py_XDECREF(now); Py_XDECREF(cap);
-    PyErr_Clear();
+    CLEAR_ERR();
     if (!ok) {
         Py_CLEAR(cst.seq); Py_CLEAR(cst.p2p_seq); Py_CLEAR(cst.op_ids); Py_CLEAR(cst.rank);
         return -1;
@@ -655,7 +658,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     }
     if (c->a_n != Py_None) {
         PyObject *a = slot(args, nargs, kwnames, c->a_i, c->a_n, c->a_d);
-        int t = PyObject_IsTrue(a);
+        int t = a == Py_False || a == Py_None ? 0 : PyObject_IsTrue(a);
         if (t != 0)
             SLOW();
     }
@@ -787,7 +790,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         if (cst.stack)
             site = call_site(c);
         if (site == NULL) {
-            PyErr_Clear();
+            CLEAR_ERR();
             site = Py_None;
             Py_INCREF(site);
         }
@@ -795,13 +798,13 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         r.op_id = as_ll(op_id);
         PyObject *api = PyDict_GetItemWithError(st, s_api);
         PyObject *detail = PyDict_GetItemWithError(st, s_detail);
-        PyErr_Clear();
+        CLEAR_ERR();
         r.site = site; Py_INCREF(site);
         r.api = api ? api : Py_None; Py_INCREF(r.api);
         r.detail = detail ? detail : Py_None; Py_INCREF(r.detail);
         r.dtype = dtype; Py_INCREF(dtype);
         r.dev = dev; Py_INCREF(dev);
-        PyErr_Clear();
+        CLEAR_ERR();
         n_fast++;
         /* In flight while the call runs (_inflight.json, final flush): a slot of its own. */
         int slot_i = -1;
@@ -815,7 +818,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             }
         }
         PyDict_SetItem(st, s_depth, i_one);
-        PyErr_Clear();
+        CLEAR_ERR();
         /* The user's call. */
         ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
         long long t1 = now_ns();
@@ -847,13 +850,13 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         } else {
             buf_push(&r);      /* takes the references, or releases them when full */
         }
-        PyErr_Clear();   /* commtrace's own errors never reach the user */
+        CLEAR_ERR();   /* commtrace's own errors never reach the user */
         PyErr_Restore(et, ev, etb);
     }
     goto done;
 
 slow:
-    PyErr_Clear();
+    CLEAR_ERR();
     n_slow++;
     ret = PyObject_Vectorcall(c->slow, args, nargsf, kwnames);
 done:
@@ -947,7 +950,7 @@ static PyObject *wait_vectorcall(PyObject *self, PyObject *const *args, size_t n
     WaitW *w = (WaitW *)self;
     PyObject *rec = fast_attr(w->recmod_d, w->recmod, s_recorder);
     if (rec == NULL) {
-        PyErr_Clear();
+        CLEAR_ERR();
         return PyObject_Vectorcall(w->slow, args, nargsf, kwnames);
     }
     int idle = rec == Py_None;
@@ -955,7 +958,7 @@ static PyObject *wait_vectorcall(PyObject *self, PyObject *const *args, size_t n
         PyObject *bk = fast_attr(rec == cst.rec ? cst.rdict : NULL, rec, s_by_key);
         idle = bk != NULL && PyDict_Check(bk) && PyDict_GET_SIZE(bk) == 0;
         Py_XDECREF(bk);
-        PyErr_Clear();
+        CLEAR_ERR();
     }
     Py_DECREF(rec);
     return PyObject_Vectorcall(idle ? w->orig : w->slow, args, nargsf, kwnames);
