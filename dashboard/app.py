@@ -37,6 +37,20 @@ def _table(id_, rows, columns=None, **kw):
         style_header={"fontWeight": "bold"}, **kw)
 
 
+#: How a view is hidden: kept laid out at its width (height 0, clipped) rather than display:none,
+#: so that its plots are not resized (re-drawn) on every switch of view.
+HIDDEN = {"height": 0, "overflow": "hidden"}
+#: Views whose content is built the first time they are shown, then kept.
+LAZY = ("overlap", "stalls", "bandwidth", "summary")
+
+
+def _graph(id_, fig, **kw):
+    """A dcc.Graph whose height is fixed (the figure's), so that hiding its view resizes nothing."""
+    h = fig.layout.height or 450
+    return dcc.Graph(id=id_, figure=fig, style={"height": f"{h}px"},
+                     config={"displaylogo": False, **kw.pop("config", {})}, **kw)
+
+
 def create_app(d: RunData) -> dash.Dash:
     """A Dash app serving the views of `d` (see docs/dashboard.md)."""
     app = dash.Dash(__name__, title=f"commtrace: {d.run.path}", update_title=None, eager_loading=True)
@@ -51,113 +65,145 @@ def create_app(d: RunData) -> dash.Dash:
         dcc.Tabs(id="tabs", value="timeline", children=[dcc.Tab(label=l, value=v) for v, l in TABS]),
         dcc.Store(id="window", data={"a": 0.0, "b": d.duration_s}),
         dcc.Store(id="selected", data=None),
+        dcc.Store(id="views-drawn", data=[]),
         html.Div(id="view-timeline", children=[
             html.Div(style={"display": "flex", "gap": "12px", "alignItems": "center", "margin": "4px 0"}, children=[
                 html.Button("Reset zoom", id="reset"),
-                html.Span(id="mode-info"),
+                html.Span(id="mode-info", children=_mode_info("bins" if first.layout.meta["mode"] == "bins" else "exact",
+                                                              0.0, d.duration_s)),
                 html.Span(id="selection-info", style={"fontWeight": "bold"})]),
             dcc.RangeSlider(id="range", min=0, max=d.duration_s, value=[0, d.duration_s], step=slider_step,
                             marks=None, allowCross=False, tooltip={"placement": "bottom", "always_visible": False},
                             updatemode="mouseup"),
-            dcc.Graph(id="timeline", figure=first, config={"displaylogo": False, "scrollZoom": False}),
+            _graph("timeline", first, config={"scrollZoom": False}),
             html.Div("Rows per rank: host-blocked (call and wait()), in-flight (enqueue to completion), "
                      "wait / sync (wait states and synchronize()). Click an op to highlight the same collective "
-                     "(pg, seq) on every rank. Drag to zoom; zoomed out, bins show the busy fraction of each bin.",
+                     "(pg, seq) on every rank. Drag on the plot or move the range slider to zoom (each follows "
+                     "the other); zoomed out, bins show the busy fraction of each bin.",
                      style={"fontSize": 12, "color": "#555"})]),
-        html.Div(id="view-other"),
+        *[html.Div(id=f"view-{v}", style=HIDDEN) for v in LAZY],
+        # Findings live in the layout (hidden unless their tab) so that their table can be an Input.
+        html.Div(id="view-findings", style=HIDDEN, children=[
+            html.Div("Click a finding to zoom the timeline to its evidence.", style={"fontSize": 12}),
+            _table("findings", F.findings_rows(d), columns=["severity", "kind", "rank", "pg", "seq", "op", "site",
+                                                             "impact", "message"], page_size=50,
+                   style_data_conditional=[{"if": {"filter_query": f'{{severity}} = "{k}"'}, "color": c}
+                                           for k, c in F.SEVERITY_COLOR.items()])]),
     ])
 
-    @app.callback(Output("view-timeline", "style"), Output("view-other", "children"),
-                  Output("view-findings", "style"), Input("tabs", "value"))
-    def show_view(tab):
-        return (*_view(tab), {} if tab == "findings" else {"display": "none"})
-
-    def _view(tab):
-        hidden = {"display": "none"}
-        if tab == "timeline":
-            return {}, None
+    def _content(tab):
+        """The children of a lazily built view."""
         if tab == "overlap":
             f1, f2 = F.overlap_figures(d)
-            return hidden, [dcc.Graph(id="overlap-rank", figure=f1), dcc.Graph(id="overlap-step", figure=f2)]
+            return [_graph("overlap-rank", f1), _graph("overlap-step", f2)]
         if tab == "stalls":
             f1, f2, pairs = F.stalls_figures(d)
-            return hidden, [dcc.Graph(id="stalls-heatmap", figure=f1), dcc.Graph(id="stragglers", figure=f2),
-                            html.H4("Late sender / late receiver pairs"), _table("late-pairs", pairs)]
+            return [_graph("stalls-heatmap", f1), _graph("stragglers", f2),
+                    html.H4("Late sender / late receiver pairs"), _table("late-pairs", pairs)]
         if tab == "bandwidth":
-            return hidden, [dcc.Graph(id="busbw", figure=F.bandwidth_figure(d)),
-                            html.H4("nccl-tests style table (per pg, op and size)"), _table("bw-table", F.bandwidth_rows(d))]
-        if tab == "summary":
-            return hidden, [html.Pre(id="summary", children=json.dumps(facts, indent=2, default=str))]
-        return hidden, None
+            return [_graph("busbw", F.bandwidth_figure(d)),
+                    html.H4("nccl-tests style table (per pg, op and size)"), _table("bw-table", F.bandwidth_rows(d))]
+        return [html.Pre(id="summary", children=json.dumps(facts, indent=2, default=str))]
 
-    # Findings live in the layout (hidden unless their tab) so that their table can be an Input.
-    app.layout.children.append(html.Div(id="view-findings", style={"display": "none"}, children=[
-        html.Div("Click a finding to zoom the timeline to its evidence.", style={"fontSize": 12}),
-        _table("findings", F.findings_rows(d), columns=["severity", "kind", "rank", "pg", "seq", "op", "site",
-                                                         "impact", "message"], page_size=50,
-               style_data_conditional=[{"if": {"filter_query": f'{{severity}} = "{k}"'}, "color": c}
-                                       for k, c in F.SEVERITY_COLOR.items()])]))
+    views = ["timeline", *LAZY, "findings"]
 
-    # The slider is an input only: had it followed the zoom, its snapping to its step would
-    # re-fire this callback and Dash would drop the in-flight response (lost zooms).
-    @app.callback(Output("window", "data"), Output("tabs", "value"),
-                  Output("selected", "data", allow_duplicate=True),
+    @app.callback(*[Output(f"view-{v}", "style") for v in views], *[Output(f"view-{v}", "children") for v in LAZY],
+                  Output("views-drawn", "data"), Input("tabs", "value"), State("views-drawn", "data"))
+    def show_view(tab, drawn):
+        """Show one view; build a lazy view's figures the first time only (then it is a style change)."""
+        drawn = list(drawn or [])
+        styles = [{} if v == tab else HIDDEN for v in views]
+        children = [dash.no_update] * len(LAZY)
+        if tab in LAZY and tab not in drawn:
+            children[LAZY.index(tab)] = _content(tab)
+            drawn.append(tab)
+        return (*styles, *children, drawn)
+
+    no = dash.no_update
+
+    # One callback for everything that changes the timeline: a zoom on the plot, the range slider,
+    # reset, a finding, a click on an op. One round trip per interaction, and the slider follows
+    # the plot: an output that is also an input of the same callback does not fire it again.
+    @app.callback(Output("timeline", "figure"), Output("range", "value"), Output("window", "data"),
+                  Output("selected", "data"), Output("tabs", "value"), Output("mode-info", "children"),
+                  Output("selection-info", "children"),
                   Input("timeline", "relayoutData"), Input("range", "value"), Input("reset", "n_clicks"),
-                  Input("findings", "active_cell"), State("window", "data"), State("selected", "data"),
-                  State("findings", "derived_viewport_data"), prevent_initial_call=True)
-    def set_window(relayout, rng, _reset, cell, win, sel, rows):
+                  Input("findings", "active_cell"), Input("timeline", "clickData"),
+                  State("window", "data"), State("selected", "data"), State("findings", "derived_viewport_data"),
+                  prevent_initial_call=True)
+    def timeline(relayout, rng, _reset, cell, click, win, sel, rows):
         trig = dash.ctx.triggered_id
-        no = dash.no_update
+        win = win or {"a": 0.0, "b": d.duration_s}
+        new_win, new_sel, tab = _window_input(trig, relayout, rng, cell, click, win, sel, rows)
+        if new_win is None and new_sel is no:
+            raise dash.exceptions.PreventUpdate
+        w = new_win or win
+        s = sel if new_sel is no else new_sel
+        fig, slider, mode, info = draw(w, s)
+        return fig, slider, w, new_sel, tab, mode, info
+
+    def _window_input(trig, relayout, rng, cell, click, win, sel, rows):
+        """(new window or None, new selection or no_update, tab or no_update) for an input."""
+        full = {"a": 0.0, "b": d.duration_s}
         if trig == "reset":
-            return {"a": 0.0, "b": d.duration_s}, no, no
+            return full, no, no
         if trig == "range" and rng:
-            return {"a": float(rng[0]), "b": float(rng[1])}, no, no
+            a, b = float(rng[0]), float(rng[1])
+            # the slider snapping a value we set to its step: not a new zoom
+            if abs(a - win["a"]) <= slider_step and abs(b - win["b"]) <= slider_step:
+                return None, no, no
+            return {"a": a, "b": b}, no, no
         if trig == "findings" and cell:
             i = (rows[cell["row"]]["i"] if rows and cell["row"] < len(rows) else cell["row"])
             f = d.findings[int(i)]
             a, b = F.window_for_finding(d, f)
-            new_sel = {"pg": f.pg, "seq": f.seq} if f.pg is not None and f.seq is not None else sel
-            return {"a": a, "b": b}, "timeline", new_sel
+            new_sel = {"pg": f.pg, "seq": f.seq} if f.pg is not None and f.seq is not None else no
+            return {"a": a, "b": b}, new_sel, "timeline"
+        if trig == "timeline" and dash.ctx.triggered[0]["prop_id"] == "timeline.clickData":
+            s = _selection(click)
+            return (None, s, no) if s is not None else (None, no, no)
         if trig == "timeline" and relayout:
             if relayout.get("xaxis.autorange"):
-                return {"a": 0.0, "b": d.duration_s}, no, no
+                return full, no, no
             a, b = relayout.get("xaxis.range[0]"), relayout.get("xaxis.range[1]")
             if a is None and isinstance(relayout.get("xaxis.range"), list):
                 a, b = relayout["xaxis.range"]
             if a is not None and b is not None:
-                a, b = max(0.0, float(a)), min(d.duration_s, float(b))
-                return {"a": a, "b": b}, no, no
-        raise dash.exceptions.PreventUpdate
+                return {"a": max(0.0, float(a)), "b": min(d.duration_s, float(b))}, no, no
+        return None, no, no
 
-    @app.callback(Output("selected", "data"), Input("timeline", "clickData"), prevent_initial_call=True)
-    def select(click):
+    def _selection(click):
+        """{"pg", "seq"} of a clicked op, or None."""
         if not click or not click.get("points"):
-            raise dash.exceptions.PreventUpdate
-        p = click["points"][0]
-        cd = p.get("customdata")
+            return None
+        cd = click["points"][0].get("customdata")
         if not isinstance(cd, list) or len(cd) < 3:
-            raise dash.exceptions.PreventUpdate
+            return None
         pgc, seq = int(cd[0]), int(cd[1])
-        if pgc < 0 or seq < 0:
-            raise dash.exceptions.PreventUpdate
+        if pgc < 0 or seq < 0 or pgc >= len(d.o["pg_values"]):
+            return None
         return {"pg": d.o["pg_values"][pgc], "seq": seq}
 
-    @app.callback(Output("timeline", "figure"), Output("mode-info", "children"), Output("selection-info", "children"),
-                  Input("window", "data"), Input("selected", "data"), prevent_initial_call=True)
     def draw(win, sel):
+        """(figure, slider value, mode line, selection line) of a window and selection."""
         fig = F.timeline_figure(d, win["a"], win["b"], sel)
-        mode = fig.layout.meta["mode"]
-        info = (f"{'exact ops' if mode == 'exact' else 'level-of-detail bins'}: "
-                f"{win['a']:.4f}–{win['b']:.4f} s")
+        a, b = fig.layout.xaxis.range
+        # the slider's value on its own grid, so that it does not snap (and echo) it
+        rng = [max(0.0, slider_step * round(a / slider_step)), min(d.duration_s, slider_step * round(b / slider_step))]
         s = ""
         if sel:
             x = F.selection_info(d, sel["pg"], sel["seq"])
             s = f"selected {x.get('op')} pg {x['pg']} seq {x['seq']} on {len(x['ranks'])} rank(s)"
             if x.get("arrival_skew_ns") is not None:
                 s += f" · arrival skew {F.fmt_ns(x['arrival_skew_ns'])} · last rank {x['last_rank']}"
-        return fig, info, s
+        return fig, rng, _mode_info(fig.layout.meta["mode"], a, b), s
 
+    app._commtrace_draw = draw  # for tests
     return app
+
+
+def _mode_info(mode: str, a: float, b: float) -> str:
+    return f"{'exact ops' if mode == 'exact' else 'level-of-detail bins'}: {a:.4f}–{b:.4f} s"
 
 
 def build(run, nbins: int = 400) -> dash.Dash:

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from commtrace.analysis.lod import TimelineBins
 from commtrace.ops import P2P_OPS
 
 #: ns -> s for the x axis (time since the start of the run).
@@ -51,6 +52,8 @@ class RunData:
         self._bins_cache: OrderedDict = OrderedDict()
 
         t = run.ops(kinds=("op", "sync", "hazard"))
+        # Prefix sums of every interval, so that any window's bins take milliseconds.
+        self.lod = TimelineBins(run, ops=t)
         kind, kinds = _codes(t, "kind")
         order = np.argsort(_col(t, "t_enqueue_ns", np.int64, 0), kind="stable")
         t = t.take(pa.array(order))
@@ -80,7 +83,7 @@ class RunData:
         self.summary = run.collectives_summary()
         self.findings = list(run.findings())
         self.clock = run.clock()
-        self.full_bins = run.timeline_bins(nbins=nbins)
+        self.full_bins = self.lod.bins(nbins=nbins)
 
     def _ops_arrays(self, t: pa.Table) -> dict:
         """The columns the timeline draws, as numpy, times relative (s)."""
@@ -121,7 +124,8 @@ class RunData:
         return int(np.searchsorted(e, b, "right") - np.searchsorted(e, a, "left"))
 
     def bins(self, a: float, b: float, nbins: int | None = None) -> pa.Table:
-        """`Run.timeline_bins` over [a, b] (s), cached per window (LRU of 32)."""
+        """`Run.timeline_bins` over [a, b] (s) (computed by :class:`TimelineBins`, same table),
+        cached per window (LRU of 32)."""
         nbins = nbins or self.nbins
         if a <= 0 and b >= self.duration_s and nbins == self.nbins:
             return self.full_bins
@@ -130,7 +134,7 @@ class RunData:
             if key in self._bins_cache:
                 self._bins_cache.move_to_end(key)
                 return self._bins_cache[key]
-        t = self.run.timeline_bins(self.t_min_ns + int(a * NS), self.t_min_ns + int(b * NS), nbins=nbins)
+        t = self.lod.bins(self.t_min_ns + int(a * NS), self.t_min_ns + int(b * NS), nbins=nbins)
         with self._lock:
             self._bins_cache[key] = t
             while len(self._bins_cache) > 32:

@@ -2,8 +2,10 @@
 plotly figures or table rows. Names follow shared/reference/metrics.md (host-blocked, in-flight,
 wait, exposed_comm, overlap ratio, busbw, arrival skew, late_sender / late_receiver).
 
-Large arrays go to plotly as numpy so that plotly sends them as typed binary arrays, and the
-timeline uses WebGL traces (Scattergl) or one heatmap image, never one SVG shape per op."""
+Large arrays go to plotly as numpy so that plotly sends them as typed binary arrays. Nothing uses
+WebGL: a browser without a GPU (software GL) takes seconds to create a WebGL context. The
+timeline draws one heatmap image (bins) or one filled SVG path per op name (exact ops), never one
+SVG element per op span; plots of many points are reduced to what their pixels can show."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from .data import NS, RunData
 EXACT_MAX = 5000
 #: Sub-rows per rank: host calls (host-blocked), in-flight, waits and syncs.
 SUBROWS = ("host-blocked", "in-flight", "wait / sync")
+#: Steps above which the per-step overlap plot draws filled step areas instead of bars.
+MAX_STEP_BARS = 300
 #: synchronize() bands drawn as shapes at most (beyond that they show in the wait / sync row).
 MAX_SYNC_BANDS = 300
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
@@ -40,27 +44,39 @@ def _ms(s):
     return "—" if s is None or not np.isfinite(s) else f"{s * 1e3:.3f} ms"
 
 
-def _segments(a: np.ndarray, b: np.ndarray, y: np.ndarray):
-    """x, y arrays of line segments [a, b] at height y, separated by NaN gaps."""
+def _rects(a: np.ndarray, b: np.ndarray, y: np.ndarray, half: float = 0.35):
+    """x, y arrays of the rectangles [a, b] x [y - half, y + half], NaN-separated, for one
+    filled SVG path per trace (`fill="toself"`): a browser draws thousands of them as one
+    element, where line segments would each be an element (or need WebGL)."""
     ok = np.isfinite(a) & np.isfinite(b)
     a, b, y = a[ok], b[ok], y[ok]
     n = len(a)
-    x = np.full(3 * n, np.nan)
-    yy = np.full(3 * n, np.nan)
-    x[0::3], x[1::3] = a, b
-    yy[0::3], yy[1::3] = y, y
+    x = np.full(5 * n, np.nan)
+    yy = np.full(5 * n, np.nan)
+    x[0::5], x[1::5], x[2::5], x[3::5] = a, b, b, a
+    yy[0::5], yy[1::5], yy[2::5], yy[3::5] = y - half, y - half, y + half, y + half
     return x, yy
+
+
+def _r(x: np.ndarray, digits: int = 7) -> np.ndarray:
+    """Times (s) rounded to 0.1 us: what any zoom can show, and shorter JSON."""
+    return np.round(x, digits)
 
 
 def _base_layout(fig: go.Figure, d: RunData, a: float, b: float, mode: str) -> go.Figure:
     nr = len(d.ranks)
     fig.update_layout(
         height=max(360, min(1400, 60 + nr * 3 * 6)), margin=dict(l=70, r=20, t=30, b=40),
-        xaxis=dict(range=[a, b], title="time since start of run (s)", showgrid=False, zeroline=False),
+        # ticklabeloverflow="allow": the default ("hide past div") measures every tick label at
+        # each redraw, most of the redraw's time with a row per rank.
+        xaxis=dict(range=[a, b], title="time since start of run (s)", showgrid=False, zeroline=False,
+                   ticklabeloverflow="allow"),
         yaxis=dict(range=[nr * 3 - 0.5, -0.5], tickvals=[i * 3 + 1 for i in range(nr)],
-                   ticktext=[f"rank {r}" for r in d.ranks], fixedrange=True, showgrid=False, zeroline=False),
+                   ticktext=[f"rank {r}" for r in d.ranks], fixedrange=True, showgrid=False, zeroline=False,
+                   ticklabeloverflow="allow"),
         dragmode="zoom", hovermode="closest", legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"),
-        meta={"mode": mode, "ranks": d.ranks}, plot_bgcolor="white")
+        # meta holds no array: Plotly.react redraws everything when one in the layout changes
+        meta={"mode": mode}, plot_bgcolor="white", uirevision="timeline")
     return fig
 
 
@@ -99,12 +115,15 @@ def _bin_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
     x = ((np.arange(nb) + 0.5) * (b - a) / nb + a).astype(np.float64)
     fig.add_trace(go.Heatmap(
         z=z, x=x, y=np.arange(nr * 3), zmin=0, zmax=1, colorscale="Viridis", name="busy fraction",
+        zsmooth="fast",  # one pixel per bin, scaled by the browser: cheap to draw and to zoom
         colorbar=dict(title="busy fraction", thickness=10, len=0.5),  # in-flight can exceed 1: ops in flight at once
         hovertemplate="t=%{x:.4f} s<br>row %{y}: %{z:.2f} of the bin busy<extra>"
                       "host-blocked / in-flight / wait+sync rows per rank</extra>"))
 
 
 def _exact_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
+    """Exact ops in [a, b]: per op, the host-blocked, in-flight and wait spans as rectangles on
+    the rank's three sub-rows (one SVG path per op name), and one hover / click marker per op."""
     o = d.o
     idx = d.window(a, b)
     row = o["row"][idx] * 3
@@ -118,12 +137,12 @@ def _exact_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
         xs, ys = [], []
         for (s, e, off) in ((o["t_enqueue"][j], o["t_return"][j], 0), (o["t_enqueue"][j], o["t_end"][j], 1),
                             (o["t_wait"][j], o["t_wait_end"][j], 2)):
-            x, y = _segments(s, e, r + off)
+            x, y = _rects(s, e, r + off)
             xs.append(x)
             ys.append(y)
-        fig.add_trace(go.Scattergl(x=np.concatenate(xs), y=np.concatenate(ys), mode="lines", name=name,
-                                   line=dict(width=5, color=PALETTE[k % len(PALETTE)]), hoverinfo="skip",
-                                   legendgroup=name))
+        color = PALETTE[k % len(PALETTE)]
+        fig.add_trace(go.Scatter(x=_r(np.concatenate(xs)), y=np.concatenate(ys), mode="none", fill="toself",
+                                 fillcolor=color, name=name, hoverinfo="skip", legendgroup=name))
     if len(idx):
         pgv, sitev, opv = o["pg_values"], o["site_values"], o["op_values"]
         text = [
@@ -136,10 +155,11 @@ def _exact_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
             for i in idx.tolist()]
         # plain lists: Dash hands customdata back in clickData
         custom = np.c_[o["pg"][idx], o["seq"][idx], o["rank"][idx]].tolist()
-        fig.add_trace(go.Scattergl(
-            x=o["t_enqueue"][idx], y=(row + 1).astype(np.float64), mode="markers", name="ops (hover / click)",
-            marker=dict(size=6, color="rgba(0,0,0,0.35)", symbol="line-ns-open"), text=text,
-            customdata=custom, hovertemplate="%{text}<extra></extra>", showlegend=False))
+        # Points without markers (mode "none"): they hover and click like markers, and cost no
+        # SVG element each (styling thousands of markers was most of the exact view's drawing).
+        fig.add_trace(go.Scatter(
+            x=_r(o["t_enqueue"][idx]), y=(row + 1).astype(np.float64), mode="none", name="ops (hover / click)",
+            hoveron="points", text=text, customdata=custom, hovertemplate="%{text}<extra></extra>", showlegend=False))
     _sync_traces(fig, d, a, b)
 
 
@@ -149,12 +169,12 @@ def _sync_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
     j = np.flatnonzero(m)
     if len(j):
         r = s["row"][j] * 3.0
-        x, y = _segments(s["t_enqueue"][j], s["t_return"][j], r + 2)
-        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", name="synchronize()",
-                                   line=dict(width=8, color="#d62728"), hoverinfo="skip"))
+        x, y = _rects(s["t_enqueue"][j], s["t_return"][j], r + 2, half=0.45)
+        fig.add_trace(go.Scatter(x=_r(x), y=y, mode="none", fill="toself", fillcolor="#d62728",
+                                 name="synchronize()", hoverinfo="skip"))
         sitev = s["site_values"]
-        fig.add_trace(go.Scattergl(
-            x=s["t_enqueue"][j], y=r + 2, mode="markers", showlegend=False, name="synchronize()",
+        fig.add_trace(go.Scatter(
+            x=_r(s["t_enqueue"][j]), y=r + 2, mode="markers", showlegend=False, name="synchronize()",
             marker=dict(size=9, color="#d62728", symbol="diamond"),
             text=[f"<b>synchronize()</b> rank {s['rank'][i]}<br>{s['inflight'][i]} op(s) in flight"
                   f"<br>host-blocked {_ms(s['t_return'][i] - s['t_enqueue'][i])}"
@@ -167,8 +187,8 @@ def _sync_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
     h = d.hazards
     j = np.flatnonzero((h["t_enqueue"] >= a) & (h["t_enqueue"] <= b))
     if len(j):
-        fig.add_trace(go.Scattergl(
-            x=h["t_enqueue"][j], y=h["row"][j] * 3.0, mode="markers", name="hazard",
+        fig.add_trace(go.Scatter(
+            x=_r(h["t_enqueue"][j]), y=h["row"][j] * 3.0, mode="markers", name="hazard",
             marker=dict(size=11, color="#d62728", symbol="x"),
             text=[f"<b>hazard</b> {h['api_values'][h['api'][i]] if h['api'][i] >= 0 else ''} rank {h['rank'][i]}"
                   f"<br>site {h['site_values'][h['site'][i]] if h['site'][i] >= 0 else '—'}" for i in j.tolist()],
@@ -201,10 +221,10 @@ def _selected_traces(fig: go.Figure, d: RunData, pg: str, seq: int) -> None:
     if not len(j):
         return
     r = o["row"][j] * 3.0
-    x, y = _segments(o["t_enqueue"][j], o["t_end"][j], r + 1)
-    fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", name=f"selected pg {pg} seq {seq}",
-                               line=dict(width=9, color="rgba(255,215,0,0.9)")))
-    fig.add_trace(go.Scattergl(x=o["t_enqueue"][j], y=r + 1, mode="markers", name="selected",
+    x, y = _rects(o["t_enqueue"][j], o["t_end"][j], r + 1, half=0.6)
+    fig.add_trace(go.Scatter(x=x, y=y, mode="none", fill="toself", fillcolor="rgba(255,215,0,0.9)",
+                             name=f"selected pg {pg} seq {seq}", hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=o["t_enqueue"][j], y=r + 1, mode="markers", name="selected",
                                showlegend=False, customdata=o["rank"][j].tolist(),
                                marker=dict(size=14, color="rgba(0,0,0,0)", line=dict(width=3, color="black")),
                                hovertemplate="rank %{customdata} entered at %{x:.6f} s<extra>selected</extra>"))
@@ -266,10 +286,18 @@ def overlap_figures(d: RunData) -> tuple[go.Figure, go.Figure]:
     ovs = np.bincount(inv, ov, len(steps))
     tot = exs + ovs
     ratio = np.divide(ovs, tot, out=np.full_like(tot, np.nan), where=tot > 0)
-    f2 = go.Figure([
-        go.Bar(x=steps, y=exs, name="exposed comm (s, all ranks)", marker_color="#d62728"),
-        go.Bar(x=steps, y=ovs, name="overlapped comm (s, all ranks)", marker_color="#2ca02c"),
-        go.Scattergl(x=steps, y=ratio, name="overlap ratio", yaxis="y2", mode="lines", line=dict(color="black"))])
+    if len(steps) <= MAX_STEP_BARS:
+        stack = [go.Bar(x=steps, y=exs, name="exposed comm (s, all ranks)", marker_color="#d62728"),
+                 go.Bar(x=steps, y=ovs, name="overlapped comm (s, all ranks)", marker_color="#2ca02c")]
+    else:
+        # Bars narrower than a pixel: the same stack drawn as two filled step areas (two SVG
+        # paths instead of one element per bar and step).
+        stack = [go.Scatter(x=steps, y=y, name=name, stackgroup="comm", mode="lines", fillcolor=c,
+                            line=dict(shape="hvh", width=0, color=c))
+                 for y, name, c in ((exs, "exposed comm (s, all ranks)", "#d62728"),
+                                    (ovs, "overlapped comm (s, all ranks)", "#2ca02c"))]
+    f2 = go.Figure([*stack, go.Scatter(x=steps, y=ratio, name="overlap ratio", yaxis="y2", mode="lines",
+                                       line=dict(color="black", width=1))])
     f2.update_layout(barmode="stack", title="Per step: exposed vs overlapped communication, overlap ratio over the run",
                      xaxis=dict(title="step"), yaxis=dict(title="seconds"),
                      yaxis2=dict(title="overlap ratio", overlaying="y", side="right", range=[0, 1]),
@@ -331,20 +359,39 @@ def findings_rows(d: RunData) -> list[dict]:
             for i, f in enumerate(d.findings)]
 
 
+def _pixel_cells(x: np.ndarray, y: np.ndarray, nx: int, ny: int) -> np.ndarray:
+    """Cell of each point in an nx x ny grid over the points' range (one int key per cell):
+    one marker per occupied cell is all a plot of about that many pixels can show."""
+    def cell(v, n):
+        lo, span = (np.min(v), np.ptp(v)) if len(v) else (0.0, 0.0)
+        return np.zeros(len(v), np.int64) if span <= 0 else np.minimum((v - lo) / span * n, n - 1).astype(np.int64)
+    return cell(x, nx) * (ny + 1) + cell(y, ny)
+
+
 def bandwidth_figure(d: RunData) -> go.Figure:
-    """busbw against message size per op (nccl-tests), log x, one WebGL trace per op."""
+    """busbw against message size per op (nccl-tests), log x, one trace per op with the count of
+    collectives in its legend entry. Collectives that would land on the same pixel (1200 x 400
+    grid over the plot's range) share one marker whose hover gives their number."""
     c = d.collectives
     ops = c["op"].to_pylist()
     byt = c["bytes"].to_numpy(zero_copy_only=False).astype(np.float64)
     bw = c["busbw_gbps"].to_numpy(zero_copy_only=False).astype(np.float64)
     fig = go.Figure()
     opsa = np.array(ops, dtype=object)
+    ok = np.isfinite(bw) & (byt > 0)
+    cells = np.full(len(bw), -1, np.int64)
+    cells[ok] = _pixel_cells(np.log10(byt[ok]), bw[ok], 1200, 400)  # same grid for every op
     for k, name in enumerate(sorted({x for x in ops if x})):
-        m = (opsa == name) & np.isfinite(bw) & (byt > 0)
-        if m.any():
-            fig.add_trace(go.Scattergl(x=byt[m], y=bw[m], mode="markers", name=f"{name} ({int(m.sum())})",
-                                       marker=dict(size=5, opacity=0.5, color=PALETTE[k % len(PALETTE)]),
-                                       hovertemplate="%{x:.3s}B: busbw %{y:.3f} GB/s<extra>" + name + "</extra>"))
+        m = np.flatnonzero((opsa == name) & ok)
+        if not len(m):
+            continue
+        _, first, count = np.unique(cells[m], return_index=True, return_counts=True)
+        j = m[first]
+        fig.add_trace(go.Scatter(x=byt[j], y=bw[j], mode="markers", name=f"{name} ({len(m)})",
+                                 marker=dict(size=5, opacity=0.6, color=PALETTE[k % len(PALETTE)]),
+                                 customdata=count,
+                                 hovertemplate="%{x:.3s}B: busbw %{y:.3f} GB/s (%{customdata} collective(s) here)"
+                                               "<extra>" + name + "</extra>"))
     fig.update_layout(title="busbw vs message size (each matched collective)", xaxis=dict(type="log", title="message size S (bytes)"),
                       yaxis=dict(title="busbw (GB/s)"), height=420, margin=dict(l=60, r=20, t=50, b=40))
     return fig

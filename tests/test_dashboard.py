@@ -73,8 +73,25 @@ def test_zoomed_in_timeline_draws_exact_ops_with_hover(data):
     # every rank has ops in the window, on its own in-flight sub-row
     assert set(np.asarray(hover.y).astype(int)) == {r * 3 + 1 for r in range(RANKS)}
     assert "seq" in hover.text[0] and "bytes" in hover.text[0] and "site" in hover.text[0]
-    op_traces = {t.name for t in fig.data if t.mode == "lines" and t.type == "scattergl"}
-    assert op_traces >= {str(data.o["op_values"][k]) for k in np.unique(data.o["op"][idx])}
+    # one filled SVG path per op name (no WebGL): a rectangle per finite span of each op, on its
+    # rank's host-blocked / in-flight / wait sub-rows, spanning exactly that op's times
+    op_traces = {t.name: t for t in fig.data if t.fill == "toself" and t.type == "scatter"}
+    o = data.o
+    assert set(op_traces) >= {str(o["op_values"][k]) for k in np.unique(o["op"][idx])}
+    assert not any(t.type == "scattergl" for t in fig.data)
+    for k in np.unique(o["op"][idx]):
+        j = idx[o["op"][idx] == k]
+        t = op_traces[str(o["op_values"][k])]
+        x, y = np.asarray(t.x, float).reshape(-1, 5), np.asarray(t.y, float).reshape(-1, 5)
+        spans = [(o["t_enqueue"][j], o["t_return"][j], 0), (o["t_enqueue"][j], o["t_end"][j], 1),
+                 (o["t_wait"][j], o["t_wait_end"][j], 2)]
+        assert len(x) == sum(int((np.isfinite(s) & np.isfinite(e)).sum()) for s, e, _ in spans)
+        start, end = x[:, 0], x[:, 1]
+        assert np.array_equal(x[:, 2], end) and np.array_equal(x[:, 3], start) and np.isnan(x[:, 4]).all()
+        got = np.array(sorted(zip(start, end, np.round(y[:, 0] + 0.35))))
+        want = np.array(sorted((s, e, o["row"][i] * 3 + off) for ss, ee, off in spans
+                               for i, s, e in zip(j, ss, ee) if np.isfinite(s) and np.isfinite(e)))
+        assert np.allclose(got, want, rtol=0, atol=1e-7)  # times sent rounded to 0.1 us
     # the exact view of a window never exceeds the exact budget
     assert F.timeline_figure(data, 0, data.duration_s, exact_max=10).layout.meta["mode"] == "bins"
 
@@ -146,7 +163,10 @@ def test_app_callbacks_take_no_path_input(data):
     app = create_app(data)
     inputs = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb["inputs"]}
     assert inputs == {("tabs", "value"), ("timeline", "relayoutData"), ("range", "value"), ("reset", "n_clicks"),
-                      ("findings", "active_cell"), ("timeline", "clickData"), ("window", "data"), ("selected", "data")}
+                      ("findings", "active_cell"), ("timeline", "clickData")}
+    states = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb.get("state", [])}
+    assert states == {("window", "data"), ("selected", "data"), ("findings", "derived_viewport_data"),
+                      ("views-drawn", "data")}
     assert "Location" not in json.dumps(app.layout.to_plotly_json(), default=str)
 
 
