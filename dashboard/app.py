@@ -132,9 +132,12 @@ def create_app(d: RunData) -> dash.Dash:
                   State("window", "data"), State("selected", "data"), State("findings", "derived_viewport_data"),
                   prevent_initial_call=True)
     def timeline(relayout, rng, _reset, cell, click, win, sel, rows):
-        trig = dash.ctx.triggered_id
+        return update(dash.ctx.triggered[0]["prop_id"], relayout, rng, cell, click, win, sel, rows)
+
+    def update(prop, relayout, rng, cell, click, win, sel, rows):
+        """The timeline callback's outputs for the input `prop` ("timeline.relayoutData", ...)."""
         win = win or {"a": 0.0, "b": d.duration_s}
-        new_win, new_sel, tab = _window_input(trig, relayout, rng, cell, click, win, sel, rows)
+        new_win, new_sel, tab = _window_input(prop, relayout, rng, cell, click, win, sel, rows)
         if new_win is None and new_sel is no:
             raise dash.exceptions.PreventUpdate
         w = new_win or win
@@ -142,8 +145,9 @@ def create_app(d: RunData) -> dash.Dash:
         fig, slider, mode, info = draw(w, s)
         return fig, slider, w, new_sel, tab, mode, info
 
-    def _window_input(trig, relayout, rng, cell, click, win, sel, rows):
+    def _window_input(prop, relayout, rng, cell, click, win, sel, rows):
         """(new window or None, new selection or no_update, tab or no_update) for an input."""
+        trig = prop.split(".")[0]
         full = {"a": 0.0, "b": d.duration_s}
         if trig == "reset":
             return full, no, no
@@ -159,7 +163,7 @@ def create_app(d: RunData) -> dash.Dash:
             a, b = F.window_for_finding(d, f)
             new_sel = {"pg": f.pg, "seq": f.seq} if f.pg is not None and f.seq is not None else no
             return {"a": a, "b": b}, new_sel, "timeline"
-        if trig == "timeline" and dash.ctx.triggered[0]["prop_id"] == "timeline.clickData":
+        if prop == "timeline.clickData":
             s = _selection(click)
             return (None, s, no) if s is not None else (None, no, no)
         if trig == "timeline" and relayout:
@@ -198,7 +202,7 @@ def create_app(d: RunData) -> dash.Dash:
                 s += f" · arrival skew {F.fmt_ns(x['arrival_skew_ns'])} · last rank {x['last_rank']}"
         return fig, rng, _mode_info(fig.layout.meta["mode"], a, b), s
 
-    app._commtrace_draw = draw  # for tests
+    app._commtrace_update = update  # for tests
     return app
 
 

@@ -230,3 +230,48 @@ def test_cli_serves_and_warns_on_public_host(tmp_path):
         out, err = p.communicate(timeout=20)
     assert f"at http://0.0.0.0:{port}/" in out
     assert "warning: serving on 0.0.0.0" in err
+
+
+def test_lod_bins_equal_the_analysis_timeline_bins(data):
+    """commtrace.analysis.lod.TimelineBins (prefix sums) gives Run.timeline_bins' table, integer for integer."""
+    from commtrace.analysis.lod import TimelineBins
+    run = data.run
+    tb = TimelineBins(run)
+    assert tb.exact
+    span = run.t_max_ns - run.t_min_ns
+    for t0, t1, n in ((None, None, 100), (run.t_min_ns + span // 3, run.t_min_ns + span // 2, 400),
+                      (run.t_min_ns + 12345, run.t_min_ns + 12345 + span // 1000, 37), (run.t_min_ns - 10**6, run.t_max_ns + 10**6, 7)):
+        got, want = tb.bins(t0, t1, n), run.timeline_bins(t0, t1, nbins=n)
+        assert got.column_names == want.column_names
+        for c in want.column_names:
+            assert np.array_equal(got[c].to_numpy(), want[c].to_numpy()), c
+        assert want["inflight_ns"].to_numpy().sum() > 0
+
+
+def test_one_callback_moves_the_slider_with_a_plot_zoom(data):
+    """A box-zoom on the plot (relayoutData) returns the figure and the range slider's value in the
+    same response; the slider's own echo of that value is not taken for a new zoom."""
+    import dash
+
+    from dashboard.app import create_app
+    app = create_app(data)
+    win = {"a": 0.0, "b": data.duration_s}
+    a, b = data.duration_s * 0.25, data.duration_s * 0.5
+
+    def call(prop, value, win, inputs):
+        return app._commtrace_update(prop, *inputs, win, None, None)
+
+    out = call("timeline.relayoutData", {"xaxis.range[0]": a, "xaxis.range[1]": b}, win,
+               [{"xaxis.range[0]": a, "xaxis.range[1]": b}, [0, data.duration_s], None, None])
+    fig, slider, new_win = out[0], out[1], out[2]
+    assert tuple(fig.layout.xaxis.range) == pytest.approx((a, b))
+    step = data.duration_s / 10000
+    assert slider[0] == pytest.approx(a, abs=step) and slider[1] == pytest.approx(b, abs=step)
+    assert new_win == {"a": a, "b": b}
+    # the slider reporting (snapped) what we set: no new drawing
+    with pytest.raises(dash.exceptions.PreventUpdate):
+        call("range.value", slider, new_win, [None, slider, None, None])
+    # a real slider move: a new window, drawn
+    out = call("range.value", [a, b + data.duration_s * 0.1], new_win, [None, [a, b + data.duration_s * 0.1], None, None])
+    assert out[2]["b"] == pytest.approx(b + data.duration_s * 0.1)
+    assert tuple(out[0].layout.xaxis.range)[1] == pytest.approx(b + data.duration_s * 0.1)
