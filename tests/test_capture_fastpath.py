@@ -243,3 +243,32 @@ def test_c_and_python_paths_trace_a_real_gloo_job_identically(tmp_path, port):
                            key=lambda r: json.dumps(r, sort_keys=True, default=str))
     assert len(out["0"]) == 11
     assert out["0"] == out["1"]
+
+
+@needs_c
+def test_calls_made_inside_a_c_path_call_are_not_rows(traced):
+    import torch
+
+    rec, pg = traced
+    inner_calls = []
+
+    def inner_all_reduce(tensor, op=None, group=None, async_op=False):
+        inner_calls.append("c")
+
+    def inner_all_gather(tensor_list, tensor, group=None, async_op=False):
+        inner_calls.append("py")
+
+    inner_c = _wrap(inner_all_reduce)                  # a C wrapper
+    inner_py = _wrap(inner_all_gather, "all_gather")   # list API: a Python wrapper
+    assert hasattr(inner_c, "__commtrace_python__") and not hasattr(inner_py, "__commtrace_python__")
+
+    def outer(tensor, op=None, group=None, async_op=False):
+        assert cfast.depth()
+        inner_c(tensor, group=pg)
+        inner_py([torch.empty(2)], tensor, group=pg)
+
+    w = _wrap(outer)
+    w(torch.ones(2), group=pg)
+    assert inner_calls == ["c", "py"] and not cfast.depth()
+    rows = _rows(rec)
+    assert len(rows) == 1 and rows[0]["seq"] == 0     # only the outer call, seq not shifted

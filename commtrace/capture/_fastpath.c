@@ -65,8 +65,9 @@ static PyObject *i_zero, *i_one;   /* owned references to the ints 0 and 1 */
 static unsigned long long n_fast, n_slow;
 static int last_slow_line;
 
-static unsigned long long pg_gen = 1;
-static _Thread_local PyObject *t_state;  /* this thread's wrappers.tls.__dict__ */   /* bumped when the Python side clears its cache */
+static unsigned long long pg_gen = 1;   /* bumped when the Python side clears its cache */
+static _Thread_local PyObject *t_state;  /* this thread's wrappers.tls.__dict__ */
+static _Thread_local int t_depth;        /* inside a call recorded by this path */
 
 static void ctx_clear_refs(FastCtx *c) {
     Py_CLEAR(c->dict); Py_CLEAR(c->last_key); Py_CLEAR(c->last_name); Py_CLEAR(c->last_info);
@@ -576,7 +577,8 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     rec = fast_attr(c->recmod_d, c->recmod, s_recorder);
     if (rec == NULL)
         SLOW();
-    if (rec == Py_None) {
+    if (rec == Py_None || t_depth) {
+        /* Tracing off, or a call made inside a call this path is recording: not a row. */
         Py_DECREF(rec);
         return PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
     }
@@ -817,14 +819,15 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
                 break;
             }
         }
-        PyDict_SetItem(st, s_depth, i_one);
-        CLEAR_ERR();
+        /* Inner wrapped calls are not rows of their own: C wrappers read t_depth, the
+         * Python ones ask depth() (the same rule as tls.depth on the Python path). */
+        t_depth = 1;
         /* The user's call. */
         ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
         long long t1 = now_ns();
+        t_depth = 0;
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
-        PyDict_SetItem(st, s_depth, i_zero);
         int taken = 0;
         if (slot_i >= 0) {
             r = inprog[slot_i];
@@ -1011,6 +1014,11 @@ static PyObject *make_wait(PyObject *module, PyObject *args) {
     return (PyObject *)w;
 }
 
+/* depth() -> 1 while this thread is inside a call the C path is recording, else 0. */
+static PyObject *depth(PyObject *module, PyObject *unused) {
+    return PyBool_FromLong(t_depth);
+}
+
 static PyObject *invalidate(PyObject *module, PyObject *unused) {
     pg_gen++;
     Py_RETURN_NONE;
@@ -1020,6 +1028,7 @@ static PyMethodDef methods[] = {
     {"counts", counts, METH_NOARGS,
      "(calls recorded in C, calls handed to the Python wrapper, source line of the last)."},
     {"invalidate", invalidate, METH_NOARGS, "Forget cached process-group facts."},
+    {"depth", depth, METH_NOARGS, "True while this thread is inside a call the C path records."},
     {"set_tensor_api", set_tensor_api, METH_VARARGS, "set_tensor_api(numel, get_device, dtype_descriptor, exact_types)."},
     {"make_wait", make_wait, METH_VARARGS, "make_wait(orig_wait, python_wait, recorder_module)."},
     {"make_ctx", make_ctx, METH_VARARGS, "The per-wrapper context of call()."},

@@ -72,7 +72,7 @@ def _make(api, orig, op, out_rule, root_param):
 
     def wrapper(*args, **kwargs):
         rec = _R._recorder
-        if rec is None or W.tls.depth:
+        if rec is None or W.tls.depth or (W._cdepth is not None and W._cdepth()):
             return orig(*args, **kwargs)
         t0 = rec.now_ns()
         try:

@@ -48,6 +48,8 @@ if __import__("os").environ.get("COMMTRACE_PURE_PYTHON", "") in ("", "0"):
         from . import _fastpath as _cfast
     except ImportError:
         _cfast = None
+#: True while this thread is inside a call the C path records (its inner calls are not rows).
+_cdepth = _cfast.depth if _cfast is not None else None
 
 
 class _TLS(threading.local):
@@ -533,7 +535,7 @@ def make_wrapper(api: str, orig, spec):
         if rec is None:
             return orig(*args, **kwargs)
         st = tls.__dict__  # this thread's state: one thread-local read, then dict lookups
-        if st["depth"]:
+        if st["depth"] or (_cdepth is not None and _cdepth()):
             if st["acc"] is not None:
                 _accumulate(reader, args, kwargs)
             return orig(*args, **kwargs)
@@ -755,7 +757,7 @@ def _make_batch(orig):
     def batch_isend_irecv(p2p_op_list):
         p2p_op_list = _repoint_p2p_ops(p2p_op_list)
         rec = _R._recorder
-        if rec is None or tls.depth:
+        if rec is None or tls.depth or (_cdepth is not None and _cdepth()):
             return orig(p2p_op_list)
         prev = tls.api
         tls.api = "batch_isend_irecv"
@@ -799,7 +801,7 @@ def _make_coalescing(orig):
     @contextlib.contextmanager
     def _coalescing_manager(group=None, device=None, async_ops=False):
         rec = _R._recorder
-        if rec is None or tls.depth:
+        if rec is None or tls.depth or (_cdepth is not None and _cdepth()):
             with orig(group, device, async_ops) as cm:
                 yield cm
             return
