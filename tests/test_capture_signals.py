@@ -74,3 +74,31 @@ def test_sigterm_during_a_periodic_flush_ends_the_process_with_everything_writte
     assert ds.dataset(str(out), partitioning="hive").count_rows() == 5
     assert json.loads((out / "rank=0" / "_inflight.json").read_text())["final"] is True
     assert os.path.isdir(out / "rank=0")
+
+
+def test_a_part_without_its_footer_is_not_renamed_into_the_run(tmp_path, monkeypatch):
+    """A write that returns without an error but leaves a truncated file (seen on a full disk)
+    raises, and nothing is left behind: the recorder counts those rows as dropped."""
+    import pyarrow as pa
+
+    from commtrace.trace import writer as W
+
+    real = W.write_parquet
+
+    def truncated(table, path, compression="zstd"):
+        real(table, path, compression)
+        with open(path, "r+b") as f:
+            f.truncate(max(0, os.path.getsize(path) - 100))
+
+    monkeypatch.setattr(W, "write_parquet", truncated)
+    t = pa.table({"x": list(range(1000))})
+    try:
+        W.write_part(str(tmp_path), 0, t, {"rank": 0})
+    except OSError as e:
+        assert "incomplete Parquet part" in str(e)
+    else:
+        raise AssertionError("a truncated part was accepted")
+    assert os.listdir(tmp_path / "rank=0") == []
+    monkeypatch.setattr(W, "write_parquet", real)
+    p = W.write_part(str(tmp_path), 0, t, {"rank": 0})
+    assert os.listdir(tmp_path / "rank=0") == [os.path.basename(p)]

@@ -52,9 +52,33 @@ def write_part(run_dir: str, rank: int, table: pa.Table, meta: dict, pid: int | 
     path = os.path.join(d, name)
     tmp = os.path.join(d, "_tmp-" + name + ".partial")  # no .parquet suffix: globs skip it
     table = table.replace_schema_metadata(file_metadata(meta))
-    write_parquet(table, tmp, compression)
-    os.replace(tmp, path)
+    try:
+        write_parquet(table, tmp, compression)
+        _check_complete(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path
+
+
+def _check_complete(path: str) -> None:
+    """Raise when `path` is not a whole Parquet file (magic bytes at both ends). A write to a
+    full disk has been seen to return without an error here (docs/dev/requests-capture.md);
+    the part must then count as dropped, not be renamed into the run."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        tail = b""
+        if size >= 12:
+            f.seek(size - 4)
+            tail = f.read(4)
+    if head != b"PAR1" or tail != b"PAR1":
+        raise OSError(f"incomplete Parquet part ({size} bytes written; is the disk full?)")
 
 
 #: Keyword arguments of pyarrow's ``ParquetWriter`` with the defaults of
