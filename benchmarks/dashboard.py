@@ -129,7 +129,7 @@ def main() -> int:
             page.wait_for_load_state("networkidle")
         step("click a finding (zoom to evidence)",
              lambda: page.locator("#findings tbody tr").nth(1).locator("td").first.click(),
-             f"g.offsetParent !== null && g.layout.xaxis.range[1] - g.layout.xaxis.range[0] < {dur} / 2")
+             f"g.offsetParent !== null && document.querySelector('#view-timeline').getBoundingClientRect().height > 100 && g.layout.xaxis.range[1] - g.layout.xaxis.range[0] < {dur} / 2")
         res["interactions_s"] = inter
         ent = entries()
         bounds = [("first page", 0)] + marks + [("end", len(ent))]

@@ -115,7 +115,6 @@ def _bin_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
     x = ((np.arange(nb) + 0.5) * (b - a) / nb + a).astype(np.float64)
     fig.add_trace(go.Heatmap(
         z=z, x=x, y=np.arange(nr * 3), zmin=0, zmax=1, colorscale="Viridis", name="busy fraction",
-        zsmooth="fast",  # one pixel per bin, scaled by the browser: cheap to draw and to zoom
         colorbar=dict(title="busy fraction", thickness=10, len=0.5),  # in-flight can exceed 1: ops in flight at once
         hovertemplate="t=%{x:.4f} s<br>row %{y}: %{z:.2f} of the bin busy<extra>"
                       "host-blocked / in-flight / wait+sync rows per rank</extra>"))

@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.browser,
 BIG_RANKS, BIG_OPS = 64, int(os.environ.get("COMMTRACE_TEST_DASH_OPS", "2000"))
 
 GD = "document.querySelector('#timeline .js-plotly-plot')"
+#: The timeline's view is shown (hidden views have height 0, so that their plots keep their size).
+VISIBLE = "(g.offsetParent !== null && document.querySelector('#view-timeline').getBoundingClientRect().height > 100)"
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +149,7 @@ def _check_run(browser, path, name, world):
         full = tl["range"][1]
         t = time.perf_counter()
         page.locator("#findings tbody tr").nth(1).locator("td").first.click()
-        page.wait_for_function(f"() => {{ const g = {GD}; return g.offsetParent !== null && "
+        page.wait_for_function(f"() => {{ const g = {GD}; return {VISIBLE} && "
                                f"g.layout.xaxis.range[1] - g.layout.xaxis.range[0] < {full} * 0.9; }}", timeout=20_000)
         zoom_s = time.perf_counter() - t
         tl = _timeline(page)
@@ -176,6 +178,38 @@ def _check_run(browser, path, name, world):
             page.wait_for_timeout(500)
             page.screenshot(path=f"{ART}/dashboard-{name}-{tab.lower()}.png", full_page=True)
         assert f'"world_size": {world}' in page.inner_text("#summary")
+
+        # the range slider follows a box-zoom on the plot, and the plot follows the slider
+        _tab(page, "Timeline", "#timeline .main-svg")
+        page.click("#reset")
+        page.wait_for_function(f"() => {{ const g = {GD}; return g.layout.xaxis.range[0] === 0 && "
+                               f"g.layout.xaxis.range[1] === {full}; }}", timeout=20_000)
+        a, b = full * 0.3, full * 0.6
+        x0, x1, y = page.evaluate(f"""() => {{ const g = {GD}, fl = g._fullLayout, r = g.getBoundingClientRect();
+            return [r.left + fl._size.l + fl.xaxis.l2p({a}), r.left + fl._size.l + fl.xaxis.l2p({b}),
+                    r.top + fl._size.t + fl._size.h / 2]; }}""")
+        page.mouse.move(x0, y)
+        page.mouse.down()
+        page.mouse.move((x0 + x1) / 2, y, steps=4)
+        page.mouse.move(x1, y, steps=4)
+        page.mouse.up()
+        page.wait_for_function(f"() => {{ const h = document.querySelectorAll('#range [role=slider]'); "
+                               f"return h.length === 2 && Math.abs(+h[0].getAttribute('aria-valuenow') - {a}) < {full} * 0.02 && "
+                               f"Math.abs(+h[1].getAttribute('aria-valuenow') - {b}) < {full} * 0.02; }}", timeout=20_000)
+        tl = _timeline(page)
+        assert abs(tl["range"][0] - a) < full * 0.02 and abs(tl["range"][1] - b) < full * 0.02
+        # the other way: dragging the slider's left handle moves the plot's start
+        lo = float(page.get_attribute("#range [role=slider] >> nth=0", "aria-valuenow"))
+        box = page.locator("#range [role=slider]").first.bounding_box()
+        hx, hy = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        page.mouse.move(hx, hy)
+        page.mouse.down()
+        page.mouse.move(hx + 60, hy, steps=5)
+        page.mouse.up()
+        page.wait_for_function(f"() => {{ const g = {GD}; return g.layout.xaxis.range[0] > {lo} + {full} * 0.01; }}",
+                               timeout=20_000)
+        new_lo = float(page.get_attribute("#range [role=slider] >> nth=0", "aria-valuenow"))
+        assert _timeline(page)["range"][0] == pytest.approx(new_lo, abs=full * 1e-3)
         assert errors == [], errors
         print(f"{name}: first page {first:.2f} s, finding zoom {zoom_s:.2f} s, select {select_s:.2f} s")
     finally:
