@@ -29,6 +29,7 @@ typedef struct {
     PyObject *last_name;
     PyObject *last_info;
     int last_idx;
+    Py_ssize_t last_slot;     /* its seq slot (recorder.seq_slot), -1: none */
     unsigned long long last_gen;
     PyObject *orig;        /* torch's function */
     PyObject *slow;        /* the Python wrapper: slow(*args, **kwargs) */
@@ -59,6 +60,7 @@ static PyObject *s_recorder, *s_dict, *s_depth, *s_coalesce, *s_acc, *s_api, *s_
     *s_default_pg, *s_member, *s_idx, *s_name, *s_ranks, *s_active, *s_device_timer, *s_now_ns,
     *s_numel, *s_dtype, *s_get_device, *s_nbytes, *s_seq, *s_p2p_seq, *s_step, *s_stack,
     *s_op_ids, *s_blocking, *s_ready, *s_cap, *s_dropped, *s_append, *s_rank, *s_pop;
+static PyObject *s_seq_slot, *s_seqs;
 static PyObject *i_zero, *i_one;   /* owned references to the ints 0 and 1 */
 /* Calls recorded here / handed to the Python wrapper, and the line of the last hand-over
  * (tests and benchmarks read them through counts()). */
@@ -139,6 +141,67 @@ static inline long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec;
 }
 
+
+
+/* ---------------------------------------------------------------------------------------
+ * Per-recorder collective seq counters, by slot (recorder.seq_slot(pg name)): one C array
+ * shared by the C path and the Python paths (Recorder.next_seq).
+ * ------------------------------------------------------------------------------------- */
+typedef struct {
+    PyObject_HEAD
+    long long *v;
+    Py_ssize_t n;
+} Counters;
+
+static long long counters_next(Counters *k, Py_ssize_t slot) {
+    if (slot < 0)
+        return -1;
+    if (slot >= k->n) {
+        Py_ssize_t n = k->n ? k->n : 16;
+        while (n <= slot)
+            n *= 2;
+        long long *nv = (long long *)PyMem_RawRealloc(k->v, (size_t)n * sizeof(long long));
+        if (nv == NULL)
+            return -1;
+        memset(nv + k->n, 0, (size_t)(n - k->n) * sizeof(long long));
+        k->v = nv;
+        k->n = n;
+    }
+    return k->v[slot]++;
+}
+
+static PyObject *counters_next_py(PyObject *self, PyObject *arg) {
+    Py_ssize_t slot = PyLong_AsSsize_t(arg);
+    if (slot == -1 && PyErr_Occurred())
+        return NULL;
+    long long v = counters_next((Counters *)self, slot);
+    if (v < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad seq slot");
+        return NULL;
+    }
+    return PyLong_FromLongLong(v);
+}
+
+static void counters_dealloc(Counters *k) {
+    PyMem_RawFree(k->v);
+    Py_TYPE(k)->tp_free((PyObject *)k);
+}
+
+static PyMethodDef counters_methods[] = {
+    {"next", counters_next_py, METH_O, "next(slot) -> the slot's next value (0, 1, ...)."},
+    {NULL},
+};
+
+static PyTypeObject CountersType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "commtrace.capture._fastpath.Counters",
+    .tp_basicsize = sizeof(Counters),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)counters_dealloc,
+    .tp_new = PyType_GenericNew,
+    .tp_methods = counters_methods,
+    .tp_doc = "Collective seq counters of one recorder, by slot.",
+};
 
 /* obj.name read from obj's own __dict__ when it is there (modules, plain instances: a dict
  * lookup, not the full attribute protocol), else through getattr. New reference or NULL. */
@@ -526,6 +589,7 @@ static struct {
     PyObject *rec;            /* strong: its address is not reused while cached */
     PyObject *seq, *p2p_seq, *op_ids, *rank;
     PyObject *rdict;          /* its __dict__: device_timer and step, read per call */
+    PyObject *counters;       /* its _seqs (Counters), or NULL: the seq dict */
     int stack, now_ok;
 } cst;
 
@@ -533,8 +597,12 @@ static int cache_recorder(FastCtx *c, PyObject *rec) {
     if (cst.rec == rec)
         return 0;
     Py_CLEAR(cst.rec); Py_CLEAR(cst.seq); Py_CLEAR(cst.p2p_seq); Py_CLEAR(cst.op_ids);
-    Py_CLEAR(cst.rank); Py_CLEAR(cst.rdict);
+    Py_CLEAR(cst.rank); Py_CLEAR(cst.rdict); Py_CLEAR(cst.counters);
     cst.rdict = dict_of(rec);
+    cst.counters = PyObject_GetAttr(rec, s_seqs);
+    if (cst.counters != NULL && !PyObject_TypeCheck(cst.counters, &CountersType))
+        Py_CLEAR(cst.counters);
+    CLEAR_ERR();
     cst.seq = PyObject_GetAttr(rec, s_seq);
     cst.p2p_seq = PyObject_GetAttr(rec, s_p2p_seq);
     cst.op_ids = PyObject_GetAttr(rec, s_op_ids);
@@ -645,6 +713,10 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
                 name = NULL;
                 Py_INCREF(inf);
                 Py_XSETREF(c->last_info, inf);
+                PyObject *sl = PyObject_GetAttr(inf, s_seq_slot);
+                c->last_slot = sl != NULL && PyLong_Check(sl) ? PyLong_AsSsize_t(sl) : -1;
+                Py_XDECREF(sl);
+                CLEAR_ERR();
                 c->last_idx = (int)PyLong_AsLong(idx);
                 c->last_gen = pg_gen;
             }
@@ -749,8 +821,13 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
                     SLOW();
                 }
             }
-            PyObject *d = cst.seq;
-            Py_INCREF(d);
+            if (cst.counters != NULL && c->last_slot >= 0) {
+                long long sv = counters_next((Counters *)cst.counters, c->last_slot);
+                if (sv >= 0)
+                    seq = PyLong_FromLongLong(sv);
+            }
+            PyObject *d = seq != NULL ? NULL : cst.seq;
+            Py_XINCREF(d);
             if (d != NULL) {
                 PyObject *s = PyDict_GetItemWithError(d, name);
                 if (s == NULL && !PyErr_Occurred())
@@ -1048,7 +1125,8 @@ static struct PyModuleDef moddef = {
 #define INTERN(var, text) do { var = PyUnicode_InternFromString(text); if (!var) return NULL; } while (0)
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
-    if (PyType_Ready(&FastCtxType) < 0 || PyType_Ready(&WaitType) < 0)
+    if (PyType_Ready(&FastCtxType) < 0 || PyType_Ready(&WaitType) < 0 ||
+        PyType_Ready(&CountersType) < 0)
         return NULL;
     INTERN(s_recorder, "_recorder"); INTERN(s_dict, "__dict__"); INTERN(s_depth, "depth");
     INTERN(s_coalesce, "coalesce"); INTERN(s_acc, "acc"); INTERN(s_api, "api");
@@ -1061,9 +1139,25 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_op_ids, "_op_ids"); INTERN(s_blocking, "_blocking"); INTERN(s_ready, "_ready");
     INTERN(s_cap, "cap"); INTERN(s_dropped, "_dropped"); INTERN(s_append, "append");
     INTERN(s_rank, "rank"); INTERN(s_pop, "pop"); INTERN(s_by_key, "_by_key");
+    INTERN(s_seq_slot, "seq_slot"); INTERN(s_seqs, "_seqs");
     i_zero = PyLong_FromLong(0);
     i_one = PyLong_FromLong(1);
     if (i_zero == NULL || i_one == NULL)
         return NULL;
-    return PyModule_Create(&moddef);
+    PyObject *m = PyModule_Create(&moddef);
+    if (m == NULL)
+        return NULL;
+    /* The Python side uses this module only when it expects this API_VERSION (a stale build
+     * of an older source is then ignored, not half-used). */
+    if (PyModule_AddIntConstant(m, "API_VERSION", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&CountersType);
+    if (PyModule_AddObject(m, "Counters", (PyObject *)&CountersType) < 0) {
+        Py_DECREF(&CountersType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -102,6 +102,21 @@ _facts_lock = threading.Lock()
 PRE_LEN = 18
 
 
+#: pg name -> slot of its collective seq counter (``Recorder._seqs``), process-wide.
+SEQ_SLOTS: dict = {}
+
+
+def seq_slot(name) -> int:
+    """The seq-counter slot of process group `name`."""
+    s = SEQ_SLOTS.get(name)
+    if s is None:
+        with _facts_lock:
+            s = SEQ_SLOTS.get(name)
+            if s is None:
+                s = SEQ_SLOTS[name] = len(SEQ_SLOTS)
+    return s
+
+
 def register_fact(table: list, fact: tuple) -> int:
     """Append `fact` to FAST_SPECS or PG_FACTS; its index."""
     with _facts_lock:
@@ -163,10 +178,14 @@ def expand_columns(rank: int, c: tuple) -> list:
             c[F_DETAIL]]
 
 
-try:  # the C fast path's buffer of completed calls (wrappers.make_wrapper), when built
-    from . import _fastpath as _cfast
-except ImportError:
-    _cfast = None
+_cfast = None  # the C fast path (wrappers.make_wrapper), when built and not turned off
+if os.environ.get("COMMTRACE_PURE_PYTHON", "") in ("", "0"):
+    try:
+        from . import _fastpath as _cfast
+        if getattr(_cfast, "API_VERSION", None) != 1:
+            _cfast = None   # a stale build of an older source: not used
+    except ImportError:
+        _cfast = None
 
 _recorder: "Recorder | None" = None
 _part_counter = 0  # process-wide, so a second recorder in the same process never overwrites
@@ -286,7 +305,9 @@ class Recorder:
             pass
         self._op_ids = itertools.count(1)  # next() is atomic under the GIL
         self.step: int | None = None
-        self.seq: dict = {}          # pg name -> next collective seq
+        self.seq: dict = {}          # pg name -> next collective seq (without the C module)
+        # With the C module: the counters by seq_slot(pg), shared with the C fast path.
+        self._seqs = _cfast.Counters() if _cfast is not None else None
         self.p2p_seq: dict = {}      # (pg, src, dst) -> next pair seq
         self._ready = collections.deque()
         self._pending: dict[int, PendingOp] = {}   # op_id -> PendingOp
@@ -396,6 +417,8 @@ class Recorder:
     # ------------------------------------------------------------------ rows
 
     def next_seq(self, pg: str) -> int:
+        if self._seqs is not None:
+            return self._seqs.next(seq_slot(pg))
         s = self.seq.get(pg, 0)
         self.seq[pg] = s + 1
         return s

@@ -46,6 +46,8 @@ _cfast = None
 if __import__("os").environ.get("COMMTRACE_PURE_PYTHON", "") in ("", "0"):
     try:
         from . import _fastpath as _cfast
+        if getattr(_cfast, "API_VERSION", None) != 1:
+            _cfast = None   # a stale build of an older source: not used
     except ImportError:
         _cfast = None
 #: True while this thread is inside a call the C path records (its inner calls are not rows).
@@ -79,13 +81,14 @@ _WRAPPERS: dict[str, object] = {}
 
 
 class PgInfo:
-    __slots__ = ("name", "size", "ranks", "backend", "member", "pg", "idx")
+    __slots__ = ("name", "size", "ranks", "backend", "member", "pg", "idx", "seq_slot")
 
     def __init__(self, pg, name, size, ranks, backend, member):
         self.pg, self.name, self.size, self.ranks = pg, name, size, ranks
         self.backend, self.member = backend, member
         # Index of (name, size, backend) in recorder.PG_FACTS, for the fast path's records.
         self.idx = _R.register_fact(_R.PG_FACTS, (name, size, backend)) if member else -1
+        self.seq_slot = _R.seq_slot(name) if member else -1   # its seq counter
 
 
 _pg_cache: dict = {}
@@ -590,10 +593,7 @@ def make_wrapper(api: str, orig, spec):
                     if root:
                         r = _global(info, reader.arg(args, kwargs, root[0]),
                                     reader.arg(args, kwargs, root[1]))
-                    seqs = rec.seq
-                    pg = info.name
-                    s = seqs.get(pg, 0)
-                    seqs[pg] = s + 1
+                    s = rec.next_seq(info.name)
                 pre = (fact, info.idx, s, p, r, t0, rec.step,
                        _site(_getframe(1)) if rec.stack else None,
                        next(rec._op_ids), _get_ident(), st["api"], st["detail"],
