@@ -203,6 +203,29 @@ static PyTypeObject CountersType = {
     .tp_doc = "Collective seq counters of one recorder, by slot.",
 };
 
+
+/* d[key] (0 when absent) as a new reference, and d[key] += 1; NULL on error. */
+static PyObject *dict_next(PyObject *d, PyObject *key) {
+    PyObject *s = PyDict_GetItemWithError(d, key);
+    if (s == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        s = PyLong_FromLong(0);
+        if (s == NULL)
+            return NULL;
+    } else {
+        Py_INCREF(s);
+    }
+    PyObject *s1 = PyNumber_Add(s, i_one);
+    if (s1 == NULL || PyDict_SetItem(d, key, s1) != 0) {
+        Py_XDECREF(s1);
+        Py_DECREF(s);
+        return NULL;
+    }
+    Py_DECREF(s1);
+    return s;
+}
+
 /* obj.name read from obj's own __dict__ when it is there (modules, plain instances: a dict
  * lookup, not the full attribute protocol), else through getattr. New reference or NULL. */
 static PyObject *fast_attr(PyObject *d, PyObject *obj, PyObject *name) {
@@ -435,9 +458,9 @@ static void buf_push(Rec *r) {
     buf[buf_len++] = *r;
 }
 
-/* The short record (recorder.F_* order) of r; new reference, NULL on error. */
-static PyObject *rec_pre(Rec *r) {
-    PyObject *v[18];
+/* The values of r in recorder.F_* order, then t_return_ns (19, new references; NULL ones are
+ * replaced by None). steal: r's object references move into v (r gives them up). */
+static void rec_values(Rec *r, PyObject **v, int steal) {
     v[0] = PyLong_FromLong(r->fact);
     v[1] = PyLong_FromLong(r->pgidx);
     v[2] = ll_obj(r->seq);
@@ -445,24 +468,40 @@ static PyObject *rec_pre(Rec *r) {
     v[4] = ll_obj(r->root);
     v[5] = ll_obj(r->t0);
     v[6] = ll_obj(r->step);
-    v[7] = r->site; Py_XINCREF(v[7]);
+    v[7] = r->site;
     v[8] = ll_obj(r->op_id);
     v[9] = PyLong_FromUnsignedLong(r->thread);
-    v[10] = r->api; Py_XINCREF(v[10]);
-    v[11] = r->detail; Py_XINCREF(v[11]);
+    v[10] = r->api;
+    v[11] = r->detail;
     v[12] = ll_obj(r->count);
-    v[13] = r->dtype; Py_XINCREF(v[13]);
-    v[14] = r->dev; Py_XINCREF(v[14]);
+    v[13] = r->dtype;
+    v[14] = r->dev;
     v[15] = Py_None; Py_INCREF(Py_None);
     v[16] = ll_obj(r->outb);
     v[17] = Py_False; Py_INCREF(Py_False);
-    PyObject *t = PyTuple_New(18);
-    for (int i = 0; i < 18; i++) {
+    v[18] = ll_obj(r->t1);
+    if (steal) {
+        r->site = r->api = r->detail = r->dtype = r->dev = NULL;
+    } else {
+        Py_XINCREF(v[7]); Py_XINCREF(v[10]); Py_XINCREF(v[11]); Py_XINCREF(v[13]);
+        Py_XINCREF(v[14]);
+    }
+    for (int i = 0; i < 19; i++) {
         if (v[i] == NULL) {
+            CLEAR_ERR();
             v[i] = Py_None;
             Py_INCREF(Py_None);
-            CLEAR_ERR();
         }
+    }
+}
+
+/* The short record (recorder.F_* order) of r; new reference, NULL on error. */
+static PyObject *rec_pre(Rec *r) {
+    PyObject *v[19];
+    rec_values(r, v, 0);
+    Py_DECREF(v[18]);   /* t_return_ns is not part of the record */
+    PyObject *t = PyTuple_New(18);
+    for (int i = 0; i < 18; i++) {
         if (t != NULL)
             PyTuple_SET_ITEM(t, i, v[i]);
         else
@@ -492,31 +531,8 @@ static PyObject *drain_columns(PyObject *module, PyObject *unused) {
         Rec *r = &b[i];
         if (ok) {
             PyObject *v[19];
-            v[0] = PyLong_FromLong(r->fact);
-            v[1] = PyLong_FromLong(r->pgidx);
-            v[2] = ll_obj(r->seq);
-            v[3] = ll_obj(r->peer);
-            v[4] = ll_obj(r->root);
-            v[5] = ll_obj(r->t0);
-            v[6] = ll_obj(r->step);
-            v[7] = r->site; r->site = NULL;       /* references move to the lists */
-            v[8] = ll_obj(r->op_id);
-            v[9] = PyLong_FromUnsignedLong(r->thread);
-            v[10] = r->api; r->api = NULL;
-            v[11] = r->detail; r->detail = NULL;
-            v[12] = ll_obj(r->count);
-            v[13] = r->dtype; r->dtype = NULL;
-            v[14] = r->dev; r->dev = NULL;
-            v[15] = Py_None; Py_INCREF(Py_None);
-            v[16] = ll_obj(r->outb);
-            v[17] = Py_False; Py_INCREF(Py_False);
-            v[18] = ll_obj(r->t1);
+            rec_values(r, v, 1);   /* references move to the lists */
             for (int j = 0; j < 19; j++) {
-                if (v[j] == NULL) {
-                    CLEAR_ERR();
-                    v[j] = Py_None;
-                    Py_INCREF(Py_None);
-                }
                 PyList_SET_ITEM(cols[j], i, v[j]);
             }
         }
@@ -795,19 +811,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             PyObject *k = d == NULL ? NULL :
                 (c->is_send ? PyTuple_Pack(3, name, rk, peer) : PyTuple_Pack(3, name, peer, rk));
             if (k != NULL) {
-                PyObject *s = PyDict_GetItemWithError(d, k);
-                if (s == NULL && !PyErr_Occurred())
-                    s = PyLong_FromLong(0);
-                else
-                    Py_XINCREF(s);
-                if (s != NULL) {
-                    PyObject *s1 = PyNumber_Add(s, i_one);
-                    if (s1 != NULL && PyDict_SetItem(d, k, s1) == 0)
-                        seq = s;
-                    else
-                        Py_DECREF(s);
-                    Py_XDECREF(s1);
-                }
+                seq = dict_next(d, k);
                 Py_DECREF(k);
             }
             Py_XDECREF(d);
@@ -829,19 +833,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             PyObject *d = seq != NULL ? NULL : cst.seq;
             Py_XINCREF(d);
             if (d != NULL) {
-                PyObject *s = PyDict_GetItemWithError(d, name);
-                if (s == NULL && !PyErr_Occurred())
-                    s = PyLong_FromLong(0);
-                else
-                    Py_XINCREF(s);
-                if (s != NULL) {
-                    PyObject *s1 = PyNumber_Add(s, i_one);
-                    if (s1 != NULL && PyDict_SetItem(d, name, s1) == 0)
-                        seq = s;
-                    else
-                        Py_DECREF(s);
-                    Py_XDECREF(s1);
-                }
+                seq = dict_next(d, name);
                 Py_DECREF(d);
             }
         }

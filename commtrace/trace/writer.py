@@ -20,9 +20,19 @@ def atomic_write_text(path: str, text: str) -> None:
     """Write `text` to `path` atomically (temp file + rename in the same directory)."""
     d = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    try:
+
+    def write():
         with os.fdopen(fd, "w") as f:
             f.write(text)
+
+    _write_then_rename(write, tmp, path)
+
+
+def _write_then_rename(write, tmp: str, path: str) -> None:
+    """Run `write()` (which fills `tmp`), then rename `tmp` to `path`; on any failure remove
+    `tmp` and re-raise, so no half-written file is left behind."""
+    try:
+        write()
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -52,16 +62,12 @@ def write_part(run_dir: str, rank: int, table: pa.Table, meta: dict, pid: int | 
     path = os.path.join(d, name)
     tmp = os.path.join(d, "_tmp-" + name + ".partial")  # no .parquet suffix: globs skip it
     table = table.replace_schema_metadata(file_metadata(meta))
-    try:
+
+    def write():
         write_parquet(table, tmp, compression)
         _check_complete(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+
+    _write_then_rename(write, tmp, path)
     return path
 
 
