@@ -31,6 +31,8 @@ STRAGGLER_SHARE_HALFWAY = 0.5
 STRAGGLER_MAX_RATIO = 10.0
 STRAGGLER_MIN_LATE_NS = 500_000
 STRAGGLER_TYPICAL_FACTOR = 3.0
+#: A straggler must be late by more than this many times the clock alignment uncertainty.
+STRAGGLER_CLOCK_FACTOR = 1.0
 # Late sender / receiver per peer pair (first op of a pair excluded: lazy set-up).
 P2P_LATE_MIN_NS = 100_000
 P2P_MIN_EVENTS = 3
@@ -106,6 +108,20 @@ def _i(v):
 
 
 # ---------------------------------------------------------------------------- detectors
+def _clock_uncertainty_ns(run, rank: int) -> float:
+    """Bound on the clock alignment error between `rank` and any other rank: half of its
+    offset measurement's round trip plus the largest half round trip of the others (rank 0,
+    the reference, has none)."""
+    half = {}
+    for r, m in (getattr(run, "meta", None) or {}).items():
+        try:
+            half[int(r)] = max(0, int(m.get("clock_rtt_ns") or 0)) / 2.0
+        except (TypeError, ValueError, AttributeError):
+            continue
+    others = [v for r, v in half.items() if r != rank]
+    return half.get(rank, 0.0) + (max(others) if others else 0.0)
+
+
 def straggler(run) -> list[Finding]:
     """A rank that arrives last far more often than chance, and by a margin that stands out."""
     out = []
@@ -134,6 +150,13 @@ def straggler(run) -> list[Finding]:
         if mean_late < max(STRAGGLER_MIN_LATE_NS, STRAGGLER_TYPICAL_FACTOR * typical):
             continue
         r = s["rank"]
+        # Lateness within the clock alignment's uncertainty is no evidence: each rank's offset
+        # to rank 0 is known to within half its round trip (metrics.md, clock alignment), so two
+        # ranks' arrivals compare to within the sum of those halves. On a loaded machine a
+        # round trip of several ms makes a clean run look like a steady straggler.
+        unc = _clock_uncertainty_ns(run, r)
+        if mean_late < STRAGGLER_CLOCK_FACTOR * unc:
+            continue
         row = run._sql(f"""
             SELECT mode(op), mode(site), count(DISTINCT pg), min(pg), min(first_enter_ns), max(last_enter_ns)
             FROM {c} WHERE last_rank = ? AND complete AND NOT first_of_pg AND n_ranks >= 2""", [r]).fetchone()
@@ -143,7 +166,8 @@ def straggler(run) -> list[Finding]:
             op=row[0], site=row[1], t_ns=_i(row[4]), t_end_ns=_i(row[5]), impact_ns=total,
             evidence={"last_count": last, "n_collectives": n, "share": share,
                       "expected_share": exp_share, "z": z, "mean_late_ns": mean_late,
-                      "total_late_ns": total, "typical_late_ns": typical},
+                      "total_late_ns": total, "typical_late_ns": typical,
+                      "clock_uncertainty_ns": unc},
             message=(f"rank {r} arrived last at {last} of {n} collectives ({share:.0%}; "
                      f"{exp_share:.0%} expected by chance), on average {fmt_ns(mean_late)} after the "
                      f"next-latest rank; the others waited {fmt_ns(total)} in all for it"
