@@ -525,6 +525,13 @@ class Recorder:
     # ------------------------------------------------------------------ writer thread
 
     def _run(self) -> None:
+        try:
+            # The writer's imports (pyarrow) take 0.1-0.3 s of CPU when cold. Done now, at the
+            # start, they do not land in the middle of training at the first flush, where they
+            # hold one rank back and make it look like a straggler in a short run.
+            from ..trace import writer as _writer  # noqa: F401
+        except Exception as e:
+            log.warn_once("writer-import", "trace writer unavailable", e)
         interval = max(0.05, float(self.config.flush_interval))
         next_flush = time.monotonic() + interval
         while not self._stop.is_set():
