@@ -74,9 +74,12 @@ res["mesh_dp"] = t.tolist()
 res["user_calls"] = len(user_calls)
 print(f"rank {rank} groups done", flush=True)
 
-# ops that raise: the exception reaches the caller unchanged
+# ops that raise: the exception reaches the caller unchanged. The all_reduce that fails inside
+# gloo runs on a group of its own: gloo can surface its error again at the next op of the same
+# group (seen with and without commtrace: the barrier below raised "Cannot use ReduceOp.BAND").
+g_err = dist.new_group([0, 1])
 for name, call in [
-    ("band_on_float", lambda: dist.all_reduce(torch.ones(11), op=dist.ReduceOp.BAND)),
+    ("band_on_float", lambda: dist.all_reduce(torch.ones(11), op=dist.ReduceOp.BAND, group=g_err)),
     ("bad_src", lambda: dist.broadcast(torch.ones(12), src=ws + 5)),
 ]:
     try:
