@@ -56,10 +56,10 @@ typedef struct {
 } FastCtx;
 
 /* Interned names. */
-static PyObject *s_recorder, *s_dict, *s_depth, *s_coalesce, *s_acc, *s_api, *s_detail,
+static PyObject *s_recorder, *s_dict, *s_depth, *s_coalesce, *s_api, *s_detail,
     *s_default_pg, *s_member, *s_idx, *s_name, *s_ranks, *s_active, *s_device_timer, *s_now_ns,
     *s_numel, *s_dtype, *s_get_device, *s_nbytes, *s_seq, *s_p2p_seq, *s_step, *s_stack,
-    *s_op_ids, *s_blocking, *s_ready, *s_cap, *s_dropped, *s_append, *s_rank, *s_pop;
+    *s_op_ids, *s_cap, *s_rank;
 static PyObject *s_seq_slot, *s_seqs;
 static PyObject *i_zero, *i_one;   /* owned references to the ints 0 and 1 */
 /* Calls recorded here / handed to the Python wrapper, and the line of the last hand-over
@@ -591,15 +591,6 @@ static PyObject *buffered(PyObject *module, PyObject *unused) {
     return PyLong_FromSsize_t(buf_len);
 }
 
-/* set_limit(n): at most n completed calls wait in the buffer (the recorder's cap). */
-static PyObject *set_limit(PyObject *module, PyObject *arg) {
-    Py_ssize_t n = PyLong_AsSsize_t(arg);
-    if (n == -1 && PyErr_Occurred())
-        return NULL;
-    buf_max = n > 0 ? n : 1;
-    Py_RETURN_NONE;
-}
-
 /* The recorder's fixed fields, read once per recorder (they are set in its __init__). */
 static struct {
     PyObject *rec;            /* strong: its address is not reused while cached */
@@ -1105,7 +1096,6 @@ static PyMethodDef methods[] = {
     {"in_progress", in_progress, METH_VARARGS, "in_progress(take=False) -> [pre] of blocking calls in progress."},
     {"take_dropped", take_dropped, METH_NOARGS, "Calls not recorded since the last take (buffer full)."},
     {"buffered", buffered, METH_NOARGS, "Calls completed and not yet drained."},
-    {"set_limit", set_limit, METH_O, "set_limit(n): at most n completed calls are buffered."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1121,16 +1111,16 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         PyType_Ready(&CountersType) < 0)
         return NULL;
     INTERN(s_recorder, "_recorder"); INTERN(s_dict, "__dict__"); INTERN(s_depth, "depth");
-    INTERN(s_coalesce, "coalesce"); INTERN(s_acc, "acc"); INTERN(s_api, "api");
+    INTERN(s_coalesce, "coalesce"); INTERN(s_api, "api");
     INTERN(s_detail, "detail"); INTERN(s_default_pg, "_default_pg"); INTERN(s_member, "member");
     INTERN(s_idx, "idx"); INTERN(s_name, "name"); INTERN(s_ranks, "ranks");
     INTERN(s_active, "active"); INTERN(s_device_timer, "device_timer");
     INTERN(s_now_ns, "now_ns"); INTERN(s_numel, "numel"); INTERN(s_dtype, "dtype");
     INTERN(s_get_device, "get_device"); INTERN(s_nbytes, "nbytes"); INTERN(s_seq, "seq");
     INTERN(s_p2p_seq, "p2p_seq"); INTERN(s_step, "step"); INTERN(s_stack, "stack");
-    INTERN(s_op_ids, "_op_ids"); INTERN(s_blocking, "_blocking"); INTERN(s_ready, "_ready");
-    INTERN(s_cap, "cap"); INTERN(s_dropped, "_dropped"); INTERN(s_append, "append");
-    INTERN(s_rank, "rank"); INTERN(s_pop, "pop"); INTERN(s_by_key, "_by_key");
+    INTERN(s_op_ids, "_op_ids");
+    INTERN(s_cap, "cap");
+    INTERN(s_rank, "rank"); INTERN(s_by_key, "_by_key");
     INTERN(s_seq_slot, "seq_slot"); INTERN(s_seqs, "_seqs");
     i_zero = PyLong_FromLong(0);
     i_one = PyLong_FromLong(1);

@@ -127,7 +127,8 @@ def register_fact(table: list, fact: tuple) -> int:
 _dtype_names: dict = {}
 
 
-def _dtype_name(dt):
+def dtype_name(dt):
+    """The name of a torch dtype ("float32", ...), cached; strings and None pass through."""
     if dt is None or isinstance(dt, str):
         return dt
     s = _dtype_names.get(dt)
@@ -151,7 +152,7 @@ def expand(rank: int, pre: tuple, t1) -> list:
         ob = b if inplace else 0
     seq = pre[F_SEQ]
     return [S.KIND_OP, rank, name, size, seq, op, pre[F_API] or api, pre[F_ASYNC], backend,
-            pre[F_DEVICE], _dtype_name(dt), count, b, ob, pre[F_PEER], pre[F_ROOT], pre[F_T0],
+            pre[F_DEVICE], dtype_name(dt), count, b, ob, pre[F_PEER], pre[F_ROOT], pre[F_T0],
             t1, None, t1, None, None, pre[F_STEP], pre[F_SITE], None, pre[F_OP_ID], None, None,
             None, (seq == 0) if seq is not None else None, None, pre[F_THREAD], pre[F_DETAIL]]
 
@@ -171,7 +172,7 @@ def expand_columns(rank: int, c: tuple) -> list:
     nones = [None] * n
     return [[S.KIND_OP] * n, [rank] * n, [p[0] for p in pgs], [p[1] for p in pgs], c[F_SEQ],
             [sp[0] for sp in specs], [a or sp[1] for a, sp in zip(c[F_API], specs)],
-            c[F_ASYNC], [p[2] for p in pgs], c[F_DEVICE], [_dtype_name(d) for d in dts],
+            c[F_ASYNC], [p[2] for p in pgs], c[F_DEVICE], [dtype_name(d) for d in dts],
             counts, nbytes, out_b, c[F_PEER], c[F_ROOT], c[F_T0], t1, nones, t1, nones, nones,
             c[F_STEP], c[F_SITE], nones, c[F_OP_ID], nones, nones, nones,
             [(s == 0) if s is not None else None for s in c[F_SEQ]], nones, c[F_THREAD],

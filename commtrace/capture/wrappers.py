@@ -92,7 +92,6 @@ class PgInfo:
 
 
 _pg_cache: dict = {}
-_dtype_names: dict = {}
 
 
 def pg_info(group) -> PgInfo | None:
@@ -154,12 +153,8 @@ def _global(info: PgInfo, glob, grp):
     return None
 
 
-def dtype_name(dt) -> str:
-    s = _dtype_names.get(dt)
-    if s is None:
-        s = str(dt).replace("torch.", "")
-        _dtype_names[dt] = s
-    return s
+#: "float32", ... for a torch dtype (cached; shared with the writer's expansion).
+dtype_name = _R.dtype_name
 
 
 def _nbytes(ts) -> tuple[int, int]:
