@@ -5,9 +5,14 @@ host hazards planted).
 Measures: server start (load + cached derived tables), first page (navigation until the timeline
 figure is drawn), each interaction (zoom out->in, zoom via a finding, select an op, switch view)
 until the browser has drawn its result, and the JSON payload of every callback response (the
-figures sent to the browser).
+figures sent to the browser). Each interaction's time is split into `server` (the app's callback
+handlers, timed in the server), `fetch` (the browser's callback requests, first start to last end:
+server plus transfer) and `browser` (the rest: Plotly and React drawing, the box-zoom redraw).
 
     python benchmarks/dashboard.py [--ranks 64] [--ops 20000] [--keep DIR] [--json out.json]
+    # old vs new side by side: the same benchmark on another checkout's code
+    git worktree add /tmp/base <commit>
+    python benchmarks/dashboard.py --keep /tmp/run --code /tmp/base
 """
 
 from __future__ import annotations
@@ -31,7 +36,11 @@ def main() -> int:
     ap.add_argument("--ops", type=int, default=20000)
     ap.add_argument("--keep", default=None, help="reuse / keep the synthetic run in this directory")
     ap.add_argument("--json", default=None, help="write the figures as JSON here")
+    ap.add_argument("--code", default=None, help="import commtrace and the dashboard from this checkout "
+                    "(e.g. a git worktree of an older commit) instead of this one")
     args = ap.parse_args()
+    if args.code:
+        sys.path.insert(0, os.path.abspath(args.code))
 
     import commtrace
     from dashboard.app import build
@@ -43,12 +52,27 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "commtrace", "synth", path, "--ranks", str(args.ranks), "--ops",
                         str(args.ops), "--straggler", "5:2ms", "--late-send", "3:1ms", "--hazards"],
                        check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    res: dict = {"ranks": args.ranks, "ops_per_rank": args.ops, "cpus": os.cpu_count()}
+    res: dict = {"ranks": args.ranks, "ops_per_rank": args.ops, "cpus": os.cpu_count(),
+                 "code": os.path.dirname(os.path.dirname(os.path.abspath(commtrace.__file__))),
+                 "load_average": os.getloadavg()}
     t = time.perf_counter()
     run = commtrace.load(path)
     res["load_s"] = time.perf_counter() - t
     app = build(run)
     res["server_start_s"] = time.perf_counter() - t
+    handled: list[float] = []  # seconds in each callback request, in the server
+
+    @app.server.before_request
+    def _t0():
+        import flask
+        flask.g.t0 = time.perf_counter()
+
+    @app.server.after_request
+    def _t1(resp):
+        import flask
+        if "_dash-update-component" in flask.request.path:
+            handled.append(time.perf_counter() - flask.g.t0)
+        return resp
 
     sizes: list[tuple[str, int]] = []
     with Server(app) as srv, sync_playwright() as p:
@@ -62,7 +86,19 @@ def main() -> int:
         marks: list[tuple[str, int]] = []  # (interaction, resource entries before it)
 
         def entries():
-            return page.evaluate("() => performance.getEntriesByType('resource').map(e => [e.name, e.encodedBodySize])")
+            return page.evaluate("() => performance.getEntriesByType('resource').map(e => "
+                                 "[e.name, e.encodedBodySize, e.startTime, e.responseEnd])")
+
+        split = {}
+
+        def timed(name, t, n_ent, n_handled):
+            """Total, fetch (callback requests, first start to last end), server and browser time."""
+            total = time.perf_counter() - t
+            ups = [e for e in entries()[n_ent:] if "_dash-update-component" in e[0]]
+            fetch = (max(e[3] for e in ups) - min(e[2] for e in ups)) / 1e3 if ups else 0.0
+            split[name] = {"total": round(total, 3), "requests": len(ups), "fetch": round(fetch, 3),
+                           "server": round(sum(handled[n_handled:]), 3), "browser": round(total - fetch, 3)}
+            return total
 
         def drawn(cond: str, timeout=60_000):
             try:
@@ -77,17 +113,18 @@ def main() -> int:
         t = time.perf_counter()
         page.goto(srv.url)
         drawn("true")
-        res["first_page_s"] = time.perf_counter() - t
+        res["first_page_s"] = timed("first page", t, 0, 0)
         page.wait_for_load_state("networkidle")
         inter = {}
 
         def step(name, action, cond, settle=True):
             label[0] = name
-            marks.append((name, len(entries())))
+            n_ent, n_h = len(entries()), len(handled)
+            marks.append((name, n_ent))
             t = time.perf_counter()
             action()
             drawn(cond)
-            inter[name] = time.perf_counter() - t
+            inter[name] = timed(name, t, n_ent, n_h)
             if settle:
                 page.wait_for_load_state("networkidle")
 
@@ -121,20 +158,22 @@ def main() -> int:
         for tab, sel in (("Overlap", "#overlap-step .main-svg"), ("Stalls", "#stalls-heatmap .main-svg"),
                          ("Bandwidth", "#busbw .main-svg"), ("Findings", "#findings td")):
             label[0] = f"view {tab}"
-            marks.append((label[0], len(entries())))
+            n_ent, n_h = len(entries()), len(handled)
+            marks.append((label[0], n_ent))
             t = time.perf_counter()
             page.click(f"#tabs >> text={tab}")
             page.wait_for_selector(sel, timeout=60_000)
-            inter[f"view {tab}"] = time.perf_counter() - t
+            inter[f"view {tab}"] = timed(label[0], t, n_ent, n_h)
             page.wait_for_load_state("networkidle")
         step("click a finding (zoom to evidence)",
              lambda: page.locator("#findings tbody tr").nth(1).locator("td").first.click(),
              f"g.offsetParent !== null && document.querySelector('#view-timeline').getBoundingClientRect().height > 100 && g.layout.xaxis.range[1] - g.layout.xaxis.range[0] < {dur} / 2")
         res["interactions_s"] = inter
+        res["split_s"] = split
         ent = entries()
         bounds = [("first page", 0)] + marks + [("end", len(ent))]
         for (name, lo), (_, hi) in zip(bounds[:-1], bounds[1:]):
-            for url, n in ent[lo:hi]:
+            for url, n, *_ in ent[lo:hi]:
                 if "_dash-update-component" in url or "_dash-layout" in url:
                     sizes.append((name, int(n)))
         res["console_errors"] = errors
@@ -145,7 +184,11 @@ def main() -> int:
     res["max_response_bytes"] = per
     res["max_figure_bytes"] = max(per.values()) if per else 0
     run.close()
+    res["load_average_after"] = os.getloadavg()
     print(json.dumps(res, indent=2))
+    print(f"{'interaction':40s} {'total':>6s} {'fetch':>6s} {'server':>6s} {'browser':>7s}")
+    for name, v in split.items():
+        print(f"{name:40s} {v['total']:6.2f} {v['fetch']:6.2f} {v['server']:6.2f} {v['browser']:7.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
