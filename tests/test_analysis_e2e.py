@@ -76,7 +76,7 @@ def test_use_before_wait_at_file_line(tmp_path):
 
 
 def test_clean_ddp_run_has_none(tmp_path):
-    run_traced(tmp_path / "t", torchrun_cmd(os.path.join(SAMPLES, "ddp_mlp.py"), "--steps", 20,
+    run_traced(tmp_path / "t", torchrun_cmd(os.path.join(SAMPLES, "ddp_mlp.py"), "--steps", 40,
                                             "--straggler-ms", 0), opts=("--flush-interval", "0.5"))
     run = commtrace.load(str(tmp_path / "t"))
     assert not set(kinds(run)) & set(FIXED + ("not_completed", "clock_violation")), kinds(run)

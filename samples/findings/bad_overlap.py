@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-STEPS, BATCH, HIDDEN, LAYERS = 8, 64, 256, 4
+STEPS, BATCH, HIDDEN, LAYERS = 40, 64, 256, 4
 
 
 def model():

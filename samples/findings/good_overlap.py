@@ -12,7 +12,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-STEPS, BATCH, HIDDEN, LAYERS = 8, 64, 256, 4
+# 40 steps, not fewer: on a shared CPU host one rank can trail the other by a few ms for
+# several steps in a row (scheduling, measured without commtrace too), and 8 steps were short
+# enough for such a streak to read as a straggler.
+STEPS, BATCH, HIDDEN, LAYERS = 40, 64, 256, 4
 
 
 def model():
