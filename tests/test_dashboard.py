@@ -275,3 +275,29 @@ def test_one_callback_moves_the_slider_with_a_plot_zoom(data):
     out = call("range.value", [a, b + data.duration_s * 0.1], new_win, [None, [a, b + data.duration_s * 0.1], None, None])
     assert out[2]["b"] == pytest.approx(b + data.duration_s * 0.1)
     assert tuple(out[0].layout.xaxis.range)[1] == pytest.approx(b + data.duration_s * 0.1)
+
+
+def test_lazy_views_are_built_in_the_background_and_sent_once(data):
+    """The Overlap, Stalls, Bandwidth and Summary views are built when the app is created (a
+    background thread); showing one sends that content the first time, then only styles."""
+    import dash
+
+    from dashboard import figures as F
+    from dashboard.app import LAZY, create_app
+    app = create_app(data)
+    views = app._commtrace_views
+    assert set(views) == set(LAZY)
+    overlap = views["overlap"].result(timeout=60)
+    assert [c.id for c in overlap] == ["overlap-rank", "overlap-step"]
+    f1, _ = F.overlap_figures(data)
+    assert list(overlap[0].figure.data[0].y) == pytest.approx(list(f1.data[0].y))
+    out = app._commtrace_show_view("overlap", [])
+    n = 1 + len(LAZY) + 1  # styles of timeline, lazy views, findings
+    styles, children, drawn = out[:n], out[n:n + len(LAZY)], out[-1]
+    assert styles[1 + LAZY.index("overlap")] == {} and styles[0]["height"] == 0
+    assert children[LAZY.index("overlap")] is overlap
+    assert all(c is dash.no_update for i, c in enumerate(children) if i != LAZY.index("overlap"))
+    assert drawn == ["overlap"]
+    again = app._commtrace_show_view("overlap", drawn)
+    assert all(c is dash.no_update for c in again[n:n + len(LAZY)])
+    assert '"world_size": 4' in views["summary"].result(timeout=60)[0].children
