@@ -27,6 +27,8 @@ MAX_SYNC_BANDS = 300
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
            "#bcbd22", "#7f7f7f", "#393b79", "#637939", "#8c6d31"]
 SEVERITY_COLOR = {"error": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4"}
+#: A one-line legend between the title and the plot, inside a fixed top margin (see `margin`).
+TOP_LEGEND = dict(orientation="h", y=1.02, x=0, yanchor="bottom")
 
 
 def fmt_bytes(n) -> str:
@@ -58,6 +60,16 @@ def _rects(a: np.ndarray, b: np.ndarray, y: np.ndarray, half: float = 0.35):
     return x, yy
 
 
+def margin(l: int, r: int, t: int, b: int) -> dict:
+    """Fixed margins, large enough for the figure's legend, colorbar and axis labels.
+
+    With Plotly's default (`autoexpand`), a legend, colorbar or axis label that pushes a margin
+    makes Plotly draw the whole figure a second time after the first (`Plots.doAutoMargin`), and
+    again whenever what pushes changes (the timeline's colorbar in bins mode, its legend in exact
+    mode): one full redraw more per first view and per switch between bins and exact ops."""
+    return dict(l=l, r=r, t=t, b=b, autoexpand=False)
+
+
 def _r(x: np.ndarray, digits: int = 7) -> np.ndarray:
     """Times (s) rounded to 0.1 us: what any zoom can show, and shorter JSON."""
     return np.round(x, digits)
@@ -66,7 +78,7 @@ def _r(x: np.ndarray, digits: int = 7) -> np.ndarray:
 def _base_layout(fig: go.Figure, d: RunData, a: float, b: float, mode: str) -> go.Figure:
     nr = len(d.ranks)
     fig.update_layout(
-        height=max(360, min(1400, 60 + nr * 3 * 6)), margin=dict(l=70, r=20, t=30, b=40),
+        height=max(360, min(1400, 60 + nr * 3 * 6)), margin=margin(l=70, r=80, t=40, b=50),
         # ticklabeloverflow="allow": the default ("hide past div") measures every tick label at
         # each redraw, most of the redraw's time with a row per rank.
         xaxis=dict(range=[a, b], title="time since start of run (s)", showgrid=False, zeroline=False,
@@ -74,7 +86,7 @@ def _base_layout(fig: go.Figure, d: RunData, a: float, b: float, mode: str) -> g
         yaxis=dict(range=[nr * 3 - 0.5, -0.5], tickvals=[i * 3 + 1 for i in range(nr)],
                    ticktext=[f"rank {r}" for r in d.ranks], fixedrange=True, showgrid=False, zeroline=False,
                    ticklabeloverflow="allow"),
-        dragmode="zoom", hovermode="closest", legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"),
+        dragmode="zoom", hovermode="closest", legend=TOP_LEGEND,
         # meta holds no array: Plotly.react redraws everything when one in the layout changes
         meta={"mode": mode}, plot_bgcolor="white", uirevision="timeline")
     return fig
@@ -115,7 +127,7 @@ def _bin_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
     x = ((np.arange(nb) + 0.5) * (b - a) / nb + a).astype(np.float64)
     fig.add_trace(go.Heatmap(
         z=z, x=x, y=np.arange(nr * 3), zmin=0, zmax=1, colorscale="Viridis", name="busy fraction",
-        colorbar=dict(title="busy fraction", thickness=10, len=0.5),  # in-flight can exceed 1: ops in flight at once
+        colorbar=dict(title="busy<br>fraction", thickness=10, len=0.5, x=1, xpad=6, xanchor="left"),  # in-flight can exceed 1: ops in flight at once
         hovertemplate="t=%{x:.4f} s<br>row %{y}: %{z:.2f} of the bin busy<extra>"
                       "host-blocked / in-flight / wait+sync rows per rank</extra>"))
 
@@ -152,8 +164,10 @@ def _exact_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
             f"<br>wait {_ms(o['t_wait_end'][i] - o['t_wait'][i])}"
             f"<br>site {sitev[o['site'][i]] if o['site'][i] >= 0 else '—'}"
             for i in idx.tolist()]
-        # plain lists: Dash hands customdata back in clickData
-        custom = np.c_[o["pg"][idx], o["seq"][idx], o["rank"][idx]].tolist()
+        # plain lists (Dash hands customdata back in clickData, where a typed array would come
+        # back as an object), held in an object array: plotly validates it without walking it
+        custom = np.empty(len(idx), dtype=object)
+        custom[:] = np.c_[o["pg"][idx], o["seq"][idx], o["rank"][idx]].tolist()
         # Points without markers (mode "none"): they hover and click like markers, and cost no
         # SVG element each (styling thousands of markers was most of the exact view's drawing).
         fig.add_trace(go.Scatter(
@@ -273,7 +287,7 @@ def overlap_figures(d: RunData) -> tuple[go.Figure, go.Figure]:
                    yaxis="y2", mode="lines+markers", line=dict(color="black"))])
     f1.update_layout(barmode="stack", title="Per rank: exposed vs overlapped communication",
                      yaxis=dict(title="seconds"), yaxis2=dict(title="overlap ratio", overlaying="y", side="right", range=[0, 1]),
-                     height=380, margin=dict(l=60, r=60, t=50, b=40), legend=dict(orientation="h"))
+                     height=380, margin=margin(l=60, r=60, t=80, b=50), legend=TOP_LEGEND)
     ps = d.per_step
     step = ps["step"].to_numpy(zero_copy_only=False)
     ok = np.isfinite(step.astype(np.float64))
@@ -300,7 +314,7 @@ def overlap_figures(d: RunData) -> tuple[go.Figure, go.Figure]:
     f2.update_layout(barmode="stack", title="Per step: exposed vs overlapped communication, overlap ratio over the run",
                      xaxis=dict(title="step"), yaxis=dict(title="seconds"),
                      yaxis2=dict(title="overlap ratio", overlaying="y", side="right", range=[0, 1]),
-                     height=380, margin=dict(l=60, r=60, t=50, b=40), legend=dict(orientation="h"))
+                     height=380, margin=margin(l=60, r=60, t=80, b=50), legend=TOP_LEGEND)
     return f1, f2
 
 
@@ -316,7 +330,7 @@ def stalls_figures(d: RunData) -> tuple[go.Figure, go.Figure, list[dict]]:
                               colorbar=dict(title="wait (ms)"),
                               hovertemplate="%{y}, t=%{x:.3f} s: wait %{z:.3f} ms<extra></extra>"))
     f1.update_layout(title="Wait time (Scalasca wait states) per rank and time bin", xaxis_title="time since start of run (s)",
-                     yaxis=dict(autorange="reversed"), height=max(300, 80 + nr * 8), margin=dict(l=70, r=20, t=50, b=40))
+                     yaxis=dict(autorange="reversed"), height=max(300, 80 + nr * 8), margin=margin(l=70, r=90, t=50, b=50))
     s = d.stragglers
     order = np.argsort(-s["share"].to_numpy(zero_copy_only=False).astype(np.float64))[:20]
     sr = s.take(order)
@@ -326,7 +340,7 @@ def stalls_figures(d: RunData) -> tuple[go.Figure, go.Figure, list[dict]]:
                customdata=np.c_[sr["last_count"].to_numpy(zero_copy_only=False), sr["mean_late_ns"].to_numpy(zero_copy_only=False) / 1e6],
                hovertemplate="%{x}: last at %{customdata[0]} collectives (%{y:.1%}), mean late %{customdata[1]:.3f} ms<extra></extra>")])
     f2.update_layout(title="Straggler ranking (share of collectives arrived last)", yaxis=dict(title="share", tickformat=".0%"),
-                     height=320, margin=dict(l=60, r=20, t=50, b=40))
+                     height=320, margin=margin(l=60, r=20, t=50, b=60))
     return f1, f2, late_pairs(d)
 
 
@@ -392,7 +406,8 @@ def bandwidth_figure(d: RunData) -> go.Figure:
                                  hovertemplate="%{x:.3s}B: busbw %{y:.3f} GB/s (%{customdata} collective(s) here)"
                                                "<extra>" + name + "</extra>"))
     fig.update_layout(title="busbw vs message size (each matched collective)", xaxis=dict(type="log", title="message size S (bytes)"),
-                      yaxis=dict(title="busbw (GB/s)"), height=420, margin=dict(l=60, r=20, t=50, b=40))
+                      yaxis=dict(title="busbw (GB/s)"), height=420, margin=margin(l=60, r=20, t=80, b=50),
+                      legend=TOP_LEGEND)
     return fig
 
 

@@ -158,6 +158,22 @@ def test_figures_stay_small(data):
         assert len(fig.to_json()) < 5_000_000
 
 
+def test_figures_have_fixed_margins(data):
+    """No figure lets its legend, colorbar or labels grow a margin: Plotly would draw it twice on
+    its first view and on every switch between bins and exact ops (dashboard.figures.margin)."""
+    from dashboard import figures as F
+    figs = {"bins": F.timeline_figure(data, exact_max=10), "exact": F.timeline_figure(data, 0.05, 0.08),
+            "bandwidth": F.bandwidth_figure(data)}
+    figs.update(zip(("overlap-rank", "overlap-step"), F.overlap_figures(data)))
+    figs.update(zip(("stalls-heatmap", "stragglers"), F.stalls_figures(data)[:2]))
+    for name, fig in figs.items():
+        m = fig.layout.margin
+        assert m.autoexpand is False and min(m.l, m.r, m.t, m.b) >= 20, name
+    # the timeline keeps the same plot area in both modes (room for the colorbar and the legend)
+    assert figs["bins"].layout.margin == figs["exact"].layout.margin
+    assert figs["bins"].data[0].colorbar.xanchor == "left" and figs["bins"].layout.margin.r >= 80
+
+
 def test_app_callbacks_take_no_path_input(data):
     from dashboard.app import create_app
     app = create_app(data)
