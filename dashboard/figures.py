@@ -81,11 +81,13 @@ def _base_layout(fig: go.Figure, d: RunData, a: float, b: float, mode: str) -> g
         height=max(360, min(1400, 60 + nr * 3 * 6)), margin=margin(l=70, r=80, t=40, b=50),
         # ticklabeloverflow="allow": the default ("hide past div") measures every tick label at
         # each redraw, most of the redraw's time with a row per rank.
+        # automargin off (the default template turns it on): with fixed margins its pushes are
+        # ignored anyway
         xaxis=dict(range=[a, b], title="time since start of run (s)", showgrid=False, zeroline=False,
-                   ticklabeloverflow="allow"),
+                   ticklabeloverflow="allow", automargin=False),
         yaxis=dict(range=[nr * 3 - 0.5, -0.5], tickvals=[i * 3 + 1 for i in range(nr)],
                    ticktext=[f"rank {r}" for r in d.ranks], fixedrange=True, showgrid=False, zeroline=False,
-                   ticklabeloverflow="allow"),
+                   ticklabeloverflow="allow", automargin=False),
         dragmode="zoom", hovermode="closest", legend=TOP_LEGEND,
         # meta holds no array: Plotly.react redraws everything when one in the layout changes
         meta={"mode": mode}, plot_bgcolor="white", uirevision="timeline")
@@ -287,7 +289,9 @@ def overlap_figures(d: RunData) -> tuple[go.Figure, go.Figure]:
                    yaxis="y2", mode="lines+markers", line=dict(color="black"))])
     f1.update_layout(barmode="stack", title="Per rank: exposed vs overlapped communication",
                      yaxis=dict(title="seconds"), yaxis2=dict(title="overlap ratio", overlaying="y", side="right", range=[0, 1]),
-                     height=380, margin=margin(l=60, r=60, t=80, b=50), legend=TOP_LEGEND)
+                     # a fixed angle, so that the labels of a bar per rank fit the fixed bottom margin
+                     xaxis=dict(tickangle=-90 if len(ranks) > 16 else 0),
+                     height=400, margin=margin(l=60, r=60, t=80, b=70), legend=TOP_LEGEND)
     ps = d.per_step
     step = ps["step"].to_numpy(zero_copy_only=False)
     ok = np.isfinite(step.astype(np.float64))
