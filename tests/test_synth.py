@@ -34,6 +34,25 @@ def test_straggler_rank_and_magnitude(tmp_path, n, delay_ms, rank):
     assert not findings(run, "late_sender") and not findings(run, "late_receiver")
 
 
+def test_straggler_evidence_counts_steps_not_buckets(tmp_path):
+    """Collectives of one step share their arrival order (a step's buckets wait for the same
+    backward), so the count evidence is also taken over steps: last at every collective of 8
+    steps (z over steps = sqrt(8) = 2.83) is not yet a finding, of 9 steps (3.0) it is."""
+    for ops, steps, found in ((64, 8, False), (80, 9, True)):
+        d = tmp_path / str(ops)
+        synth_run(str(d), ranks=2, ops=ops, straggler=[(1, 2_000_000)], seed=3)
+        run = commtrace.load(str(d))
+        st = {s["rank"]: s for s in run.stragglers().to_pylist()}
+        assert st[1]["share"] == 1.0 and st[1]["n_collectives"] > 40  # last every time
+        from commtrace.analysis.findings import _straggler_step_z
+        assert _straggler_step_z(run, 1, st[1]["n_collectives"]) == pytest.approx(steps ** 0.5)
+        got = findings(run, "straggler")
+        assert [f.rank for f in got] == ([1] if found else [])
+        if found:
+            assert got[0].evidence["z_steps"] == pytest.approx(3.0)
+            assert got[0].evidence["z"] > 7  # counted per collective, the evidence looked far stronger
+
+
 def test_clean_runs_report_nothing(tmp_path):
     for n, ops in ((2, 5), (4, 5), (2, 300), (16, 300)):
         d = tmp_path / f"c{n}_{ops}"

@@ -33,6 +33,11 @@ STRAGGLER_MIN_LATE_NS = 500_000
 STRAGGLER_TYPICAL_FACTOR = 3.0
 #: A straggler must be late by more than this many times the clock alignment uncertainty.
 STRAGGLER_CLOCK_FACTOR = 1.0
+#: Arrival order within one training step is one event, not several (DDP's buckets of a step
+#: all wait for the same backward): where steps are known and hold at most this many of the
+#: rank's collectives on average, the count evidence is also taken over steps.
+STRAGGLER_MAX_PER_STEP = 32
+STRAGGLER_MIN_STEPS = 4
 # Late sender / receiver per peer pair (first op of a pair excluded: lazy set-up).
 P2P_LATE_MIN_NS = 100_000
 P2P_MIN_EVENTS = 3
@@ -150,6 +155,9 @@ def straggler(run) -> list[Finding]:
         if mean_late < max(STRAGGLER_MIN_LATE_NS, STRAGGLER_TYPICAL_FACTOR * typical):
             continue
         r = s["rank"]
+        z_steps = _straggler_step_z(run, r, n)
+        if z_steps is not None and z_steps < STRAGGLER_MIN_Z:
+            continue
         # Lateness within the clock alignment's uncertainty is no evidence: each rank's offset
         # to rank 0 is known to within half its round trip (metrics.md, clock alignment), so two
         # ranks' arrivals compare to within the sum of those halves. On a loaded machine a
@@ -167,12 +175,33 @@ def straggler(run) -> list[Finding]:
             evidence={"last_count": last, "n_collectives": n, "share": share,
                       "expected_share": exp_share, "z": z, "mean_late_ns": mean_late,
                       "total_late_ns": total, "typical_late_ns": typical,
-                      "clock_uncertainty_ns": unc},
+                      "clock_uncertainty_ns": unc, "z_steps": z_steps},
             message=(f"rank {r} arrived last at {last} of {n} collectives ({share:.0%}; "
                      f"{exp_share:.0%} expected by chance), on average {fmt_ns(mean_late)} after the "
                      f"next-latest rank; the others waited {fmt_ns(total)} in all for it"
                      + (f" (mostly {row[0]} at {row[1]})" if row[1] else ""))))
     return out
+
+
+def _straggler_step_z(run, rank: int, n: int):
+    """z-score of rank's last arrivals counted per step: each step contributes the share of
+    its collectives in which the rank arrived last, against the share expected by chance,
+    with the variance of one trial per step (collectives of one step fully correlated). None
+    where steps do not apply: unknown for most collectives, too few, or so coarse (a single
+    mark_step() at the start) that a step is no longer one iteration."""
+    w = run._ensure_waits()
+    row = run._sql(f"""
+        SELECT count(*), sum(x), sum(p), sum(p * (1 - p)), sum(nc) FROM (
+            SELECT avg(CASE WHEN is_last THEN 1.0 ELSE 0.0 END) AS x, avg(1.0 / n_ranks) AS p,
+                   count(*) AS nc
+            FROM {w} WHERE rank = ? AND n_ranks >= 2 AND NOT first_of_pg AND step IS NOT NULL
+            GROUP BY step)""", [rank]).fetchone()
+    steps, sx, sp, var, nc = row
+    if not steps or steps < STRAGGLER_MIN_STEPS or not var or var <= 0:
+        return None
+    if nc < 0.8 * n or nc > STRAGGLER_MAX_PER_STEP * steps:
+        return None
+    return (float(sx) - float(sp)) / float(var) ** 0.5
 
 
 def late_p2p(run) -> list[Finding]:
