@@ -61,6 +61,32 @@ def test_zoomed_out_timeline_is_bins_whose_sums_equal_the_analysis(data):
     assert (z[0::3] * width).sum() == pytest.approx(bins["blocked_ns"].to_numpy().sum(), rel=1e-5)
 
 
+def rect_outlines(path):
+    """(start, end, y0, y1) of each rectangle of a `figures._rect_path` path, in its order;
+    asserts that the path is nothing but such closed rectangles."""
+    import re
+    num = r"(-?[0-9.]+)"
+    rect = re.compile(f"M{num},{num}H{num}V{num}H{num}Z")
+    got = rect.findall(path)
+    assert "".join(f"M{a},{b}H{c}V{d}H{e}Z" for a, b, c, d, e in got) == path
+    v = np.array(got, float).reshape(-1, 5)
+    assert np.array_equal(v[:, 4], v[:, 0])
+    return v[:, 0], v[:, 2], v[:, 1], v[:, 3]
+
+
+def test_rect_path_has_one_rectangle_per_finite_span():
+    """The op spans of the exact view are one SVG path of closed rectangles: exactly one per span
+    with both ends, at its times (0.1 us) and on its sub-row; spans with a NaN end are left out."""
+    from dashboard.figures import _rect_path
+    a = np.array([0.0, 0.5, 3.0, 1.0, 6.0, 2.123456789])
+    b = np.array([1.0, 2.0, 4.0, np.nan, 6.5, 2.25])
+    row = np.array([0.0, 0.0, 3.0, 0.0, 1.0, 3.0])
+    start, end, y0, y1 = rect_outlines(_rect_path(a, b, row))
+    assert start.tolist() == [0.0, 0.5, 3.0, 6.0, 2.1234568] and end.tolist() == [1.0, 2.0, 4.0, 6.5, 2.25]
+    assert np.allclose(y0, [-0.35, -0.35, 2.65, 0.65, 2.65]) and np.allclose(y1 - y0, 0.7)
+    assert _rect_path(np.array([]), np.array([]), np.array([])) == ""
+
+
 def test_zoomed_in_timeline_draws_exact_ops_with_hover(data):
     from dashboard import figures as F
     a, b = 0.05, 0.08
@@ -75,20 +101,19 @@ def test_zoomed_in_timeline_draws_exact_ops_with_hover(data):
     assert "seq" in hover.text[0] and "bytes" in hover.text[0] and "site" in hover.text[0]
     # one filled SVG path per op name (no WebGL): a rectangle per finite span of each op, on its
     # rank's host-blocked / in-flight / wait sub-rows, spanning exactly that op's times
-    op_traces = {t.name: t for t in fig.data if t.fill == "toself" and t.type == "scatter"}
+    op_paths = {sh.name: sh for sh in fig.layout.shapes if sh.type == "path" and sh.name}
     o = data.o
-    assert set(op_traces) >= {str(o["op_values"][k]) for k in np.unique(o["op"][idx])}
+    assert set(op_paths) == {str(o["op_values"][k]) for k in np.unique(o["op"][idx])}
+    assert all(sh.showlegend and sh.layer == "below" for sh in op_paths.values())
     assert not any(t.type == "scattergl" for t in fig.data)
     for k in np.unique(o["op"][idx]):
         j = idx[o["op"][idx] == k]
-        t = op_traces[str(o["op_values"][k])]
-        x, y = np.asarray(t.x, float).reshape(-1, 5), np.asarray(t.y, float).reshape(-1, 5)
+        start, end, y0, y1 = rect_outlines(op_paths[str(o["op_values"][k])].path)
         spans = [(o["t_enqueue"][j], o["t_return"][j], 0), (o["t_enqueue"][j], o["t_end"][j], 1),
                  (o["t_wait"][j], o["t_wait_end"][j], 2)]
-        assert len(x) == sum(int((np.isfinite(s) & np.isfinite(e)).sum()) for s, e, _ in spans)
-        start, end = x[:, 0], x[:, 1]
-        assert np.array_equal(x[:, 2], end) and np.array_equal(x[:, 3], start) and np.isnan(x[:, 4]).all()
-        got = np.array(sorted(zip(start, end, np.round(y[:, 0] + 0.35))))
+        assert len(start) == sum(int((np.isfinite(s) & np.isfinite(e)).sum()) for s, e, _ in spans)
+        assert np.allclose(y1 - y0, 0.7)
+        got = np.array(sorted(zip(start, end, np.round(y0 + 0.35))))
         want = np.array(sorted((s, e, o["row"][i] * 3 + off) for ss, ee, off in spans
                                for i, s, e in zip(j, ss, ee) if np.isfinite(s) and np.isfinite(e)))
         assert np.allclose(got, want, rtol=0, atol=1e-7)  # times sent rounded to 0.1 us
