@@ -4,7 +4,7 @@ wait, exposed_comm, overlap ratio, busbw, arrival skew, late_sender / late_recei
 
 Large arrays go to plotly as numpy so that plotly sends them as typed binary arrays. Nothing uses
 WebGL: a browser without a GPU (software GL) takes seconds to create a WebGL context. The
-timeline draws one heatmap image (bins) or one filled SVG path per op name (exact ops), never one
+timeline draws one heatmap image (bins) or one SVG shape path per op name (exact ops), never one
 SVG element per op span; plots of many points are reduced to what their pixels can show."""
 
 from __future__ import annotations
