@@ -36,6 +36,9 @@ def main() -> int:
     ap.add_argument("--ops", type=int, default=20000)
     ap.add_argument("--keep", default=None, help="reuse / keep the synthetic run in this directory")
     ap.add_argument("--json", default=None, help="write the figures as JSON here")
+    ap.add_argument("--profile", default=None, metavar="INTERACTION",
+                    help="profile the browser's JavaScript during this interaction (e.g. 'zoom to 0.2%%') with "
+                    "the DevTools profiler and print the functions with the most self time")
     ap.add_argument("--code", default=None, help="import commtrace and the dashboard from this checkout "
                     "(e.g. a git worktree of an older commit) instead of this one")
     args = ap.parse_args()
@@ -80,21 +83,24 @@ def main() -> int:
         page = b.new_page(viewport={"width": 1400, "height": 1000})
         errors: list[str] = []
         if os.environ.get("BENCH_DEBUG"):
-            page.on("request", lambda r: print("req", (r.post_data or "")[:200], file=sys.stderr) if "update" in r.url else None)
+            page.on("request", lambda r: print("req", json.loads(r.post_data).get("changedPropIds"), [i.get("value") for i in json.loads(r.post_data).get("inputs", []) if i.get("property") == "relayoutData"], file=sys.stderr) if "update" in r.url else None)
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         label = ["first page"]
         marks: list[tuple[str, int]] = []  # (interaction, resource entries before it)
 
         def entries():
             return page.evaluate("() => performance.getEntriesByType('resource').map(e => "
-                                 "[e.name, e.encodedBodySize, e.startTime, e.responseEnd])")
+                                 "[e.name, e.encodedBodySize, e.startTime, e.responseEnd, e.requestStart, e.responseStart])")
 
         split = {}
 
-        def timed(name, t, n_ent, n_handled):
-            """Total, fetch (callback requests, first start to last end), server and browser time."""
+        def timed(name, t, n_ent, n_handled, t0=0.0):
+            """Total, fetch (callback requests started since page time t0, first start to last end),
+            server and browser time."""
             total = time.perf_counter() - t
-            ups = [e for e in entries()[n_ent:] if "_dash-update-component" in e[0]]
+            ups = [e for e in entries()[n_ent:] if "_dash-update-component" in e[0] and e[2] >= t0]
+            if os.environ.get("BENCH_DEBUG"):
+                print(name, [[round(x) for x in e[2:]] for e in ups], handled[n_handled:], file=sys.stderr)
             fetch = (max(e[3] for e in ups) - min(e[2] for e in ups)) / 1e3 if ups else 0.0
             split[name] = {"total": round(total, 3), "requests": len(ups), "fetch": round(fetch, 3),
                            "server": round(sum(handled[n_handled:]), 3), "browser": round(total - fetch, 3)}
@@ -121,15 +127,26 @@ def main() -> int:
             label[0] = name
             n_ent, n_h = len(entries()), len(handled)
             marks.append((name, n_ent))
+            prof = args.profile and name.startswith(args.profile)
+            if prof:
+                cdp = page.context.new_cdp_session(page)
+                cdp.send("Profiler.enable")
+                cdp.send("Profiler.setSamplingInterval", {"interval": 200})
+                cdp.send("Profiler.start")
+            t0 = page.evaluate("performance.now()")
             t = time.perf_counter()
-            action()
+            # an action may say when the user's part ended (a drag: the mouse release), in host and page time
+            t, t0 = action() or (t, t0)
             drawn(cond)
-            inter[name] = timed(name, t, n_ent, n_h)
+            inter[name] = timed(name, t, n_ent, n_h, t0)
+            if prof:
+                _print_profile(cdp.send("Profiler.stop")["profile"], name)
             if settle:
                 page.wait_for_load_state("networkidle")
 
         def drag(a, bb):
-            """Box-zoom on the plot with the mouse, as a user does."""
+            """Box-zoom on the plot with the mouse, as a user does; returns when the mouse was released
+            (the dragging before is the user's time, a few CDP round trips here)."""
             x0, x1, y = page.evaluate(f"""() => {{ const g = {GD}, fl = g._fullLayout, r = g.getBoundingClientRect();
                 return [r.left + fl._size.l + fl.xaxis.l2p({a}), r.left + fl._size.l + fl.xaxis.l2p({bb}),
                         r.top + fl._size.t + fl._size.h / 2]; }}""")
@@ -137,7 +154,10 @@ def main() -> int:
             page.mouse.down()
             page.mouse.move((x0 + x1) / 2, y, steps=4)
             page.mouse.move(x1, y, steps=4)
+            t0 = page.evaluate("performance.now()")
+            t = time.perf_counter()  # the zoom is asked for when the mouse is released
             page.mouse.up()
+            return t, t0
 
         d = app._commtrace_data  # the RunData the app serves
         dur = d.duration_s
@@ -196,6 +216,21 @@ def main() -> int:
           and not errors)
     print("targets (first page <= 5 s, interactions <= 1 s, responses <= 5 MB):", "met" if ok else "NOT met")
     return 0
+
+
+def _print_profile(profile: dict, name: str, top: int = 25) -> None:
+    """Self time per function (and per script) of a DevTools CPU profile, most first, to stderr."""
+    nodes = {n["id"]: n for n in profile["nodes"]}
+    dt = profile.get("timeDeltas", [])
+    self_us: dict[tuple, float] = {}
+    for sid, d in zip(profile.get("samples", []), dt[1:] + [0]):
+        cf = nodes[sid]["callFrame"]
+        key = (cf["functionName"] or "(anonymous)", os.path.basename(cf["url"]) or "", f"{cf['lineNumber']}:{cf['columnNumber']}")
+        self_us[key] = self_us.get(key, 0.0) + d
+    total = sum(self_us.values())
+    print(f"--- JavaScript self time during '{name}': {total / 1e3:.0f} ms sampled", file=sys.stderr)
+    for (fn, url, line), us in sorted(self_us.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"{us / 1e3:8.1f} ms  {fn} ({url}:{line})", file=sys.stderr)
 
 
 if __name__ == "__main__":

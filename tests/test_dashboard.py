@@ -61,30 +61,35 @@ def test_zoomed_out_timeline_is_bins_whose_sums_equal_the_analysis(data):
     assert (z[0::3] * width).sum() == pytest.approx(bins["blocked_ns"].to_numpy().sum(), rel=1e-5)
 
 
-def rect_outlines(path):
-    """(start, end, y0, y1) of each rectangle of a `figures._rect_path` path, in its order;
-    asserts that the path is nothing but such closed rectangles."""
-    import re
-    num = r"(-?[0-9.]+)"
-    rect = re.compile(f"M{num},{num}H{num}V{num}H{num}Z")
-    got = rect.findall(path)
-    assert "".join(f"M{a},{b}H{c}V{d}H{e}Z" for a, b, c, d, e in got) == path
-    v = np.array(got, float).reshape(-1, 5)
-    assert np.array_equal(v[:, 4], v[:, 0])
-    return v[:, 0], v[:, 2], v[:, 1], v[:, 3]
+def polygon_rects(x, y):
+    """(start, end, y0, y1) of each rectangle of a `figures._span_polygon` polygon, in its order;
+    asserts that the polygon is nothing but its base point and, per rectangle, the way out to its
+    corner, around it and back."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    assert len(x) == len(y) and len(x) % 6 == 1
+    assert np.all(x[0::6] == x[0]) and np.all(y[0::6] == y[0])  # back to the base point each time
+    c = [(x[k::6][:len(x) // 6], y[k::6][:len(x) // 6]) for k in range(1, 6)]
+    (xa, ya), (xb, yb), (xc, yc), (xd, yd), (xe, ye) = c
+    assert np.array_equal(xa, xd) and np.array_equal(xa, xe) and np.array_equal(xb, xc)
+    assert np.array_equal(ya, yb) and np.array_equal(ya, ye) and np.array_equal(yc, yd)
+    return xa, xb, ya, yc
 
 
-def test_rect_path_has_one_rectangle_per_finite_span():
-    """The op spans of the exact view are one SVG path of closed rectangles: exactly one per span
-    with both ends, at its times (0.1 us) and on its sub-row; spans with a NaN end are left out."""
-    from dashboard.figures import _rect_path
+def test_span_polygon_fills_exactly_its_rectangles():
+    """The op spans of the exact view are one polygon per op name: exactly one rectangle per span
+    with both ends, at its times (0.1 us) and on its sub-row, spans with a NaN end left out; the
+    ways out and back enclose nothing (the polygon's area is the rectangles' area)."""
+    from dashboard.figures import _span_polygon
     a = np.array([0.0, 0.5, 3.0, 1.0, 6.0, 2.123456789])
     b = np.array([1.0, 2.0, 4.0, np.nan, 6.5, 2.25])
     row = np.array([0.0, 0.0, 3.0, 0.0, 1.0, 3.0])
-    start, end, y0, y1 = rect_outlines(_rect_path(a, b, row))
+    x, y = _span_polygon(a, b, row)
+    start, end, y0, y1 = polygon_rects(x, y)
     assert start.tolist() == [0.0, 0.5, 3.0, 6.0, 2.1234568] and end.tolist() == [1.0, 2.0, 4.0, 6.5, 2.25]
     assert np.allclose(y0, [-0.35, -0.35, 2.65, 0.65, 2.65]) and np.allclose(y1 - y0, 0.7)
-    assert _rect_path(np.array([]), np.array([]), np.array([])) == ""
+    shoelace = 0.5 * np.sum(x[:-1] * y[1:] - x[1:] * y[:-1])
+    assert shoelace == pytest.approx(0.7 * (1.0 + 1.5 + 1.0 + 0.5 + (2.25 - 2.1234568)))
+    assert [len(v) for v in _span_polygon(np.array([]), np.array([]), np.array([]))] == [0, 0]
 
 
 def test_zoomed_in_timeline_draws_exact_ops_with_hover(data):
@@ -99,16 +104,19 @@ def test_zoomed_in_timeline_draws_exact_ops_with_hover(data):
     # every rank has ops in the window, on its own in-flight sub-row
     assert set(np.asarray(hover.y).astype(int)) == {r * 3 + 1 for r in range(RANKS)}
     assert "seq" in hover.text[0] and "bytes" in hover.text[0] and "site" in hover.text[0]
-    # one filled SVG path per op name (no WebGL): a rectangle per finite span of each op, on its
-    # rank's host-blocked / in-flight / wait sub-rows, spanning exactly that op's times
-    op_paths = {sh.name: sh for sh in fig.layout.shapes if sh.type == "path" and sh.name}
+    # one filled polygon per op name (no WebGL), drawn first (under selection and markers): a
+    # rectangle per finite span of each op, on its rank's host-blocked / in-flight / wait
+    # sub-rows, spanning exactly that op's times
     o = data.o
-    assert set(op_paths) == {str(o["op_values"][k]) for k in np.unique(o["op"][idx])}
-    assert all(sh.showlegend and sh.layer == "below" for sh in op_paths.values())
+    names = {str(o["op_values"][k]) for k in np.unique(o["op"][idx])}
+    polys = {t.name: t for t in fig.data[:len(names)]}
+    assert set(polys) == names
+    assert all(t.fill == "toself" and t.mode == "none" and t.hoverinfo == "skip" for t in polys.values())
     assert not any(t.type == "scattergl" for t in fig.data)
     for k in np.unique(o["op"][idx]):
         j = idx[o["op"][idx] == k]
-        start, end, y0, y1 = rect_outlines(op_paths[str(o["op_values"][k])].path)
+        t = polys[str(o["op_values"][k])]
+        start, end, y0, y1 = polygon_rects(t.x, t.y)
         spans = [(o["t_enqueue"][j], o["t_return"][j], 0), (o["t_enqueue"][j], o["t_end"][j], 1),
                  (o["t_wait"][j], o["t_wait_end"][j], 2)]
         assert len(start) == sum(int((np.isfinite(s) & np.isfinite(e)).sum()) for s, e, _ in spans)

@@ -45,8 +45,10 @@ def _serve(path):
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("dash-ddp") / "run"
-    # a 15 ms straggler on rank 1 so that the run always has a finding to click
-    run_traced(str(out), torchrun_cmd(os.path.join(SAMPLES, "ddp_mlp.py"), "--steps", 16, "--straggler-ms", 15))
+    # a 15 ms straggler on rank 1 so that the run always has a finding to click. 30 steps: the
+    # straggler's evidence is counted over steps (one trial per step), and over 16 steps (two of
+    # them set-up) a rank last at every step reached z_steps 3.15-3.40, one noisy step from none
+    run_traced(str(out), torchrun_cmd(os.path.join(SAMPLES, "ddp_mlp.py"), "--steps", 30, "--straggler-ms", 15))
     return str(out)
 
 
