@@ -116,10 +116,18 @@ def main() -> int:
                     file=sys.stderr)
                 raise
 
+        prof = args.profile and "first page".startswith(args.profile)
+        if prof:
+            cdp = page.context.new_cdp_session(page)
+            cdp.send("Profiler.enable")
+            cdp.send("Profiler.setSamplingInterval", {"interval": 200})
+            cdp.send("Profiler.start")
         t = time.perf_counter()
         page.goto(srv.url)
         drawn("true")
         res["first_page_s"] = timed("first page", t, 0, 0)
+        if prof:
+            _print_profile(cdp.send("Profiler.stop")["profile"], "first page")
         page.wait_for_load_state("networkidle")
         inter = {}
 

@@ -63,16 +63,16 @@ def test_zoomed_out_timeline_is_bins_whose_sums_equal_the_analysis(data):
 
 def polygon_rects(x, y):
     """(start, end, y0, y1) of each rectangle of a `figures._span_polygon` polygon, in its order;
-    asserts that the polygon is nothing but its base point and, per rectangle, the way out to its
-    corner, around it and back."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    assert len(x) == len(y) and len(x) % 6 == 1
-    assert np.all(x[0::6] == x[0]) and np.all(y[0::6] == y[0])  # back to the base point each time
-    c = [(x[k::6][:len(x) // 6], y[k::6][:len(x) // 6]) for k in range(1, 6)]
-    (xa, ya), (xb, yb), (xc, yc), (xd, yd), (xe, ye) = c
-    assert np.array_equal(xa, xd) and np.array_equal(xa, xe) and np.array_equal(xb, xc)
-    assert np.array_equal(ya, yb) and np.array_equal(ya, ye) and np.array_equal(yc, yd)
-    return xa, xb, ya, yc
+    asserts that the polygon is nothing but, per rectangle, the way from the spine along the
+    middle line between sub-rows to under its corner, around it and back the same way."""
+    x, y = np.asarray(x, float).reshape(-1, 9), np.asarray(y, float).reshape(-1, 9)
+    spine = x[0, 0]
+    assert np.all(x[:, [0, 8]] == spine) and np.all(spine < x[:, 1:8])  # the spine, left of every rectangle
+    assert np.all(x[:, [1, 2, 5, 6, 7]] == x[:, [1]]) and np.all(x[:, 3] == x[:, 4])
+    lo, hi, mid = y[:, 2], y[:, 4], y[:, 0]
+    assert np.all(y[:, [1, 7, 8]] == mid[:, None]) and np.all(y[:, 3] == lo) and np.all(y[:, 5] == hi)
+    assert np.all(y[:, 6] == lo) and np.all(mid < lo) and np.all(lo <= hi)
+    return x[:, 1], x[:, 3], lo, hi
 
 
 def test_span_polygon_fills_exactly_its_rectangles():
@@ -87,8 +87,13 @@ def test_span_polygon_fills_exactly_its_rectangles():
     start, end, y0, y1 = polygon_rects(x, y)
     assert start.tolist() == [0.0, 0.5, 3.0, 6.0, 2.1234568] and end.tolist() == [1.0, 2.0, 4.0, 6.5, 2.25]
     assert np.allclose(y0, [-0.35, -0.35, 2.65, 0.65, 2.65]) and np.allclose(y1 - y0, 0.7)
-    shoelace = 0.5 * np.sum(x[:-1] * y[1:] - x[1:] * y[:-1])
+    # the polygon's area (shoelace, closed back to its first point) is the rectangles' area
+    xc, yc = np.r_[x, x[0]], np.r_[y, y[0]]
+    shoelace = 0.5 * np.sum(xc[:-1] * yc[1:] - xc[1:] * yc[:-1])
     assert shoelace == pytest.approx(0.7 * (1.0 + 1.5 + 1.0 + 0.5 + (2.25 - 2.1234568)))
+    # clipped to a window: cut at its ends, those outside it dropped
+    start, end, _, _ = polygon_rects(*_span_polygon(a, b, row, clip=(0.75, 3.5)))
+    assert start.tolist() == [0.75, 0.75, 3.0, 2.1234568] and end.tolist() == [1.0, 2.0, 3.5, 2.25]
     assert [len(v) for v in _span_polygon(np.array([]), np.array([]), np.array([]))] == [0, 0]
 
 
@@ -117,13 +122,15 @@ def test_zoomed_in_timeline_draws_exact_ops_with_hover(data):
         j = idx[o["op"][idx] == k]
         t = polys[str(o["op_values"][k])]
         start, end, y0, y1 = polygon_rects(t.x, t.y)
-        spans = [(o["t_enqueue"][j], o["t_return"][j], 0), (o["t_enqueue"][j], o["t_end"][j], 1),
-                 (o["t_wait"][j], o["t_wait_end"][j], 2)]
-        assert len(start) == sum(int((np.isfinite(s) & np.isfinite(e)).sum()) for s, e, _ in spans)
+        # the spans as drawn: cut to the window, those outside it left out
+        spans = [(np.maximum(s, a), np.minimum(e, b), off) for s, e, off in
+                 ((o["t_enqueue"][j], o["t_return"][j], 0), (o["t_enqueue"][j], o["t_end"][j], 1),
+                  (o["t_wait"][j], o["t_wait_end"][j], 2))]
+        assert len(start) == sum(int((np.isfinite(s) & np.isfinite(e) & (s <= e)).sum()) for s, e, _ in spans)
         assert np.allclose(y1 - y0, 0.7)
         got = np.array(sorted(zip(start, end, np.round(y0 + 0.35))))
         want = np.array(sorted((s, e, o["row"][i] * 3 + off) for ss, ee, off in spans
-                               for i, s, e in zip(j, ss, ee) if np.isfinite(s) and np.isfinite(e)))
+                               for i, s, e in zip(j, ss, ee) if np.isfinite(s) and np.isfinite(e) and s <= e))
         assert np.allclose(got, want, rtol=0, atol=1e-7)  # times sent rounded to 0.1 us
     # the exact view of a window never exceeds the exact budget
     assert F.timeline_figure(data, 0, data.duration_s, exact_max=10).layout.meta["mode"] == "bins"
