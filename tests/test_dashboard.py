@@ -63,16 +63,23 @@ def test_zoomed_out_timeline_is_bins_whose_sums_equal_the_analysis(data):
 
 def polygon_rects(x, y):
     """(start, end, y0, y1) of each rectangle of a `figures._span_polygon` polygon, in its order;
-    asserts that the polygon is nothing but, per rectangle, the way from the spine along the
-    middle line between sub-rows to under its corner, around it and back the same way."""
-    x, y = np.asarray(x, float).reshape(-1, 9), np.asarray(y, float).reshape(-1, 9)
-    spine = x[0, 0]
-    assert np.all(x[:, [0, 8]] == spine) and np.all(spine < x[:, 1:8])  # the spine, left of every rectangle
-    assert np.all(x[:, [1, 2, 5, 6, 7]] == x[:, [1]]) and np.all(x[:, 3] == x[:, 4])
-    lo, hi, mid = y[:, 2], y[:, 4], y[:, 0]
-    assert np.all(y[:, [1, 7, 8]] == mid[:, None]) and np.all(y[:, 3] == lo) and np.all(y[:, 5] == hi)
-    assert np.all(y[:, 6] == lo) and np.all(mid < lo) and np.all(lo <= hi)
-    return x[:, 1], x[:, 3], lo, hi
+    asserts that the polygon is nothing but, per sub-row, a way from the spine along the middle
+    line below the sub-row, up and around each of its rectangles (left to right) and back down,
+    then back to the spine."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    spine = x[0]
+    at = np.flatnonzero(x == spine)
+    assert len(at) % 2 == 0 and np.all(spine < np.delete(x, at))  # the spine, left of every rectangle
+    rects = []
+    for s0, s1 in zip(at[0::2], at[1::2]):
+        assert y[s0] == y[s1] and (s1 - s0 - 1) % 6 == 0 and s1 - s0 > 1  # out and back on one line
+        xs, ys = x[s0 + 1:s1].reshape(-1, 6), y[s0 + 1:s1].reshape(-1, 6)
+        assert np.all(xs[:, [1, 4, 5]] == xs[:, [0]]) and np.all(xs[:, 2] == xs[:, 3])
+        assert np.all(ys[:, [0, 5]] == y[s0]) and np.all(ys[:, 2] == ys[:, 1]) and np.all(ys[:, 4] == ys[:, 3])
+        assert np.all(np.diff(xs[:, 0]) >= 0) and np.all(y[s0] < ys[:, 1]) and np.all(ys[:, 1] <= ys[:, 3])
+        rects += list(zip(xs[:, 0], xs[:, 2], ys[:, 1], ys[:, 3]))
+    start, end, y0, y1 = (np.array(v) for v in zip(*rects)) if rects else [np.empty(0)] * 4
+    return start, end, y0, y1
 
 
 def test_span_polygon_fills_exactly_its_rectangles():
@@ -85,15 +92,16 @@ def test_span_polygon_fills_exactly_its_rectangles():
     row = np.array([0.0, 0.0, 3.0, 0.0, 1.0, 3.0])
     x, y = _span_polygon(a, b, row)
     start, end, y0, y1 = polygon_rects(x, y)
-    assert start.tolist() == [0.0, 0.5, 3.0, 6.0, 2.1234568] and end.tolist() == [1.0, 2.0, 4.0, 6.5, 2.25]
-    assert np.allclose(y0, [-0.35, -0.35, 2.65, 0.65, 2.65]) and np.allclose(y1 - y0, 0.7)
+    # by sub-row, then start
+    assert start.tolist() == [0.0, 0.5, 6.0, 2.1234568, 3.0] and end.tolist() == [1.0, 2.0, 6.5, 2.25, 4.0]
+    assert np.allclose(y0, [-0.35, -0.35, 0.65, 2.65, 2.65]) and np.allclose(y1 - y0, 0.7)
     # the polygon's area (shoelace, closed back to its first point) is the rectangles' area
     xc, yc = np.r_[x, x[0]], np.r_[y, y[0]]
     shoelace = 0.5 * np.sum(xc[:-1] * yc[1:] - xc[1:] * yc[:-1])
     assert shoelace == pytest.approx(0.7 * (1.0 + 1.5 + 1.0 + 0.5 + (2.25 - 2.1234568)))
     # clipped to a window: cut at its ends, those outside it dropped
     start, end, _, _ = polygon_rects(*_span_polygon(a, b, row, clip=(0.75, 3.5)))
-    assert start.tolist() == [0.75, 0.75, 3.0, 2.1234568] and end.tolist() == [1.0, 2.0, 3.5, 2.25]
+    assert start.tolist() == [0.75, 0.75, 2.1234568, 3.0] and end.tolist() == [1.0, 2.0, 2.25, 3.5]
     assert [len(v) for v in _span_polygon(np.array([]), np.array([]), np.array([]))] == [0, 0]
 
 
