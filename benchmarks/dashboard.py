@@ -183,6 +183,25 @@ def main() -> int:
             f"() => {GD}.emit('plotly_click', {{points: [{{curveNumber: {i}, pointNumber: {k}, customdata: {json.dumps(cd)}}}]}})"),
             f"g.data.some(t => t.name === 'selected pg {d.o['pg_values'][cd[0]]} seq {cd[1]}')")
         step("reset zoom (full run, bins)", lambda: page.click("#reset"), "g.layout.meta.mode === 'bins' && g.layout.xaxis.range[0] === 0")
+
+        def slide(frac):
+            """Drag the range slider's left handle to `frac` of the run, as a user does; returns when
+            the mouse was released (the slider's value changes on mouse-up)."""
+            th = page.locator("#range .dash-slider-thumb-1").bounding_box()
+            tr = page.locator("#range .dash-slider-track").bounding_box()
+            page.mouse.move(th["x"] + th["width"] / 2, th["y"] + th["height"] / 2)
+            page.mouse.down()
+            x1 = tr["x"] + tr["width"] * frac
+            page.mouse.move(x1, th["y"] + th["height"] / 2, steps=4)
+            t0 = page.evaluate("performance.now()")
+            t = time.perf_counter()
+            page.mouse.up()
+            return t, t0
+
+        step("range slider: left handle to 50% (bins)", lambda: slide(0.5),
+             f"g.layout.meta.mode === 'bins' && Math.abs(g.layout.xaxis.range[0] - {dur / 2}) < {dur * 0.03} "
+             f"&& g.layout.xaxis.range[1] > {dur * 0.99}")
+        step("reset zoom again", lambda: page.click("#reset"), "g.layout.xaxis.range[0] === 0")
         for tab, sel in (("Overlap", "#overlap-step .main-svg"), ("Stalls", "#stalls-heatmap .main-svg"),
                          ("Bandwidth", "#busbw .main-svg"), ("Findings", "#findings td")):
             label[0] = f"view {tab}"

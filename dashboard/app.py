@@ -3,7 +3,10 @@ start from the one run given on the command line; no URL or callback input names
 
 from __future__ import annotations
 
+import glob
 import json
+import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import dash
@@ -53,9 +56,37 @@ def _graph(id_, fig, **kw):
                      config={"displaylogo": False, **kw.pop("config", {})}, **kw)
 
 
+ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
+
+
+def cartesian_bundle() -> str | None:
+    """The version of plotly.js's cartesian bundle in assets/ when it is the version of the
+    plotly.js that the installed plotly ships (which Dash would serve), else None.
+
+    The page loads that bundle (1.5 MB: the scatter, bar and heatmap traces the views use, among
+    others) instead of plotly's full bundle (4.8 MB), which Dash's graph component loads only when
+    no `window.Plotly` exists: the first page of the 64 x 20,000 synthetic run is ready about a
+    second sooner (docs/performance.md). Another plotly.js version falls back to the full bundle."""
+    try:
+        from plotly.offline import get_plotlyjs_version
+        have = get_plotlyjs_version()
+    except Exception:  # noqa: BLE001 - an older plotly: the full bundle
+        return None
+    for f in glob.glob(os.path.join(ASSETS, "plotly-cartesian-*.min.js")):
+        m = re.search(r"plotly-cartesian-(.+)\.min\.js$", f)
+        if m and m.group(1) == have:
+            return have
+    return None
+
+
 def create_app(d: RunData) -> dash.Dash:
     """A Dash app serving the views of `d` (see docs/dashboard.md)."""
-    app = dash.Dash(__name__, title=f"commtrace: {d.run.path}", update_title=None, eager_loading=True)
+    bundle = cartesian_bundle()
+    # Not eager_loading: with it Dash also loads every component's lazy chunks (MathJax 2 MB,
+    # Markdown, date pickers, and plotly's full bundle as well) before the first page can draw.
+    app = dash.Dash(__name__, title=f"commtrace: {d.run.path}", update_title=None, assets_folder=ASSETS,
+                    assets_ignore="" if bundle else r"plotly-cartesian-.*")
+    app._commtrace_plotly = f"cartesian {bundle}" if bundle else "full"  # for tests
     app._commtrace_data = d  # for the benchmark and tests
     slider_step = d.duration_s / 10000
     first = F.timeline_figure(d)

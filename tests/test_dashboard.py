@@ -4,6 +4,7 @@ anomalies (`commtrace synth`), asserting values against the analysis API."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -365,3 +366,38 @@ def test_lazy_views_are_built_in_the_background_and_sent_once(data):
     again = app._commtrace_show_view("overlap", drawn)
     assert all(c is dash.no_update for c in again[n:n + len(LAZY)])
     assert '"world_size": 4' in views["summary"].result(timeout=60)[0].children
+
+
+def test_page_loads_the_cartesian_bundle_of_the_installed_plotly_js(data, monkeypatch):
+    """The page loads plotly.js's cartesian bundle from assets/ when it is the plotly.js version
+    the installed plotly ships (Dash's graph then uses it instead of loading the full bundle),
+    and leaves it out for any other version (the full bundle, as without it)."""
+    import re
+
+    import plotly.offline
+
+    from dashboard.app import ASSETS, cartesian_bundle, create_app
+    have = plotly.offline.get_plotlyjs_version()
+    vendored = [f for f in os.listdir(ASSETS) if f.startswith("plotly-cartesian-") and f.endswith(".min.js")]
+    assert len(vendored) == 1
+    with open(os.path.join(ASSETS, vendored[0])) as f:
+        head = f.read(200)
+    ver = re.search(r"plotly\.js \(cartesian - minified\) v(\S+)", head).group(1)
+    assert vendored[0] == f"plotly-cartesian-{ver}.min.js"
+
+    def scripts(app):
+        html = app.server.test_client().get("/").get_data(as_text=True)
+        return re.findall(r'<script src="([^"]+)"', html)
+
+    app = create_app(data)
+    if ver == have:
+        assert cartesian_bundle() == have and app._commtrace_plotly == f"cartesian {have}"
+        got = [s for s in scripts(app) if "plotly-cartesian" in s]
+        assert len(got) == 1 and got[0].startswith(f"/assets/plotly-cartesian-{have}.min.js")
+        # served, and it is the bundle (it defines window.Plotly, which Dash's graph looks for)
+        body = app.server.test_client().get(got[0].split("?")[0]).get_data(as_text=True)
+        assert len(body) > 1_000_000 and "window.Plotly = Plotly" in body
+    monkeypatch.setattr(plotly.offline, "get_plotlyjs_version", lambda: "0.0.0-other")
+    assert cartesian_bundle() is None
+    app = create_app(data)
+    assert app._commtrace_plotly == "full" and not any("plotly-cartesian" in s for s in scripts(app))
