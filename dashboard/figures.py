@@ -5,7 +5,8 @@ wait, exposed_comm, overlap ratio, busbw, arrival skew, late_sender / late_recei
 Large arrays go to plotly as numpy so that plotly sends them as typed binary arrays. Nothing uses
 WebGL: a browser without a GPU (software GL) takes seconds to create a WebGL context. The
 timeline draws one heatmap image (bins) or one filled polygon per op name (exact ops, one SVG
-path each), never one SVG element per op span; plots of many points are reduced to what their pixels can show."""
+path each), never one SVG element per op span; plots of many points are reduced to what their
+pixels can show."""
 
 from __future__ import annotations
 
@@ -97,13 +98,12 @@ def _span_polygon(a: np.ndarray, b: np.ndarray, y: np.ndarray, half: float = 0.3
     # per rectangle: under its corner, corner, around, down its left edge to under the corner
     xs = np.stack([a, a, b, b, a, a], axis=1)
     ys = np.stack([mid, lo, lo, hi, hi, mid], axis=1)
-    # per sub-row: from the spine, its rectangles, back to the spine
+    # per sub-row: from the spine, its rectangles, back to the spine (a point on the spine before
+    # the sub-row's first rectangle and after its last, at the sub-row's middle line)
     first = np.flatnonzero(np.r_[True, y[1:] != y[:-1]])
-    last = np.r_[first[1:], n] - 1
-    cut = np.sort(np.r_[first * 6, (last + 1) * 6])  # where the spine points go
-    vals_y = np.sort(np.r_[mid[first], mid[last]])
+    cut = np.c_[first, np.r_[first[1:], n]].ravel() * 6
     x = np.insert(xs.ravel(), cut, spine)
-    yy = np.insert(ys.ravel(), cut, vals_y)
+    yy = np.insert(ys.ravel(), cut, np.repeat(mid[first], 2))
     return x, yy.astype(np.float32)
 
 
@@ -122,15 +122,10 @@ def _r(x: np.ndarray, digits: int = 7) -> np.ndarray:
     return np.round(x, digits)
 
 
-def _height(d: RunData) -> int:
-    """The timeline's height (px): fixed, so that its bars' widths in pixels are known."""
-    return max(360, min(1400, 60 + len(d.ranks) * 3 * 6))
-
-
 def _base_layout(fig: go.Figure, d: RunData, a: float, b: float, mode: str) -> go.Figure:
     nr = len(d.ranks)
     fig.update_layout(
-        height=_height(d), margin=margin(l=70, r=80, t=40, b=50),
+        height=max(360, min(1400, 60 + nr * 3 * 6)), margin=margin(l=70, r=80, t=40, b=50),
         # ticklabeloverflow="allow": the default ("hide past div") measures every tick label at
         # each redraw, most of the redraw's time with a row per rank.
         # automargin off (the default template turns it on): with fixed margins its pushes are
