@@ -3,13 +3,16 @@ dashboard of a synthetic run (default 64 ranks x 20,000 ops, with a straggler, a
 host hazards planted).
 
 Measures: server start (load + cached derived tables), first page (navigation until the timeline
-figure is drawn), each interaction (zoom out->in, zoom via a finding, select an op, switch view)
-until the browser has drawn its result, and the JSON payload of every callback response (the
-figures sent to the browser). Each interaction's time is split into `server` (the app's callback
+figure is drawn), each interaction (box-zoom out->in, select an op, reset, range slider, switch
+view, zoom via a finding) from its input (the click; for a drag, the mouse release, as the
+browser's Interaction to Next Paint counts) until the browser has drawn its result, and the
+JSON payload of every callback response (the figures sent to the browser). Each interaction's time is split into `server` (the app's callback
 handlers, timed in the server), `fetch` (the browser's callback requests, first start to last end:
 server plus transfer) and `browser` (the rest: Plotly and React drawing, the box-zoom redraw).
 
     python benchmarks/dashboard.py [--ranks 64] [--ops 20000] [--keep DIR] [--json out.json]
+    # where an interaction's browser time goes (DevTools CPU profile, self time per function)
+    python benchmarks/dashboard.py --keep /tmp/run --profile "zoom to 0.2"
     # old vs new side by side: the same benchmark on another checkout's code
     git worktree add /tmp/base <commit>
     python benchmarks/dashboard.py --keep /tmp/run --code /tmp/base
@@ -83,7 +86,7 @@ def main() -> int:
         page = b.new_page(viewport={"width": 1400, "height": 1000})
         errors: list[str] = []
         if os.environ.get("BENCH_DEBUG"):
-            page.on("request", lambda r: print("req", json.loads(r.post_data).get("changedPropIds"), [i.get("value") for i in json.loads(r.post_data).get("inputs", []) if i.get("property") == "relayoutData"], file=sys.stderr) if "update" in r.url else None)
+            page.on("request", _print_callback_request)
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         label = ["first page"]
         marks: list[tuple[str, int]] = []  # (interaction, resource entries before it)
@@ -116,17 +119,12 @@ def main() -> int:
                     file=sys.stderr)
                 raise
 
-        prof = args.profile and "first page".startswith(args.profile)
-        if prof:
-            cdp = page.context.new_cdp_session(page)
-            cdp.send("Profiler.enable")
-            cdp.send("Profiler.setSamplingInterval", {"interval": 200})
-            cdp.send("Profiler.start")
+        cdp = _start_profile(page) if args.profile and "first page".startswith(args.profile) else None
         t = time.perf_counter()
         page.goto(srv.url)
         drawn("true")
         res["first_page_s"] = timed("first page", t, 0, 0)
-        if prof:
+        if cdp:
             _print_profile(cdp.send("Profiler.stop")["profile"], "first page")
         page.wait_for_load_state("networkidle")
         inter = {}
@@ -135,19 +133,14 @@ def main() -> int:
             label[0] = name
             n_ent, n_h = len(entries()), len(handled)
             marks.append((name, n_ent))
-            prof = args.profile and name.startswith(args.profile)
-            if prof:
-                cdp = page.context.new_cdp_session(page)
-                cdp.send("Profiler.enable")
-                cdp.send("Profiler.setSamplingInterval", {"interval": 200})
-                cdp.send("Profiler.start")
+            cdp = _start_profile(page) if args.profile and name.startswith(args.profile) else None
             t0 = page.evaluate("performance.now()")
             t = time.perf_counter()
             # an action may say when the user's part ended (a drag: the mouse release), in host and page time
             t, t0 = action() or (t, t0)
             drawn(cond)
             inter[name] = timed(name, t, n_ent, n_h, t0)
-            if prof:
+            if cdp:
                 _print_profile(cdp.send("Profiler.stop")["profile"], name)
             if settle:
                 page.wait_for_load_state("networkidle")
@@ -162,8 +155,12 @@ def main() -> int:
             page.mouse.down()
             page.mouse.move((x0 + x1) / 2, y, steps=4)
             page.mouse.move(x1, y, steps=4)
+            return release()
+
+        def release():
+            """Release the mouse: the input that asks for the change. Returns (host, page) time."""
             t0 = page.evaluate("performance.now()")
-            t = time.perf_counter()  # the zoom is asked for when the mouse is released
+            t = time.perf_counter()
             page.mouse.up()
             return t, t0
 
@@ -193,10 +190,7 @@ def main() -> int:
             page.mouse.down()
             x1 = tr["x"] + tr["width"] * frac
             page.mouse.move(x1, th["y"] + th["height"] / 2, steps=4)
-            t0 = page.evaluate("performance.now()")
-            t = time.perf_counter()
-            page.mouse.up()
-            return t, t0
+            return release()
 
         step("range slider: left handle to 50% (bins)", lambda: slide(0.5),
              f"g.layout.meta.mode === 'bins' && Math.abs(g.layout.xaxis.range[0] - {dur / 2}) < {dur * 0.03} "
@@ -243,6 +237,23 @@ def main() -> int:
           and not errors)
     print("targets (first page <= 5 s, interactions <= 1 s, responses <= 5 MB):", "met" if ok else "NOT met")
     return 0
+
+
+def _start_profile(page):
+    """A DevTools CPU profile of the page's JavaScript, sampling every 0.2 ms, started."""
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Profiler.enable")
+    cdp.send("Profiler.setSamplingInterval", {"interval": 200})
+    cdp.send("Profiler.start")
+    return cdp
+
+
+def _print_callback_request(r) -> None:
+    """BENCH_DEBUG: which input each callback request answers (and the zoom it carries)."""
+    if "_dash-update-component" in r.url:
+        body = json.loads(r.post_data or "{}")
+        print("req", body.get("changedPropIds"), [i.get("value") for i in body.get("inputs", [])
+                                                  if i.get("property") == "relayoutData"], file=sys.stderr)
 
 
 def _print_profile(profile: dict, name: str, top: int = 25) -> None:
