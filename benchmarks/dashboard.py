@@ -6,9 +6,10 @@ Measures: server start (load + cached derived tables), first page (navigation un
 figure is drawn), each interaction (box-zoom out->in, select an op, reset, range slider, switch
 view, zoom via a finding) from its input (the click; for a drag, the mouse release, as the
 browser's Interaction to Next Paint counts) until the browser has drawn its result, and the
-JSON payload of every callback response (the figures sent to the browser). Each interaction's time is split into `server` (the app's callback
-handlers, timed in the server), `fetch` (the browser's callback requests, first start to last end:
-server plus transfer) and `browser` (the rest: Plotly and React drawing, the box-zoom redraw).
+JSON payload of every callback response (the figures sent to the browser). Each interaction's
+time is split into `server` (the app's callback handlers, timed in the server), `fetch` (the
+browser's callback requests started since the input, first start to last end: server plus
+transfer) and `browser` (the rest: Plotly and React drawing, the box-zoom redraw).
 
     python benchmarks/dashboard.py [--ranks 64] [--ops 20000] [--keep DIR] [--json out.json]
     # where an interaction's browser time goes (DevTools CPU profile, self time per function)
