@@ -119,6 +119,8 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
             [b - u for b, u in zip(cpu["bare"], cpu["untraced"])]),
         "commtrace_added_iqr_us": _iqr(d_ct),
         "profiler_added_iqr_us": _iqr(d_pr),
+        "cpu_commtrace_added_iqr_us": _iqr([c - u for c, u in zip(cpu["commtrace"], cpu["untraced"])]),
+        "cpu_profiler_added_iqr_us": _iqr([p - u for p, u in zip(cpu["profiler"], cpu["untraced"])]),
         "rows_recorded": None,
         "c_fast_path": _c_fast_path(),
     }
@@ -187,13 +189,14 @@ def main(argv=None) -> int:
         print(f"{r['world_size']:>5} {r['untraced_us']:>15.2f} {r['commtrace_added_us']:>14.2f} "
               f"{r['profiler_added_us']:>13.2f} {r['commtrace_minus_profiler_us']:>13.2f} "
               f"{r['bare_wrapper_added_us']:>17.2f}  {'yes' if r['c_fast_path'] else 'no'}")
-    print("thread CPU time, us/op:")
+    print("thread CPU time, us/op (IQR of the paired differences):")
     print(f"{'world':>5} {'untraced':>15} {'commtrace +us':>14} {'profiler +us':>13} "
-          f"{'bare wrapper +us':>17}")
+          f"{'bare wrapper +us':>17} {'commtrace IQR':>16} {'profiler IQR':>16}")
     for r in results:
+        ci, pi = r["cpu_commtrace_added_iqr_us"], r["cpu_profiler_added_iqr_us"]
         print(f"{r['world_size']:>5} {r['cpu_untraced_us']:>15.2f} "
               f"{r['cpu_commtrace_added_us']:>14.2f} {r['cpu_profiler_added_us']:>13.2f} "
-              f"{r['cpu_bare_wrapper_added_us']:>17.2f}")
+              f"{r['cpu_bare_wrapper_added_us']:>17.2f} {ci[0]:>7.2f}-{ci[1]:<8.2f} {pi[0]:>7.2f}-{pi[1]:<8.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
