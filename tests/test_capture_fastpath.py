@@ -272,3 +272,42 @@ def test_calls_made_inside_a_c_path_call_are_not_rows(traced):
     assert inner_calls == ["c", "py"] and not cfast.depth()
     rows = _rows(rec)
     assert len(rows) == 1 and rows[0]["seq"] == 0     # only the outer call, seq not shifted
+
+
+def test_destroyed_groups_are_not_kept_alive(tmp_path, port):
+    """After destroy_process_group() commtrace holds no reference to the destroyed groups (C
+    and pure-Python paths): holding one kept the group, its gloo threads and sockets alive until
+    the interpreter's finalisation, where a gloo thread needing the GIL aborted the process
+    ("terminate called without an active exception"). Tracing goes on after a new init."""
+    import pyarrow.dataset as ds
+
+    code = textwrap.dedent('''
+        import gc, sys, weakref, torch, torch.distributed as dist, commtrace
+        url = "tcp://127.0.0.1:" + sys.argv[2]
+        dist.init_process_group("gloo", init_method=url, rank=0, world_size=1)
+        commtrace.enable(output=sys.argv[1])
+        g = dist.new_group([0])
+        for _ in range(3):
+            dist.all_reduce(torch.ones(4)); dist.broadcast(torch.ones(4), src=0)
+            dist.all_reduce(torch.ones(5), group=g)
+        refs = [weakref.ref(dist.group.WORLD), weakref.ref(g)]
+        del g
+        dist.destroy_process_group()
+        gc.collect()
+        print("alive", sum(r() is not None for r in refs))
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[3], rank=0, world_size=1)
+        dist.all_reduce(torch.ones(7)); dist.all_reduce(torch.ones(7))
+        commtrace.disable()
+        dist.destroy_process_group()
+    ''')
+    for mode in ("0", "1"):
+        d = tmp_path / f"pure{mode}"
+        env = dict(os.environ, COMMTRACE_PURE_PYTHON=mode)
+        p = subprocess.run([sys.executable, "-c", code, str(d), str(port + 2 * int(mode)),
+                            str(port + 2 * int(mode) + 1)], env=env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert "alive 0" in p.stdout, p.stdout
+        rows = [r for r in ds.dataset(str(d), partitioning="hive").to_table().to_pylist() if r["kind"] == "op"]
+        assert sorted(r["count"] for r in rows if r["op"] == "all_reduce") == [4] * 3 + [5] * 3 + [7] * 2
+        after = sorted(r["seq"] for r in rows if r["count"] == 7)
+        assert len(after) == 2 and after[1] == after[0] + 1   # counted on, in order

@@ -83,7 +83,33 @@ static void ctx_clear_refs(FastCtx *c) {
     Py_CLEAR(c->r1_n); Py_CLEAR(c->r1_d);
 }
 
+/* Every live context (borrowed: a context leaves in its dealloc), so that invalidate() can drop
+ * the group each one holds as its last (a destroyed group must not be kept alive). */
+static FastCtx **ctxs;
+static Py_ssize_t n_ctxs, cap_ctxs;
+
+static void ctx_register(FastCtx *c) {
+    if (n_ctxs == cap_ctxs) {
+        Py_ssize_t cap = cap_ctxs ? 2 * cap_ctxs : 64;
+        FastCtx **p = PyMem_Realloc(ctxs, cap * sizeof(FastCtx *));
+        if (p == NULL)
+            return;   /* not registered: its last group is dropped at its next call instead */
+        ctxs = p;
+        cap_ctxs = cap;
+    }
+    ctxs[n_ctxs++] = c;
+}
+
+static void ctx_unregister(FastCtx *c) {
+    for (Py_ssize_t i = 0; i < n_ctxs; i++)
+        if (ctxs[i] == c) {
+            ctxs[i] = ctxs[--n_ctxs];
+            return;
+        }
+}
+
 static void ctx_dealloc(FastCtx *c) {
+    ctx_unregister(c);
     ctx_clear_refs(c);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -785,10 +811,12 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         }
     }
     {
+        PyObject *name = c->last_name;
+        if (name == NULL)
+            SLOW();   /* the groups were forgotten since the lookup above (invalidate) */
+        Py_INCREF(name);
         PyObject *rk = cst.rank;
         Py_INCREF(rk);
-        PyObject *name = c->last_name;
-        Py_INCREF(name);
         if (c->has_peer) {
             peer = global_rank(info, slot(args, nargs, kwnames, c->r0_i, c->r0_n, c->r0_d),
                                slot(args, nargs, kwnames, c->r1_i, c->r1_n, c->r1_d));
@@ -937,6 +965,7 @@ static PyObject *make_ctx(PyObject *module, PyObject *args) {
         return NULL;
     memset(((char *)c) + sizeof(PyObject), 0, sizeof(FastCtx) - sizeof(PyObject));
     c->vectorcall = ctx_vectorcall;
+    ctx_register(c);
     PyObject *slots, *flags;
     if (!PyArg_ParseTuple(args, "OOOOOO!OOOO!O!OO!OO!O!", &c->orig, &c->slow, &c->on_error,
                           &c->recmod, &c->tls, &PyDict_Type, &c->pg_cache, &c->world,
@@ -1081,13 +1110,17 @@ static PyObject *depth(PyObject *module, PyObject *unused) {
 
 static PyObject *invalidate(PyObject *module, PyObject *unused) {
     pg_gen++;
+    for (Py_ssize_t i = 0; i < n_ctxs; i++) {
+        FastCtx *c = ctxs[i];
+        Py_CLEAR(c->last_key); Py_CLEAR(c->last_name); Py_CLEAR(c->last_info);
+    }
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"counts", counts, METH_NOARGS,
      "(calls recorded in C, calls handed to the Python wrapper, source line of the last)."},
-    {"invalidate", invalidate, METH_NOARGS, "Forget cached process-group facts."},
+    {"invalidate", invalidate, METH_NOARGS, "Forget cached process-group facts (and the groups)."},
     {"depth", depth, METH_NOARGS, "True while this thread is inside a call the C path records."},
     {"set_tensor_api", set_tensor_api, METH_VARARGS, "set_tensor_api(numel, get_device, dtype_descriptor, exact_types)."},
     {"make_wait", make_wait, METH_VARARGS, "make_wait(orig_wait, python_wait, recorder_module)."},

@@ -110,7 +110,8 @@ SPECIAL = {
 SKIPPED: dict[str, str] = {
     # group management: rendezvous / store traffic, not ops on a group
     "init_process_group": "group creation (commtrace hooks it to start tracing, no op row)",
-    "destroy_process_group": "group teardown; no collective",
+    "destroy_process_group": "group teardown; no collective (wrapped only to drop commtrace's "
+                             "cached groups, no row)",
     "new_group": "group creation through the store; any barrier it issues is recorded as barrier",
     "new_subgroups": "group creation (calls new_group)",
     "new_subgroups_by_enumeration": "group creation (calls new_group)",

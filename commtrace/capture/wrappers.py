@@ -744,8 +744,28 @@ def _make_wait(orig_wait):
 
 
 # --------------------------------------------------------------------------------------------
-# batch_isend_irecv and _coalescing_manager
+# destroy_process_group, batch_isend_irecv and _coalescing_manager
 # --------------------------------------------------------------------------------------------
+
+
+def _make_destroy(orig):
+    """destroy_process_group, then commtrace forgets every group it cached (``_pg_cache``, the C
+    fast path's last group per wrapper): holding them would keep a destroyed group, its gloo
+    threads and sockets alive until the interpreter's finalisation, where a gloo thread that
+    then needs the GIL ends the process with "terminate called without an active exception".
+    No row: it is not an op. Groups still alive are looked up again at their next op."""
+    def destroy_process_group(*args, **kwargs):
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            try:
+                reset_caches()
+            except Exception as e:  # never raise into user code
+                log.warn_once("destroy-pg", "could not drop cached process groups", e)
+
+    functools.update_wrapper(destroy_process_group, orig)
+    setattr(destroy_process_group, ORIGINAL_ATTR, orig)
+    return destroy_process_group
 
 
 def _make_batch(orig):
@@ -901,7 +921,8 @@ def install() -> bool:
                     restore(mod, name)
                     patch(mod, name, w)
         for name, maker in (("batch_isend_irecv", _make_batch),
-                            ("_coalescing_manager", _make_coalescing)):
+                            ("_coalescing_manager", _make_coalescing),
+                            ("destroy_process_group", _make_destroy)):
             w = _WRAPPERS.get(name)
             if w is None:
                 f = getattr(c10d, name, None)
