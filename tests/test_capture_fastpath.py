@@ -297,6 +297,8 @@ def test_destroyed_groups_are_not_kept_alive(tmp_path, port):
         print("alive", sum(r() is not None for r in refs))
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[3], rank=0, world_size=1)
         dist.all_reduce(torch.ones(7)); dist.all_reduce(torch.ones(7))
+        from commtrace.capture import recorder as R
+        print("pg facts", sorted(set(R.PG_FACTS)) == sorted(R.PG_FACTS))   # looked up again, not added again
         commtrace.disable()
         dist.destroy_process_group()
     ''')
@@ -306,7 +308,7 @@ def test_destroyed_groups_are_not_kept_alive(tmp_path, port):
         p = subprocess.run([sys.executable, "-c", code, str(d), str(port + 2 * int(mode)),
                             str(port + 2 * int(mode) + 1)], env=env, capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr[-2000:]
-        assert "alive 0" in p.stdout, p.stdout
+        assert "alive 0" in p.stdout and "pg facts True" in p.stdout, p.stdout
         rows = [r for r in ds.dataset(str(d), partitioning="hive").to_table().to_pylist() if r["kind"] == "op"]
         assert sorted(r["count"] for r in rows if r["op"] == "all_reduce") == [4] * 3 + [5] * 3 + [7] * 2
         after = sorted(r["seq"] for r in rows if r["count"] == 7)

@@ -117,11 +117,19 @@ def seq_slot(name) -> int:
     return s
 
 
+_fact_index: dict = {}   # (id(table), fact) -> index: a fact registered again reuses its entry
+
+
 def register_fact(table: list, fact: tuple) -> int:
-    """Append `fact` to FAST_SPECS or PG_FACTS; its index."""
+    """The index of `fact` in FAST_SPECS or PG_FACTS, appended the first time. Groups are looked
+    up again after every enable() and destroy_process_group(): the table does not grow with that."""
     with _facts_lock:
-        table.append(fact)
-        return len(table) - 1
+        key = (id(table), fact)
+        i = _fact_index.get(key)
+        if i is None:
+            table.append(fact)
+            i = _fact_index[key] = len(table) - 1
+        return i
 
 
 _dtype_names: dict = {}
