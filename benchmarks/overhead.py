@@ -95,6 +95,8 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
             dist.barrier()
             res[name].append(modes[name]())
             cpu[name].append(cpu_of[fn_of[name]])
+    per_op = _per_op(args.blocks, {"untraced": original, "commtrace": wrapped,
+                                   "bare": bare_wrapper}, t, rec, dist) if args.blocks else None
     R._set_recorder(rec)
     commtrace.disable()
     d_ct = [c - u for c, u in zip(res["commtrace"], res["untraced"])]
@@ -121,6 +123,16 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
         "profiler_added_iqr_us": _iqr(d_pr),
         "cpu_commtrace_added_iqr_us": _iqr([c - u for c, u in zip(cpu["commtrace"], cpu["untraced"])]),
         "cpu_profiler_added_iqr_us": _iqr([p - u for p, u in zip(cpu["profiler"], cpu["untraced"])]),
+        "ci95": {k: _median_ci(v) for k, v in {
+            "commtrace_added_us": d_ct, "profiler_added_us": d_pr,
+            "cpu_commtrace_added_us": [c - u for c, u in zip(cpu["commtrace"], cpu["untraced"])],
+            "cpu_profiler_added_us": [p - u for p, u in zip(cpu["profiler"], cpu["untraced"])],
+            "cpu_commtrace_minus_profiler_us": [
+                c - p for c, p in zip(cpu["commtrace"], cpu["profiler"])],
+        }.items()},
+        "cpu_commtrace_minus_profiler_us": statistics.median(
+            [c - p for c, p in zip(cpu["commtrace"], cpu["profiler"])]),
+        "per_op": per_op,
         "rows_recorded": None,
         "c_fast_path": _c_fast_path(),
     }
@@ -134,6 +146,62 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
     if out_q is not None and rank == 0:
         out_q.put(out)
     return out
+
+
+def _per_op(blocks: int, fns: dict, t, rec, dist) -> dict:
+    """The finest pairing: blocks of one op per mode, in a shuffled order, each op timed alone.
+
+    Slow drifts of the machine (another process waking, a frequency change, the other rank
+    falling behind) move a whole round of K ops; here each difference pairs two ops a few
+    microseconds (world size 1) or milliseconds (2 ranks) apart, so drift cancels and only the
+    per-op scatter is left, which the median over many blocks narrows. The recorder stays on
+    throughout; the untraced and bare modes call torch's function without commtrace's wrapper.
+    """
+    import random
+
+    from commtrace.capture import recorder as R
+
+    R._set_recorder(rec)
+    names = list(fns)
+    rng = random.Random(20261201)
+    cpu = {n: [] for n in names}
+    wall = {n: [] for n in names}
+    tcpu, pc = _thread_cpu_ns, time.perf_counter_ns
+    for _ in range(200):  # warm-up
+        for name in names:
+            fns[name](t)
+    dist.barrier()
+    for _ in range(blocks):
+        order = names[:]
+        rng.shuffle(order)
+        for name in order:
+            fn = fns[name]
+            c0 = tcpu()
+            w0 = pc()
+            fn(t)
+            w1 = pc()
+            c1 = tcpu()
+            cpu[name].append(c1 - c0)
+            wall[name].append(w1 - w0)
+    R._set_recorder(None)
+    out = {"blocks": blocks}
+    for kind, data in (("cpu", cpu), ("wall", wall)):
+        out[f"{kind}_untraced_us"] = statistics.median(data["untraced"]) / 1000.0
+        for name in names[1:]:
+            d = [(a - b) / 1000.0 for a, b in zip(data[name], data["untraced"])]
+            out[f"{kind}_{name}_added_us"] = statistics.median(d)
+            out[f"{kind}_{name}_added_ci95_us"] = _median_ci(d)
+    return out
+
+
+def _median_ci(xs) -> list:
+    """Distribution-free 95% confidence interval of the median (binomial order statistics)."""
+    s = sorted(xs)
+    n = len(s)
+    half = 1.96 * (n ** 0.5) / 2
+    lo = max(0, int(n / 2 - half))
+    hi = min(n - 1, int(n / 2 + half + 1))
+    return [s[lo], s[hi]]
 
 
 def _thread_cpu_ns() -> int:
@@ -179,6 +247,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--ops", type=int, default=500)
     ap.add_argument("--numel", type=int, default=16)
+    ap.add_argument("--blocks", type=int, default=20000,
+                    help="blocks of the per-op interleaved measurement (0: skip it)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -197,6 +267,21 @@ def main(argv=None) -> int:
         print(f"{r['world_size']:>5} {r['cpu_untraced_us']:>15.2f} "
               f"{r['cpu_commtrace_added_us']:>14.2f} {r['cpu_profiler_added_us']:>13.2f} "
               f"{r['cpu_bare_wrapper_added_us']:>17.2f} {ci[0]:>7.2f}-{ci[1]:<8.2f} {pi[0]:>7.2f}-{pi[1]:<8.2f}")
+    if any(r["per_op"] for r in results):
+        print("per op, interleaved (one op per mode per block, shuffled), median of the paired "
+              "differences [95% CI of the median]:")
+        print(f"{'world':>5} {'blocks':>7} {'clock':>6} {'untraced us':>12} "
+              f"{'commtrace +us':>24} {'bare wrapper +us':>24}")
+        for r in results:
+            p = r["per_op"]
+            if not p:
+                continue
+            for kind in ("cpu", "wall"):
+                c, b = p[f"{kind}_commtrace_added_ci95_us"], p[f"{kind}_bare_added_ci95_us"]
+                print(f"{r['world_size']:>5} {p['blocks']:>7} {kind:>6} "
+                      f"{p[f'{kind}_untraced_us']:>12.2f} "
+                      f"{p[f'{kind}_commtrace_added_us']:>8.2f} [{c[0]:>6.2f},{c[1]:>6.2f}] "
+                      f"{p[f'{kind}_bare_added_us']:>8.2f} [{b[0]:>6.2f},{b[1]:>6.2f}]")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

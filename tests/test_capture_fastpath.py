@@ -74,6 +74,9 @@ def test_c_path_records_the_same_row_as_the_python_path(traced):
     line = int(a["site"].rsplit(":", 1)[1])
     assert a["site"] == f"{__file__}:{line}" and b["site"] == f"{__file__}:{line + 1}"
     assert (a["seq"], b["seq"]) == (0, 1)
+    # one op-id counter for both paths (the C path takes it without an int object)
+    assert type(rec._op_ids) is cfast.OpIds
+    assert b["op_id"] == a["op_id"] + 1 and next(rec._op_ids) == b["op_id"] + 1
     for k in ("t_enqueue_ns", "t_return_ns", "t_end_ns", "op_id", "seq", "first_on_pg", "site"):
         a.pop(k), b.pop(k)
     assert a == b

@@ -230,6 +230,38 @@ static PyTypeObject CountersType = {
 };
 
 
+/* The recorder's op ids: an iterator like itertools.count(start) whose next value the C path
+ * takes without making an int object. Both paths draw from it under the GIL. */
+typedef struct {
+    PyObject_HEAD
+    long long next;
+} OpIds;
+
+static PyObject *opids_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    long long start = 0;
+    if (!PyArg_ParseTuple(args, "|L", &start))
+        return NULL;
+    OpIds *o = (OpIds *)tp->tp_alloc(tp, 0);
+    if (o != NULL)
+        o->next = start;
+    return (PyObject *)o;
+}
+
+static PyObject *opids_iternext(PyObject *self) {
+    return PyLong_FromLongLong(((OpIds *)self)->next++);
+}
+
+static PyTypeObject OpIdsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "commtrace.capture._fastpath.OpIds",
+    .tp_basicsize = sizeof(OpIds),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = opids_new,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = opids_iternext,
+    .tp_doc = "OpIds(start=0): start, start + 1, ... (the recorder's op ids).",
+};
+
 /* d[key] (0 when absent) as a new reference, and d[key] += 1; NULL on error. */
 static PyObject *dict_next(PyObject *d, PyObject *key) {
     PyObject *s = PyDict_GetItemWithError(d, key);
@@ -673,7 +705,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     PyObject *count = NULL, *dtype = NULL, *dev = NULL, *outb = NULL, *peer = NULL,
              *root = NULL, *seq = NULL, *site = NULL, *op_id = NULL, *step = NULL,
              *ret = NULL;
-    long long t0;
+    long long t0, seq_v = -1;
 
     rec = fast_attr(c->recmod_d, c->recmod, s_recorder);
     if (rec == NULL)
@@ -845,9 +877,11 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
                 }
             }
             if (cst.counters != NULL && c->last_slot >= 0) {
-                long long sv = counters_next((Counters *)cst.counters, c->last_slot);
-                if (sv >= 0)
-                    seq = PyLong_FromLongLong(sv);
+                seq_v = counters_next((Counters *)cst.counters, c->last_slot);
+                if (seq_v >= 0) {
+                    seq = Py_None;   /* taken, as seq_v (no int object) */
+                    Py_INCREF(seq);
+                }
             }
             PyObject *d = seq != NULL ? NULL : cst.seq;
             Py_XINCREF(d);
@@ -868,7 +902,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         memset(&r, 0, sizeof(r));
         r.fact = c->fact_i;
         r.pgidx = c->last_idx;
-        r.seq = as_ll(seq);
+        r.seq = seq_v >= 0 ? seq_v : as_ll(seq);
         r.peer = as_ll(peer);
         r.root = as_ll(root);
         r.t0 = t0;
@@ -884,8 +918,12 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             site = Py_None;
             Py_INCREF(site);
         }
-        op_id = PyIter_Next(cst.op_ids);
-        r.op_id = as_ll(op_id);
+        if (Py_TYPE(cst.op_ids) == &OpIdsType) {
+            r.op_id = ((OpIds *)cst.op_ids)->next++;
+        } else {
+            op_id = PyIter_Next(cst.op_ids);
+            r.op_id = as_ll(op_id);
+        }
         PyObject *api = PyDict_GetItemWithError(st, s_api);
         PyObject *detail = PyDict_GetItemWithError(st, s_detail);
         CLEAR_ERR();
@@ -1141,7 +1179,7 @@ static struct PyModuleDef moddef = {
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
     if (PyType_Ready(&FastCtxType) < 0 || PyType_Ready(&WaitType) < 0 ||
-        PyType_Ready(&CountersType) < 0)
+        PyType_Ready(&CountersType) < 0 || PyType_Ready(&OpIdsType) < 0)
         return NULL;
     INTERN(s_recorder, "_recorder"); INTERN(s_dict, "__dict__"); INTERN(s_depth, "depth");
     INTERN(s_coalesce, "coalesce"); INTERN(s_api, "api");
@@ -1171,6 +1209,12 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     Py_INCREF(&CountersType);
     if (PyModule_AddObject(m, "Counters", (PyObject *)&CountersType) < 0) {
         Py_DECREF(&CountersType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&OpIdsType);
+    if (PyModule_AddObject(m, "OpIds", (PyObject *)&OpIdsType) < 0) {
+        Py_DECREF(&OpIdsType);
         Py_DECREF(m);
         return NULL;
     }

@@ -312,7 +312,10 @@ class Recorder:
             self.meta["torch_version"] = torch.__version__
         except Exception:  # pragma: no cover
             pass
-        self._op_ids = itertools.count(1)  # next() is atomic under the GIL
+        # next() is atomic under the GIL; the C path takes ids from _fastpath.OpIds without
+        # making an int object (a stale build without it: itertools.count, read by PyIter_Next)
+        self._op_ids = (_cfast.OpIds(1) if getattr(_cfast, "OpIds", None) is not None
+                        else itertools.count(1))
         self.step: int | None = None
         self.seq: dict = {}          # pg name -> next collective seq (without the C module)
         # With the C module: the counters by seq_slot(pg), shared with the C fast path.
