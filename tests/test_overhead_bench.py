@@ -1,0 +1,34 @@
+"""benchmarks/overhead.py still runs and reports what docs/performance.md quotes (a tiny run:
+the figures themselves are measured by the benchmark, not asserted here)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_overhead_benchmark_small_run(tmp_path):
+    out = tmp_path / "o.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead.py"),
+                        "--world-size", "1", "--rounds", "4", "--ops", "20", "--blocks", "60",
+                        "--json", str(out)], capture_output=True, text=True, timeout=240, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (r,) = json.loads(out.read_text())
+    assert r["world_size"] == 1 and r["rounds"] == 4 and r["ops_per_round"] == 20
+    # every traced call is a row: warm-up (20) + rounds (4 x 20) + per-op warm-up and blocks,
+    # and the barrier that starts the per-op blocks (the recorder is on there)
+    assert r["rows_recorded"] == 20 + 4 * 20 + 200 + 60 + 1
+    assert r["untraced_us"] > 0 and r["cpu_untraced_us"] > 0
+    for k in ("commtrace_added_us", "cpu_commtrace_added_us", "cpu_commtrace_minus_profiler_us"):
+        lo, hi = r["ci95"][k]
+        assert lo <= r[k] <= hi
+    po = r["per_op"]
+    assert po["blocks"] == 60
+    lo, hi = po["cpu_commtrace_added_ci95_us"]
+    assert lo <= po["cpu_commtrace_added_us"] <= hi
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("target,")]
+    assert [ln.split(":")[0].split(",")[1].strip() for ln in lines] == ["wall time", "thread CPU"]
