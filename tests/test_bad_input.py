@@ -223,3 +223,11 @@ def test_disk_filling_mid_run(tmp_path):
     # what was written is intact: seq has gaps exactly where parts were lost, no duplicates
     seqs = sorted(r["seq"] for r in ops)
     assert len(set(seqs)) == len(seqs) and seqs[0] == 0 and seqs[-1] == 199
+    # the report says so
+    p = subprocess.run([sys.executable, "-m", "commtrace", "report", str(out), "--format", "json"],
+                       env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    warn = [w for w in json.loads(p.stdout)["warnings"] if "dropped" in w]
+    assert warn == [f"rank 0 dropped {dropped} rows while tracing (its buffer was full or trace "
+                    "writes failed): its counts and times are incomplete (see --buffer-ops, "
+                    "--flush-interval)"]

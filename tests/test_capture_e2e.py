@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import importlib.util
 import json
 import os
 import signal
@@ -101,6 +102,9 @@ def test_ddp_trace_reads_with_pyarrow_and_duckdb(ddp_run):
         assert m["rank"] == r and m["world_size"] == 2 and m["backend"] == "gloo"
         assert m["pg_ranks"] == {"0": [0, 1]}
         assert m["dropped_rows"] == 0 and m["schema_version"] == 1
+        # the ranks run without COMMTRACE_* settings: the C path whenever it is built
+        built = importlib.util.find_spec("commtrace.capture._fastpath") is not None
+        assert m["capture_path"] == ("c" if built else "python")
         assert {"host", "pid", "torch_version", "commtrace_version", "clock_offset_ns",
                 "clock_offset_method"} <= set(m)
     for r in (0, 1):

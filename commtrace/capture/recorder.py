@@ -305,6 +305,9 @@ class Recorder:
             "clock_skew_injected_ns": self.skew_ns,
             "dropped_rows": 0,
             "pg_ranks": {},
+            # "c": blocking ops recorded by the C fast path; "python": it is not built (no
+            # compiler at install) or COMMTRACE_PURE_PYTHON=1 (same rows, more cost per op)
+            "capture_path": "c" if _cfast is not None else "python",
         }
         try:
             import torch

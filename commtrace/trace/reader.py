@@ -260,6 +260,15 @@ def _merge_meta(rf: RunFiles) -> None:
         if r is None:
             continue
         rf.meta.setdefault(int(r), {}).update(p.meta)
+    for r, m in sorted(rf.meta.items()):
+        try:
+            n = int(m.get("dropped_rows") or 0)
+        except (TypeError, ValueError):
+            n = 0
+        if n > 0:
+            rf.warnings.append(
+                f"rank {r} dropped {n} rows while tracing (its buffer was full or trace writes "
+                "failed): its counts and times are incomplete (see --buffer-ops, --flush-interval)")
 
 
 def _select_list(columns: set[str], hive_rank: bool, names=None) -> str:

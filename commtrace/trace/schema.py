@@ -98,4 +98,5 @@ META_KEYS = (
     "backend", "clock_offset_ns", "clock_offset_method", "clock_rtt_ns", "dropped_rows",
     "pg_ranks",  # {pg name: [global ranks]}
     "nvml", "nccl_version", "nccl_env", "graph_captured_ops",
+    "flush_interval_s", "clock_skew_injected_ns", "capture_path",  # "c" or "python"
 )
