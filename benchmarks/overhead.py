@@ -45,6 +45,15 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
     rec = R.get_recorder()
     wrapped = dist.all_reduce
     original = registry.original_of(wrapped)
+    if args.async_op:
+        # the op is an async all_reduce and its wait(), through the same function per mode
+        ct_all_reduce, torch_all_reduce = wrapped, original
+
+        def wrapped(x):
+            ct_all_reduce(x, async_op=True).wait()
+
+        def original(x):
+            torch_all_reduce(x, async_op=True).wait()
     t = torch.ones(args.numel)
     k = args.ops
 
@@ -111,7 +120,7 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
     d_pr = [p - u for p, u in zip(res["profiler"], res["untraced"])]
     d_bare = [b - u for b, u in zip(res["bare"], res["untraced"])]
     out = {
-        "world_size": world, "rounds": args.rounds, "ops_per_round": k, "numel": args.numel,
+        "world_size": world, "async_op": bool(args.async_op), "rounds": args.rounds, "ops_per_round": k, "numel": args.numel,
         "untraced_us": statistics.median(res["untraced"]),
         "commtrace_added_us": statistics.median(d_ct),
         "profiler_added_us": statistics.median(d_pr),
@@ -268,7 +277,8 @@ def report(r: dict) -> list[str]:
     """The lines printed for one world size (and the verdict on the issue's target)."""
     ci = r["ci95"]
     out = [f"world size {r['world_size']}: {r['rounds']} rounds x {r['ops_per_round']} ops "
-           f"(all_reduce of {r['numel']} float32, gloo), C fast path "
+           f"({'async all_reduce + wait' if r.get('async_op') else 'all_reduce'} of "
+           f"{r['numel']} float32, gloo), C fast path "
            f"{'on' if r['c_fast_path'] else 'OFF'}, load average {r.get('load', '?')}",
            f"  {'us per op, median [95% CI]':<34} {'wall':>26} {'thread CPU':>26}",
            f"  {'untraced':<34} {_fmt(r['untraced_us']):>26} {_fmt(r['cpu_untraced_us']):>26}"]
@@ -314,6 +324,8 @@ def main(argv=None) -> int:
     ap.add_argument("--numel", type=int, default=16)
     ap.add_argument("--blocks", type=int, default=20000,
                     help="blocks of the per-op interleaved measurement (0: skip it)")
+    ap.add_argument("--async-op", action="store_true",
+                    help="time all_reduce(async_op=True).wait() instead of the blocking call")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -320,3 +320,39 @@ def test_destroyed_groups_are_not_kept_alive(tmp_path, port):
         world = {r["pg"] for r in rows if r["count"] == 4}
         assert world == {r["pg"] for r in rows if r["count"] == 7}
         assert after == [6, 7]
+
+
+def test_waited_async_op_is_queued_by_wait_itself(traced):
+    """A completed and waited async op is queued by wait() on the calling thread (no wake-up
+    of the writer thread per op); a completion callback arriving later still moves t_end
+    earlier on the same row."""
+    import torch
+
+    rec, pg = traced
+    callbacks = []
+
+    class Fut:
+        def add_done_callback(self, fn):
+            callbacks.append(fn)
+
+    class Work:
+        def get_future(self):
+            return Fut()
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        return Work()
+
+    w = _wrap(all_reduce)
+    work = w(torch.ones(4), group=pg, async_op=True)
+    assert len(rec.pending_ops()) == 1 and rec.queued() == 0 and len(callbacks) == 1
+    wait = Wr._make_wait(lambda self: True)
+    assert wait(work) is True
+    assert len(rec.pending_ops()) == 0 and rec.queued() == 1  # no writer thread runs here
+    row = rec._ready[-1]
+    t_wait_end = row[Wr.I_T_WAIT_END]
+    assert row[Wr.I_T_END] == t_wait_end                    # completion known from wait
+    rec.now_ns = lambda: t_wait_end - 5                      # the future's callback, later
+    callbacks[0](None)
+    (r,) = _rows(rec)
+    assert r["async_op"] and r["t_end_ns"] == t_wait_end - 5
+    assert r["t_enqueue_ns"] <= r["t_wait_ns"] <= r["t_wait_end_ns"] == t_wait_end

@@ -712,6 +712,7 @@ def _make_wait(orig_wait):
                 p.nvtx_range = None
             if dt is not None and p.device_token is not None:
                 dt.on_wait(p.device_token)
+            wake = False
             for q in group:
                 if q.row[I_T_WAIT] is None:
                     q.row[I_T_WAIT] = t0
@@ -719,7 +720,15 @@ def _make_wait(orig_wait):
                 if r is not False:
                     rec.complete(q, t1)
                 q.waited = True
-            rec.wake()
+                if q.row[I_T_END] is not None:
+                    # Completed and waited: its row is final (a future callback still to run
+                    # can only move t_end earlier, on the same row object, before the write).
+                    # Queued here: waking the writer thread per op cost more than the op.
+                    rec._release(q)
+                else:
+                    wake = True
+            if wake:
+                rec.wake()
         except Exception as e:
             log.warn_once("wait", "cannot record wait()", e)
         return r
