@@ -20,6 +20,7 @@
 /* Clear a pending error of commtrace's own (the check is cheaper than the clear). */
 #define CLEAR_ERR() do { if (PyErr_Occurred()) PyErr_Clear(); } while (0)
 #include <time.h>
+#include <signal.h>
 
 typedef struct {
     PyObject_HEAD
@@ -1155,7 +1156,70 @@ static PyObject *invalidate(PyObject *module, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------------------------------
+ * SIGUSR1 for the hang watchdog: the handler only counts the signal (async-signal-safe) and
+ * chains to the handler it replaced; the watchdog thread sees the count change and dumps every
+ * thread's stack itself, holding the GIL. faulthandler.register() dumps from inside the signal
+ * handler, reading the frames of threads that may be running at that moment, and can crash the
+ * process that way (CPython gh-116008; seen once here on a rank blocked in gloo).
+ * ------------------------------------------------------------------------------------- */
+#if defined(SIGUSR1) && !defined(_WIN32)
+#include <errno.h>
+static volatile sig_atomic_t usr1_n;
+static struct sigaction usr1_prev;
+static int usr1_on;
+
+static void usr1_handler(int sig, siginfo_t *si, void *uc) {
+    int saved = errno;
+    usr1_n++;
+    if (usr1_prev.sa_flags & SA_SIGINFO) {
+        if (usr1_prev.sa_sigaction != NULL)
+            usr1_prev.sa_sigaction(sig, si, uc);
+    } else if (usr1_prev.sa_handler != SIG_DFL && usr1_prev.sa_handler != SIG_IGN &&
+               usr1_prev.sa_handler != NULL) {
+        usr1_prev.sa_handler(sig);   /* e.g. Python's own, for a handler set with signal.signal */
+    }
+    errno = saved;
+}
+
+static PyObject *usr1_install(PyObject *module, PyObject *unused) {
+    if (!usr1_on) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_sigaction = usr1_handler;
+        sa.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGUSR1, &sa, &usr1_prev) != 0)
+            return PyErr_SetFromErrno(PyExc_OSError);
+        usr1_on = 1;
+    }
+    return PyLong_FromLong((long)usr1_n);
+}
+
+static PyObject *usr1_uninstall(PyObject *module, PyObject *unused) {
+    if (usr1_on) {
+        struct sigaction cur;
+        /* Restore the previous handler only if ours is still the one installed. */
+        if (sigaction(SIGUSR1, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) &&
+            cur.sa_sigaction == usr1_handler)
+            sigaction(SIGUSR1, &usr1_prev, NULL);
+        usr1_on = 0;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *usr1_count(PyObject *module, PyObject *unused) {
+    return PyLong_FromLong((long)usr1_n);
+}
+#endif
+
 static PyMethodDef methods[] = {
+#if defined(SIGUSR1) && !defined(_WIN32)
+    {"usr1_install", usr1_install, METH_NOARGS,
+     "Count SIGUSR1 (chained to the handler it replaces); returns the count so far."},
+    {"usr1_uninstall", usr1_uninstall, METH_NOARGS, "Put the replaced SIGUSR1 handler back."},
+    {"usr1_count", usr1_count, METH_NOARGS, "SIGUSR1 signals received since the module loaded."},
+#endif
     {"counts", counts, METH_NOARGS,
      "(calls recorded in C, calls handed to the Python wrapper, source line of the last)."},
     {"invalidate", invalidate, METH_NOARGS, "Forget cached process-group facts (and the groups)."},

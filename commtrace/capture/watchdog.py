@@ -14,12 +14,17 @@ So nothing here relies on them:
   :func:`faulthandler.dump_traceback` of all threads, which reads the frames at C level) and
   forces :meth:`Recorder.flush`, so that the parts and ``_inflight.json`` hold everything up to
   the hang even if the rank is later killed with SIGKILL;
-* :func:`faulthandler.register` on SIGUSR1 writes all stacks at C level, at once, whatever the
-  main thread is doing, into a scratch file of the rank directory that is unlinked as soon as it
-  is opened (so nothing is left behind), chained to an existing handler, never to the default
-  action, which would kill the process. The watchdog thread copies each new dump into its own
-  ``stacks-<time>.txt`` and flushes the trace. (A rank whose main thread holds the GIL forever
-  stops the watchdog thread too; ``py-spy dump --pid`` is the tool there.)
+* SIGUSR1: with the C extension, a C-level handler only counts the signal (chained to the
+  handler it replaced, never to the default action, which would kill the process); the watchdog
+  thread sees the count change at its next wake-up and writes ``stacks-<time>.txt`` with
+  :func:`faulthandler.dump_traceback` of all threads, holding the GIL, then flushes the trace.
+  This works whatever the main thread is doing, because it never needs the main thread.
+  Without the C extension, :func:`faulthandler.register` dumps from inside the signal handler
+  into a scratch file of the rank directory, unlinked as soon as it is opened, and the watchdog
+  copies each new dump. That dump reads the frames of threads that may be running at that moment,
+  and can crash the process (CPython gh-116008; once here, a rank blocked in gloo died with
+  SIGSEGV). (A rank whose main thread holds the GIL forever stops the watchdog thread too;
+  ``py-spy dump --pid`` is the tool there.)
 
 Timeout 0 (or ``--no-dump-on-hang`` for the stacks part) turns the hang check off; SIGUSR1 dumps
 stay on. Nothing here raises into user code: failures are logged once.
@@ -95,6 +100,8 @@ class _Watchdog:
         self.usr1_file = None
         self.usr1_size = 0
         self.usr1_registered = False
+        self.usr1_c = None           # the C module counting SIGUSR1, when it is used
+        self.usr1_seen = 0
         self.thread: threading.Thread | None = None
         self.code_file, self.code_names = _wrapper_code_names()
 
@@ -129,6 +136,14 @@ class _Watchdog:
             prev = signal.SIG_DFL
         # Chaining to SIG_DFL would re-raise SIGUSR1 with its default action: terminate.
         chain = prev not in (signal.SIG_DFL, signal.SIG_IGN)
+        c = _R._cfast
+        if c is not None and hasattr(c, "usr1_install"):
+            try:
+                self.usr1_seen = c.usr1_install()
+                self.usr1_c = c
+                return
+            except Exception as e:
+                log.warn_once("watchdog-usr1-c", "C SIGUSR1 handler unavailable; using faulthandler", e)
         try:
             path = os.path.join(self.rank_dir(), USR1_FMT.format(pid=os.getpid()))
             self.usr1_file = open(path, "w+b")
@@ -144,6 +159,12 @@ class _Watchdog:
             self._close_usr1()
 
     def _close_usr1(self) -> None:
+        c, self.usr1_c = self.usr1_c, None
+        if c is not None:
+            try:
+                c.usr1_uninstall()
+            except Exception:
+                pass
         if self.usr1_registered:
             try:
                 faulthandler.unregister(signal.SIGUSR1)
@@ -158,6 +179,20 @@ class _Watchdog:
                 pass
 
     def _check_usr1(self) -> None:
+        c = self.usr1_c
+        if c is not None:
+            n = c.usr1_count()
+            if n == self.usr1_seen:
+                return
+            self.usr1_seen = n
+            path = self._stacks_path()
+            with open(path, "w") as out:
+                out.write(self._header("SIGUSR1 received", self.hung_ops(0)))
+                out.flush()
+                faulthandler.dump_traceback(file=out, all_threads=True)   # the GIL is held
+            self._flush()
+            log.info(f"rank {self.rec.rank}: SIGUSR1: stacks written to {path}")
+            return
         f = self.usr1_file
         if f is None:
             return
