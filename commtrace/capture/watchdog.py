@@ -185,11 +185,7 @@ class _Watchdog:
             if n == self.usr1_seen:
                 return
             self.usr1_seen = n
-            path = self._stacks_path()
-            with open(path, "w") as out:
-                out.write(self._header("SIGUSR1 received", self.hung_ops(0)))
-                out.flush()
-                faulthandler.dump_traceback(file=out, all_threads=True)   # the GIL is held
+            path = self._dump("SIGUSR1 received", self.hung_ops(0))
             self._flush()
             log.info(f"rank {self.rec.rank}: SIGUSR1: stacks written to {path}")
             return
@@ -280,6 +276,16 @@ class _Watchdog:
             lines.append("# no op in flight")
         return "\n".join(lines) + "\n\n"
 
+    def _dump(self, reason: str, ops) -> str:
+        """Write a new stacks-<time>.txt: the header, then every thread's Python stack, read by
+        faulthandler on this thread while it holds the GIL (no thread runs Python meanwhile)."""
+        path = self._stacks_path()
+        with open(path, "w") as f:
+            f.write(self._header(reason, ops))
+            f.flush()
+            faulthandler.dump_traceback(file=f, all_threads=True)
+        return path
+
     def _flush(self) -> None:
         try:
             self.rec.flush()
@@ -297,11 +303,7 @@ class _Watchdog:
         path = None
         if self.dump_stacks and self.dumps < MAX_DUMPS:
             self.dumps += 1
-            path = self._stacks_path()
-            with open(path, "w") as f:
-                f.write(self._header(f"op in flight longer than --hang-timeout {self.timeout_s:g} s", ops))
-                f.flush()
-                faulthandler.dump_traceback(file=f, all_threads=True)
+            path = self._dump(f"op in flight longer than --hang-timeout {self.timeout_s:g} s", ops)
         self._flush()
         log.warn_once(("hang", new[0][0]),
                       f"rank {self.rec.rank}: {_describe(new[0][2])} in flight for "
