@@ -116,43 +116,26 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
                                    "bare": bare_wrapper}, t, rec, dist) if args.blocks else None
     R._set_recorder(rec)
     commtrace.disable()
-    d_ct = [c - u for c, u in zip(res["commtrace"], res["untraced"])]
-    d_pr = [p - u for p, u in zip(res["profiler"], res["untraced"])]
-    d_bare = [b - u for b, u in zip(res["bare"], res["untraced"])]
+    # The paired differences per round (wall, then the calling thread's CPU time: the host's
+    # own work; at 2 ranks the wall time is dominated by waiting for the other process).
+    pairs = {"commtrace_added_us": ("commtrace", "untraced"),
+             "profiler_added_us": ("profiler", "untraced"),
+             "bare_wrapper_added_us": ("bare", "untraced"),
+             "commtrace_minus_profiler_us": ("commtrace", "profiler")}
+    diffs = {}
+    for key, (a, b) in pairs.items():
+        for pre, data in (("", res), ("cpu_", cpu)):
+            diffs[pre + key] = [x - y for x, y in zip(data[a], data[b])]
     out = {
-        "world_size": world, "async_op": bool(args.async_op), "rounds": args.rounds, "ops_per_round": k, "numel": args.numel,
+        "world_size": world, "async_op": bool(args.async_op), "rounds": args.rounds,
+        "ops_per_round": k, "numel": args.numel,
         "untraced_us": statistics.median(res["untraced"]),
-        "commtrace_added_us": statistics.median(d_ct),
-        "profiler_added_us": statistics.median(d_pr),
-        "commtrace_minus_profiler_us": statistics.median(
-            [c - p for c, p in zip(res["commtrace"], res["profiler"])]),
-        "bare_wrapper_added_us": statistics.median(d_bare),
-        # The same, in CPU time of the calling thread (the host's own work; at 2 ranks the
-        # wall time is dominated by waiting for the other process, the CPU time is not).
         "cpu_untraced_us": statistics.median(cpu["untraced"]),
-        "cpu_commtrace_added_us": statistics.median(
-            [c - u for c, u in zip(cpu["commtrace"], cpu["untraced"])]),
-        "cpu_profiler_added_us": statistics.median(
-            [p - u for p, u in zip(cpu["profiler"], cpu["untraced"])]),
-        "cpu_bare_wrapper_added_us": statistics.median(
-            [b - u for b, u in zip(cpu["bare"], cpu["untraced"])]),
-        "commtrace_added_iqr_us": _iqr(d_ct),
-        "profiler_added_iqr_us": _iqr(d_pr),
-        "cpu_commtrace_added_iqr_us": _iqr([c - u for c, u in zip(cpu["commtrace"], cpu["untraced"])]),
-        "cpu_profiler_added_iqr_us": _iqr([p - u for p, u in zip(cpu["profiler"], cpu["untraced"])]),
-        "ci95": {k: _median_ci(v) for k, v in {
-            "commtrace_added_us": d_ct, "profiler_added_us": d_pr,
-            "cpu_commtrace_added_us": [c - u for c, u in zip(cpu["commtrace"], cpu["untraced"])],
-            "cpu_profiler_added_us": [p - u for p, u in zip(cpu["profiler"], cpu["untraced"])],
-            "bare_wrapper_added_us": d_bare,
-            "cpu_bare_wrapper_added_us": [b - u for b, u in zip(cpu["bare"], cpu["untraced"])],
-            "commtrace_minus_profiler_us": [
-                c - p for c, p in zip(res["commtrace"], res["profiler"])],
-            "cpu_commtrace_minus_profiler_us": [
-                c - p for c, p in zip(cpu["commtrace"], cpu["profiler"])],
-        }.items()},
-        "cpu_commtrace_minus_profiler_us": statistics.median(
-            [c - p for c, p in zip(cpu["commtrace"], cpu["profiler"])]),
+        **{key: statistics.median(d) for key, d in diffs.items()},
+        **{key.replace("_added_us", "_added_iqr_us"): _iqr(diffs[key])
+           for key in ("commtrace_added_us", "profiler_added_us", "cpu_commtrace_added_us",
+                       "cpu_profiler_added_us")},
+        "ci95": {key: _median_ci(d) for key, d in diffs.items()},
         "per_op": per_op,
         "rows_recorded": None,
         "c_fast_path": _c_fast_path(),
