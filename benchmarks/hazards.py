@@ -147,9 +147,7 @@ def e2e(n, rounds):
     try:
         import torch.distributed as dist
 
-        # Not commtrace.trace: that name is shadowed by the commtrace.trace subpackage once the
-        # trace format is imported.
-        from commtrace.capture.api import trace
+        from commtrace import trace
     except Exception as e:  # pragma: no cover
         return {"e2e": f"skipped ({e})"}
     out = {}

@@ -9,7 +9,7 @@ Prints the figures, where rank 0's extra resident memory sits at the end (per ma
 `--without-memory-fixes` traces as commtrace did before the soak's memory fixes, for a
 before/after comparison on one tree: mimalloc's default arena commit instead of the setting
 `commtrace run` passes (commtrace/capture/memory.py), and parts written through
-pyarrow.parquet (which imports pyarrow.fs) instead of the lean writer (commtrace/trace/writer.py). Not part
+pyarrow.parquet (which imports pyarrow.fs) instead of the lean writer (commtrace/format/writer.py). Not part
 of CI: it runs for minutes on a 2-core machine. Figures: the Soak section of docs/performance.md.
 """
 
@@ -64,7 +64,7 @@ def worker(n: int, out: str, without_fixes: bool = False) -> None:
         # the writer as it was: through pyarrow.parquet (and so pyarrow.fs)
         import pyarrow.parquet  # noqa: F401
 
-        from commtrace.trace import writer
+        from commtrace.format import writer
 
         writer._lean_ok = False
 

@@ -26,7 +26,7 @@ def test_clean_has_no_findings_and_sane_tables():
     ops = run.ops()
     assert ops.num_rows == 4 * 150
     assert {"blocked_ns", "inflight_ns", "step"} <= set(ops.column_names)
-    from commtrace.trace import schema as S
+    from commtrace.format import schema as S
     assert ops.column_names[: len(S.COLUMNS)] == S.COLUMNS
     assert None not in ops.column("api").to_pylist() and set(ops.column("device").to_pylist()) == {"cpu"}
     assert not run.warnings

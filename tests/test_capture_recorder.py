@@ -16,7 +16,7 @@ from commtrace.capture import recorder as R
 from commtrace.capture import wrappers as Wr
 from commtrace.capture.api_table import API_TABLE
 from commtrace.config import Config
-from commtrace.trace import schema as S
+from commtrace.format import schema as S
 
 
 def make_rec(tmp_path, **cfg):

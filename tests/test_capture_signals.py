@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent('''
     import os, signal, sys
     from commtrace.capture import recorder as R
     from commtrace.config import Config
-    from commtrace.trace import writer as W
+    from commtrace.format import writer as W
 
     out, when = sys.argv[1], sys.argv[2]
     rec = R.Recorder(Config(output=out), rank=0, world_size=1, start_thread=False)
@@ -81,7 +81,7 @@ def test_a_part_without_its_footer_is_not_renamed_into_the_run(tmp_path, monkeyp
     raises, and nothing is left behind: the recorder counts those rows as dropped."""
     import pyarrow as pa
 
-    from commtrace.trace import writer as W
+    from commtrace.format import writer as W
 
     real = W.write_parquet
 

@@ -38,7 +38,7 @@ def test_setting_reaches_a_child_and_pyarrow_still_writes(tmp_path):
 
 
 def _table(n=2000):
-    from commtrace.trace import writer as W
+    from commtrace.format import writer as W
 
     return W.rows_to_table_nopandas({
         "kind": ["op"] * n, "rank": [1] * n, "pg": ["0"] * n, "seq": list(range(n)),
@@ -52,7 +52,7 @@ def test_lean_parquet_write_is_byte_identical(tmp_path, monkeypatch):
     the bytes pyarrow.parquet.write_table writes; the fallback path writes them too."""
     import pyarrow.parquet as pq
 
-    from commtrace.trace import writer as W
+    from commtrace.format import writer as W
 
     t = _table().replace_schema_metadata(W.file_metadata({"rank": 1}))
     pq.write_table(t, tmp_path / "ref.parquet", compression="zstd")
@@ -75,7 +75,7 @@ def test_write_errors_propagate_on_both_paths(monkeypatch, tmp_path):
     import pytest
     from pyarrow import _parquet
 
-    from commtrace.trace import writer as W
+    from commtrace.format import writer as W
 
     for lean in (True, False):
         monkeypatch.setattr(W, "_lean_ok", lean)
@@ -98,7 +98,7 @@ def test_write_errors_propagate_on_both_paths(monkeypatch, tmp_path):
 def test_rank_side_writer_does_not_import_pyarrow_fs(tmp_path):
     """In a fresh process (a rank), writing a part imports neither pyarrow.parquet nor
     pyarrow.fs (the S3/GCS/Azure/HDFS modules)."""
-    code = ("import sys, json; from commtrace.trace import writer as W; "
+    code = ("import sys, json; from commtrace.format import writer as W; "
             "t = W.rows_to_table_nopandas({'kind': ['op'], 'rank': [0]}); "
             "p = W.write_part(sys.argv[1], 0, t, {'rank': 0}, index=1); "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('pyarrow.parquet', 'pyarrow.fs', 'pyarrow._s3fs')))))")

@@ -10,8 +10,8 @@ import os
 
 import commtrace
 from commtrace.cli import main
-from commtrace.trace import schema as S
-from commtrace.trace import writer as W
+from commtrace.format import schema as S
+from commtrace.format import writer as W
 
 T0 = 1_700_000_000_000_000_000
 MS = 1_000_000

@@ -25,9 +25,9 @@ from commtrace.capture import recorder as R
 from commtrace.cli.report import render
 from commtrace.config import Config
 from commtrace.ops import CANONICAL_OPS
-from commtrace.trace import reader as RD
-from commtrace.trace import schema as S
-from commtrace.trace import writer as W
+from commtrace.format import reader as RD
+from commtrace.format import schema as S
+from commtrace.format import writer as W
 
 I32 = st.integers(-2**31, 2**31 - 1)
 I64 = st.integers(-2**63, 2**63 - 1)

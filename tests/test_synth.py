@@ -9,7 +9,7 @@ import pytest
 import commtrace
 from commtrace.analysis.synth import parse_duration_ns, synth_run
 from commtrace.cli import main
-from commtrace.trace import schema as S
+from commtrace.format import schema as S
 
 
 def findings(run, kind):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import decimal
 import math
 
-from ..trace import schema as S
+from ..format import schema as S
 
 #: Version of the report's JSON contract (not the trace schema).
 REPORT_SCHEMA = 1

@@ -21,8 +21,8 @@ import pyarrow as pa
 
 from .. import ops as OPS
 from ..errors import CommtraceError, TraceFormatError
-from ..trace import reader as R
-from ..trace import schema as S
+from ..format import reader as R
+from ..format import schema as S
 from . import intervals as IV
 
 COLLECTIVE_SQL = "(" + ", ".join(f"'{o}'" for o in OPS.COLLECTIVE_OPS) + ")"

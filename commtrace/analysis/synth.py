@@ -49,8 +49,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..trace import schema as S
-from ..trace import writer as W
+from ..format import schema as S
+from ..format import writer as W
 
 GAP_NS = 200_000
 JITTER_NS = 40_000

@@ -131,8 +131,8 @@ def _resolve_output(cfg: Config, store, rank: int) -> str:
 def _write_manifest(rec) -> None:
     import json
 
-    from ..trace import schema as S
-    from ..trace import writer as W
+    from ..format import schema as S
+    from ..format import writer as W
 
     path = os.path.join(rec.run_dir, S.MANIFEST_NAME)
     m = {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from ..trace import schema as S
+from ..format import schema as S
 from . import log
 from . import recorder as _R
 from .recorder import (I_API, I_BYTES, I_COUNT, I_DEVICE, I_DTYPE, I_FIRST, I_OUT_BYTES, I_ROOT,

@@ -1,6 +1,6 @@
 """What the GPU and NCCL look like on this rank, for the rank metadata (issue 4, item 6).
 
-Keys (``commtrace.trace.schema.META_KEYS``):
+Keys (``commtrace.format.schema.META_KEYS``):
 
 - ``nvml``: ``{"name", "bus_id", "index", "nvlink": {"count", "active", "states"},
   "pcie": {"gen", "width", "max_gen", "max_width"}, "driver"}`` for the rank's GPU, or the string

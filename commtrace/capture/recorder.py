@@ -32,7 +32,7 @@ import weakref
 
 from .. import __version__
 from ..config import Config, clock_skew_for
-from ..trace import schema as S
+from ..format import schema as S
 from . import log, nvtx_ranges
 from .sites import format_site
 
@@ -544,7 +544,7 @@ class Recorder:
             # The writer's imports (pyarrow) take 0.1-0.3 s of CPU when cold. Done now, at the
             # start, they do not land in the middle of training at the first flush, where they
             # hold one rank back and make it look like a straggler in a short run.
-            from ..trace import writer as _writer  # noqa: F401
+            from ..format import writer as _writer  # noqa: F401
         except Exception as e:
             log.warn_once("writer-import", "trace writer unavailable", e)
         interval = max(0.05, float(self.config.flush_interval))
@@ -699,7 +699,7 @@ class Recorder:
             self._redeliver()
 
     def _write(self, rows, inflight, final, ccols=None) -> None:
-        from ..trace import writer as W
+        from ..format import writer as W
 
         d = W.rank_dir(self.run_dir, self.rank)
         n_c = len(ccols[0]) if ccols else 0

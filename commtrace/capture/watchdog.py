@@ -108,7 +108,7 @@ class _Watchdog:
     # -------------------------------------------------------------- paths
 
     def rank_dir(self) -> str:
-        from ..trace import writer as W
+        from ..format import writer as W
 
         d = W.rank_dir(self.rec.run_dir, self.rec.rank)
         os.makedirs(d, exist_ok=True)

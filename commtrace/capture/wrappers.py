@@ -27,7 +27,7 @@ import json
 import sys
 import threading
 
-from ..trace import schema as S
+from ..format import schema as S
 from . import log, nvtx_ranges
 from . import recorder as _R
 from .api_table import API_TABLE, Reader, split_param, tensors_of

@@ -78,8 +78,8 @@ def _ranks_written(out: str) -> list[int]:
 
 
 def _update_manifest(out: str, **fields) -> None:
-    from ..trace import schema as S
-    from ..trace import writer as W
+    from ..format import schema as S
+    from ..format import writer as W
 
     path = os.path.join(out, S.MANIFEST_NAME)
     m = {}

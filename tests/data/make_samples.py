@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 from commtrace.analysis.synth import synth_run  # noqa: E402
-from commtrace.trace import schema as S  # noqa: E402
+from commtrace.format import schema as S  # noqa: E402
 
 SCENARIOS = {
     "clean": dict(ranks=4, ops=150),

@@ -11,9 +11,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-# Not `commtrace.trace(...)`: once the `commtrace.trace` subpackage (the trace format) is
-# imported, that attribute is the subpackage, not the function (reported to the capture core).
-from commtrace.capture.api import trace
+from commtrace import trace
 
 out = sys.argv[1]
 dist.init_process_group("gloo")

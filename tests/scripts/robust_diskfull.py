@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from commtrace.trace import writer
+from commtrace.format import writer
 
 calls = [0]
 real_write_part = writer.write_part

@@ -1,4 +1,4 @@
-"""Read a commtrace run directory (the layout of :mod:`commtrace.trace.schema`).
+"""Read a commtrace run directory (the layout of :mod:`commtrace.format.schema`).
 
 The reader finds the Parquet parts, checks each one's footer and schema version, collects the
 per-rank metadata (clock offsets, group membership) and merges the ``_inflight.json`` snapshots.
