@@ -59,7 +59,15 @@ def attribute(m: Model) -> dict:
     lo = np.searchsorted(keys, k_s, "left")
     hi = np.searchsorted(keys, k_e, "left")
     W = cum[hi] - cum[lo]
-    comp = (m.sl_enter - m.sl_sync) - W
+    # work in the interval: the gaps (time outside any traced call) of the rank's events that
+    # start in (sync, enter]; time inside calls is waiting (W) or the transfers themselves
+    erk = m.ev_rank.astype(np.int64) << _SHIFT
+    ekeys = erk + np.floor(m.ev_start).astype(np.int64)
+    s_lo = np.searchsorted(ekeys, rk + np.floor(m.sl_sync).astype(np.int64), "right")
+    s_hi = np.searchsorted(ekeys, rk + np.floor(m.sl_enter).astype(np.int64), "right")
+    gpos = np.where(m.ev_first, 0.0, np.maximum(m.ev_gap, 0.0))
+    cg = np.r_[0.0, np.cumsum(gpos)]
+    comp = cg[s_hi] - cg[s_lo]
     d = d_slot
     exc_c = np.maximum(0.0, comp[d] - comp)
     exc_w = np.maximum(0.0, W[d] - W)
@@ -100,15 +108,9 @@ def attribute(m: Model) -> dict:
     ws = np.flatnonzero(waiting & ((direct > 0) | (prop > 0)))
     if len(ws):
         dd = d[ws]
-        erk = m.ev_rank.astype(np.int64) << _SHIFT
-        ekeys = erk + np.floor(m.ev_start).astype(np.int64)
-        r_d = m.sl_rank[dd].astype(np.int64) << _SHIFT
-        e_lo = np.searchsorted(ekeys, r_d + np.floor(m.sl_sync[dd]).astype(np.int64), "right")
-        e_hi = np.searchsorted(ekeys, r_d + np.floor(m.sl_enter[dd]).astype(np.int64), "right")
+        e_lo, e_hi = s_lo[dd], s_hi[dd]
         x = m.ev_excess
-        gpos = np.where(m.ev_first, 0.0, np.maximum(m.ev_gap, 0.0))
         cx = np.r_[0.0, np.cumsum(x)]
-        cg = np.r_[0.0, np.cumsum(gpos)]
         sx = cx[e_hi] - cx[e_lo]
         sg = cg[e_hi] - cg[e_lo]
         use_x = sx > 0

@@ -162,7 +162,7 @@ def _build(run) -> Model:
         SELECT is_p2p, pg, seq, src, dst, rid, rank, te, cbytes, factor FROM c
         UNION ALL SELECT 1, pg, ps, src, dst, srid, srank, ste, cbytes, 1.0 FROM p
         UNION ALL SELECT 1, pg, ps, src, dst, rrid, rrank, rte, cbytes, 1.0 FROM p
-        ORDER BY 1, 2, 4, 5, 3, 7""").fetch_arrow_table()
+        ORDER BY 1, 2, 4, 5, 3, 7""").to_arrow_table()
     con.close()
 
     rank_r = _col(rows, "rank", dtype=np.int64)

@@ -17,7 +17,7 @@ prints the error); a scenario changes gaps, transfer times or which arrivals cou
 * ``busbw_ref``    -- every collective of one op kind at a reference bus bandwidth (nccl-tests:
   t = S x F / busbw);
 * ``remove_rank``  -- a rank removed from a group's critical path: its arrivals no longer
-  hold that group's collectives.
+  hold that group's collectives, and the run ends with the other ranks.
 
 Replays are vectorised over scenarios: all of them advance together through the trace in
 batches of independent communications (numpy), in a topological order of the dependencies.
@@ -46,6 +46,7 @@ class Scenario:
     tc_ind: np.ndarray | None = None     # per slot, duration of an independent slot
     mask: np.ndarray | None = None       # per slot: arrival ignored in T0
     queue: bool = True
+    exclude_ranks: tuple = ()            # ranks left out of the run's end
 
 
 @dataclass
@@ -294,25 +295,43 @@ def replay(m: Model, scenarios: list[Scenario], keep_events: bool = False) -> Re
         if a1 > a0:
             st = X[:, a_xprev[a0:a1]] + a_off[:, a0:a1]
             X[:, a0:a1] = np.maximum(st, L[:, a_slot[a0:a1]]) + a_rho[a0:a1]
-    # every event's release
-    start = X[:, plan.e_xcol] + off
-    rel = np.where(m.ev_anchor, 0.0, start + m.ev_dur)
-    if A:
-        rel[:, plan.anc] = X[:, plan.anc_inv]
-    t_end = rel.max(axis=1) if E else np.zeros(S)
-    steps, step_end = _step_ends(m, rel)
-    return ReplayResult([s.name for s in scenarios], t_end, steps, step_end, rel if keep_events else None)
+    # every event's release, one scenario at a time (memory: one row of E)
+    del s_off, a_off, tc, tci, mask
+    t_end = np.zeros(S)
+    steps, sinv, sok = _step_index(m)
+    step_end = np.full((S, len(steps)), -np.inf)
+    kept = np.empty((S, E)) if keep_events else None
+    for i in range(S):
+        rel = X[i, plan.e_xcol] + off[i]
+        rel += np.where(m.ev_anchor, 0.0, m.ev_dur)
+        if A:
+            rel[plan.anc] = X[i, plan.anc_inv]
+        if scenarios[i].exclude_ranks:
+            keep = ~np.isin(m.ev_rank, np.asarray(scenarios[i].exclude_ranks, np.int64))
+            t_end[i] = rel[keep].max() if keep.any() else 0.0
+        else:
+            t_end[i] = rel.max() if E else 0.0
+        if len(steps):
+            np.maximum.at(step_end[i], sinv, rel[sok])
+        if kept is not None:
+            kept[i] = rel
+    return ReplayResult([s.name for s in scenarios], t_end, steps, step_end, kept)
+
+
+def _step_index(m: Model):
+    ok = m.ev_step >= 0
+    if not ok.any():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), ok
+    steps, inv = np.unique(m.ev_step[ok], return_inverse=True)
+    return steps, inv, ok
 
 
 def _step_ends(m: Model, rel: np.ndarray):
-    st = m.ev_step
-    ok = st >= 0
-    if not ok.any():
-        return np.zeros(0, np.int64), np.zeros((rel.shape[0], 0))
-    steps, inv = np.unique(st[ok], return_inverse=True)
+    steps, inv, ok = _step_index(m)
     out = np.full((rel.shape[0], len(steps)), -np.inf)
     for i in range(rel.shape[0]):
-        np.maximum.at(out[i], inv, rel[i][ok])
+        if len(steps):
+            np.maximum.at(out[i], inv, rel[i][ok])
     return steps, out
 
 
@@ -356,10 +375,12 @@ def busbw_ref(m: Model, op: str, gbps: float) -> Scenario:
 
 
 def remove_rank(m: Model, rank: int, pg: str) -> Scenario:
-    """Rank `rank`'s arrivals no longer hold the collectives of group `pg`."""
+    """Rank `rank`'s arrivals no longer hold the collectives of group `pg`, and the run ends
+    with the other ranks' last release (the rank's own late work no longer counts: as if a
+    spare took its place on that group)."""
     sel = (m.sl_rank == int(rank)) & (m.cm_pg[m.sl_comm] == pg) & ~m.cm_is_p2p[m.sl_comm]
     return Scenario(f"rank {int(rank)} removed from pg {pg}'s critical path", "remove_rank",
-                    {"rank": int(rank), "pg": pg}, mask=sel)
+                    {"rank": int(rank), "pg": pg}, mask=sel, exclude_ranks=(int(rank),))
 
 
 def validate(run) -> dict:

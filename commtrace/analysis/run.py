@@ -951,10 +951,12 @@ class Run:
         self._cache["last_completed"] = out
         return dict(out)
 
-    def report(self, top: int = 10, rank: int | None = None, steps=None, progress=None) -> dict:
-        """The `commtrace report --format json` dict (public contract, docs/report.md)."""
+    def report(self, top: int = 10, rank: int | None = None, steps=None, progress=None,
+               busbw_ref: float | None = None) -> dict:
+        """The `commtrace report --format json` dict (public contract, docs/report.md).
+        `busbw_ref` (GB/s) adds a what-if per collective op kind at that bus bandwidth."""
         from .report import build_report
-        return build_report(self, top=top, rank=rank, steps=steps, progress=progress)
+        return build_report(self, top=top, rank=rank, steps=steps, progress=progress, busbw_ref=busbw_ref)
 
     def close(self) -> None:
         """Release the DuckDB connection."""
