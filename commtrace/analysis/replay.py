@@ -281,6 +281,8 @@ def replay(m: Model, scenarios: list[Scenario], keep_events: bool = False) -> Re
         if s1 > s0:
             ent = X[:, s_xcol[s0:s1]] + s_off[:, s0:s1]
             q = L[:, s_prev[s0:s1]] + qmask
+            if has_mask:
+                q = q + mask[:, s0:s1]
             arr = ent + mask[:, s0:s1] if has_mask else ent
             mm = np.maximum(arr, q)
             if c1 - c0 == 1:
@@ -378,7 +380,7 @@ def remove_rank(m: Model, rank: int, pg: str) -> Scenario:
     """Rank `rank`'s arrivals no longer hold the collectives of group `pg`, and the run ends
     with the other ranks' last release (the rank's own late work no longer counts: as if a
     spare took its place on that group)."""
-    sel = (m.sl_rank == int(rank)) & (m.cm_pg[m.sl_comm] == pg) & ~m.cm_is_p2p[m.sl_comm]
+    sel = (m.sl_rank == int(rank)) & (m.cm_pg[m.sl_comm] == pg)
     return Scenario(f"rank {int(rank)} removed from pg {pg}'s critical path", "remove_rank",
                     {"rank": int(rank), "pg": pg}, mask=sel, exclude_ranks=(int(rank),))
 
