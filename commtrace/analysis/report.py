@@ -10,6 +10,7 @@ import decimal
 import math
 
 from ..format import schema as S
+from .overview import overview
 
 #: Version of the report's JSON contract (not the trace schema).
 REPORT_SCHEMA = 1
@@ -123,6 +124,8 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         "ended_early": ended_early(base),
         "warnings": list(dict.fromkeys(base.warnings + run.warnings)),
         "finding_counts": _count(findings),
+        # the dashboard's overview page (job state, headline fractions, per-rank health, cards)
+        "overview": _clean(overview(run)),
     }
     tick("done", 1.0)
     return rep
