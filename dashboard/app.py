@@ -32,6 +32,8 @@ HIDDEN = {"height": 0, "overflow": "hidden"}
 #: Views whose content is sent the first time they are shown, then kept; their figures are built in
 #: a background thread when the app is created, so that showing one costs no server time.
 LAZY = ("overlap", "stalls", "bandwidth", "facts")
+#: Tables of at most this many rows take the height of their rows.
+AUTO_HEIGHT_ROWS = 30
 #: Live refresh period (ms) while the job runs.
 LIVE_MS = 2000
 SEVERITY_MANTINE = {"error": "red", "warning": "orange", "info": "blue"}
@@ -73,13 +75,16 @@ def _grid(id_, rows, columns, height=None, **kw):
         if len(c) > 2:
             d.update(c[2])
         defs.append(d)
-    n = len(rows)
-    h = height or min(40 + 42 * max(n, 1), 520)
+    # A short table takes the height of its rows (nothing clipped, no inner scroll bar); a long
+    # one scrolls inside a fixed height (AG Grid draws only the rows in view).
+    auto = len(rows) <= AUTO_HEIGHT_ROWS
     return dag.AgGrid(id=id_, rowData=rows, columnDefs=defs, className="ag-theme-alpine",
                       defaultColDef={"sortable": True, "resizable": True, "filter": False, "wrapText": True,
-                                     "autoHeight": True, "cellStyle": {"lineHeight": "1.4", "paddingTop": "4px"}},
-                      columnSize="responsiveSizeToFit", dashGridOptions={"domLayout": "normal", "animateRows": False},
-                      style={"height": f"{h}px", "width": "100%"}, **kw)
+                                     "autoHeight": True, "cellStyle": {"lineHeight": "1.4", "paddingTop": "6px",
+                                                                       "paddingBottom": "6px"}},
+                      columnSize="responsiveSizeToFit",
+                      dashGridOptions={"domLayout": "autoHeight" if auto else "normal", "animateRows": False},
+                      style={"width": "100%", **({} if auto else {"height": f"{height or 520}px"})}, **kw)
 
 
 def _empty(text, id_=None):
@@ -654,7 +659,7 @@ def _findings_view(d: RunData):
                                      ("pg", "pg", {"maxWidth": 70}), ("seq", "seq", {"maxWidth": 80}), ("op", "op"),
                                      ("site", "site"), ("impact", "impact", {"maxWidth": 110}),
                                      ("message", "message", {"flex": 4, "minWidth": 300})],
-                  getRowId="String(params.data.i)", height=min(60 + 60 * len(rows), 700),
+                  getRowId="params.data.rid", height=min(60 + 60 * len(rows), 700),
                   rowClassRules={f"sev-{k}": f"params.data.severity == '{k}'" for k in F.SEVERITY_COLOR})]
 
 

@@ -428,7 +428,7 @@ def late_pairs(d: RunData, top: int = 20) -> list[dict]:
 
 def findings_rows(d: RunData) -> list[dict]:
     """The findings table, in the analysis' order (severity, then impact)."""
-    return [{"i": i, "severity": f.severity, "kind": f.kind, "rank": f.rank, "pg": f.pg, "seq": f.seq,
+    return [{"i": i, "rid": str(i), "severity": f.severity, "kind": f.kind, "rank": f.rank, "pg": f.pg, "seq": f.seq,
              "op": f.op, "site": f.site, "impact": fmt_ns(f.impact_ns), "message": f.message}
             for i, f in enumerate(d.findings)]
 
