@@ -10,6 +10,7 @@ import decimal
 import math
 
 from ..format import schema as S
+from .overview import overview
 
 #: Version of the report's JSON contract (not the trace schema).
 REPORT_SCHEMA = 1
@@ -128,6 +129,8 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         "finding_counts": _count(findings),
         "what_if": what_if,
         "critical_path": crit,
+        # the dashboard's overview page (job state, headline fractions, per-rank health, cards)
+        "overview": _clean(overview(run)),
     }
     if rc_error:
         rep["warnings"].append(rc_error)
