@@ -39,7 +39,9 @@ def is_loopback(host: str) -> bool:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8050, show_default=True)
 @click.option("--no-browser", is_flag=True, help="Do not open a web browser.")
-def command(run_dir, host, port, no_browser):
+@click.option("--run", "run_id", default=None, metavar="ID|latest",
+              help="When DIR holds several runs: the one to use (its id, or latest).")
+def command(run_dir, host, port, no_browser, run_id):
     """Serve the interactive dashboard of a run: timeline, overlap, stalls, findings, bandwidth.
 
     Serves only the run DIR; stop it with Ctrl-C."""
@@ -58,7 +60,7 @@ def command(run_dir, host, port, no_browser):
     except OSError as e:
         raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     click.echo(f"loading {run_dir} ...", err=True)
-    run = load(run_dir)
+    run = load(run_dir, run=run_id)
     if run.missing_ranks:
         click.echo(f"commtrace: warning: partial run, rank(s) {', '.join(map(str, run.missing_ranks))} missing", err=True)
     from dashboard.app import build
