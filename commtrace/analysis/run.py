@@ -318,6 +318,11 @@ class Run:
                 out[pg] = list(range(self.world_size))
             else:
                 out[pg] = sorted(int(r) for r in rs)
+        if any(m.get("simulated") for m in self.meta.values()):
+            # A simulated world (torch's fake backend: one process plays one rank of N): the
+            # other members are not processes, so only the traced ranks can join anything.
+            present = set(self.ranks)
+            out = {pg: [r for r in v if r in present] for pg, v in out.items()}
         return out
 
     @property

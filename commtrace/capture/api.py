@@ -225,15 +225,20 @@ def _start(cfg: Config) -> None:
         store = c10d._get_default_store()
     except Exception:
         store = None
-    out = _resolve_output(cfg, store, rank)
-    rid = _agree_run_id(store, rank, ws)
+    # torch's fake backend: one process plays one rank, no other rank shares the store
+    shared = store if backend not in clock.SIMULATED_BACKENDS else None
+    out = _resolve_output(cfg, shared, rank)
+    rid = _agree_run_id(shared, rank, ws)
     cfg = cfg.replace(output=out)
     # One run directory per job (schema v2): jobs written under one output never mix.
     rec = _R.Recorder(cfg, rank, ws, backend=backend, run_dir=os.path.join(out, rid))
     rec.meta["run_id"] = rid
     rec.start_ns = time.time_ns()
-    off, method, rtt = clock.measure(store, rank, ws, rec.now_ns)
+    off, method, rtt = clock.measure(store, rank, ws, rec.now_ns, backend=backend)
     rec.meta.update(clock_offset_ns=off, clock_offset_method=method, clock_rtt_ns=rtt)
+    if backend in clock.SIMULATED_BACKENDS:
+        # One process plays one rank of a world that does not exist: no other rank can join.
+        rec.meta["simulated"] = True
     if rank == 0:
         _write_manifest(rec)
     if cfg.cuda_events:

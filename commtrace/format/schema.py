@@ -115,4 +115,5 @@ META_KEYS = (
     "nvml", "nccl_version", "nccl_env", "graph_captured_ops",
     "flush_interval_s", "clock_skew_injected_ns", "capture_path",  # "c" or "python"
     "run_id",  # v2: the job's run id, the same on every rank
+    "simulated",  # true: torch's fake backend, the other ranks of the world are not processes
 )
