@@ -37,6 +37,8 @@ CLOCK_TOLERANCE_S = 30.0
 DEFAULT_FLUSH_INTERVAL_S = 2.0
 
 FAILED_STATES = ("exception", "crashed", "killed")
+#: Exit codes of a command stopped by a signal on purpose: 128 + SIGINT, 128 + SIGTERM.
+INTERRUPT_CODES = {130: "SIGINT", 143: "SIGTERM"}
 JOB_STATES = ("completed", "failed", "interrupted", "running", "unknown")
 
 _FATAL = {
@@ -155,6 +157,9 @@ def job_state(rf, world_size: int | None = None, states: dict | None = None,
         state, sig = "interrupted", sess.get("signal")
     elif not sess and any(s["state"] == "signalled" and s.get("signal") == "SIGINT" for s in states.values()):
         state, sig = "interrupted", "SIGINT"
+    elif exit_code in INTERRUPT_CODES and not any(states[r]["state"] in ("crashed", "exception") for r in failed):
+        # the launcher's command ended on SIGINT / SIGTERM that someone sent it directly
+        state, sig = "interrupted", INTERRUPT_CODES[exit_code]
     elif failed or (exit_code not in (None, 0)):
         state = "failed"
         sigs = [states[r]["signal"] for r in failed if states[r].get("signal")]

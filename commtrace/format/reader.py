@@ -496,4 +496,15 @@ def poll_run(path) -> dict:
         except (OSError, ValueError, TypeError):
             pass
     out["parts"] = (n, newest)
+    if out["manifest"].get("run_id"):
+        # Schema v2: the launcher's end and exit code are in the session manifest above the run
+        # (they are this job's when it is the session's last).
+        from .runs import session_manifest
+
+        sess = session_manifest(path)
+        out["session"] = sess
+        runs = sess.get("runs") or []
+        if sess.get("end_ns") and (not runs or runs[-1] == os.path.basename(os.path.abspath(path))):
+            out["manifest"] = dict(out["manifest"], end_ns=sess["end_ns"], exit_code=sess.get("exit_code"),
+                                   signal=sess.get("signal"))
     return out
