@@ -589,7 +589,26 @@ class Recorder:
 
     # ------------------------------------------------------------------ writer thread
 
+    def _lower_priority(self) -> None:
+        """Lower this (the writer) thread's scheduling priority by ``config.writer_nice``.
+
+        Linux applies ``setpriority(PRIO_PROCESS, tid)`` to the one thread: the training thread
+        and the backend's threads keep theirs, and on a busy machine the encoding of a part
+        waits for CPU they leave idle instead of taking it from them. The guarantees do not
+        depend on it: the buffer stays bounded (rows beyond it are dropped and counted), the
+        exit and signal flushes run on the thread that handles them, at its own priority."""
+        n = int(getattr(self.config, "writer_nice", 0) or 0)
+        if n <= 0 or not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+            return
+        try:
+            tid = threading.get_native_id()
+            cur = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, cur + n))
+        except Exception as e:
+            log.warn_once("writer-nice", "cannot lower the writer thread's priority", e)
+
     def _run(self) -> None:
+        self._lower_priority()
         try:
             # The writer's imports (pyarrow) take 0.1-0.3 s of CPU when cold. Done now, at the
             # start, they do not land in the middle of training at the first flush, where they
