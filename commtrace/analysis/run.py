@@ -75,7 +75,7 @@ def load(path, *, threads: int | None = None, memory_limit: str | None = None, p
 
 #: Columns the analysis never reads: left in the Parquet parts and joined back by row id
 #: (`rid`) when ops() returns full rows, so that loading materialises less.
-LAZY_COLUMNS = ("api", "backend", "thread", "t_start_ns")
+LAZY_COLUMNS = ("api", "backend", "thread", "t_start_ns", "completion", "torch_seq")
 #: Read at load for derived values (completion fill, in-flight count), then dropped.
 _LOAD_ONLY = ("device", "inflight_ids")
 LOAD_COLUMNS = [c for c in S.COLUMNS if c not in LAZY_COLUMNS]

@@ -74,6 +74,8 @@ I_FIRST = IDX["first_on_pg"]
 I_STREAM_WAIT = IDX["stream_wait_ns"]
 I_THREAD = IDX["thread"]
 I_DETAIL = IDX["detail"]
+I_COMPLETION = IDX["completion"]
+I_TORCH_SEQ = IDX["torch_seq"]
 
 #: How often the writer thread polls Work objects that have no future (seconds). Bounded: at
 #: most MAX_POLL works are looked at per cycle.
@@ -165,7 +167,8 @@ def expand(rank: int, pre: tuple, t1) -> list:
     return [S.KIND_OP, rank, name, size, seq, op, pre[F_API] or api, pre[F_ASYNC], backend,
             pre[F_DEVICE], dtype_name(dt), count, b, ob, pre[F_PEER], pre[F_ROOT], pre[F_T0],
             t1, None, t1, None, None, pre[F_STEP], pre[F_SITE], None, pre[F_OP_ID], None, None,
-            None, (seq == 0) if seq is not None else None, None, pre[F_THREAD], pre[F_DETAIL]]
+            None, (seq == 0) if seq is not None else None, None, pre[F_THREAD], pre[F_DETAIL],
+            "return" if t1 is not None else None, None]
 
 
 def expand_columns(rank: int, c: tuple) -> list:
@@ -187,7 +190,7 @@ def expand_columns(rank: int, c: tuple) -> list:
             counts, nbytes, out_b, c[F_PEER], c[F_ROOT], c[F_T0], t1, nones, t1, nones, nones,
             c[F_STEP], c[F_SITE], nones, c[F_OP_ID], nones, nones, nones,
             [(s == 0) if s is not None else None for s in c[F_SEQ]], nones, c[F_THREAD],
-            c[F_DETAIL]]
+            c[F_DETAIL], [None if t is None else "return" for t in t1], nones]
 
 
 _cfast = None  # the C fast path (wrappers.make_wrapper), when built and not turned off
@@ -541,11 +544,15 @@ class Recorder:
             return None
         return p
 
-    def complete(self, p: PendingOp, t_end: int) -> None:
-        """Completion of an async op (future callback, poll or wait); keeps the earliest."""
-        cur = p.row[I_T_END]
+    def complete(self, p: PendingOp, t_end: int, how: str = "callback") -> None:
+        """Completion of an async op; keeps the earliest, with how it was obtained (column
+        ``completion``: "callback" when the backend notified the end, "observed" / "wait" when
+        commtrace found it complete, an upper bound)."""
+        row = p.row
+        cur = row[I_T_END]
         if cur is None or t_end < cur:
-            p.row[I_T_END] = t_end
+            row[I_T_END] = t_end
+            row[I_COMPLETION] = how
 
     def hold_device_row(self, op_id: int, row) -> None:
         """A finished host row whose device times are still to be read back by `poll()`."""
@@ -589,7 +596,26 @@ class Recorder:
 
     # ------------------------------------------------------------------ writer thread
 
+    def _lower_priority(self) -> None:
+        """Lower this (the writer) thread's scheduling priority by ``config.writer_nice``.
+
+        Linux applies ``setpriority(PRIO_PROCESS, tid)`` to the one thread: the training thread
+        and the backend's threads keep theirs, and on a busy machine the encoding of a part
+        waits for CPU they leave idle instead of taking it from them. The guarantees do not
+        depend on it: the buffer stays bounded (rows beyond it are dropped and counted), the
+        exit and signal flushes run on the thread that handles them, at its own priority."""
+        n = int(getattr(self.config, "writer_nice", 0) or 0)
+        if n <= 0 or not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+            return
+        try:
+            tid = threading.get_native_id()
+            cur = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, cur + n))
+        except Exception as e:
+            log.warn_once("writer-nice", "cannot lower the writer thread's priority", e)
+
     def _run(self) -> None:
+        self._lower_priority()
         try:
             # The writer's imports (pyarrow) take 0.1-0.3 s of CPU when cold. Done now, at the
             # start, they do not land in the middle of training at the first flush, where they
@@ -630,7 +656,7 @@ class Recorder:
                 polled += 1
                 try:
                     if p.work.is_completed():
-                        self.complete(p, now)
+                        self.complete(p, now, "observed")
                 except Exception:
                     pass
             if final:
@@ -668,6 +694,7 @@ class Recorder:
                         row[I_T_START] = t_start
                     if t_end is not None:
                         row[I_T_END] = t_end
+                        row[I_COMPLETION] = "device"
                     if sw is not None:
                         row[I_STREAM_WAIT] = sw
                     if p is not None:
