@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from commtrace.analysis.findings import fmt_ns
+from ..analysis.findings import fmt_ns
 
 from .data import NS, RunData
 
