@@ -74,6 +74,8 @@ I_FIRST = IDX["first_on_pg"]
 I_STREAM_WAIT = IDX["stream_wait_ns"]
 I_THREAD = IDX["thread"]
 I_DETAIL = IDX["detail"]
+I_COMPLETION = IDX["completion"]
+I_TORCH_SEQ = IDX["torch_seq"]
 
 #: How often the writer thread polls Work objects that have no future (seconds). Bounded: at
 #: most MAX_POLL works are looked at per cycle.
@@ -162,7 +164,8 @@ def expand(rank: int, pre: tuple, t1) -> list:
     return [S.KIND_OP, rank, name, size, seq, op, pre[F_API] or api, pre[F_ASYNC], backend,
             pre[F_DEVICE], dtype_name(dt), count, b, ob, pre[F_PEER], pre[F_ROOT], pre[F_T0],
             t1, None, t1, None, None, pre[F_STEP], pre[F_SITE], None, pre[F_OP_ID], None, None,
-            None, (seq == 0) if seq is not None else None, None, pre[F_THREAD], pre[F_DETAIL]]
+            None, (seq == 0) if seq is not None else None, None, pre[F_THREAD], pre[F_DETAIL],
+            "return" if t1 is not None else None, None]
 
 
 def expand_columns(rank: int, c: tuple) -> list:
@@ -184,7 +187,7 @@ def expand_columns(rank: int, c: tuple) -> list:
             counts, nbytes, out_b, c[F_PEER], c[F_ROOT], c[F_T0], t1, nones, t1, nones, nones,
             c[F_STEP], c[F_SITE], nones, c[F_OP_ID], nones, nones, nones,
             [(s == 0) if s is not None else None for s in c[F_SEQ]], nones, c[F_THREAD],
-            c[F_DETAIL]]
+            c[F_DETAIL], [None if t is None else "return" for t in t1], nones]
 
 
 _cfast = None  # the C fast path (wrappers.make_wrapper), when built and not turned off
@@ -228,12 +231,23 @@ def _next_part_index() -> int:
         return _part_counter
 
 
+def storage_key(t):
+    """The key of the memory a tensor lives in: its storage's base address (a view or a slice
+    has the base of its storage). None for a tensor without memory of its own (empty storage,
+    fake / meta tensors, a wrapper subclass)."""
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except Exception:
+        return None
+    return ptr or None
+
+
 class PendingOp:
     """An async op issued and not yet written: its row, its Work (or tensor) and state."""
 
     __slots__ = ("op_id", "op", "api", "tensors", "async_op", "waited", "row",
                  "work", "work_ref", "has_future", "t_done_seen", "device_token", "key",
-                 "siblings", "nvtx_range", "__weakref__")
+                 "skeys", "siblings", "nvtx_range", "__weakref__")
 
     def __init__(self, row, tensors=(), device_token=None):
         self.row = row
@@ -249,6 +263,7 @@ class PendingOp:
         self.t_done_seen = None  # writer-thread time when first seen complete
         self.device_token = device_token
         self.key = None         # key in Recorder._by_key (id of the Work or tensor)
+        self.skeys = ()         # keys in Recorder._by_storage (result tensors' storages)
         self.siblings = None    # other ops completed by the same Work (coalesced)
         self.nvtx_range = None  # id of the NVTX issue-to-wait range (async ops, tool attached)
 
@@ -327,6 +342,10 @@ class Recorder:
         self._ready = collections.deque()
         self._pending: dict[int, PendingOp] = {}   # op_id -> PendingOp
         self._by_key: dict[int, PendingOp] = {}    # id(work or tensor) -> PendingOp
+        #: storage key (storage_key()) of an async result tensor -> PendingOp: functional
+        #: collectives are waited through whatever tensor shares the result's memory (a view,
+        #: a slice, a DTensor's local shard), as torch's own work registry keys them.
+        self._by_storage: dict = {}
         self._device_rows: dict[int, list] = {}    # op_id -> row waiting for device times
         #: op_id -> row of a blocking call in progress (set before the call, popped after it
         #: returns). The writer thread lists them in _inflight.json: a rank hung inside a
@@ -482,6 +501,30 @@ class Recorder:
             self._notify(1)
         return p
 
+    def add_pending_tensors(self, row, results, tensors=()) -> PendingOp:
+        """Register an async op completed by waiting on any of the tensors `results` (functional
+        collectives: ``wait_tensor``), or on anything sharing their memory (:meth:`lookup_tensor`)."""
+        p = self.add_pending(row, key_obj=results[0] if results else None, tensors=tensors)
+        keys = []
+        for t in results:
+            k = storage_key(t)
+            if k is not None:
+                keys.append(k)
+                self._by_storage[k] = p
+        p.skeys = tuple(keys)
+        return p
+
+    def lookup_tensor(self, t) -> "PendingOp | None":
+        """The pending op whose result tensor shares memory with `t`, if any (a view, a slice
+        or the tensor itself)."""
+        k = storage_key(t)
+        p = self._by_storage.get(k) if k is not None else None
+        if p is None:
+            p = self._by_key.get(id(t))
+            if p is None or p.skeys:
+                return None
+        return p
+
     def lookup(self, obj) -> "PendingOp | None":
         """The pending op whose Work (or tensor) is `obj`, if any."""
         p = self._by_key.get(id(obj))
@@ -494,11 +537,15 @@ class Recorder:
             return None
         return p
 
-    def complete(self, p: PendingOp, t_end: int) -> None:
-        """Completion of an async op (future callback, poll or wait); keeps the earliest."""
-        cur = p.row[I_T_END]
+    def complete(self, p: PendingOp, t_end: int, how: str = "callback") -> None:
+        """Completion of an async op; keeps the earliest, with how it was obtained (column
+        ``completion``: "callback" when the backend notified the end, "observed" / "wait" when
+        commtrace found it complete, an upper bound)."""
+        row = p.row
+        cur = row[I_T_END]
         if cur is None or t_end < cur:
-            p.row[I_T_END] = t_end
+            row[I_T_END] = t_end
+            row[I_COMPLETION] = how
 
     def hold_device_row(self, op_id: int, row) -> None:
         """A finished host row whose device times are still to be read back by `poll()`."""
@@ -522,6 +569,9 @@ class Recorder:
             n = len(self._pending)
         if p.key is not None and self._by_key.get(p.key) is p:
             self._by_key.pop(p.key, None)
+        for k in p.skeys:
+            if self._by_storage.get(k) is p:
+                self._by_storage.pop(k, None)
         p.work = None
         p.tensors = ()
         if p.nvtx_range is not None:  # never waited: the range ends when the op is written
@@ -539,7 +589,26 @@ class Recorder:
 
     # ------------------------------------------------------------------ writer thread
 
+    def _lower_priority(self) -> None:
+        """Lower this (the writer) thread's scheduling priority by ``config.writer_nice``.
+
+        Linux applies ``setpriority(PRIO_PROCESS, tid)`` to the one thread: the training thread
+        and the backend's threads keep theirs, and on a busy machine the encoding of a part
+        waits for CPU they leave idle instead of taking it from them. The guarantees do not
+        depend on it: the buffer stays bounded (rows beyond it are dropped and counted), the
+        exit and signal flushes run on the thread that handles them, at its own priority."""
+        n = int(getattr(self.config, "writer_nice", 0) or 0)
+        if n <= 0 or not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+            return
+        try:
+            tid = threading.get_native_id()
+            cur = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, cur + n))
+        except Exception as e:
+            log.warn_once("writer-nice", "cannot lower the writer thread's priority", e)
+
     def _run(self) -> None:
+        self._lower_priority()
         try:
             # The writer's imports (pyarrow) take 0.1-0.3 s of CPU when cold. Done now, at the
             # start, they do not land in the middle of training at the first flush, where they
@@ -579,7 +648,7 @@ class Recorder:
                 polled += 1
                 try:
                     if p.work.is_completed():
-                        self.complete(p, now)
+                        self.complete(p, now, "observed")
                 except Exception:
                     pass
             if final:
@@ -617,6 +686,7 @@ class Recorder:
                         row[I_T_START] = t_start
                     if t_end is not None:
                         row[I_T_END] = t_end
+                        row[I_COMPLETION] = "device"
                     if sw is not None:
                         row[I_STREAM_WAIT] = sw
                     if p is not None:

@@ -85,6 +85,13 @@ EXTRA_FIELDS = [
     pa.field("thread", pa.int64()),
     # Free-form detail (hazard type, DDP bucket index, ...), JSON or plain text.
     pa.field("detail", pa.string()),
+    # How t_end_ns was obtained (docs/trace-format.md, "Completion"): notified at the end
+    # ("callback", "device", "hook") or an upper bound seen by commtrace ("observed": already
+    # complete when first looked at; "wait": wait() returned; "return": a blocking call returned).
+    pa.field("completion", pa.string()),
+    # The process group's own sequence number of the op, where torch exposes it (NCCL WorkInfo
+    # merge, docs/trace-format.md); null elsewhere.
+    pa.field("torch_seq", pa.int64()),
 ]
 
 SCHEMA = pa.schema(REQUIRED_FIELDS + EXTRA_FIELDS)
@@ -99,4 +106,5 @@ META_KEYS = (
     "pg_ranks",  # {pg name: [global ranks]}
     "nvml", "nccl_version", "nccl_env", "graph_captured_ops",
     "flush_interval_s", "clock_skew_injected_ns", "capture_path",  # "c" or "python"
+    "simulated",  # true: torch's fake backend, the other ranks of the world are not processes
 )
