@@ -87,6 +87,8 @@ HOLD_FLUSHES = 2
 #: Until the first part is written, flush this often (then every --flush-interval): a rank that
 #: crashes early still leaves its first ops (docs/trace-format.md).
 FIRST_FLUSH_S = 0.2
+#: ... for at most this long (a rank that issues nothing does not rewrite its snapshot 5x/s).
+FIRST_FLUSH_WINDOW_S = 10.0
 
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
@@ -625,7 +627,8 @@ class Recorder:
             log.warn_once("writer-import", "trace writer unavailable", e)
         interval = max(0.05, float(self.config.flush_interval))
         first = min(FIRST_FLUSH_S, interval)
-        next_flush = time.monotonic() + first
+        t_start = time.monotonic()
+        next_flush = t_start + first
         while not self._stop.is_set():
             has_poll = any(p.work is not None and p.row[I_T_END] is None
                            for p in list(self._pending.values())[:MAX_POLL])
@@ -638,7 +641,8 @@ class Recorder:
                 self._service(final=False)
                 if time.monotonic() >= next_flush:
                     self.flush()
-                    next_flush = time.monotonic() + (interval if self._wrote_part else first)
+                    early = not self._wrote_part and time.monotonic() < t_start + FIRST_FLUSH_WINDOW_S
+                    next_flush = time.monotonic() + (first if early else interval)
             except Exception as e:  # never die silently, never raise
                 log.warn_once("writer", "writer thread error", e)
 

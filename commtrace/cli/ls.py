@@ -14,7 +14,7 @@ Examples:
   commtrace ls                       (./commtrace-traces)
   commtrace ls traces/exp1
   commtrace ls traces --format json
-Then: commtrace report DIR --run <id|latest>
+  commtrace report traces --run latest   (then: one of them)
 """
 
 
