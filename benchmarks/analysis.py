@@ -25,12 +25,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def child_report(path: str) -> tuple[float, float, float]:
+def child_report(path: str, extra: tuple = ()) -> tuple[float, float, float]:
     """(wall s, cpu s, peak RSS MB) of one `commtrace report` process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "commtrace", "report", path, "--format", "json",
-                        "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                        "--no-progress", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
@@ -46,6 +46,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None, help="run directory (synthesised if missing)")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic run")
+    ap.add_argument("--what-if-cost", action="store_true",
+                    help="also time `report --no-what-if`, alternating, and print the root cause / "
+                         "what-if share (issue 18)")
     a = ap.parse_args()
 
     from commtrace.analysis.synth import synth_run
@@ -62,8 +65,13 @@ def main() -> int:
         size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
         print(f"synth: {a.ranks} ranks x {a.ops} ops in {time.perf_counter() - t0:.1f} s, "
               f"{size / 1e6:.0f} MB on disk", flush=True)
+    load0 = os.getloadavg()[0]
     try:
-        runs = [child_report(path) for _ in range(max(1, a.repeat))]
+        runs, bare = [], []
+        for _ in range(max(1, a.repeat)):
+            runs.append(child_report(path))
+            if a.what_if_cost:
+                bare.append(child_report(path, ("--no-what-if",)))
     finally:
         if tmp and not a.keep:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -71,7 +79,14 @@ def main() -> int:
     print(f"report: {a.ranks} ranks x {a.ops} ops ({a.ranks * a.ops / 1e6:.2f}M ops): "
           f"best {best[0]:.2f} s wall, {best[1]:.2f} s cpu, peak RSS {max(r[2] for r in runs):.0f} MB")
     print("runs: " + "; ".join(f"{w:.2f} s wall / {c:.2f} s cpu / {m:.0f} MB" for w, c, m in runs))
-    print(f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f}")
+    if bare:
+        b = min(bare)
+        print(f"report --no-what-if: best {b[0]:.2f} s wall, {b[1]:.2f} s cpu, peak RSS "
+              f"{max(r[2] for r in bare):.0f} MB; runs: " + "; ".join(f"{w:.2f} s / {c:.2f} s cpu" for w, c, _ in bare))
+        print(f"root cause + critical path + what-if add {best[0] - b[0]:+.2f} s wall "
+              f"({100 * (best[0] - b[0]) / b[0]:+.0f}%), {best[1] - b[1]:+.2f} s cpu "
+              f"({100 * (best[1] - b[1]) / b[1]:+.0f}%) (best against best)")
+    print(f"machine: {os.cpu_count()} cpus, load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
     return 0
 
 

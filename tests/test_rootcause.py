@@ -212,3 +212,10 @@ def test_c_and_numpy_replays_agree(fixture, request):
     b = RP.replay(m, scs, keep_events=True, engine="c")
     assert a.ev_rel == pytest.approx(b.ev_rel, abs=1e-3)
     assert list(a.t_end) == pytest.approx(list(b.t_end), abs=1e-3)
+
+
+def test_no_what_if_leaves_the_sections_out(tpdp, capsys):
+    assert main(["report", tpdp.path, "--no-what-if", "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["what_if"] is None and rep["critical_path"] is None
+    assert all(f.get("gain_s") is None for f in rep["findings"])

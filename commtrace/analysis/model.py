@@ -132,11 +132,11 @@ def build_model(run) -> Model:
 def _build(run) -> Model:
     import os as _os
     import time as _time
-    _T = [_time.perf_counter()]
+    _T = [_time.process_time()]
 
     def tick(name):
         if _os.environ.get("COMMTRACE_MODEL_TIMING"):
-            t = _time.perf_counter()
+            t = _time.process_time()
             print(f"model {name}: {t - _T[0]:.3f} s")
             _T[0] = t
     rows = run.ops(columns=ROW_COLUMNS)
@@ -204,7 +204,25 @@ def _build(run) -> Model:
     ev_start = np.concatenate([enq[rid_c], tw[rid_w]])
     ev_rel = np.concatenate([ret[rid_c], twe[rid_w]])
     ev_rank = rank_r[ev_row]
-    order = np.lexsort((ev_is_wait, ev_start, ev_rank))
+    # rows come ordered by (rank, t_enqueue): the calls are in order already; merge the waits
+    # in with int64 keys (rank << 44 | ns since base; 2^44 ns is 4.9 hours)
+    ck = (rank_r[rid_c] << 44) + (t_enq[rid_c] - base)
+    wk = (rank_r[rid_w] << 44) + (t_w[rid_w] - base)
+    if len(ck) > 1 and not np.all(ck[1:] >= ck[:-1]):
+        co = np.argsort(ck, kind="stable")
+    else:
+        co = None
+    wo = np.argsort(wk, kind="stable")
+    cks = ck if co is None else ck[co]
+    wks = wk[wo]
+    nc = len(ck)
+    # a wait goes after every call with a key <= its own (call before wait on ties)
+    wpos = np.searchsorted(cks, wks, side="right") + np.arange(len(wks))
+    order = np.empty(nc + len(wks), np.int64)
+    is_w = np.zeros(nc + len(wks), bool)
+    is_w[wpos] = True
+    order[wpos] = nc + wo
+    order[~is_w] = np.arange(nc) if co is None else co
     ev_row, ev_is_wait, ev_start, ev_rel, ev_rank = (a[order] for a in (ev_row, ev_is_wait, ev_start, ev_rel, ev_rank))
     E = len(ev_row)
     call_ev = np.full(n, -1, np.int64)
@@ -250,7 +268,9 @@ def _build(run) -> Model:
     sl_prev = np.full(nsl, -1, np.int64)
     coll_sl = np.flatnonzero(~s_is_p2p)
     if len(coll_sl):
-        o2 = coll_sl[np.lexsort((sl_enter[coll_sl], sl_rank[coll_sl], s_pgc[coll_sl]))]
+        with np.errstate(over="ignore"):
+            hq = _mix(s_pgc[coll_sl], sl_rank[coll_sl].astype(np.int64))
+        o2 = coll_sl[np.lexsort((sl_enter[coll_sl], hq))]
         same = np.r_[False, (sl_rank[o2[1:]] == sl_rank[o2[:-1]]) & (s_pgc[o2[1:]] == s_pgc[o2[:-1]])]
         sl_prev[o2[same]] = o2[np.flatnonzero(same) - 1]
     queue = np.where(sl_prev >= 0, sl_leave[np.maximum(sl_prev, 0)], -np.inf)
@@ -312,7 +332,9 @@ def _build(run) -> Model:
         pl = np.where(s_is_p2p, np.minimum(s_src, s_dst), -1)
         ph = np.where(s_is_p2p, np.maximum(s_src, s_dst), -1)
         # dense id of (group key, rank) per slot
-        o3 = np.lexsort((sl_rank, ph, pl, s_pgc))
+        with np.errstate(over="ignore"):
+            h3 = _mix(_mix(_mix(s_pgc, pl), ph), sl_rank.astype(np.int64))
+        o3 = np.argsort(h3, kind="stable")
         newk = np.r_[True, (sl_rank[o3[1:]] != sl_rank[o3[:-1]]) | (s_pgc[o3[1:]] != s_pgc[o3[:-1]])
                      | (pl[o3[1:]] != pl[o3[:-1]]) | (ph[o3[1:]] != ph[o3[:-1]])]
         gr = np.empty(nsl, np.int64)
@@ -374,6 +396,13 @@ def _build(run) -> Model:
         row_seq=_col(rows, "seq", fill=-1, dtype=np.int64), t_begin=t_begin, t_end=t_end_)
 
 
+def _mix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """64-bit hash combination of two int64 arrays (splitmix64-style, wrapping)."""
+    x = (a * np.int64(-7046029254386353131)) ^ (b + np.int64(0x632BE59BD9B4E019))
+    x = (x ^ (x >> np.int64(31))) * np.int64(-4658895280553007687)
+    return x ^ (x >> np.int64(29))
+
+
 def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step):
     """Per event: max(0, gap - median of the same event's gaps on the other ranks). The same
     event = same (site, op, call or wait, step) and the same occurrence of it within the rank's
@@ -382,20 +411,33 @@ def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step):
     if E == 0:
         return np.zeros(0), np.zeros(0, bool)
     key = ev_label * 2 + ev_is_wait.astype(np.int64)
-    # occurrence of key within (rank, step)
-    o = np.lexsort((np.arange(E), key, ev_step, ev_rank))
-    k_r, k_s, k_k = ev_rank[o], ev_step[o], key[o]
-    newg = np.r_[True, (k_r[1:] != k_r[:-1]) | (k_s[1:] != k_s[:-1]) | (k_k[1:] != k_k[:-1])]
+    # occurrence of key within (rank, step): group by a 64-bit mix of the three (one stable
+    # argsort instead of a lexsort of three keys; a collision would need 2^-64 luck)
+    with np.errstate(over="ignore"):
+        h1 = _mix(_mix(ev_rank.astype(np.int64), ev_step.astype(np.int64)), key)
+    o = np.argsort(h1, kind="stable")
+    hs = h1[o]
+    newg = np.r_[True, hs[1:] != hs[:-1]]
     gid = np.cumsum(newg) - 1
     starts = np.flatnonzero(newg)
     occ_sorted = np.arange(E) - starts[gid]
     occ = np.empty(E, np.int64)
     occ[o] = occ_sorted
     g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
-    # group by (key, step, occ) across ranks
-    o2 = np.lexsort((g, occ, ev_step, key))
-    kk, ss, oc = key[o2], ev_step[o2], occ[o2]
-    newp = np.r_[True, (kk[1:] != kk[:-1]) | (ss[1:] != ss[:-1]) | (oc[1:] != oc[:-1])]
+    # group by (key, step, occ) across ranks, values sorted within a group
+    with np.errstate(over="ignore"):
+        h2 = _mix(_mix(key, ev_step.astype(np.int64)), occ)
+    # sort by group, then by value within it: a dense group id times E plus the value's
+    # global rank, one int64 argsort (a lexsort of a float and a hash is 3x slower)
+    og = np.argsort(h2)
+    hs2 = h2[og]
+    gid = np.empty(E, np.int64)
+    gid[og] = np.cumsum(np.r_[True, hs2[1:] != hs2[:-1]]) - 1
+    grank = np.empty(E, np.int64)
+    grank[np.argsort(g)] = np.arange(E)       # NaN sorts last: after every value of its group
+    o2 = np.argsort(gid * E + grank)
+    h2s = h2[o2]
+    newp = np.r_[True, h2s[1:] != h2s[:-1]]
     pid = np.cumsum(newp) - 1
     plo = np.flatnonzero(newp)
     gs = g[o2]

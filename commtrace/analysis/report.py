@@ -45,7 +45,7 @@ def _rows(table) -> list[dict]:
 
 
 def build_report(run, top: int = 10, rank: int | None = None, steps=None, progress=None,
-                 busbw_ref: float | None = None) -> dict:
+                 busbw_ref: float | None = None, what_if: bool = True) -> dict:
     """Assemble the report of `run` (optionally restricted to `steps` = (a, b), half-open, and
     focused on `rank`). `progress(stage, fraction)` is called between stages."""
     def tick(stage, frac):
@@ -63,7 +63,12 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
     tick("per step", 0.55)
     per_step = run.per_step()
     tick("root cause and what-if", 0.65)
-    what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
+    if what_if:
+        what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
+    else:
+        from .rootcause import DISABLED
+        DISABLED.add(run)
+        what_if, crit, rc_error = None, None, None
     tick("findings", 0.7)
     findings = run.findings()
     tick("summaries", 0.9)

@@ -71,7 +71,9 @@ def _steps(value):
               help="What-if: every collective of a kind at this nccl-tests bus bandwidth (e.g. 180).")
 @click.option("--run", "run_id", default=None, metavar="ID|latest",
               help="When DIR holds several runs: the one to use (its id, or latest).")
-def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, run_id):
+@click.option("--what-if/--no-what-if", "what_if", default=True, show_default=True,
+              help="Root cause (delay costs), critical path and what-if by replay.")
+def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, run_id, what_if):
     """Analyse a run: who waited for whom, stragglers, overlap, bandwidth and findings.
 
     Exits 0 whenever a report was produced, whatever it found."""
@@ -82,7 +84,7 @@ def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, run_id):
     try:
         run = load(run_dir, progress=bar, run=run_id)
         bar("matching", 0.05)
-        rep = run.report(top=top, rank=rank, steps=rng, progress=bar, busbw_ref=busbw_ref)
+        rep = run.report(top=top, rank=rank, steps=rng, progress=bar, busbw_ref=busbw_ref, what_if=what_if)
     finally:
         bar.close()
     if fmt == "json":
