@@ -45,7 +45,7 @@ def _rows(table) -> list[dict]:
 
 
 def build_report(run, top: int = 10, rank: int | None = None, steps=None, progress=None,
-                 busbw_ref: float | None = None, what_if: bool = True) -> dict:
+                 busbw_ref: float | None = None, what_if: bool | None = None) -> dict:
     """Assemble the report of `run` (optionally restricted to `steps` = (a, b), half-open, and
     focused on `rank`). `progress(stage, fraction)` is called between stages."""
     def tick(stage, frac):
@@ -63,12 +63,19 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
     tick("per step", 0.55)
     per_step = run.per_step()
     tick("root cause and what-if", 0.65)
+    from .rootcause import AUTO_MAX_OPS, DISABLED
+    skipped = None
+    if what_if is None:
+        n_op = run._sql(f"SELECT count(*) FROM {run._t} WHERE kind = 'op'").fetchone()[0]
+        what_if = n_op <= AUTO_MAX_OPS
+        if not what_if:
+            skipped = (f"root cause and what-if skipped on {n_op:,} ops (more than {AUTO_MAX_OPS:,}): "
+                       "add --what-if for them (docs/performance.md: about +4 s CPU and +0.6 GB per million ops)")
     if what_if:
         what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
     else:
-        from .rootcause import DISABLED
         DISABLED.add(run)
-        what_if, crit, rc_error = None, None, None
+        what_if, crit, rc_error = None, None, skipped
     tick("findings", 0.7)
     findings = run.findings()
     tick("summaries", 0.9)

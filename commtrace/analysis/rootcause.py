@@ -152,6 +152,10 @@ def rank_gain(run, rank: int) -> float:
     return g
 
 
+#: The report runs root cause and what-if by itself up to this many ops (`--what-if` forces
+#: them on larger runs: they cost about 4 s of CPU and 0.6 GB per million ops, more than the
+#: rest of the report; docs/performance.md).
+AUTO_MAX_OPS = 250_000
 #: Runs whose report was asked without root cause and what-if (`report --no-what-if`).
 DISABLED: "weakref.WeakSet" = weakref.WeakSet()
 

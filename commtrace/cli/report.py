@@ -71,8 +71,9 @@ def _steps(value):
               help="What-if: every collective of a kind at this nccl-tests bus bandwidth (e.g. 180).")
 @click.option("--run", "run_id", default=None, metavar="ID|latest",
               help="When DIR holds several runs: the one to use (its id, or latest).")
-@click.option("--what-if/--no-what-if", "what_if", default=True, show_default=True,
-              help="Root cause (delay costs), critical path and what-if by replay.")
+@click.option("--what-if/--no-what-if", "what_if", default=None,
+              help="Root cause (delay costs), critical path and what-if by replay "
+                   "(default: on up to 250,000 ops).")
 def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, run_id, what_if):
     """Analyse a run: who waited for whom, stragglers, overlap, bandwidth and findings.
 
