@@ -16,11 +16,11 @@ warm-up and then a timed window of steps:
 - ``soak``: the soak's tight loop (benchmarks/soak.py): 200 blocking all_reduces of 1 float
   per step.
 
-Method (the machine is shared and noisy): jobs alternate untraced / traced in pairs (the order
-inside a pair alternates too), so a drift of the machine moves both jobs of a pair. A job is two
+Method (the machine is shared and noisy): jobs alternate untraced / traced in rounds (the order
+inside a round alternates too; ``--variant`` adds traced jobs with other options to each round), so a drift of the machine moves both jobs of a pair. A job is two
 processes forked from this one after torch is imported (a second each, not a torchrun start-up),
-so many short pairs fit. Per pair, the ratio traced / untraced of the mean step time (both
-ranks' means averaged); the figure is the median of the per-pair ratios with a distribution-free
+so many short pairs fit. Per round, the ratio traced / untraced of the mean step time (both
+ranks' means averaged); the figure is the median of the per-round ratios with a distribution-free
 95% confidence interval of that median (binomial order statistics, as benchmarks/overhead.py).
 With every figure: the load average (``uptime``) at the start and end of the workload and the
 untraced baseline. Traced jobs also report the CPU time of each rank's writer thread (plus the
@@ -99,6 +99,7 @@ def _thread_cpu_s(thread) -> float | None:
 
 
 def _rank(rank, world, port, workload, traced, out, warmup, steps, q) -> None:
+    """`traced`: None (untraced) or a dict of commtrace options for ``commtrace.enable``."""
     """One rank of one job (a forked child): prints nothing, puts its figures on `q`."""
     try:
         import threading
@@ -107,10 +108,10 @@ def _rank(rank, world, port, workload, traced, out, warmup, steps, q) -> None:
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        if traced:
+        if traced is not None:
             import commtrace
 
-            commtrace.enable(output=out)
+            commtrace.enable(output=out, **traced)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world)
         state, step = _build(workload, rank, world)
@@ -119,7 +120,7 @@ def _rank(rank, world, port, workload, traced, out, warmup, steps, q) -> None:
         dist.barrier()
         writer = next((t for t in threading.enumerate() if t.name == "commtrace-writer"), None)
         w_cpu0 = None
-        if traced:
+        if traced is not None:
             # Write what the warm-up recorded now, outside the window: the writer's CPU in
             # the window (and the final flush) is then the cost of the window's ops.
             from commtrace.capture import recorder as R
@@ -136,14 +137,14 @@ def _rank(rank, world, port, workload, traced, out, warmup, steps, q) -> None:
         wall = pc() - t0
         t_end_ns = time.time_ns()
         res = {"rank": rank, "mean_step_s": wall / steps, "t_window_ns": [t_start_ns, t_end_ns]}
-        if traced:
+        if traced is not None:
             w_cpu = _thread_cpu_s(writer) if writer is not None else None
+            res["writer_nice"] = _nice_of(writer)
             c0 = time.thread_time()
             commtrace.disable()   # the final flush runs here, on this thread
             res["writer_cpu_s"] = (w_cpu - w_cpu0) if w_cpu is not None and w_cpu0 is not None \
                 else None
             res["final_flush_cpu_s"] = time.thread_time() - c0
-            res["writer_nice"] = _nice_of(writer)
         dist.barrier()
         dist.destroy_process_group()
         q.put(res)
@@ -187,10 +188,10 @@ def _job(workload: str, traced: bool, warmup: int, steps: int, timeout: float) -
                 p.kill()
     errs = [r["error"] for r in res if "error" in r]
     if errs:
-        raise RuntimeError(f"{workload} ({'traced' if traced else 'untraced'}): {errs[0]}")
+        raise RuntimeError(f"{workload} ({'untraced' if traced is None else traced}): {errs[0]}")
     res.sort(key=lambda r: r["rank"])
     job = {"traced": traced, "mean_step_s": statistics.mean(r["mean_step_s"] for r in res)}
-    if traced:
+    if traced is not None:
         job.update(_trace_figures(out, res))
     import shutil
 
@@ -243,61 +244,103 @@ def _load(text: str) -> str:
     return text.rsplit("load average:", 1)[-1].strip()
 
 
-def run_workload(workload: str, pairs: int, warmup: int, steps: int, timeout: float) -> dict:
-    """Alternating untraced / traced jobs of one workload; the paired ratios and figures."""
+def run_workload(workload: str, pairs: int, warmup: int, steps: int, timeout: float,
+                 variants: dict | None = None) -> dict:
+    """Rounds of one untraced and one traced job (plus a job per variant: traced with other
+    options), in a rotating order; the per-round ratios to the untraced job and the figures."""
+    modes = {"traced": {}, **(variants or {})}
+    names = ["untraced", *modes]
     up0 = _uptime()
-    untraced, traced, ratios = [], [], []
+    untraced, jobs = [], {m: [] for m in modes}
+    ratios = {m: [] for m in modes}
     for i in range(pairs):
-        order = (False, True) if i % 2 == 0 else (True, False)
+        order = names[i % len(names):] + names[:i % len(names)]
+        if i % 2:
+            order = order[::-1]
         got = {}
-        for tr in order:
-            got[tr] = _job(workload, tr, warmup, steps, timeout)
-        untraced.append(got[False]["mean_step_s"])
-        traced.append(got[True])
-        ratios.append(got[True]["mean_step_s"] / got[False]["mean_step_s"])
+        for m in order:
+            got[m] = _job(workload, None if m == "untraced" else modes[m], warmup, steps, timeout)
+        untraced.append(got["untraced"]["mean_step_s"])
+        for m in modes:
+            jobs[m].append(got[m])
+            ratios[m].append(got[m]["mean_step_s"] / got["untraced"]["mean_step_s"])
     up1 = _uptime()
-    ops_win = statistics.mean(j["ops_in_window"] for j in traced)
-    wcpu = [j["writer_cpu_us_per_op"] for j in traced if j["writer_cpu_us_per_op"] is not None]
-    med = statistics.median(ratios)
-    ci = _median_ci(ratios)
     u_ms = statistics.median(untraced) * 1e3
-    return {
-        "workload": workload, "pairs": pairs, "warmup_steps": warmup, "steps": steps,
-        "untraced_step_ms": u_ms,
-        "traced_step_ms": statistics.median(j["mean_step_s"] for j in traced) * 1e3,
-        "ratio": med, "ratio_ci95": ci, "ratios": ratios,
-        "added_us_per_step": (med - 1.0) * u_ms * 1e3,
-        "ops_per_step_per_rank": ops_win / (2 * steps),
-        "added_us_per_op": ((med - 1.0) * u_ms * 1e3) / (ops_win / (2 * steps))
-        if ops_win else None,
-        "writer_cpu_us_per_op": statistics.median(wcpu) if wcpu else None,
-        "writer_nice": traced[0].get("writer_nice"),
-        "load_start": _load(up0), "load_end": _load(up1), "uptime_start": up0, "uptime_end": up1,
-    }
+    out = {"workload": workload, "pairs": pairs, "warmup_steps": warmup, "steps": steps,
+           "untraced_step_ms": u_ms, "untraced_step_ms_all": [x * 1e3 for x in untraced],
+           "load_start": _load(up0), "load_end": _load(up1), "uptime_start": up0,
+           "uptime_end": up1, "variants": {}}
+    for m in modes:
+        js = jobs[m]
+        ops_win = statistics.mean(j["ops_in_window"] for j in js)
+        wcpu = [j["writer_cpu_us_per_op"] for j in js if j["writer_cpu_us_per_op"] is not None]
+        med = statistics.median(ratios[m])
+        per_step = ops_win / (2 * steps)
+        fig = {
+            "options": modes[m],
+            "traced_step_ms": statistics.median(j["mean_step_s"] for j in js) * 1e3,
+            "ratio": med, "ratio_ci95": _median_ci(ratios[m]), "ratios": ratios[m],
+            "added_us_per_step": (med - 1.0) * u_ms * 1e3,
+            "ops_per_step_per_rank": per_step,
+            "added_us_per_op": (med - 1.0) * u_ms * 1e3 / per_step if per_step else None,
+            "writer_cpu_us_per_op": statistics.median(wcpu) if wcpu else None,
+            "writer_nice": js[0].get("writer_nice"),
+        }
+        if m == "traced":
+            out.update(fig)
+        else:
+            out["variants"][m] = fig
+    return out
 
 
-def report(r: dict) -> list[str]:
-    """The lines printed for one workload, with the verdict on its target."""
-    lo, hi = r["ratio_ci95"]
-    target = SOAK_TARGET if r["workload"] == "soak" else (
-        TARGET_RATIO if r["workload"] in ("ddp", "fsdp2", "pipeline") else None)
+def _fig_lines(workload: str, label: str, f: dict, u_ms: float) -> list[str]:
+    lo, hi = f["ratio_ci95"]
+    target = SOAK_TARGET if workload == "soak" else (
+        TARGET_RATIO if workload in ("ddp", "fsdp2", "pipeline") else None)
     verdict = ""
     if target is not None:
         verdict = (f"; target <= {100 * (target - 1):.0f}%: "
                    + ("met" if hi <= target else "NOT shown" if lo <= target else "missed"))
-    per_op = r["added_us_per_op"]
+    per_op = f["added_us_per_op"]
+    w = f["writer_cpu_us_per_op"]
     return [
-        f"{r['workload']}: {r['pairs']} pairs of jobs x {r['steps']} steps (2 ranks, gloo), "
-        f"load average {r['load_start']} -> {r['load_end']}",
-        f"  untraced step {r['untraced_step_ms']:.3f} ms, traced {r['traced_step_ms']:.3f} ms; "
-        f"{r['ops_per_step_per_rank']:.1f} ops per step per rank",
-        f"  traced / untraced step time: {r['ratio']:.4f} [95% CI {lo:.4f}, {hi:.4f}] "
-        f"({100 * (r['ratio'] - 1):+.2f}%, {r['added_us_per_step']:+.1f} us per step"
+        f"  {label}: step {f['traced_step_ms']:.3f} ms (untraced {u_ms:.3f} ms); "
+        f"{f['ops_per_step_per_rank']:.1f} ops per step per rank",
+        f"    traced / untraced step time: {f['ratio']:.4f} [95% CI {lo:.4f}, {hi:.4f}] "
+        f"({100 * (f['ratio'] - 1):+.2f}%, {f['added_us_per_step']:+.1f} us per step"
         + (f", {per_op:+.1f} us per op" if per_op is not None else "") + ")" + verdict,
-        f"  writer thread CPU per op: "
-        + (f"{r['writer_cpu_us_per_op']:.2f} us" if r["writer_cpu_us_per_op"] is not None
-           else "n/a") + f" (nice {r['writer_nice']})",
+        "    writer thread CPU per op: " + (f"{w:.2f} us" if w is not None else "n/a")
+        + f" (writer nice {f['writer_nice']})",
     ]
+
+
+def report(r: dict) -> list[str]:
+    """The lines printed for one workload, with the verdict on its target."""
+    out = [f"{r['workload']}: {r['pairs']} rounds of jobs x {r['steps']} steps (2 ranks, gloo), "
+           f"load average {r['load_start']} -> {r['load_end']}; untraced step "
+           f"{r['untraced_step_ms']:.3f} ms (median of the rounds)"]
+    out += _fig_lines(r["workload"], "traced", r, r["untraced_step_ms"])
+    for name, f in r.get("variants", {}).items():
+        out += _fig_lines(r["workload"], f"traced, {name}", f, r["untraced_step_ms"])
+    return out
+
+
+def _variant(text: str) -> tuple[str, dict]:
+    """"writer_nice=0,hazards=off" -> (the text, {"writer_nice": 0, "hazards": "off"})."""
+    from commtrace.config import Config
+
+    defaults = Config()
+    opts = {}
+    for part in text.split(","):
+        k, sep, v = part.partition("=")
+        k = k.strip()
+        if not sep or not hasattr(defaults, k):
+            raise argparse.ArgumentTypeError(f"bad variant {text!r}: expected OPTION=VALUE[,...] "
+                                             "with commtrace.enable() options")
+        d = getattr(defaults, k)
+        opts[k] = (v.lower() in ("1", "true", "on") if isinstance(d, bool) else
+                   type(d)(v) if isinstance(d, (int, float)) else v)
+    return text, opts
 
 
 def main(argv=None) -> int:
@@ -308,12 +351,16 @@ def main(argv=None) -> int:
             f"{w} {a}+{b}" for w, (a, b) in DEFAULTS.items()) + ".\n\nExamples:\n"
         "  python benchmarks/steps.py\n"
         "  python benchmarks/steps.py --workloads ddp fsdp2 --pairs 12 --json steps.json\n"
+        "  python benchmarks/steps.py --workloads soak --variant writer_nice=0\n"
         "  COMMTRACE_PURE_PYTHON=1 python benchmarks/steps.py --workloads async_loop")
     ap.add_argument("--workloads", nargs="*", default=WORKLOADS, choices=WORKLOADS)
     ap.add_argument("--pairs", type=int, default=12, help="untraced/traced job pairs per workload")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per job (default: by workload)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps per job")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per job")
+    ap.add_argument("--variant", action="append", type=_variant, default=[],
+                    help="also time traced jobs with these options (OPTION=VALUE[,...]), e.g. "
+                    "writer_nice=0; repeatable")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args(argv)
     if a.pairs < 1:
@@ -332,7 +379,7 @@ def main(argv=None) -> int:
     for w in a.workloads:
         dw, ds_ = DEFAULTS[w]
         r = run_workload(w, a.pairs, a.warmup if a.warmup is not None else dw,
-                         a.steps or ds_, a.timeout)
+                         a.steps or ds_, a.timeout, dict(a.variant))
         r["c_fast_path"] = wrappers._cfast is not None
         results.append(r)
         print("\n".join(report(r)), flush=True)

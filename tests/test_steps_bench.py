@@ -33,7 +33,8 @@ def test_steps_benchmark_small_run(tmp_path):
     assert res["pipeline"]["ops_per_step_per_rank"] == 8
     text = p.stdout
     for w in ("async_loop", "pipeline"):
-        assert f"{w}: 1 pairs of jobs x 10 steps" in text
+        assert f"{w}: 1 rounds of jobs x 10 steps" in text
     assert text.count("traced / untraced step time:") == 2
     assert text.count("writer thread CPU per op:") == 2
     assert "target <= 2%" in text   # the pipeline's verdict line
+    assert "writer nice [10, 10]" in text  # both ranks' writer threads run at a lower priority
