@@ -385,7 +385,7 @@ def _mode_info(mode: str, a: float, b: float) -> str:
 
 def _legend():
     """What the timeline's rows and colours mean (the op colours are fixed: commtrace.ops.OP_COLORS)."""
-    from commtrace.ops import OP_COLORS
+    from ..ops import OP_COLORS
     sw = [html.Span([html.Span(style={"display": "inline-block", "width": 12, "height": 12, "background": c,
                                       "marginRight": 4, "verticalAlign": "middle"}), op],
                     style={"marginRight": 10, "whiteSpace": "nowrap"}) for op, c in OP_COLORS.items()]
@@ -439,13 +439,13 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
     app._commtrace_state = S
     app._commtrace_data = d  # for the benchmark and tests
     app._commtrace_views = S.views  # for tests
-    if live is None:
-        live = d.overview["job"]["state"] == "running"
+    if live is None:  # from the files as they are now (not as loaded: a load can take seconds)
+        live = _live_status(d)["job"]["state"] == "running"
     pages = PAGES + ([("compare", "Compare")] if other is not None else [])
     views = [v for v, _ in pages]
     diff = None
     if other is not None:
-        from commtrace.export.diff import diff_runs
+        from ..export.diff import diff_runs
         diff = diff_runs(d.run, other.run)
         app._commtrace_diff = diff
     layouts: dict = {}
@@ -454,19 +454,20 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         """The page of the current data (rebuilt once per reload of a live run), with the live
         strip of the moment when the job runs."""
         d = S.d
-        running = live and d.overview["job"]["state"] == "running"
+        st = _live_status(d) if live else None
+        running = bool(st) and st["job"]["state"] == "running"
         key = (S.gen, running)
         if key not in layouts:
             layouts.clear()
-            layouts[key] = _page(d, other, diff, pages, running)
+            layouts[key] = _page(d, other, diff, pages, running, st["job"] if st else None)
         lay = layouts[key]
         if running:  # the live parts of the moment
-            st = _live_status(d)
             lay = _with_live(lay, st)
         return lay
 
     app.layout = page
     app._commtrace_page = page  # for tests
+    page()  # built now, not on the first request
 
     @app.callback(*[Output(f"view-{v}", "style") for v in views], *[Output(f"view-{v}", "children") for v in LAZY],
                   Output("timeline", "figure", allow_duplicate=True), Output("mode-info", "children", allow_duplicate=True),
@@ -546,7 +547,7 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
                 i = (cell.get("rowId") if cell.get("rowId") is not None else cell.get("rowIndex"))
             if i is None or not (0 <= int(i) < len(d.findings)):
                 return None, no, no
-            from commtrace.analysis.overview import evidence
+            from ..analysis.overview import evidence
             ev = evidence(d.run, d.findings[int(i)])
             a, b = F.window_for_evidence(d, ev)
             new_sel = {"pg": ev["pg"], "seq": ev["seq"]} if ev["pg"] is not None and ev["seq"] is not None else no
@@ -612,7 +613,7 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
 
         def work():
             try:
-                from commtrace.analysis.run import load
+                from ..analysis.run import load
                 run = (loader or load)(str(S.d.run.path))
                 nd = RunData(run, nbins=S.d.nbins)
                 S.views = _build_views(nd)
@@ -630,7 +631,7 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         """Every LIVE_MS while the job runs: the live strip and banners from the latest snapshots;
         when a reload finished, the overview, the timeline (same zoom and selection) and the
         findings from the new data; when the job ended, a last reload and the refresh stops."""
-        from commtrace.format.reader import poll_run
+        from ..format.reader import poll_run
         d = S.d
         poll = poll_run(str(d.run.path))
         st = _live_status(d, poll)
@@ -661,12 +662,14 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
     return app
 
 
-def _page(d: RunData, other, diff, pages, running: bool):
-    """The layout of the app for `d` (and the compare page with `other`)."""
+def _page(d: RunData, other, diff, pages, running: bool, job: dict | None = None):
+    """The layout of the app for `d` (and the compare page with `other`); `job`: the job state
+    read just now (live), else the one loaded with the run."""
     first = F.empty_timeline(d)  # drawn when first shown (show_view)
     rep = d.report
+    ov = d.overview if job is None else dict(d.overview, job=job)
     header = dmc.Group(justify="space-between", children=[
-        dmc.Group([dmc.Title("commtrace", order=3), job_badge(d.overview["job"], "job-badge"),
+        dmc.Group([dmc.Title("commtrace", order=3), job_badge(ov["job"], "job-badge"),
                    dmc.Text(f"{d.run.path}", size="sm", c="dimmed", id="run-path")], gap="sm"),
         dmc.Text(f"world size {d.run.world_size} · {rep['ops']:,} ops · {len(d.findings)} findings",
                  size="sm", id="run-summary")])
@@ -683,7 +686,7 @@ def _page(d: RunData, other, diff, pages, running: bool):
         dcc.Interval(id="tick", interval=LIVE_MS, disabled=not running),
         html.Div(id="view-overview", children=[
             html.Div(id="live-strip", children=[]),
-            html.Div(id="overview-body", children=overview_children(d.overview, d))]),
+            html.Div(id="overview-body", children=overview_children(ov, d))]),
         html.Div(id="view-timeline", style=HIDDEN, children=[
             dmc.Group(gap="md", mb=4, children=[
                 dmc.Button("Reset zoom", id="reset", size="xs", variant="default"),
@@ -734,8 +737,8 @@ def _findings_view(d: RunData):
 
 
 def _live_status(d: RunData, poll: dict | None = None) -> dict:
-    from commtrace.analysis.overview import live_status
-    from commtrace.format.reader import poll_run
+    from ..analysis.overview import live_status
+    from ..format.reader import poll_run
     return live_status(d.run, poll if poll is not None else poll_run(str(d.run.path)))
 
 

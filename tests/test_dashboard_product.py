@@ -55,8 +55,8 @@ class Page:
     """A served dashboard and a page on it that records console errors and warnings."""
 
     def __init__(self, browser, path, compare=None, viewport=(1280, 800)):
-        from dashboard.app import build
-        from dashboard.serve import Server
+        from commtrace.dashboard.app import build
+        from commtrace.dashboard.serve import Server
         self.run = commtrace.load(path)
         self.other = commtrace.load(compare) if compare else None
         self.app = build(self.run, compare=self.other)
@@ -114,7 +114,10 @@ def test_straggler_overview_card_and_show_on_timeline(browser, traced):
         text = card.inner_text()
         from commtrace.analysis.catalogue import CATALOGUE
         from commtrace.analysis.findings import fmt_ns
-        assert f"{fmt_ns(f.impact_ns)} lost" in card.locator(".card-cost").inner_text()
+        cost = f.cost_s if getattr(f, "cost_s", None) is not None else f.impact_ns / 1e9
+        assert f"{fmt_ns(cost * 1e9)} lost" in card.locator(".card-cost").inner_text()
+        if getattr(f, "gain_s", None) is not None:
+            assert card.locator(".card-gain").inner_text() == fmt_ns(f.gain_s * 1e9)
         line = next(i for i, x in enumerate(open(os.path.join(FINDINGS, "straggler.py")), 1) if "all_reduce(" in x)
         assert card.locator(".card-site").inner_text() == f.site and f.site.endswith(f"straggler.py:{line}")
         fix = " ".join(card.locator(".card-fix").inner_text().split())
@@ -225,19 +228,24 @@ def test_live_job_hang_banner_and_end(browser, tmp_path):
     p = None
     try:
         t0 = time.time()
+        run_dir = None
         while True:  # rank 0 stuck in seq 9 (both ranks' snapshots written)
             assert time.time() - t0 < 120 and job.poll() is None, "the job did not reach its hang"
-            try:
-                s0 = json.load(open(out / "rank=0" / "_inflight.json"))
-                json.load(open(out / "rank=1" / "_inflight.json"))
-                if any(o.get("seq") == 9 for o in s0["ops"]):
-                    break
-            except (OSError, ValueError):
-                pass
+            # the job's run directory: OUT/<run id>/ (trace schema v2), or OUT itself (v1)
+            for cand in [out, *sorted(out.glob("*/"))] if out.exists() else []:
+                try:
+                    s0 = json.load(open(cand / "rank=0" / "_inflight.json"))
+                    json.load(open(cand / "rank=1" / "_inflight.json"))
+                    if any(o.get("seq") == 9 for o in s0["ops"]):
+                        run_dir = cand
+                except (OSError, ValueError):
+                    pass
+            if run_dir is not None:
+                break
             time.sleep(0.3)
         p = Page(browser, str(out))
         page = p.page
-        assert p.app._commtrace_data.overview["job"]["state"] == "running"
+        assert page.inner_text("#job-badge").lower() == "job running"
         t = time.perf_counter()
         page.wait_for_selector("#hang-banner", timeout=10_000)
         page.wait_for_function("() => document.querySelector('#live-table .ag-row') !== null", timeout=10_000)
@@ -262,8 +270,12 @@ def test_live_job_hang_banner_and_end(browser, tmp_path):
         page.wait_for_selector(".finding-not_joined", timeout=20_000)
         assert page.locator(".finding-not_joined").get_attribute("data-rank") == "1"
     finally:
-        if job.poll() is None:
-            job.kill()
+        if job.poll() is None:  # commtrace run forwards SIGTERM to the launcher and its ranks
+            job.send_signal(signal.SIGTERM)
+            try:
+                job.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                job.kill()
         if p is not None:
             p.close()
 

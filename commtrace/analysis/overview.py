@@ -79,8 +79,9 @@ def job_state(run, manifest: dict | None = None, snapshots: dict | None = None,
         out["detail"] = f"{len(fresh)} rank(s) wrote a snapshot in the last {FRESH_FLUSHES} flushes"
     elif snaps and all(s.get("final") for s in snaps.values()):
         newest = max(int(s.get("t_ns") or 0) for s in snaps.values())
-        if "cwd" in m and now - newest <= LAUNCHER_GRACE_NS:
-            # `commtrace run` (which writes `cwd`) records the exit code once the launcher
+        if ("cwd" in m or m.get("run_id")) and now - newest <= LAUNCHER_GRACE_NS:
+            # `commtrace run` (which writes `cwd`; since schema v2 in the session manifest above
+            # the run, whose runs have a `run_id`) records the exit code once the launcher
             # (torchrun) returns, a moment after the ranks' exit flush
             out["state"] = "running"
             out["detail"] = "every rank flushed at exit; waiting for the launcher's exit code"
