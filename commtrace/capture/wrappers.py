@@ -344,6 +344,10 @@ def _track_work(rec, row, work, tensors, token):
         rec.wake()
         return p
     key = (row[8], row[I_API])
+    if getattr(rec.config, "async_completion", "callback") == "wait":
+        # No callback on the backend's thread: completion from wait(), else the writer's poll.
+        return rec.add_pending(row, key_obj=work, work=work, strong=True, has_future=False,
+                               tensors=tensors, device_token=token)
     if key not in _nofuture:
         get_future = getattr(work, "get_future", None)
         if get_future is None:
@@ -979,6 +983,7 @@ def install() -> bool:
         _dist = sys.modules.get("torch.distributed")
         if _cfast is not None:
             _set_tensor_api()
+            _set_async()
         targets = [c10d] + ([_dist] if _dist is not None else [])
         for name, spec in API_TABLE.items():
             w = _WRAPPERS.get(name)
@@ -1043,6 +1048,24 @@ def _set_tensor_api() -> None:
         _cfast.set_tensor_api(d["numel"], d["get_device"], d["dtype"], types)
     except Exception as e:
         log.warn_once("cfast-tensor", "C fast path: tensor accessors unavailable", e)
+
+
+def _set_async() -> None:
+    """Let the C fast path record async calls too (issue 20: no Python frame per op), unless
+    COMMTRACE_ASYNC_C=0. Its semantics are _run / _finish / _track_work / the wait() wrapper's
+    (it hands anything unusual to them)."""
+    import os
+
+    if not hasattr(_cfast, "set_async"):
+        return
+    if os.environ.get("COMMTRACE_ASYNC_C", "1") in ("0", ""):
+        _cfast.async_off()
+        return
+    try:
+        _cfast.set_async(_R.PendingOp, _track_work, _record_error, S.KIND_OP, _R, NCOL)
+    except Exception as e:
+        _cfast.async_off()
+        log.warn_once("cfast-async", "C async path unavailable; using the Python one", e)
 
 
 def install_late() -> None:

@@ -114,9 +114,15 @@ def _update_manifest(out: str, **fields) -> None:
               show_default=True, help="Host-side hazard checks (use before wait, ...).")
 @click.option("--cuda-events/--no-cuda-events", default=True, show_default=True,
               help="Time ops on the GPU with CUDA events (NCCL).")
+@click.option("--async-completion", type=click.Choice(["callback", "wait"]), default="callback",
+              show_default=True, help="Completion time of async ops: the future's callback "
+              "(exact; takes the GIL on the backend's thread per op) or wait()/polling "
+              "(cheaper; late when an op is waited long after it completed).")
+@click.option("--writer-nice", type=click.IntRange(min=0, max=19), default=10, show_default=True,
+              metavar="N", help="Lower the trace writer thread's priority by N (Linux).")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_on_hang,
-            hazards, cuda_events, cmd):
+            hazards, cuda_events, async_completion, writer_nice, cmd):
     """Run CMD with tracing on in every rank; write the trace to one run directory.
 
     Options of commtrace run go before CMD (or before `--`); an unknown one is an error.
@@ -139,7 +145,8 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
         raise OutputError(f"output directory {out} is not writable")
     config = Config(output=out, nvtx=nvtx, stack=stack, flush_interval=flush_interval,
                     buffer_ops=buffer_ops, hazards=hazards, hang_timeout=hang_timeout,
-                    dump_on_hang=dump_on_hang, cuda_events=cuda_events)
+                    dump_on_hang=dump_on_hang, cuda_events=cuda_events,
+                    async_completion=async_completion, writer_nice=writer_nice)
     from .. import __version__
 
     start_ns = time.time_ns()
