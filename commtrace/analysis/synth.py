@@ -385,7 +385,8 @@ def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=N
             "thread": pa.array(np.full(nn, 140000000 + r, np.int64)),
             "detail": pa.nulls(nn, pa.string()),
         }
-        tables = [pa.Table.from_arrays([cols[f.name] for f in S.SCHEMA], schema=S.SCHEMA)]
+        tables = [pa.Table.from_arrays([cols[f.name] if f.name in cols else pa.nulls(nn, f.type)
+                                        for f in S.SCHEMA], schema=S.SCHEMA)]
         # Step markers (the culprit of a skip stops with the others).
         nm = len(mark_steps)
         if nm:
