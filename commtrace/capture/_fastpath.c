@@ -867,12 +867,32 @@ static inline void as_unlock(void) {
     CLEAR_ERR();
 }
 
+/* Recorder._notify: the pending-op listeners (hazard detection), called directly. A listener
+ * that raises is handed to _notify, which logs it once (and calls the listeners again). */
 static void as_notify(PyObject *rec, int count) {
-    if (PyList_GET_SIZE(acst.listeners) == 0)
+    Py_ssize_t n_l = PyList_GET_SIZE(acst.listeners);
+    if (n_l == 0)
         return;
     PyObject *n = PyLong_FromLong(count);
-    PyObject *x = n ? PyObject_CallMethodOneArg(rec, s_notify, n) : NULL;
-    Py_XDECREF(n); Py_XDECREF(x);
+    if (n == NULL) {
+        CLEAR_ERR();
+        return;
+    }
+    PyObject *ls = PyList_GetSlice(acst.listeners, 0, n_l);   /* list(self._listeners) */
+    int failed = ls == NULL;
+    for (Py_ssize_t i = 0; !failed && i < PyList_GET_SIZE(ls); i++) {
+        PyObject *x = PyObject_CallOneArg(PyList_GET_ITEM(ls, i), n);
+        if (x == NULL)
+            failed = 1;
+        Py_XDECREF(x);
+    }
+    Py_XDECREF(ls);
+    if (failed) {
+        CLEAR_ERR();
+        PyObject *x = PyObject_CallMethodOneArg(rec, s_notify, n);
+        Py_XDECREF(x);
+    }
+    Py_DECREF(n);
     CLEAR_ERR();
 }
 

@@ -344,11 +344,8 @@ def _track_work(rec, row, work, tensors, token):
         rec.wake()
         return p
     key = (row[8], row[I_API])
-    if getattr(rec.config, "async_completion", "callback") == "wait":
-        # No callback on the backend's thread: completion from wait(), else the writer's poll.
-        return rec.add_pending(row, key_obj=work, work=work, strong=True, has_future=False,
-                               tensors=tensors, device_token=token)
-    if key not in _nofuture:
+    wait_mode = getattr(rec.config, "async_completion", "callback") == "wait"
+    if not wait_mode and key not in _nofuture:
         get_future = getattr(work, "get_future", None)
         if get_future is None:
             # all_reduce_coalesced(async_op=True) returns the future itself.
@@ -386,8 +383,9 @@ def _track_work(rec, row, work, tensors, token):
                 log.warn_once("future-cb", "cannot attach a completion callback", e)
             attaching[0] = False
             return p
-    # No future: keep the Work alive (the backend holds the op anyway) and poll it; one look
-    # now, so that an op already complete at its return is not left to the next poll.
+    # No future (or --async-completion wait: no callback on the backend's thread): keep the
+    # Work alive (the backend holds the op anyway) and poll it; one look now, so that an op
+    # already complete at its return is not left to the next poll.
     try:
         done = work.is_completed()
     except Exception:
@@ -397,7 +395,10 @@ def _track_work(rec, row, work, tensors, token):
                         tensors=tensors, device_token=token)
     if done:
         rec.complete(p, t_seen, "observed")
-    rec.wake()
+    if not wait_mode:
+        # (--async-completion wait: no wake-up per op; the writer polls within 50 ms, and
+        # wait() completes the op)
+        rec.wake()
     return p
 
 
@@ -1087,7 +1088,8 @@ def _set_async() -> None:
         _cfast.async_off()
         return
     try:
-        _cfast.set_async(_R.PendingOp, _track_work, _record_error, S.KIND_OP, _R, NCOL)
+        _cfast.set_async(_R.PendingOp, _track_work, _record_error, S.KIND_OP, _R,
+                         tuple(S.COLUMNS))
     except Exception as e:
         _cfast.async_off()
         log.warn_once("cfast-async", "C async path unavailable; using the Python one", e)
