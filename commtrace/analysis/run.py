@@ -40,12 +40,19 @@ def _factor_sql(op: str, n: str) -> str:
             f"WHEN {op} IN ({nm}) THEN ({n} - 1.0) / {n} ELSE 1.0 END")
 
 
-def load(path, *, threads: int | None = None, memory_limit: str | None = None, progress=None) -> "Run":
+def load(path, *, threads: int | None = None, memory_limit: str | None = None, progress=None,
+         run: str | None = None) -> "Run":
     """Load a run directory (or one Parquet trace) for analysis.
 
+    `path` may also be a directory of runs (the output of ``commtrace run -o``): with one run
+    below it, that run is loaded; with several, `run` picks one (its id, or ``"latest"``),
+    else :class:`commtrace.format.runs.MultipleRunsError` (exit code 2) lists them.
     Raises :class:`commtrace.errors.TraceFormatError` (or a subclass) when `path` is not a
     readable trace; tolerable damage (missing ranks, corrupt parts) becomes `Run.warnings`.
     `progress(stage, fraction, rows)` is told when loading starts (with the row count)."""
+    from ..format import runs as RUNS
+
+    path = RUNS.resolve(path, run)
     rf = R.scan_run(path)
     if progress:
         progress("loading", 0.0, rf.num_rows)
@@ -955,6 +962,24 @@ class Run:
             out[int(r)] = {"op": op, "pg": pg, "seq": seq, "site": site, "t_end_ns": te}
         self._cache["last_completed"] = out
         return dict(out)
+
+    def rank_states(self) -> dict[int, dict]:
+        """rank -> how its process stands: alive, exited, crashed, ... (analysis/job.py)."""
+        if "rank_states" not in self._cache:
+            from .job import rank_states
+            self._cache["rank_states"] = rank_states(self._files, self.world_size)
+        return self._cache["rank_states"]
+
+    def job(self) -> dict:
+        """How the job ended: the report's ``job`` key (analysis/job.py, docs/report.md)."""
+        from .job import job_state
+        return job_state(self._files, self.world_size, self.rank_states())
+
+    @property
+    def run_id(self) -> str | None:
+        """The run id (schema v2; None for version-1 traces)."""
+        return self.manifest.get("run_id") or next(
+            (m.get("run_id") for m in self.meta.values() if m.get("run_id")), None)
 
     def report(self, top: int = 10, rank: int | None = None, steps=None, progress=None,
                busbw_ref: float | None = None) -> dict:

@@ -85,6 +85,11 @@ MAX_POLL = 512
 #: A completed async op whose Work is still referenced but never waited is written after this
 #: many flush intervals (its t_wait stays null).
 HOLD_FLUSHES = 2
+#: Until the first part is written, flush this often (then every --flush-interval): a rank that
+#: crashes early still leaves its first ops (docs/trace-format.md).
+FIRST_FLUSH_S = 0.2
+#: ... for at most this long (a rank that issues nothing does not rewrite its snapshot 5x/s).
+FIRST_FLUSH_WINDOW_S = 10.0
 
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
@@ -370,6 +375,10 @@ class Recorder:
         self.meta_providers: list = []
         self._meta_done = False
         self.manual_steps = False
+        #: How the process ended, written as "exit" in the final _inflight.json (crash.py,
+        #: the signal handlers); None: a normal exit ({"how": "ok"}).
+        self.exit_info: dict | None = None
+        self._wrote_part = False
         self._thread = None
         self._prev_handlers: dict = {}
         self.cap = max(1000, int(config.buffer_ops))
@@ -618,7 +627,9 @@ class Recorder:
         except Exception as e:
             log.warn_once("writer-import", "trace writer unavailable", e)
         interval = max(0.05, float(self.config.flush_interval))
-        next_flush = time.monotonic() + interval
+        first = min(FIRST_FLUSH_S, interval)
+        t_start = time.monotonic()
+        next_flush = t_start + first
         while not self._stop.is_set():
             has_poll = any(p.work is not None and p.row[I_T_END] is None
                            for p in list(self._pending.values())[:MAX_POLL])
@@ -631,7 +642,8 @@ class Recorder:
                 self._service(final=False)
                 if time.monotonic() >= next_flush:
                     self.flush()
-                    next_flush = time.monotonic() + interval
+                    early = not self._wrote_part and time.monotonic() < t_start + FIRST_FLUSH_WINDOW_S
+                    next_flush = time.monotonic() + (first if early else interval)
             except Exception as e:  # never die silently, never raise
                 log.warn_once("writer", "writer thread error", e)
 
@@ -790,8 +802,14 @@ class Recorder:
                 table = W.rows_to_table_nopandas({c: list(cols[i]) for i, c in enumerate(COLUMNS)})
                 W.write_part(self.run_dir, self.rank, table, self._metadata(),
                              index=_next_part_index())
-            text = json.dumps({"rank": self.rank, "t_ns": self.now_ns(), "final": final,
-                               "ops": inflight}, default=str)
+                self._wrote_part = True
+            snap = {"rank": self.rank, "t_ns": self.now_ns(), "final": final,
+                    "pid": self.meta.get("pid"), "host": self.meta.get("host"),
+                    "run_id": self.meta.get("run_id"),
+                    "flush_interval_s": self.config.flush_interval, "ops": inflight}
+            if final:
+                snap["exit"] = self.exit_info or {"how": "ok"}
+            text = json.dumps(snap, default=str)
             if text != self._last_inflight_text or final:
                 W.atomic_write_text(os.path.join(d, S.INFLIGHT_NAME), text)
                 self._last_inflight_text = text
@@ -818,6 +836,9 @@ class Recorder:
             _CH.closing()
         finally:
             self._close_done = True
+        crash = sys.modules.get(__package__ + ".crash")
+        if crash is not None:  # everything is written: an empty crash file is not kept
+            crash.closed(self)
         self._restore_signals()
         self._redeliver()
 
@@ -888,6 +909,10 @@ def _make_handler(ref, prev):
                 return None
             try:
                 if signum == signal.SIGTERM and prev in (signal.SIG_DFL, None):
+                    # The process ends right after, of this signal (SIGINT is recorded by
+                    # crash.py's excepthook if its KeyboardInterrupt ends the process).
+                    rec.exit_info = {"how": "signal", "signal": "SIGTERM",
+                                     "exit_code": 128 + int(signum)}
                     rec.close()  # the process ends right after: write everything
                 else:
                     rec.flush()

@@ -16,6 +16,7 @@ Examples:
   commtrace report RUN --top 20 --rank 3
   commtrace report RUN --steps 100:200      # steps 100..199
   commtrace report RUN --busbw-ref 180      # what-if: every collective at 180 GB/s busbw
+  commtrace report traces --run latest      # traces holds several runs (commtrace ls traces)
 """
 
 #: Rows above which a progress bar is shown on stderr.
@@ -68,7 +69,9 @@ def _steps(value):
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: on large runs).")
 @click.option("--busbw-ref", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GB/s",
               help="What-if: every collective of a kind at this nccl-tests bus bandwidth (e.g. 180).")
-def command(run_dir, fmt, top, rank, steps, progress, busbw_ref):
+@click.option("--run", "run_id", default=None, metavar="ID|latest",
+              help="When DIR holds several runs: the one to use (its id, or latest).")
+def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, run_id):
     """Analyse a run: who waited for whom, stragglers, overlap, bandwidth and findings.
 
     Exits 0 whenever a report was produced, whatever it found."""
@@ -77,7 +80,7 @@ def command(run_dir, fmt, top, rank, steps, progress, busbw_ref):
     rng = _steps(steps)
     bar = _Bar(progress)
     try:
-        run = load(run_dir, progress=bar)
+        run = load(run_dir, progress=bar, run=run_id)
         bar("matching", 0.05)
         rep = run.report(top=top, rank=rank, steps=rng, progress=bar, busbw_ref=busbw_ref)
     finally:
@@ -129,6 +132,13 @@ def render(rep: dict, top: int = 10, console=None) -> None:
               + (f", [red]ended early: rank(s) {', '.join(map(str, early))}[/red]" if early else "")
               + f"; {rep['ops']:,} ops, {rep.get('collectives', 0):,} collectives over {_s(rep.get('duration_s'))}"
               + (f"; steps {rep['steps'][0]}:{rep['steps'][1]}" if rep.get("steps") else ""))
+    job = rep.get("job")
+    if job:
+        from ..analysis.job import describe
+
+        style = {"completed": "green", "failed": "bold red", "interrupted": "yellow",
+                 "running": "cyan"}.get(job.get("state"), "")
+        con.print(f"[{style}]{describe(job)}[/{style}]" if style else describe(job))
     ck = rep.get("clock") or {}
     if ck:
         con.print(f"clock: offsets applied {ck.get('methods') or ['none recorded']}, "
