@@ -39,6 +39,10 @@ class Config:
     #: "wait" (no callback: the return of wait(), or the writer thread's is_completed() poll
     #: for ops not waited; late by up to the gap between completion and wait).
     async_completion: str = "callback"
+    #: Register ProcessGroup._register_on_completion_hook on NCCL groups: ops issued below
+    #: Python become rows with api="c++" (needs TORCH_NCCL_ENABLE_TIMING=1; commtrace.capture.
+    #: completion_hook). Off by default: torch runs the Python hook on NCCL's watchdog thread.
+    completion_hook: bool = False
 
     def to_env(self) -> dict[str, str]:
         """Environment variables that carry this config to child processes."""

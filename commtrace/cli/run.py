@@ -117,9 +117,13 @@ def _write_session(out: str, m: dict) -> None:
               "(cheaper; late when an op is waited long after it completed).")
 @click.option("--writer-nice", type=click.IntRange(min=0, max=19), default=10, show_default=True,
               metavar="N", help="Lower the trace writer thread's priority by N (Linux).")
+@click.option("--completion-hook/--no-completion-hook", default=False, show_default=True,
+              help="NCCL: record ops issued below Python (DDP's reducer, compiled graphs) from "
+              "ProcessGroup's completion hook, as rows with api=\"c++\" (needs "
+              "TORCH_NCCL_ENABLE_TIMING=1).")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_on_hang,
-            hazards, cuda_events, async_completion, writer_nice, cmd):
+            hazards, cuda_events, async_completion, writer_nice, completion_hook, cmd):
     """Run CMD with tracing on in every rank; write the trace to one run directory.
 
     Options of commtrace run go before CMD (or before `--`); an unknown one is an error.
@@ -143,7 +147,8 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
     config = Config(output=out, nvtx=nvtx, stack=stack, flush_interval=flush_interval,
                     buffer_ops=buffer_ops, hazards=hazards, hang_timeout=hang_timeout,
                     dump_on_hang=dump_on_hang, cuda_events=cuda_events,
-                    async_completion=async_completion, writer_nice=writer_nice)
+                    async_completion=async_completion, writer_nice=writer_nice,
+                    completion_hook=completion_hook)
     from .. import __version__
 
     from ..format import runs as RUNS
