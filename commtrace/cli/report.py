@@ -15,6 +15,7 @@ Examples:
   commtrace report RUN --format json > report.json
   commtrace report RUN --top 20 --rank 3
   commtrace report RUN --steps 100:200      # steps 100..199
+  commtrace report RUN --memory-limit 4GB --temp-dir /scratch   # a 10^8-op run
 """
 
 #: Rows above which a progress bar is shown on stderr.
@@ -48,6 +49,16 @@ class _Bar:
             self.bar = None
 
 
+def _memory(value):
+    """Check a --memory-limit value (DuckDB syntax: a number and KB/MB/GB/TB, or KiB/MiB/GiB)."""
+    if value is None:
+        return None
+    import re
+    if not re.fullmatch(r"\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*", value, re.IGNORECASE):
+        raise UsageError(f"--memory-limit expects a size such as 4GB or 512MB, got {value!r}")
+    return value.strip()
+
+
 def _steps(value):
     if not value:
         return None
@@ -65,7 +76,12 @@ def _steps(value):
 @click.option("--rank", type=int, default=None, help="Focus per-rank rows and findings on this rank.")
 @click.option("--steps", default=None, metavar="A:B", help="Only steps A..B-1.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: on large runs).")
-def command(run_dir, fmt, top, rank, steps, progress):
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="Memory for the query engine, e.g. 4GB (default: 40% of RAM, at most 4 GB); "
+                   "beyond it, work spills to --temp-dir.")
+@click.option("--temp-dir", default=None, type=click.Path(file_okay=False),
+              help="Where large runs are held and spill (default: $COMMTRACE_TMPDIR or the system's).")
+def command(run_dir, fmt, top, rank, steps, progress, memory_limit, temp_dir):
     """Analyse a run: who waited for whom, stragglers, overlap, bandwidth and findings.
 
     Exits 0 whenever a report was produced, whatever it found."""
@@ -74,7 +90,7 @@ def command(run_dir, fmt, top, rank, steps, progress):
     rng = _steps(steps)
     bar = _Bar(progress)
     try:
-        run = load(run_dir, progress=bar)
+        run = load(run_dir, progress=bar, memory_limit=_memory(memory_limit), temp_dir=temp_dir)
         bar("matching", 0.05)
         rep = run.report(top=top, rank=rank, steps=rng, progress=bar)
     finally:
