@@ -47,7 +47,10 @@ def test_zoomed_out_timeline_is_bins_whose_sums_equal_the_analysis(data):
     assert F.timeline_figure(data).layout.meta["mode"] == "exact"  # 2,400 ops: under the exact budget
     fig = F.timeline_figure(data, exact_max=500)
     assert fig.layout.meta["mode"] == "bins"
-    assert list(fig.layout.yaxis.ticktext) == [f"rank {r}" for r in range(RANKS)]
+    # every sub-row labelled (few ranks): host-blocked, in-flight, wait / sync per rank
+    assert list(fig.layout.yaxis.ticktext) == [x for r in range(RANKS) for x in
+                                               (f"rank {r} · host-blocked", "in-flight", "wait / sync")]
+    assert list(fig.layout.yaxis.tickvals) == list(range(RANKS * 3))
     hm = fig.data[0]
     z = np.asarray(hm.z, dtype=np.float64)
     assert z.shape == (RANKS * 3, 100)
@@ -193,10 +196,12 @@ def test_other_views_carry_the_analysis_values(data):
     assert sum(r["count"] for r in rows) == data.summary["count"].to_numpy().sum()
     bw = F.bandwidth_figure(data)
     assert bw.layout.xaxis.type == "log" and sum(len(t.x) for t in bw.data) > 0
-    facts = F.summary_facts(data)
-    assert facts["world_size"] == RANKS and facts["ops"] == RANKS * 600 and facts["dropped_rows"] == 0
-    assert sum(facts["ops_by_op"].values()) == RANKS * 600
-    assert facts["exposed_comm_s"] == pytest.approx(np.nansum(pr["exposed_s"].to_numpy(zero_copy_only=False).astype(float)))
+    # the bandwidth table is the report's collectives_summary: time_us is its mean t_comm_s
+    rep = {(r["pg"], r["op"], r["size_label"]): r for r in data.report["collectives_summary"]}
+    for r in rows:
+        want = rep[(r["pg"], r["op"], r["size"])]
+        assert r["time_us"] == pytest.approx(want["t_comm_s"] * 1e6, abs=0.05)
+        assert r["busbw_gbps"] == pytest.approx(want["busbw_gbps"], abs=5e-4)
     assert [r["kind"] for r in F.findings_rows(data)] == [f.kind for f in data.run.findings()]
 
 
@@ -228,10 +233,10 @@ def test_app_callbacks_take_no_path_input(data):
     app = create_app(data)
     inputs = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb["inputs"]}
     assert inputs == {("tabs", "value"), ("timeline", "relayoutData"), ("range", "value"), ("reset", "n_clicks"),
-                      ("findings", "active_cell"), ("timeline", "clickData")}
+                      ("findings", "cellClicked"), ("timeline", "clickData"), ('{"i":["ALL"],"type":"show-finding"}', "n_clicks"),
+                      ("tick", "n_intervals")}
     states = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb.get("state", [])}
-    assert states == {("window", "data"), ("selected", "data"), ("findings", "derived_viewport_data"),
-                      ("views-drawn", "data")}
+    assert states == {("window", "data"), ("selected", "data"), ("views-drawn", "data"), ("gen", "data")}
     assert "Location" not in json.dumps(app.layout.to_plotly_json(), default=str)
 
 
@@ -324,7 +329,7 @@ def test_one_callback_moves_the_slider_with_a_plot_zoom(data):
     a, b = data.duration_s * 0.25, data.duration_s * 0.5
 
     def call(prop, value, win, inputs):
-        return app._commtrace_update(prop, *inputs, win, None, None)
+        return app._commtrace_update(prop, *inputs, win, None)
 
     out = call("timeline.relayoutData", {"xaxis.range[0]": a, "xaxis.range[1]": b}, win,
                [{"xaxis.range[0]": a, "xaxis.range[1]": b}, [0, data.duration_s], None, None])
@@ -343,7 +348,7 @@ def test_one_callback_moves_the_slider_with_a_plot_zoom(data):
 
 
 def test_lazy_views_are_built_in_the_background_and_sent_once(data):
-    """The Overlap, Stalls, Bandwidth and Summary views are built when the app is created (a
+    """The Overlap, Stalls, Bandwidth and Run views are built when the app is created (a
     background thread); showing one sends that content the first time, then only styles."""
     import dash
 
@@ -357,15 +362,18 @@ def test_lazy_views_are_built_in_the_background_and_sent_once(data):
     f1, _ = F.overlap_figures(data)
     assert list(overlap[0].figure.data[0].y) == pytest.approx(list(f1.data[0].y))
     out = app._commtrace_show_view("overlap", [])
-    n = 1 + len(LAZY) + 1  # styles of timeline, lazy views, findings
+    from dashboard.app import PAGES
+    views = [v for v, _ in PAGES]
+    n = len(views)  # styles of every page
     styles, children, drawn = out[:n], out[n:n + len(LAZY)], out[-1]
-    assert styles[1 + LAZY.index("overlap")] == {} and styles[0]["height"] == 0
+    assert styles[views.index("overlap")] == {} and styles[views.index("overview")]["height"] == 0
     assert children[LAZY.index("overlap")] is overlap
     assert all(c is dash.no_update for i, c in enumerate(children) if i != LAZY.index("overlap"))
     assert drawn == ["overlap"]
     again = app._commtrace_show_view("overlap", drawn)
     assert all(c is dash.no_update for c in again[n:n + len(LAZY)])
-    assert '"world_size": 4' in views["summary"].result(timeout=60)[0].children
+    facts = json.dumps([c.to_plotly_json() for c in app._commtrace_views["facts"].result(timeout=60)], default=str)
+    assert '"fact": "world size", "value": 4' in facts
 
 
 def test_page_loads_the_cartesian_bundle_of_the_installed_plotly_js(data, monkeypatch):

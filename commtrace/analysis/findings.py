@@ -69,6 +69,11 @@ class Finding:
     t_end_ns: int | None = None
     impact_ns: int = 0
     evidence: dict = field(default_factory=dict)
+    #: delay costs of the late rank (s), the replay's projected saving if fixed (s), and its
+    #: costliest delay (docs/findings.md "Root cause and what-if"); None where not applicable
+    cost_s: float | None = None
+    gain_s: float | None = None
+    root_cause: dict | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dict (the `findings` entries of the report contract)."""
@@ -652,4 +657,10 @@ def detect_all(run) -> list[Finding]:
             fs.extend(det(run))
         except Exception as e:  # noqa: BLE001 -- partial traces must still give a report
             run.warnings.append(f"finding detector {det.__name__} failed: {type(e).__name__}: {str(e).splitlines()[0]}")
-    return sort_findings(fs)
+    fs = sort_findings(fs)
+    try:
+        from .rootcause import annotate_findings
+        fs = annotate_findings(run, fs)
+    except Exception as e:  # noqa: BLE001 -- the findings stand without their what-if
+        run.warnings.append(f"root cause / what-if failed: {type(e).__name__}: {str(e).splitlines()[0]}")
+    return fs

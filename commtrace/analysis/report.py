@@ -10,6 +10,7 @@ import decimal
 import math
 
 from ..format import schema as S
+from .overview import overview
 
 #: Version of the report's JSON contract (not the trace schema).
 REPORT_SCHEMA = 1
@@ -42,7 +43,8 @@ def _rows(table) -> list[dict]:
     return [_clean(r) for r in table.to_pylist()]
 
 
-def build_report(run, top: int = 10, rank: int | None = None, steps=None, progress=None) -> dict:
+def build_report(run, top: int = 10, rank: int | None = None, steps=None, progress=None,
+                 busbw_ref: float | None = None) -> dict:
     """Assemble the report of `run` (optionally restricted to `steps` = (a, b), half-open, and
     focused on `rank`). `progress(stage, fraction)` is called between stages."""
     def tick(stage, frac):
@@ -58,6 +60,8 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
     tick("wait states and overlap", 0.3)
     per_rank = run.per_rank()
     tick("per step", 0.55)
+    tick("root cause and what-if", 0.65)
+    what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
     tick("findings", 0.7)
     findings = run.findings()
     tick("summaries", 0.9)
@@ -114,9 +118,27 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         "ended_early": ended_early(base),
         "warnings": list(dict.fromkeys(base.warnings + run.warnings)),
         "finding_counts": _count(findings),
+        "what_if": what_if,
+        "critical_path": crit,
+        # the dashboard's overview page (job state, headline fractions, per-rank health, cards)
+        "overview": _clean(overview(run)),
     }
+    if rc_error:
+        rep["warnings"].append(rc_error)
     tick("done", 1.0)
     return rep
+
+
+def _root_cause(run, busbw_ref, top):
+    """The `what_if` (with its `delays`) and `critical_path` sections; (None, None, warning)
+    when the analysis fails on odd input: the rest of the report stands."""
+    try:
+        from .rootcause import critical_path, what_if
+        wi = dict(what_if(run, busbw_ref))
+        wi["delays"] = wi["delays"][: max(int(top), 0)]
+        return _clean(wi), _clean(critical_path(run)), None
+    except Exception as e:  # noqa: BLE001
+        return None, None, f"root cause / what-if failed: {type(e).__name__}: {str(e).splitlines()[0]}"
 
 
 def ended_early(run) -> list[dict]:

@@ -212,6 +212,11 @@ class Run:
                 out[pg] = list(range(self.world_size))
             else:
                 out[pg] = sorted(int(r) for r in rs)
+        if any(m.get("simulated") for m in self.meta.values()):
+            # A simulated world (torch's fake backend: one process plays one rank of N): the
+            # other members are not processes, so only the traced ranks can join anything.
+            present = set(self.ranks)
+            out = {pg: [r for r in v if r in present] for pg, v in out.items()}
         return out
 
     @property
@@ -230,10 +235,20 @@ class Run:
         return dict(self._files.stacks)
 
     # ------------------------------------------------------------------ tables
-    def ops(self, ranks=None, t0=None, t1=None, kinds=("op",)) -> pa.Table:
+    def ops(self, ranks=None, t0=None, t1=None, kinds=("op",), columns=None) -> pa.Table:
         """Rows of the trace (aligned), plus `blocked_ns` (host-blocked: t_return - t_enqueue,
         + t_wait_end - t_wait when waited) and `inflight_ns` (t_end - t_enqueue), metrics.md
-        "Timestamps recorded per op and rank"."""
+        "Timestamps recorded per op and rank". `columns`: only these columns (none of the
+        lazily loaded ones: api, backend, thread, t_start_ns, device, inflight_ids), read
+        without joining the Parquet parts back."""
+        if columns is not None:
+            cols = [str(c) for c in columns]
+            bad = [c for c in cols if c in LAZY_COLUMNS or c in _LOAD_ONLY
+                   or c not in set(S.COLUMNS) | {"blocked_ns", "inflight_ns"}]
+            if bad:
+                raise CommtraceError(f"ops(columns=...): not available without the full rows: {', '.join(bad)}")
+            return self._arrow(f"SELECT {', '.join(cols)} FROM ({self._ops_sql(ranks, t0, t1, kinds)}) q "
+                               "ORDER BY rank, t_enqueue_ns")
         x = self._ensure_lazy()
         cols = []
         for c in S.COLUMNS:
@@ -505,10 +520,12 @@ class Run:
                 self._cache["last_completed"] = SU.last_completed(self._con, self._t, self.ranks)
         return dict(self._cache["last_completed"])
 
-    def report(self, top: int = 10, rank: int | None = None, steps=None, progress=None) -> dict:
-        """The `commtrace report --format json` dict (public contract, docs/report.md)."""
+    def report(self, top: int = 10, rank: int | None = None, steps=None, progress=None,
+               busbw_ref: float | None = None) -> dict:
+        """The `commtrace report --format json` dict (public contract, docs/report.md).
+        `busbw_ref` (GB/s) adds a what-if per collective op kind at that bus bandwidth."""
         from .report import build_report
-        return build_report(self, top=top, rank=rank, steps=steps, progress=progress)
+        return build_report(self, top=top, rank=rank, steps=steps, progress=progress, busbw_ref=busbw_ref)
 
     def close(self) -> None:
         """Release the DuckDB connection and remove the run's temporary files."""

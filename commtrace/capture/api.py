@@ -174,8 +174,11 @@ def _start(cfg: Config) -> None:
     out = _resolve_output(cfg, store, rank)
     cfg = cfg.replace(output=out)
     rec = _R.Recorder(cfg, rank, ws, backend=backend, run_dir=out)
-    off, method, rtt = clock.measure(store, rank, ws, rec.now_ns)
+    off, method, rtt = clock.measure(store, rank, ws, rec.now_ns, backend=backend)
     rec.meta.update(clock_offset_ns=off, clock_offset_method=method, clock_rtt_ns=rtt)
+    if backend in clock.SIMULATED_BACKENDS:
+        # One process plays one rank of a world that does not exist: no other rank can join.
+        rec.meta["simulated"] = True
     if rank == 0:
         _write_manifest(rec)
     if cfg.cuda_events:

@@ -228,12 +228,23 @@ def _next_part_index() -> int:
         return _part_counter
 
 
+def storage_key(t):
+    """The key of the memory a tensor lives in: its storage's base address (a view or a slice
+    has the base of its storage). None for a tensor without memory of its own (empty storage,
+    fake / meta tensors, a wrapper subclass)."""
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except Exception:
+        return None
+    return ptr or None
+
+
 class PendingOp:
     """An async op issued and not yet written: its row, its Work (or tensor) and state."""
 
     __slots__ = ("op_id", "op", "api", "tensors", "async_op", "waited", "row",
                  "work", "work_ref", "has_future", "t_done_seen", "device_token", "key",
-                 "siblings", "nvtx_range", "__weakref__")
+                 "skeys", "siblings", "nvtx_range", "__weakref__")
 
     def __init__(self, row, tensors=(), device_token=None):
         self.row = row
@@ -249,6 +260,7 @@ class PendingOp:
         self.t_done_seen = None  # writer-thread time when first seen complete
         self.device_token = device_token
         self.key = None         # key in Recorder._by_key (id of the Work or tensor)
+        self.skeys = ()         # keys in Recorder._by_storage (result tensors' storages)
         self.siblings = None    # other ops completed by the same Work (coalesced)
         self.nvtx_range = None  # id of the NVTX issue-to-wait range (async ops, tool attached)
 
@@ -327,6 +339,10 @@ class Recorder:
         self._ready = collections.deque()
         self._pending: dict[int, PendingOp] = {}   # op_id -> PendingOp
         self._by_key: dict[int, PendingOp] = {}    # id(work or tensor) -> PendingOp
+        #: storage key (storage_key()) of an async result tensor -> PendingOp: functional
+        #: collectives are waited through whatever tensor shares the result's memory (a view,
+        #: a slice, a DTensor's local shard), as torch's own work registry keys them.
+        self._by_storage: dict = {}
         self._device_rows: dict[int, list] = {}    # op_id -> row waiting for device times
         #: op_id -> row of a blocking call in progress (set before the call, popped after it
         #: returns). The writer thread lists them in _inflight.json: a rank hung inside a
@@ -482,6 +498,30 @@ class Recorder:
             self._notify(1)
         return p
 
+    def add_pending_tensors(self, row, results, tensors=()) -> PendingOp:
+        """Register an async op completed by waiting on any of the tensors `results` (functional
+        collectives: ``wait_tensor``), or on anything sharing their memory (:meth:`lookup_tensor`)."""
+        p = self.add_pending(row, key_obj=results[0] if results else None, tensors=tensors)
+        keys = []
+        for t in results:
+            k = storage_key(t)
+            if k is not None:
+                keys.append(k)
+                self._by_storage[k] = p
+        p.skeys = tuple(keys)
+        return p
+
+    def lookup_tensor(self, t) -> "PendingOp | None":
+        """The pending op whose result tensor shares memory with `t`, if any (a view, a slice
+        or the tensor itself)."""
+        k = storage_key(t)
+        p = self._by_storage.get(k) if k is not None else None
+        if p is None:
+            p = self._by_key.get(id(t))
+            if p is None or p.skeys:
+                return None
+        return p
+
     def lookup(self, obj) -> "PendingOp | None":
         """The pending op whose Work (or tensor) is `obj`, if any."""
         p = self._by_key.get(id(obj))
@@ -522,6 +562,9 @@ class Recorder:
             n = len(self._pending)
         if p.key is not None and self._by_key.get(p.key) is p:
             self._by_key.pop(p.key, None)
+        for k in p.skeys:
+            if self._by_storage.get(k) is p:
+                self._by_storage.pop(k, None)
         p.work = None
         p.tensors = ()
         if p.nvtx_range is not None:  # never waited: the range ends when the op is written
@@ -539,7 +582,26 @@ class Recorder:
 
     # ------------------------------------------------------------------ writer thread
 
+    def _lower_priority(self) -> None:
+        """Lower this (the writer) thread's scheduling priority by ``config.writer_nice``.
+
+        Linux applies ``setpriority(PRIO_PROCESS, tid)`` to the one thread: the training thread
+        and the backend's threads keep theirs, and on a busy machine the encoding of a part
+        waits for CPU they leave idle instead of taking it from them. The guarantees do not
+        depend on it: the buffer stays bounded (rows beyond it are dropped and counted), the
+        exit and signal flushes run on the thread that handles them, at its own priority."""
+        n = int(getattr(self.config, "writer_nice", 0) or 0)
+        if n <= 0 or not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+            return
+        try:
+            tid = threading.get_native_id()
+            cur = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, cur + n))
+        except Exception as e:
+            log.warn_once("writer-nice", "cannot lower the writer thread's priority", e)
+
     def _run(self) -> None:
+        self._lower_priority()
         try:
             # The writer's imports (pyarrow) take 0.1-0.3 s of CPU when cold. Done now, at the
             # start, they do not land in the middle of training at the first flush, where they

@@ -26,6 +26,7 @@ import functools
 import json
 import sys
 import threading
+import weakref
 
 from ..format import schema as S
 from . import log, nvtx_ranges
@@ -92,6 +93,52 @@ class PgInfo:
 
 
 _pg_cache: dict = {}
+#: Names given to process groups that torch has no name for, by first use in this process:
+#: group -> name. Kept for the process's life (a group dropped and another created at the same
+#: address must not take its name): weak keys.
+_unnamed = weakref.WeakKeyDictionary()
+_unnamed_count: dict = {}
+
+
+def _group_name(c, group) -> str:
+    """A stable name for `group`: torch's name for the groups it knows (``new_group``,
+    DeviceMesh, ``_register_process_group``), else the group's own ``group_name`` when set,
+    else ``<backend>#<k>`` where k counts the unnamed groups of that backend in order of first
+    use on this rank. A Python ``ProcessGroup`` subclass used directly, which torch never
+    registers, gets a name of its own and therefore a seq of its own; ranks that create and
+    use such groups in the same order give them the same names, so their rows match."""
+    name = c._world.pg_names.get(group) if hasattr(c, "_world") else None
+    if name is not None:
+        return str(name)
+    try:
+        gn = group.group_name
+    except Exception:
+        gn = None
+    if gn:
+        return str(gn)
+    try:
+        got = _unnamed.get(group)
+    except TypeError:   # not weakly referenceable: named by id, not remembered
+        return f"{type(group).__name__}@{id(group):x}"
+    if got is not None:
+        return got
+    try:
+        kind = str(group.name()) or type(group).__name__
+    except Exception:
+        kind = type(group).__name__
+    k = _unnamed_count.get(kind, 0)
+    _unnamed_count[kind] = k + 1
+    got = f"{kind}#{k}"
+    try:
+        if group.size() == 1:
+            # A group of one is this rank's alone: another rank's group of the same name is
+            # not the same group, and its ops must not match this rank's.
+            rec = _R.get_recorder()
+            got += f"@rank{rec.rank if rec is not None else group.rank()}"
+    except Exception:
+        pass
+    _unnamed[group] = got
+    return got
 
 
 def pg_info(group) -> PgInfo | None:
@@ -111,18 +158,26 @@ def pg_info(group) -> PgInfo | None:
     if not member:
         info = PgInfo(group, None, 0, [], None, False)
     else:
-        try:
-            name = c._get_process_group_name(group)
-        except Exception:
-            name = getattr(group, "group_name", None) or str(id(group))
+        name = _group_name(c, group)
         try:
             ranks = [int(r) for r in c.get_process_group_ranks(group)]
         except Exception:
             ranks = []
+            try:
+                if group.size() == 1:   # an unregistered group of one: this rank
+                    rec = _R.get_recorder()
+                    ranks = [rec.rank] if rec is not None else []
+            except Exception:
+                pass
         try:
             backend = str(c.get_backend(group))
         except Exception:
             backend = None
+        if backend is None:
+            try:   # a Python ProcessGroup torch never registered: its getBackendName()
+                backend = str(group.name())
+            except Exception:
+                backend = None
         info = PgInfo(group, name, len(ranks) or group.size(), ranks, backend, True)
         rec = _R.get_recorder()
         if rec is not None:
@@ -256,8 +311,29 @@ def _prepare(rec, reader: Reader, args, kwargs, t0):
 _nofuture: set = set()   # (backend, op) whose Work has no future (gloo p2p)
 
 
+#: Work classes whose wait() has been looked at (patched when it overrides Work.wait).
+_wait_checked: set = set()
+_wait_patched: list = []
+
+
+def _patch_wait_of(cls) -> None:
+    """A Work subclass with a wait() of its own (torch's FakeWork, PythonCallbackWork, a Python
+    backend's Work) bypasses the patch on Work.wait: patch its wait too, once per class, so that
+    waiting on it is recorded like any other wait."""
+    _wait_checked.add(cls)
+    try:
+        if "wait" in cls.__dict__ and not hasattr(cls.__dict__["wait"], ORIGINAL_ATTR):
+            patch(cls, "wait", _make_wait(cls.__dict__["wait"]))
+            _wait_patched.append(cls)
+    except Exception as e:
+        log.warn_once(("work-wait", cls), f"cannot patch {cls.__name__}.wait", e)
+
+
 def _track_work(rec, row, work, tensors, token):
     """Register an async op's Work: completion through its future, else by polling."""
+    cls = type(work)
+    if cls not in _wait_checked:
+        _patch_wait_of(cls)
     if token is not None:
         # Device-timed op (CUDA tensors): ProcessGroupNCCL completes the Work's future right
         # after enqueue, so the future says nothing about completion. The op stays in flight
@@ -990,6 +1066,13 @@ def uninstall() -> None:
             restore(_c10d.Work, "wait")
         except Exception:
             pass
+        for cls in _wait_patched:
+            try:
+                restore(cls, "wait")
+            except Exception:
+                pass
+        _wait_patched.clear()
+        _wait_checked.clear()
         _WRAPPERS.clear()
         reset_caches()
         _installed = False

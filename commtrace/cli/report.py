@@ -15,6 +15,7 @@ Examples:
   commtrace report RUN --format json > report.json
   commtrace report RUN --top 20 --rank 3
   commtrace report RUN --steps 100:200      # steps 100..199
+  commtrace report RUN --busbw-ref 180      # what-if: every collective at 180 GB/s busbw
   commtrace report RUN --memory-limit 4GB --temp-dir /scratch   # a 10^8-op run
 """
 
@@ -76,12 +77,14 @@ def _steps(value):
 @click.option("--rank", type=int, default=None, help="Focus per-rank rows and findings on this rank.")
 @click.option("--steps", default=None, metavar="A:B", help="Only steps A..B-1.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: on large runs).")
+@click.option("--busbw-ref", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GB/s",
+              help="What-if: every collective of a kind at this nccl-tests bus bandwidth (e.g. 180).")
 @click.option("--memory-limit", default=None, metavar="SIZE",
               help="Memory for the query engine, e.g. 4GB (default: 40% of RAM, at most 4 GB); "
                    "beyond it, work spills to --temp-dir.")
 @click.option("--temp-dir", default=None, type=click.Path(file_okay=False),
               help="Where large runs are held and spill (default: $COMMTRACE_TMPDIR or the system's).")
-def command(run_dir, fmt, top, rank, steps, progress, memory_limit, temp_dir):
+def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, memory_limit, temp_dir):
     """Analyse a run: who waited for whom, stragglers, overlap, bandwidth and findings.
 
     Exits 0 whenever a report was produced, whatever it found."""
@@ -92,7 +95,7 @@ def command(run_dir, fmt, top, rank, steps, progress, memory_limit, temp_dir):
     try:
         run = load(run_dir, progress=bar, memory_limit=_memory(memory_limit), temp_dir=temp_dir)
         bar("matching", 0.05)
-        rep = run.report(top=top, rank=rank, steps=rng, progress=bar)
+        rep = run.report(top=top, rank=rank, steps=rng, progress=bar, busbw_ref=busbw_ref)
     finally:
         bar.close()
     if fmt == "json":
@@ -187,6 +190,8 @@ def render(rep: dict, top: int = 10, console=None) -> None:
 
     _render_hang(con, rep)
 
+    _render_what_if(con, rep, top)
+
     fs = rep.get("findings") or []
     con.rule("Findings")
     if not fs:
@@ -208,8 +213,57 @@ def render(rep: dict, top: int = 10, console=None) -> None:
             head.append(f"  at {f['site']}", style="magenta")
         con.print(head)
         con.print(Text("        " + f["message"]))
+        rc = f.get("root_cause") or {}
+        if rc.get("text"):
+            con.print(Text("        " + rc["text"], style="green"))
     if len(fs) > max(top, 1) * 3:
         con.print(f"... {len(fs) - max(top, 1) * 3} more (use --top or --format json)")
+
+
+def _render_what_if(con, rep: dict, top: int) -> None:
+    """Root causes (delay costs), the critical path and the replay's what-if figures."""
+    from rich.table import Table
+
+    wi = rep.get("what_if")
+    if not wi:
+        return
+    con.rule("Root cause and what-if")
+    err = wi.get("replay_error") or 0.0
+    con.print(f"replay of the unchanged trace: {_s(wi.get('replayed_s'))} against {_s(wi.get('run_time_s'))} "
+              f"measured (error {err * 100:+.2f}%"
+              + (f", worst step {wi['max_step_error'] * 100:.2f}%" if wi.get("max_step_error") is not None else "")
+              + f"); waiting {_s(wi.get('wait_total_s'))} in all")
+    dl = [d for d in wi.get("delays") or [] if (d.get("cost_s") or 0) > 0]
+    if dl and top:
+        t = Table(title="Root causes: delays and the waiting they caused", title_justify="left", show_edge=False)
+        for col in ("rank", "step", "before", "after", "delay", "direct cost", "propagated", "if fixed, saves"):
+            t.add_column(col, justify="left" if col in ("before", "after") else "right")
+        for d in dl[:top]:
+            before = (d.get("op") or "") + (f" at {_short_site(d.get('site'), 30)}" if d.get("site") else "")
+            after = (d.get("prev_op") or "") + (f" at {_short_site(d.get('prev_site'), 30)}" if d.get("prev_site") else "")
+            t.add_row(str(d["rank"]), str(d.get("step")), before, after, _s(d.get("delay_s")),
+                      _s(d.get("direct_cost_s")), _s(d.get("propagated_cost_s")), _s(d.get("gain_s")))
+        con.print(t)
+        for d in dl[: min(top, 3)]:
+            if d.get("text"):
+                con.print(f"  {d['text']}" + (f" (rank {d['rank']}, step {d['step']})" if d.get("step") is not None else ""))
+    cp = rep.get("critical_path") or {}
+    pr = cp.get("per_rank") or []
+    if pr:
+        con.print("critical path: " + ", ".join(f"rank {r['rank']} {r['share']:.0%}" for r in pr[:5])
+                  + (" ..." if len(pr) > 5 else ""))
+        ops = [o for o in cp.get("per_op") or [] if (o.get("on_path_s") or 0) + (o.get("off_path_s") or 0) > 0]
+        if ops:
+            con.print("communication on the critical path (exposed) / off it (hidden): "
+                      + ", ".join(f"{o['op']} {_s(o['on_path_s'])} / {_s(o['off_path_s'])}" for o in ops[:5]))
+    sc = wi.get("scenarios") or []
+    if sc:
+        t = Table(title="What-if (replay)", title_justify="left", show_edge=False)
+        for col in ("scenario", "projected run", "saves", "%"):
+            t.add_column(col, justify="left" if col == "scenario" else "right")
+        for x in sc[: max(top, 1)]:
+            t.add_row(x["name"], _s(x.get("projected_s")), _s(x.get("gain_s")), f"{x.get('gain_pct', 0):.1f}")
+        con.print(t)
 
 
 def _render_hang(con, rep: dict) -> None:

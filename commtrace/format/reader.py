@@ -471,3 +471,47 @@ def load_columns(con, rf: RunFiles, table: str, columns) -> None:
                 + " UNION ALL BY NAME ".join(sels) + ")")
     if snap is not None:
         con.unregister("__snapshot_x")
+
+
+def poll_run(path) -> dict:
+    """What a live view re-reads every few seconds, without opening a part: the manifest, each
+    rank's ``_inflight.json`` snapshot, and a signature of the parts (count and newest mtime per
+    rank directory) that changes when a rank writes a new part.
+
+    Returns ``{"manifest": dict, "snapshots": {rank: snapshot}, "parts": (n, newest_mtime_ns)}``;
+    unreadable files are skipped (a snapshot being replaced reads as the previous one next time)."""
+    path = os.fspath(path)
+    out = {"manifest": {}, "snapshots": {}, "parts": (0, 0)}
+    try:
+        with open(os.path.join(path, S.MANIFEST_NAME)) as f:
+            m = json.load(f)
+        out["manifest"] = m if isinstance(m, dict) else {}
+    except (OSError, ValueError):
+        pass
+    n, newest = 0, 0
+    try:
+        entries = sorted(os.listdir(path))
+    except OSError:
+        return out
+    for entry in entries:
+        mm = _RANK_DIR_RE.match(entry)
+        if not mm:
+            continue
+        full = os.path.join(path, entry)
+        try:
+            with os.scandir(full) as it:
+                for de in it:
+                    if de.name.endswith(".parquet") and not de.name.startswith(("_", ".")):
+                        n += 1
+                        newest = max(newest, de.stat().st_mtime_ns)
+        except OSError:
+            continue
+        try:
+            with open(os.path.join(full, S.INFLIGHT_NAME)) as f:
+                snap = json.load(f)
+            if isinstance(snap, dict) and isinstance(snap.get("ops", []), list):
+                out["snapshots"][int(snap.get("rank", mm.group(1)))] = snap
+        except (OSError, ValueError, TypeError):
+            pass
+    out["parts"] = (n, newest)
+    return out

@@ -99,4 +99,5 @@ META_KEYS = (
     "pg_ranks",  # {pg name: [global ranks]}
     "nvml", "nccl_version", "nccl_env", "graph_captured_ops",
     "flush_interval_s", "clock_skew_injected_ns", "capture_path",  # "c" or "python"
+    "simulated",  # true: torch's fake backend, the other ranks of the world are not processes
 )
