@@ -28,6 +28,11 @@ _ENTRIES = (
           "look at what the culprit did after its last completed op (its stack dump): a data-dependent "
           "branch that skips a collective, an exception swallowed on one rank, an early "
           "`return`/`break`, a rank stuck in I/O."),
+    Entry("rank_crashed", "A rank's process died",
+          "A rank's process ended without finishing the job (a fatal signal, killed, or an uncaught "
+          "exception) while its peers went on or waited for it.",
+          "read its crash file (the stacks at the signal) and the job's log; a C++ abort on a "
+          "collective usually follows a `collective_mismatch` (sizes or ops that differ across ranks)."),
     Entry("not_completed", "An op never completed",
           "An op was issued by every member but never completed: no completion, no returned wait().",
           "the peer side of the op (its rank's `last_completed` and stacks); transport errors in the "

@@ -28,7 +28,7 @@ from . import sql as Q
 
 #: Columns the analysis never reads: left in the Parquet parts and joined back by row id
 #: (`rid`) when ops() returns full rows, so that loading materialises less.
-LAZY_COLUMNS = ("api", "backend", "thread", "t_start_ns")
+LAZY_COLUMNS = ("api", "backend", "thread", "t_start_ns", "completion", "torch_seq")
 #: Read at load for derived values (completion fill, in-flight count), then dropped.
 LOAD_ONLY = ("device", "inflight_ids")
 LOAD_COLUMNS = [c for c in S.COLUMNS if c not in LAZY_COLUMNS]

@@ -44,6 +44,18 @@ def job_state(run, manifest: dict | None = None, snapshots: dict | None = None,
     ``failed`` (any other exit code), ``running`` (no end recorded and a rank's snapshot is
     fresh and not final) or ``unknown``; with ``exit_code``, ``start_ns``, ``end_ns`` and
     ``detail`` (one line). `manifest` / `snapshots` default to what was loaded with the run."""
+    if manifest is None and snapshots is None and hasattr(run, "job"):
+        # What was loaded with the run: the report's `job` (analysis/job.py), one source.
+        from .job import describe
+
+        j = run.job()
+        sess = getattr(run._files, "session", None) or {}
+        return {"state": j["state"], "exit_code": j["exit_code"],
+                "start_ns": run.manifest.get("start_ns") or sess.get("start_ns"),
+                "end_ns": sess.get("end_ns") or run.manifest.get("end_ns"),
+                "detail": describe(j)[len("job: "):].split(" (", 1)[-1].rstrip(")")
+                if "(" in describe(j) else "",
+                "failed_ranks": j["failed_ranks"], "signal": j["signal"]}
     m = run.manifest if manifest is None else manifest
     snaps = (getattr(run._files, "inflight", {}) or {}) if snapshots is None else snapshots
     now = time.time_ns() if now_ns is None else now_ns

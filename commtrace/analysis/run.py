@@ -46,9 +46,12 @@ _Rows = Q.Rows
 
 
 def load(path, *, threads: int | None = None, memory_limit: str | None = None, progress=None,
-         temp_dir: str | None = None) -> "Run":
+         run: str | None = None, temp_dir: str | None = None) -> "Run":
     """Load a run directory (or one Parquet trace) for analysis.
 
+    `path` may also be a directory of runs (the output of ``commtrace run -o``): with one run
+    below it, that run is loaded; with several, `run` picks one (its id, or ``"latest"``),
+    else :class:`commtrace.format.runs.MultipleRunsError` (exit code 2) lists them.
     Raises :class:`commtrace.errors.TraceFormatError` (or a subclass) when `path` is not a
     readable trace; tolerable damage (missing ranks, corrupt parts) becomes `Run.warnings`.
     `progress(stage, fraction, rows)` is told when loading starts (with the row count).
@@ -56,6 +59,9 @@ def load(path, *, threads: int | None = None, memory_limit: str | None = None, p
     $COMMTRACE_MEMORY_LIMIT) caps the query engine's memory; large runs are held in a
     database file under `temp_dir` (default $COMMTRACE_TMPDIR or the system's temporary
     directory) and spill there, removed again by :meth:`Run.close`."""
+    from ..format import runs as RUNS
+
+    path = RUNS.resolve(path, run)
     rf = R.scan_run(path)
     if progress:
         progress("loading", 0.0, rf.num_rows)
@@ -65,8 +71,7 @@ def load(path, *, threads: int | None = None, memory_limit: str | None = None, p
     except BaseException:
         L.close(con, tmp)
         raise
-    run = Run(con, rf, _tmp=tmp)
-    return run
+    return Run(con, rf, _tmp=tmp)
 
 
 class Run:
@@ -218,6 +223,11 @@ class Run:
             present = set(self.ranks)
             out = {pg: [r for r in v if r in present] for pg, v in out.items()}
         return out
+
+    @property
+    def files(self) -> R.RunFiles:
+        """What the run directory holds (parts, metadata, snapshots, stacks), before any row."""
+        return self._files
 
     @property
     def snapshot_ns(self) -> dict[int, int]:
@@ -519,6 +529,24 @@ class Run:
             with self._lock:
                 self._cache["last_completed"] = SU.last_completed(self._con, self._t, self.ranks)
         return dict(self._cache["last_completed"])
+
+    def rank_states(self) -> dict[int, dict]:
+        """rank -> how its process stands: alive, exited, crashed, ... (analysis/job.py)."""
+        if "rank_states" not in self._cache:
+            from .job import rank_states
+            self._cache["rank_states"] = rank_states(self._files, self.world_size)
+        return self._cache["rank_states"]
+
+    def job(self) -> dict:
+        """How the job ended: the report's ``job`` key (analysis/job.py, docs/report.md)."""
+        from .job import job_state
+        return job_state(self._files, self.world_size, self.rank_states())
+
+    @property
+    def run_id(self) -> str | None:
+        """The run id (schema v2; None for version-1 traces)."""
+        return self.manifest.get("run_id") or next(
+            (m.get("run_id") for m in self.meta.values() if m.get("run_id")), None)
 
     def report(self, top: int = 10, rank: int | None = None, steps=None, progress=None,
                busbw_ref: float | None = None) -> dict:

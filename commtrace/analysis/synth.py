@@ -465,7 +465,8 @@ def _block_tables(tmpl, n, base, used, skew_ns, issued, in_snapshot, count, tmpl
         "thread": pa.array(140000000 + rr.astype(np.int64)),
         "detail": pa.nulls(nn, pa.string()),
     }
-    ops_t = pa.table(cols)
+    # Columns of the schema the generator does not fill (newer extensions) are null.
+    ops_t = pa.table({f.name: cols[f.name] if f.name in cols else pa.nulls(nn, f.type) for f in S.SCHEMA})
     nm = len(marks)
     mark_t = None
     moff = np.zeros(n + 1, np.int64)

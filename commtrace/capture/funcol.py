@@ -114,6 +114,7 @@ def _make(api, orig, op, out_rule, root_param):
                     elems.append(e)
             if not elems:
                 row[I_T_END] = t1   # traced / already waited: complete at return
+                row[_R.I_COMPLETION] = "return"
                 rec.append_row(row)
             else:
                 # Keyed by the results' storage: any of them, or any view of them, completes it
@@ -146,7 +147,7 @@ def _make_wait(orig):
             if row[I_T_WAIT] is None:
                 row[I_T_WAIT] = t0
             row[I_T_WAIT_END] = t1
-            rec.complete(p, t1)
+            rec.complete(p, t1, "wait")
             p.waited = True
             rec.wake()
         except Exception:

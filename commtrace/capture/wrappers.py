@@ -245,7 +245,7 @@ def device_name(t) -> str:
 
 
 _get_ident = threading.get_ident
-assert NCOL == 33, "new_row's literal follows schema.COLUMNS"
+assert NCOL == 35, "new_row's literal follows schema.COLUMNS"
 
 
 def new_row(rec, kind, info: PgInfo, op, api, async_op, t0) -> list:
@@ -253,7 +253,7 @@ def new_row(rec, kind, info: PgInfo, op, api, async_op, t0) -> list:
     return [kind, rec.rank, info.name, info.size, None, op, api, async_op, info.backend,
             None, None, None, None, None, None, None, t0, None, None, None, None, None,
             rec.step, user_site_raw(3) if rec.stack else None, None, next(rec._op_ids), None,
-            None, None, None, None, _get_ident(), tls.detail]
+            None, None, None, None, _get_ident(), tls.detail, None, None]
 
 
 def _prepare(rec, reader: Reader, args, kwargs, t0):
@@ -356,20 +356,43 @@ def _track_work(rec, row, work, tensors, token):
                 _nofuture.add(key)
                 fut = None
         if fut is not None:
+            # An op that ended before its callback is attached gets no notification: its end
+            # is only known to precede the moment it was seen complete, looked at first thing
+            # (column completion = "observed": t_end_ns is an upper bound, the op ended in
+            # [t_enqueue_ns, t_end_ns]).
+            try:
+                done = fut.done()
+            except Exception:
+                done = False
+            t_seen = rec.now_ns()
             p = rec.add_pending(row, key_obj=work, work=work, has_future=True,
                                 tensors=tensors, device_token=token)
+            if done:
+                rec.complete(p, t_seen, "observed")
+                return p
+            attaching = [True]
 
-            def _done(_f, p=p, rec=rec):
-                rec.complete(p, rec.now_ns())
+            def _done(_f, p=p, rec=rec, attaching=attaching):
+                # run at once by add_done_callback: the op ended while it was being attached
+                rec.complete(p, rec.now_ns(), "observed" if attaching[0] else "callback")
 
             try:
                 fut.add_done_callback(_done)
             except Exception as e:
                 log.warn_once("future-cb", "cannot attach a completion callback", e)
+            attaching[0] = False
             return p
-    # No future: keep the Work alive (the backend holds the op anyway) and poll it.
+    # No future: keep the Work alive (the backend holds the op anyway) and poll it; one look
+    # now, so that an op already complete at its return is not left to the next poll.
+    try:
+        done = work.is_completed()
+    except Exception:
+        done = False
+    t_seen = rec.now_ns()
     p = rec.add_pending(row, key_obj=work, work=work, strong=True, has_future=False,
                         tensors=tensors, device_token=token)
+    if done:
+        rec.complete(p, t_seen, "observed")
     rec.wake()
     return p
 
@@ -397,6 +420,7 @@ def _finish(rec, reader, row, ret, t1, tensors, token, info):
             return None
         return _track_work(rec, row, ret, tensors, token)
     row[I_T_END] = t1
+    row[_R.I_COMPLETION] = "return"
     if token is not None and rec.device_timer is not None:
         rec.hold_device_row(row[I_OP_ID], row)
     else:
@@ -794,7 +818,7 @@ def _make_wait(orig_wait):
                     q.row[I_T_WAIT] = t0
                 q.row[I_T_WAIT_END] = t1
                 if r is not False:
-                    rec.complete(q, t1)
+                    rec.complete(q, t1, "wait")
                 q.waited = True
                 if q.row[I_T_END] is not None:
                     # Completed and waited: its row is final (a future callback still to run
@@ -946,13 +970,14 @@ def _close_coalesced(rec, issued, cm, async_ops):
             if first.has_future:
                 try:
                     works[-1].get_future().add_done_callback(
-                        lambda _f, q=q: rec.complete(q, rec.now_ns()))
+                        lambda _f, q=q: rec.complete(q, rec.now_ns(), "callback"))
                 except Exception:
                     pass
         return
     for row, tensors, token in issued:
         if cm is not None:
             row[I_T_END] = t
+            row[_R.I_COMPLETION] = "return"
         rec.append_row(row)
 
 

@@ -42,7 +42,9 @@ def is_loopback(host: str) -> bool:
 @click.option("--no-browser", is_flag=True, help="Do not open a web browser.")
 @click.option("--compare", "compare_dir", metavar="DIR_B", type=click.Path(), default=None,
               help="A second run to compare with DIR (Compare page: the diff's deltas, both overviews).")
-def command(run_dir, host, port, no_browser, compare_dir):
+@click.option("--run", "run_id", default=None, metavar="ID|latest",
+              help="When DIR holds several runs: the one to use (its id, or latest).")
+def command(run_dir, host, port, no_browser, compare_dir, run_id):
     """Serve the interactive dashboard of a run: overview, timeline, overlap, stalls, findings,
     bandwidth, run facts. On a running job it refreshes on its own (live strip, hang banner).
 
@@ -65,19 +67,29 @@ def command(run_dir, host, port, no_browser, compare_dir):
     except OSError as e:
         raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     click.echo(f"loading {run_dir} ...", err=True)
-    run = load(run_dir)
+    run = load(run_dir, run=run_id)
     if run.missing_ranks:
         click.echo(f"commtrace: warning: partial run, rank(s) {', '.join(map(str, run.missing_ranks))} missing", err=True)
     other = None
     if compare_dir is not None:
         click.echo(f"loading {compare_dir} ...", err=True)
         other = load(compare_dir)
-    from dashboard.app import build
+    from ..dashboard.app import build
+    from ..dashboard.serve import serve_forever
 
     app = build(run, compare=other)
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
-    click.echo(f"commtrace dashboard of {run_dir} at {url}  (Ctrl-C to stop)")
-    if not no_browser:
-        threading.Timer(1.0, lambda: webbrowser.open(url)).start()
-    app.run(host=host, port=port, debug=False)
+
+    def ready(url):
+        # commtrace's one line instead of Flask's development-server banner; no per-request log.
+        click.echo(f"commtrace dashboard of {run_dir}: serving on {url}, Ctrl-C to stop", err=False)
+        if not no_browser:
+            threading.Timer(1.0, lambda: webbrowser.open(url)).start()
+
+    try:
+        serve_forever(app, host, port, on_ready=ready)
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+        return 130
+    except OSError as e:
+        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     return 0

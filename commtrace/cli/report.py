@@ -16,6 +16,7 @@ Examples:
   commtrace report RUN --top 20 --rank 3
   commtrace report RUN --steps 100:200      # steps 100..199
   commtrace report RUN --busbw-ref 180      # what-if: every collective at 180 GB/s busbw
+  commtrace report traces --run latest      # traces holds several runs (commtrace ls traces)
   commtrace report RUN --memory-limit 4GB --temp-dir /scratch   # a 10^8-op run
 """
 
@@ -79,12 +80,14 @@ def _steps(value):
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: on large runs).")
 @click.option("--busbw-ref", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GB/s",
               help="What-if: every collective of a kind at this nccl-tests bus bandwidth (e.g. 180).")
+@click.option("--run", "run_id", default=None, metavar="ID|latest",
+              help="When DIR holds several runs: the one to use (its id, or latest).")
 @click.option("--memory-limit", default=None, metavar="SIZE",
               help="Memory for the query engine, e.g. 4GB (default: 40% of RAM, at most 4 GB); "
                    "beyond it, work spills to --temp-dir.")
 @click.option("--temp-dir", default=None, type=click.Path(file_okay=False),
               help="Where large runs are held and spill (default: $COMMTRACE_TMPDIR or the system's).")
-def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, memory_limit, temp_dir):
+def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, run_id, memory_limit, temp_dir):
     """Analyse a run: who waited for whom, stragglers, overlap, bandwidth and findings.
 
     Exits 0 whenever a report was produced, whatever it found."""
@@ -93,7 +96,7 @@ def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, memory_limit, t
     rng = _steps(steps)
     bar = _Bar(progress)
     try:
-        run = load(run_dir, progress=bar, memory_limit=_memory(memory_limit), temp_dir=temp_dir)
+        run = load(run_dir, progress=bar, run=run_id, memory_limit=_memory(memory_limit), temp_dir=temp_dir)
         bar("matching", 0.05)
         rep = run.report(top=top, rank=rank, steps=rng, progress=bar, busbw_ref=busbw_ref)
     finally:
@@ -145,6 +148,13 @@ def render(rep: dict, top: int = 10, console=None) -> None:
               + (f", [red]ended early: rank(s) {', '.join(map(str, early))}[/red]" if early else "")
               + f"; {rep['ops']:,} ops, {rep.get('collectives', 0):,} collectives over {_s(rep.get('duration_s'))}"
               + (f"; steps {rep['steps'][0]}:{rep['steps'][1]}" if rep.get("steps") else ""))
+    job = rep.get("job")
+    if job:
+        from ..analysis.job import describe
+
+        style = {"completed": "green", "failed": "bold red", "interrupted": "yellow",
+                 "running": "cyan"}.get(job.get("state"), "")
+        con.print(f"[{style}]{describe(job)}[/{style}]" if style else describe(job))
     ck = rep.get("clock") or {}
     if ck:
         con.print(f"clock: offsets applied {ck.get('methods') or ['none recorded']}, "
