@@ -82,12 +82,16 @@ def _rows(d):
     return sorted(t.to_pylist(), key=lambda r: (r["rank"], r["kind"], r["op_id"] or -1, r["t_enqueue_ns"] or 0))
 
 
-def test_generator_blocks_do_not_change_the_run(tmp_path):
-    """The generator simulated in blocks of a few steps (spooled per rank) writes the very rows
-    of a one-block run, hang snapshots included; and its spool is gone afterwards."""
+def test_generator_blocks_do_not_change_the_run(tmp_path, monkeypatch):
+    """The generator simulated in blocks of a few steps (spooled per group of 2 ranks) writes
+    the very rows of a one-block run, hang snapshots included; and its spool is gone
+    afterwards."""
+    from commtrace.analysis import synth
+
     kw = dict(ranks=5, ops=400, skip=(3, 150), mismatch=[(1, 20)], skew=[(2, 40_000_000)],
               hazards=True, seed=5)
     a = synth_run(str(tmp_path / "one"), **kw)
+    monkeypatch.setattr(synth, "SPOOL_GROUP_ROWS", 2 * 460)
     b = synth_run(str(tmp_path / "blocks"), block_ops=25, **kw)
     assert a.rows == b.rows and a.planted == b.planted
     assert _rows(tmp_path / "one") == _rows(tmp_path / "blocks")

@@ -112,6 +112,8 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         "top_collectives": _rows(topc),
         "top_sites": _rows(sites),
         "per_step": _rows(steps_summary),
+        # bounded capture: per-step counters of the steps recorded without op rows
+        "step_counters": _rows(run.step_counters()),
         "stragglers": stragglers,
         "clock": _clean(ck),
         "last_completed": {str(k): _clean(v) for k, v in run.last_completed().items()},

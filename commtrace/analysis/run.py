@@ -458,6 +458,19 @@ class Run:
                    avg(inflight_s) AS inflight_s_mean, avg(overlap_ratio) AS overlap_ratio_mean
             FROM {self._per_step_table()} GROUP BY step ORDER BY step""")
 
+    def step_counters(self) -> pa.Table:
+        """Per (step, op) over ranks, from the counter rows that bounded capture writes for the
+        steps outside its window (capture/window.py, docs/large-jobs.md): `ranks`, `ops`,
+        `bytes`, `blocked_s` (host-blocked time of those calls), `inflight_s`. Empty for a run
+        recorded in full."""
+        def num(k):
+            return f"sum(CAST(regexp_extract(detail, '\"{k}\":(-?[0-9]+)', 1) AS BIGINT))"
+        return self.arrow(f"""
+            SELECT step, op, count(DISTINCT rank) AS ranks, {num('ops')}::BIGINT AS ops,
+                   sum(bytes)::BIGINT AS bytes, {num('blocked_ns')} / 1e9 AS blocked_s,
+                   {num('inflight_ns')} / 1e9 AS inflight_s
+            FROM {self._t} WHERE kind = 'counter' GROUP BY step, op ORDER BY step, op""")
+
     # ------------------------------------------------------------------ stragglers
     def stragglers(self) -> pa.Table:
         """Straggler share per rank (metrics.md "Wait states"): over complete collectives with

@@ -105,6 +105,8 @@ def parse_duration_ns(text: str) -> int:
 #: Op positions x ranks simulated per block: bounds the generator's memory (about 100 bytes per
 #: element at peak) whatever the size of the run.
 BLOCK_ELEMENTS = 2_000_000
+#: Rows of the whole run per group of ranks read back from the spool at once.
+SPOOL_GROUP_ROWS = 2_000_000
 
 
 def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=None, mismatch=(),
@@ -180,7 +182,7 @@ def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=N
     hz_step = 1 if hazards else -1
     hz_bucket_ops: list[int] = []
     synced = True
-    spool = _Spool(out, n, len(blocks))
+    spool = _Spool(out, n, len(blocks), group=max(1, SPOOL_GROUP_ROWS // max(1, int(ops * 1.15))))
     snapshots: dict[int, list] = {}
 
     for block in blocks:
@@ -358,9 +360,8 @@ def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=N
 
     rows_total = 0
     pg_ranks = {PG: list(range(n))}
-    for r in range(n):
+    for r, tables in spool.rank_tables():
         sk = int(skew_ns[r])
-        tables = spool.rank_tables(r)
         ex_rows = {f.name: [] for f in S.SCHEMA}
         for row in extra:
             if row["rank"] != r:
@@ -490,13 +491,20 @@ def _block_tables(tmpl, n, base, used, skew_ns, issued, in_snapshot, count, tmpl
     return ops_t, off, mark_t, moff
 
 
+def Q_np_array(a: np.ndarray) -> pa.Array:
+    """int64 Arrow array over a numpy array (no pa.array(): it imports pandas)."""
+    return pa.Array.from_buffers(pa.int64(), len(a), [None, pa.py_buffer(np.ascontiguousarray(a))])
+
+
 class _Spool:
     """Per-rank rows of each block: kept in memory when the run is one block, else written to
-    a temporary Arrow IPC file per block (one compressed record batch per rank) and read back
-    rank by rank."""
+    a temporary Arrow IPC file per block, one compressed record batch per group of `group`
+    ranks, and read back a group at a time (every block's batch of the group, cast once,
+    sorted by rank, then split)."""
 
-    def __init__(self, out: str, n: int, nblocks: int):
+    def __init__(self, out: str, n: int, nblocks: int, group: int = 1):
         self.n = n
+        self.group = max(1, int(group))
         self.mem = nblocks <= 1
         self.blocks: list = []
         self.readers: dict = {}
@@ -517,34 +525,60 @@ class _Spool:
             if t is None:
                 continue
             with ipc.new_file(f"{path}.{kind}", t.schema, options=opts) as w:
-                for r in range(self.n):
-                    part = t.slice(int(o[r]), int(o[r + 1] - o[r])).combine_chunks()
+                for g in range(0, self.n, self.group):
+                    lo, hi = int(o[g]), int(o[min(g + self.group, self.n)])
+                    part = t.slice(lo, hi - lo).combine_chunks()
                     w.write_batch(pa.RecordBatch.from_arrays([c.chunk(0) for c in part.columns], schema=t.schema))
         self.blocks.append(path)
 
-    def rank_tables(self, r: int) -> list:
-        """Tables of rank `r`, ops of every block then marks of every block (string columns
-        decoded to the schema's types)."""
-        ops_l, marks_l = [], []
+    def _group(self, gi: int, kind: str):
+        """One table of the rows of rank group `gi` over every block (None when none)."""
+        parts = []
+        g0 = gi * self.group
+        g1 = min(g0 + self.group, self.n)
         for b in self.blocks:
             if self.mem:
                 ops_t, off, mark_t, moff = b
-                ops_l.append(ops_t.slice(int(off[r]), int(off[r + 1] - off[r])))
-                if mark_t is not None:
-                    marks_l.append(mark_t.slice(int(moff[r]), int(moff[r + 1] - moff[r])))
+                t, o = (ops_t, off) if kind == "ops" else (mark_t, moff)
+                if t is not None:
+                    parts.append(t.slice(int(o[g0]), int(o[g1] - o[g0])))
                 continue
             import pyarrow.ipc as ipc
-            for kind, acc in (("ops", ops_l), ("marks", marks_l)):
-                p = f"{b}.{kind}"
-                if p not in self.readers and os.path.exists(p):
-                    self.readers[p] = ipc.open_file(pa.memory_map(p))
-                if p in self.readers:
-                    acc.append(pa.Table.from_batches([self.readers[p].get_batch(r)]))
-        out = []
-        for t in ops_l + marks_l:
-            if t.num_rows:
-                out.append(t.cast(S.SCHEMA))
-        return out or [S.SCHEMA.empty_table()]
+            p = f"{b}.{kind}"
+            if p not in self.readers and os.path.exists(p):
+                self.readers[p] = ipc.open_file(pa.memory_map(p))
+            if p in self.readers:
+                parts.append(pa.Table.from_batches([self.readers[p].get_batch(gi)]))
+        parts = [t for t in parts if t.num_rows]
+        if not parts:
+            return None
+        t = pa.concat_tables(parts).cast(S.SCHEMA).combine_chunks()
+        if len(parts) > 1:
+            # rank-major within each block: a stable sort by rank puts every rank's rows in
+            # block (= op) order
+            t = t.take(Q_np_array(np.argsort(t["rank"].to_numpy(), kind="stable").astype(np.int64)))
+        return t
+
+    def rank_tables(self):
+        """(rank, [tables]) for every rank in order: its op rows of every block, then its step
+        markers of every block (schema types)."""
+        for gi in range(0, (self.n + self.group - 1) // self.group):
+            g0 = gi * self.group
+            g1 = min(g0 + self.group, self.n)
+            grp = {k: self._group(gi, k) for k in ("ops", "marks")}
+            bounds = {}
+            for k, t in grp.items():
+                cnt = np.bincount(t["rank"].to_numpy() - g0, minlength=g1 - g0) if t is not None else np.zeros(g1 - g0, np.int64)
+                bounds[k] = np.r_[0, np.cumsum(cnt)]
+            for r in range(g0, g1):
+                out = []
+                for k in ("ops", "marks"):
+                    t, bd = grp[k], bounds[k]
+                    j = r - g0
+                    if t is not None and bd[j + 1] > bd[j]:
+                        out.append(t.slice(int(bd[j]), int(bd[j + 1] - bd[j])))
+                yield r, (out or [S.SCHEMA.empty_table()])
+            del grp
 
     def close(self) -> None:
         self.readers.clear()

@@ -94,6 +94,8 @@ class RunFiles:
     conflict_ranks: set = field(default_factory=set)
     #: pending ops of the snapshots as a table (set by load_into_duckdb)
     snapshot: object = None
+    #: rank -> what --max-size ring retention deleted (its _retention.json "dropped")
+    retention: dict = field(default_factory=dict)
 
     @property
     def columns(self) -> set[str]:
@@ -209,6 +211,7 @@ def scan_run(path: str) -> RunFiles:
                     rf.inflight_mtime[int(snap.get("rank", rank))] = os.stat(ip).st_mtime
                 except (OSError, ValueError, TypeError) as e:
                     rf.warnings.append(f"skipped unreadable {_rel(path, ip)}: {e}")
+            _retention_warning(rf, full, rank)
             stacks = sorted(glob.glob(os.path.join(full, "stacks-*.txt")))
             if stacks:
                 rf.stacks[rank] = stacks
@@ -238,6 +241,24 @@ def scan_run(path: str) -> RunFiles:
     _merge_meta(rf)
     _check_rank_claims(rf)
     return rf
+
+
+def _retention_warning(rf: RunFiles, rank_dir: str, rank: int) -> None:
+    """A warning for the oldest parts that ``--max-size`` deleted (``_retention.json``,
+    capture/window.py): the run's first steps have counters but no op rows on that rank."""
+    p = os.path.join(rank_dir, "_retention.json")
+    if not os.path.exists(p):
+        return
+    try:
+        with open(p) as f:
+            d = json.load(f).get("dropped") or {}
+        rf.retention[rank] = d
+        steps = (f", steps {d.get('first_step')}..{d.get('last_step')}"
+                 if d.get("first_step") is not None else "")
+        rf.warnings.append(f"rank {rank}: --max-size deleted its {d.get('parts', 0)} oldest part(s) "
+                           f"({d.get('rows', 0)} rows{steps}): those ops are missing")
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        rf.warnings.append(f"unreadable {_rel(rf.path, p)}: {e}")
 
 
 def _check_rank_claims(rf: RunFiles) -> None:

@@ -52,13 +52,16 @@ def file_metadata(meta: dict) -> dict[bytes, bytes]:
 
 
 def write_part(run_dir: str, rank: int, table: pa.Table, meta: dict, pid: int | None = None,
-               index: int = 0, compression: str = "zstd") -> str:
+               index: int = 0, compression: str = "zstd", prefix: str = "part-") -> str:
     """Write one Parquet part for `rank`; returns its path. The part is written under a
-    temporary name and renamed, so readers never see a half-written part."""
+    temporary name and renamed, so readers never see a half-written part. `prefix` replaces
+    the ``part-`` of the name (``counters-`` parts of bounded capture)."""
     d = rank_dir(run_dir, rank)
     os.makedirs(d, exist_ok=True)
     pid = os.getpid() if pid is None else pid
     name = S.PART_FMT.format(pid=pid, index=index)
+    if prefix != "part-" and name.startswith("part-"):
+        name = prefix + name[len("part-"):]
     path = os.path.join(d, name)
     tmp = os.path.join(d, "_tmp-" + name + ".partial")  # no .parquet suffix: globs skip it
     table = table.replace_schema_metadata(file_metadata(meta))
