@@ -125,6 +125,10 @@ def _check_bounded(steps, schedule, max_size) -> None:
               show_default=True, help="Host-side hazard checks (use before wait, ...).")
 @click.option("--cuda-events/--no-cuda-events", default=True, show_default=True,
               help="Time ops on the GPU with CUDA events (NCCL).")
+@click.option("--completion-hook/--no-completion-hook", default=False, show_default=True,
+              help="NCCL: record ops issued below Python (DDP's reducer, compiled graphs) from "
+              "ProcessGroup's completion hook, as rows with api=\"c++\" (needs "
+              "TORCH_NCCL_ENABLE_TIMING=1).")
 @click.option("--steps", "steps", default="", metavar="A:B",
               help="Record ops of steps A..B-1 only (optimizer.step or mark_step); the other "
               "steps keep one counter row per op kind (ops, bytes, blocked time).")
@@ -136,7 +140,7 @@ def _check_bounded(steps, schedule, max_size) -> None:
               "deleted (ring retention), rank=<r>/_retention.json says what was dropped.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_on_hang,
-            hazards, cuda_events, steps, schedule, max_size, cmd):
+            hazards, cuda_events, completion_hook, steps, schedule, max_size, cmd):
     """Run CMD with tracing on in every rank; write the trace to one run directory.
 
     Options of commtrace run go before CMD (or before `--`); an unknown one is an error.
@@ -160,8 +164,9 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
     _check_bounded(steps, schedule, max_size)
     config = Config(output=out, nvtx=nvtx, stack=stack, flush_interval=flush_interval,
                     buffer_ops=buffer_ops, hazards=hazards, hang_timeout=hang_timeout,
-                    dump_on_hang=dump_on_hang, cuda_events=cuda_events, steps=steps,
-                    schedule=schedule, max_size=max_size)
+                    dump_on_hang=dump_on_hang, cuda_events=cuda_events,
+                    completion_hook=completion_hook, steps=steps, schedule=schedule,
+                    max_size=max_size)
     from .. import __version__
 
     from ..format import runs as RUNS
