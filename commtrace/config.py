@@ -34,6 +34,10 @@ class Config:
     #: Added to the writer thread's nice value (Linux: per thread), so that Parquet encoding
     #: yields the CPU to the training thread and the backend's threads. 0: unchanged.
     writer_nice: int = 10
+    #: Register ProcessGroup._register_on_completion_hook on NCCL groups: ops issued below
+    #: Python become rows with api="c++" (needs TORCH_NCCL_ENABLE_TIMING=1; commtrace.capture.
+    #: completion_hook). Off by default: torch runs the Python hook on NCCL's watchdog thread.
+    completion_hook: bool = False
 
     def to_env(self) -> dict[str, str]:
         """Environment variables that carry this config to child processes."""

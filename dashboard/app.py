@@ -18,7 +18,7 @@ import dash_ag_grid as dag
 import dash_mantine_components as dmc
 from dash import ALL, Input, Output, State, dcc, html
 
-from commtrace.analysis.findings import fmt_ns
+from ..analysis.findings import fmt_ns
 
 from . import figures as F
 from .data import RunData

@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from commtrace.analysis.lod import TimelineBins
-from commtrace.analysis.report import build_report
-from commtrace.ops import P2P_OPS
+from ..analysis.lod import TimelineBins
+from ..analysis.report import build_report
+from ..ops import P2P_OPS
 
 #: ns -> s for the x axis (time since the start of the run).
 NS = 1e9

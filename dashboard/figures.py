@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from commtrace.analysis.findings import fmt_ns
-from commtrace.analysis.overview import evidence
-from commtrace.ops import OP_COLORS, OTHER_OP_COLOR
+from ..analysis.findings import fmt_ns
+from ..analysis.overview import evidence
+from ..ops import OP_COLORS, OTHER_OP_COLOR
 
 from .data import NS, RunData
 

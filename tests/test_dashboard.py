@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -27,7 +28,7 @@ def synth(out, *args):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from dashboard.data import RunData
+    from commtrace.dashboard.data import RunData
     path = synth(tmp_path_factory.mktemp("dash") / "run", "--ranks", RANKS, "--ops", 600,
                  "--straggler", "1:2ms", "--late-send", "2:1ms", "--hazards")
     run = commtrace.load(path)
@@ -43,7 +44,7 @@ def test_cache_holds_every_op(data):
 
 
 def test_zoomed_out_timeline_is_bins_whose_sums_equal_the_analysis(data):
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     assert F.timeline_figure(data).layout.meta["mode"] == "exact"  # 2,400 ops: under the exact budget
     fig = F.timeline_figure(data, exact_max=500)
     assert fig.layout.meta["mode"] == "bins"
@@ -90,7 +91,7 @@ def test_span_polygon_fills_exactly_its_rectangles():
     """The op spans of the exact view are one polygon per op name: exactly one rectangle per span
     with both ends, at its times (0.1 us) and on its sub-row, spans with a NaN end left out; the
     ways out and back enclose nothing (the polygon's area is the rectangles' area)."""
-    from dashboard.figures import _span_polygon
+    from commtrace.dashboard.figures import _span_polygon
     a = np.array([0.0, 0.5, 3.0, 1.0, 6.0, 2.123456789])
     b = np.array([1.0, 2.0, 4.0, np.nan, 6.5, 2.25])
     row = np.array([0.0, 0.0, 3.0, 0.0, 1.0, 3.0])
@@ -110,7 +111,7 @@ def test_span_polygon_fills_exactly_its_rectangles():
 
 
 def test_zoomed_in_timeline_draws_exact_ops_with_hover(data):
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     a, b = 0.05, 0.08
     fig = F.timeline_figure(data, a, b)
     assert fig.layout.meta["mode"] == "exact"
@@ -149,7 +150,7 @@ def test_zoomed_in_timeline_draws_exact_ops_with_hover(data):
 
 
 def test_selection_highlights_every_rank_and_reports_skew(data):
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     c = data.collectives.to_pylist()
     row = max((r for r in c if r["n_ranks"] == RANKS), key=lambda r: r["arrival_skew_ns"])
     sel = {"pg": row["pg"], "seq": row["seq"]}
@@ -164,7 +165,7 @@ def test_selection_highlights_every_rank_and_reports_skew(data):
 
 
 def test_finding_window_contains_its_evidence(data):
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     kinds = {f.kind for f in data.findings}
     assert {"straggler", "late_sender", "use_before_wait", "sync_while_inflight"} <= kinds
     for f in data.findings:
@@ -181,7 +182,7 @@ def test_finding_window_contains_its_evidence(data):
 
 
 def test_other_views_carry_the_analysis_values(data):
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     pr = data.run.per_rank()
     f1, f2 = F.overlap_figures(data)
     assert list(f1.data[0].y) == pytest.approx(pr["exposed_s"].to_pylist())
@@ -206,7 +207,7 @@ def test_other_views_carry_the_analysis_values(data):
 
 
 def test_figures_stay_small(data):
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     for fig in (F.timeline_figure(data), F.timeline_figure(data, exact_max=10), F.timeline_figure(data, 0.05, 0.2), F.bandwidth_figure(data),
                 *F.overlap_figures(data), *F.stalls_figures(data)[:2]):
         assert len(fig.to_json()) < 5_000_000
@@ -215,7 +216,7 @@ def test_figures_stay_small(data):
 def test_figures_have_fixed_margins(data):
     """No figure lets its legend, colorbar or labels grow a margin: Plotly would draw it twice on
     its first view and on every switch between bins and exact ops (dashboard.figures.margin)."""
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     figs = {"bins": F.timeline_figure(data, exact_max=10), "exact": F.timeline_figure(data, 0.05, 0.08),
             "bandwidth": F.bandwidth_figure(data)}
     figs.update(zip(("overlap-rank", "overlap-step"), F.overlap_figures(data)))
@@ -229,7 +230,7 @@ def test_figures_have_fixed_margins(data):
 
 
 def test_app_callbacks_take_no_path_input(data):
-    from dashboard.app import create_app
+    from commtrace.dashboard.app import create_app
     app = create_app(data)
     inputs = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb["inputs"]}
     assert inputs == {("tabs", "value"), ("timeline", "relayoutData"), ("range", "value"), ("reset", "n_clicks"),
@@ -241,7 +242,7 @@ def test_app_callbacks_take_no_path_input(data):
 
 
 def test_partial_run_shows_banner(tmp_path):
-    from dashboard.app import build
+    from commtrace.dashboard.app import build
     path = synth(tmp_path / "run", "--ranks", 3, "--ops", 100)
     shutil.rmtree(tmp_path / "run" / "rank=2")
     run = commtrace.load(path)
@@ -295,11 +296,22 @@ def test_cli_serves_and_warns_on_public_host(tmp_path):
             except OSError:
                 time.sleep(0.5)
         assert body and b"timeline" in body
+        for path_ in ("/", "/_dash-layout", "/_dash-dependencies"):
+            assert urllib.request.urlopen(f"http://127.0.0.1:{port}{path_}", timeout=10).status == 200
     finally:
-        p.terminate()
-        out, err = p.communicate(timeout=20)
-    assert f"at http://0.0.0.0:{port}/" in out
+        p.send_signal(signal.SIGINT)  # Ctrl-C
+        try:
+            out, err = p.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+    # commtrace's one line, not Flask's banner; no access-log line per request; Ctrl-C exits 130.
+    assert f"serving on http://0.0.0.0:{port}/, Ctrl-C to stop" in out
     assert "warning: serving on 0.0.0.0" in err
+    both = out + err
+    for noise in ("GET /", "HTTP/1.1", "Serving Flask app", "development server", "Traceback"):
+        assert noise not in both, (noise, both)
+    assert p.returncode == 130, (p.returncode, both)
 
 
 def test_lod_bins_equal_the_analysis_timeline_bins(data):
@@ -323,7 +335,7 @@ def test_one_callback_moves_the_slider_with_a_plot_zoom(data):
     same response; the slider's own echo of that value is not taken for a new zoom."""
     import dash
 
-    from dashboard.app import create_app
+    from commtrace.dashboard.app import create_app
     app = create_app(data)
     win = {"a": 0.0, "b": data.duration_s}
     a, b = data.duration_s * 0.25, data.duration_s * 0.5
@@ -352,8 +364,8 @@ def test_lazy_views_are_built_in_the_background_and_sent_once(data):
     background thread); showing one sends that content the first time, then only styles."""
     import dash
 
-    from dashboard import figures as F
-    from dashboard.app import LAZY, create_app
+    from commtrace.dashboard import figures as F
+    from commtrace.dashboard.app import LAZY, create_app
     app = create_app(data)
     views = app._commtrace_views
     assert set(views) == set(LAZY)
@@ -362,7 +374,7 @@ def test_lazy_views_are_built_in_the_background_and_sent_once(data):
     f1, _ = F.overlap_figures(data)
     assert list(overlap[0].figure.data[0].y) == pytest.approx(list(f1.data[0].y))
     out = app._commtrace_show_view("overlap", [])
-    from dashboard.app import PAGES
+    from commtrace.dashboard.app import PAGES
     views = [v for v, _ in PAGES]
     n = len(views)  # styles of every page
     styles, children, drawn = out[:n], out[n:n + len(LAZY)], out[-1]
@@ -384,7 +396,7 @@ def test_page_loads_the_cartesian_bundle_of_the_installed_plotly_js(data, monkey
 
     import plotly.offline
 
-    from dashboard.app import ASSETS, cartesian_bundle, create_app
+    from commtrace.dashboard.app import ASSETS, cartesian_bundle, create_app
     have = plotly.offline.get_plotlyjs_version()
     vendored = [f for f in os.listdir(ASSETS) if f.startswith("plotly-cartesian-") and f.endswith(".min.js")]
     assert len(vendored) == 1

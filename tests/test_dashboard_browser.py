@@ -36,8 +36,8 @@ def browser():
 
 
 def _serve(path):
-    from dashboard.app import build
-    from dashboard.serve import Server
+    from commtrace.dashboard.app import build
+    from commtrace.dashboard.serve import Server
     run = commtrace.load(path)
     return run, Server(build(run))
 

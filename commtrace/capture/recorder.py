@@ -33,6 +33,7 @@ import weakref
 from .. import __version__
 from ..config import Config, clock_skew_for
 from ..format import schema as S
+from . import completion_hook as _CH
 from . import log, nvtx_ranges
 from .sites import format_site
 
@@ -651,6 +652,10 @@ class Recorder:
         Device times are read first so that ops released now (at close, every pending op)
         still carry them."""
         self._poll_device()
+        if _CH._enabled or _CH.HOOKED:
+            _CH.scan()
+            if _CH._infos:
+                _CH.merge(self, final)
         now = self.now_ns()
         hold_ns = int(HOLD_FLUSHES * max(0.05, float(self.config.flush_interval)) * 1e9)
         polled = 0
@@ -828,6 +833,7 @@ class Recorder:
             if t is not None and t is not threading.current_thread():
                 t.join(timeout=5.0)
             self.flush(final=True)
+            _CH.closing()
         finally:
             self._close_done = True
         crash = sys.modules.get(__package__ + ".crash")

@@ -8,6 +8,7 @@ stderr and a non-zero exit code, never a traceback.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 import click

@@ -74,12 +74,22 @@ def command(run_dir, host, port, no_browser, compare_dir, run_id):
     if compare_dir is not None:
         click.echo(f"loading {compare_dir} ...", err=True)
         other = load(compare_dir)
-    from dashboard.app import build
+    from ..dashboard.app import build
+    from ..dashboard.serve import serve_forever
 
     app = build(run, compare=other)
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
-    click.echo(f"commtrace dashboard of {run_dir} at {url}  (Ctrl-C to stop)")
-    if not no_browser:
-        threading.Timer(1.0, lambda: webbrowser.open(url)).start()
-    app.run(host=host, port=port, debug=False)
+
+    def ready(url):
+        # commtrace's one line instead of Flask's development-server banner; no per-request log.
+        click.echo(f"commtrace dashboard of {run_dir}: serving on {url}, Ctrl-C to stop", err=False)
+        if not no_browser:
+            threading.Timer(1.0, lambda: webbrowser.open(url)).start()
+
+    try:
+        serve_forever(app, host, port, on_ready=ready)
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+        return 130
+    except OSError as e:
+        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     return 0

@@ -111,9 +111,13 @@ def _write_session(out: str, m: dict) -> None:
               show_default=True, help="Host-side hazard checks (use before wait, ...).")
 @click.option("--cuda-events/--no-cuda-events", default=True, show_default=True,
               help="Time ops on the GPU with CUDA events (NCCL).")
+@click.option("--completion-hook/--no-completion-hook", default=False, show_default=True,
+              help="NCCL: record ops issued below Python (DDP's reducer, compiled graphs) from "
+              "ProcessGroup's completion hook, as rows with api=\"c++\" (needs "
+              "TORCH_NCCL_ENABLE_TIMING=1).")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_on_hang,
-            hazards, cuda_events, cmd):
+            hazards, cuda_events, completion_hook, cmd):
     """Run CMD with tracing on in every rank; write the trace to one run directory.
 
     Options of commtrace run go before CMD (or before `--`); an unknown one is an error.
@@ -136,7 +140,8 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
         raise OutputError(f"output directory {out} is not writable")
     config = Config(output=out, nvtx=nvtx, stack=stack, flush_interval=flush_interval,
                     buffer_ops=buffer_ops, hazards=hazards, hang_timeout=hang_timeout,
-                    dump_on_hang=dump_on_hang, cuda_events=cuda_events)
+                    dump_on_hang=dump_on_hang, cuda_events=cuda_events,
+                    completion_hook=completion_hook)
     from .. import __version__
 
     from ..format import runs as RUNS
