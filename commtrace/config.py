@@ -31,6 +31,11 @@ class Config:
     hang_timeout: float = 600.0
     dump_on_hang: bool = True
     cuda_events: bool = True
+    #: bounded capture (capture/window.py): "A:B" steps recorded op by op; a torch.profiler-like
+    #: schedule "wait=W,active=A,repeat=R"; a per-rank cap on op parts ("500MB"), ring retention
+    steps: str = ""
+    schedule: str = ""
+    max_size: str = ""
     #: Added to the writer thread's nice value (Linux: per thread), so that Parquet encoding
     #: yields the CPU to the training thread and the backend's threads. 0: unchanged.
     writer_nice: int = 10
