@@ -254,6 +254,9 @@ def _start(cfg: Config) -> None:
         except Exception as e:
             log.warn_once("device", "device timing unavailable", e)
     nvtx_ranges.install(cfg.nvtx)
+    from . import completion_hook
+
+    completion_hook.enable(cfg.completion_hook)
     ddp.install()
     funcol.install()
     wrappers.reset_caches()
