@@ -21,6 +21,8 @@ def _doc_fixes() -> dict[str, str]:
     out = {}
     for sec in re.split(r"^### ", txt, flags=re.M)[1:]:
         head, body = sec.split("\n", 1)
+        if not head.startswith("`"):  # not a finding's section ("The host model", ...)
+            continue
         m = re.search(r"\*\*Fix:\*\*(.*?)(?:\n\s*\n|\n## |\Z)", body, re.S)
         assert m, head
         for kind in re.findall(r"`(\w+)`", head):
