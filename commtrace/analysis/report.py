@@ -170,8 +170,9 @@ def ended_early(run) -> list[dict]:
     states = run.rank_states() if hasattr(run, "rank_states") else {}
     # A rank whose snapshot is fresh is alive (a live report), whatever it has not joined; a
     # rank with a crash file died of a fatal signal, with or without a snapshot.
-    candidates = [r for r in sorted(set(run.ranks) | {r for r, s in states.items() if s["state"] == "crashed"})
-                  if ((snaps.get(r) or {}).get("final") is False or (states.get(r) or {}).get("state") == "crashed")
+    candidates = [r for r in sorted(set(run.ranks) | {r for r, s in states.items() if s["state"] in ("crashed", "killed")})
+                  if ((snaps.get(r) or {}).get("final") is False
+                      or (states.get(r) or {}).get("state") in ("crashed", "killed"))
                   and (states.get(r) or {}).get("state") != "alive"]
     if not candidates:
         return []

@@ -297,8 +297,13 @@ def _render_hang(con, rep: dict) -> None:
             t.add_row(r, str(lc.get("op")), str(lc.get("pg")), str(lc.get("seq")), _short_site(lc.get("site"), 60))
         else:
             t.add_row(r, "none completed", "", "", "")
+    states = rep.get("rank_states") or {}
     for r in rep.get("missing_ranks") or []:
-        t.add_row(str(r), "no trace at all", "", "", "")
+        st = states.get(str(r)) or {}
+        what = {"crashed": f"crashed ({st.get('signal') or 'fatal signal'}) before its first flush",
+                "killed": "died before its first flush", "alive": "alive, nothing flushed yet",
+                "exception": "exited on an exception before its first flush"}.get(st.get("state"), "no trace at all")
+        t.add_row(str(r), what, "", "", "")
     con.print(t)
     for e in early:
         lo = e.get("last_op") or {}

@@ -125,6 +125,12 @@ def _check_bounded(steps, schedule, max_size) -> None:
               show_default=True, help="Host-side hazard checks (use before wait, ...).")
 @click.option("--cuda-events/--no-cuda-events", default=True, show_default=True,
               help="Time ops on the GPU with CUDA events (NCCL).")
+@click.option("--async-completion", type=click.Choice(["callback", "wait"]), default="callback",
+              show_default=True, help="Completion time of async ops: the future's callback "
+              "(exact; takes the GIL on the backend's thread per op) or wait()/polling "
+              "(cheaper; late when an op is waited long after it completed).")
+@click.option("--writer-nice", type=click.IntRange(min=0, max=19), default=10, show_default=True,
+              metavar="N", help="Lower the trace writer thread's priority by N (Linux).")
 @click.option("--completion-hook/--no-completion-hook", default=False, show_default=True,
               help="NCCL: record ops issued below Python (DDP's reducer, compiled graphs) from "
               "ProcessGroup's completion hook, as rows with api=\"c++\" (needs "
@@ -143,7 +149,8 @@ def _check_bounded(steps, schedule, max_size) -> None:
               "steps op by op.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_on_hang,
-            hazards, cuda_events, completion_hook, steps, schedule, max_size, on_demand, cmd):
+            hazards, cuda_events, async_completion, writer_nice, completion_hook, steps,
+            schedule, max_size, on_demand, cmd):
     """Run CMD with tracing on in every rank; write the trace to one run directory.
 
     Options of commtrace run go before CMD (or before `--`); an unknown one is an error.
@@ -168,6 +175,7 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
     config = Config(output=out, nvtx=nvtx, stack=stack, flush_interval=flush_interval,
                     buffer_ops=buffer_ops, hazards=hazards, hang_timeout=hang_timeout,
                     dump_on_hang=dump_on_hang, cuda_events=cuda_events,
+                    async_completion=async_completion, writer_nice=writer_nice,
                     completion_hook=completion_hook, steps=steps, schedule=schedule,
                     max_size=max_size, on_demand=on_demand)
     from .. import __version__
