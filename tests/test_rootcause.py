@@ -197,3 +197,18 @@ def test_cli_busbw_ref(tpdp, capsys):
     rc = main(["report", tpdp.path, "--busbw-ref", "0"])
     err = capsys.readouterr().err
     assert rc != 0 and "busbw-ref" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("fixture", ["tpdp", "pipe", "dp_only"])
+def test_c_and_numpy_replays_agree(fixture, request):
+    run = request.getfixturevalue(fixture)
+    m = build_model(run)
+    top = _top(run)
+    scs = [RP.baseline(), RP.fix_delay(m, top["event"]), RP.rank_median(m, top["rank"]), RP.comm_hidden(m),
+           RP.busbw_ref(m, "all_reduce", 3.0), RP.remove_rank(m, top["rank"], str(m.cm_pg[0]))]
+    a = RP.replay(m, scs, keep_events=True, engine="numpy")
+    if RP._C is None:
+        pytest.skip("C replay not built (no compiler at install time)")
+    b = RP.replay(m, scs, keep_events=True, engine="c")
+    assert a.ev_rel == pytest.approx(b.ev_rel, abs=1e-3)
+    assert list(a.t_end) == pytest.approx(list(b.t_end), abs=1e-3)

@@ -14,7 +14,8 @@ is split in proportion:
   their causes as **propagated cost** (e.g. a DP all_reduce that waits for a rank held up in
   its TP all_reduce, or a pipeline stage that waits for a stage that waited).
 
-A delay is located at the host events of the delayer's interval whose gap exceeds the same
+Waits that start before the model's window (`t_begin`: start-up skew in the first
+collective) are left out. A delay is located at the host events of the delayer's interval whose gap exceeds the same
 event's gap on the other ranks (`excess`, see :mod:`commtrace.analysis.model`), so that the
 same extra work seen from several groups' intervals is one root cause. Every waiting second is
 attributed exactly once: the sum of all delays' costs equals the sum of the wait states.
@@ -47,7 +48,9 @@ def attribute(m: Model) -> dict:
     rk = m.sl_rank.astype(np.int64) << _SHIFT
     omega = m.sl_wait.copy()
     d_slot = m.cm_last[m.sl_comm]
-    waiting = (omega > 0) & (d_slot != np.arange(nsl))
+    # waits before the model's window (the first wait of each rank: start-up skew, connection
+    # set-up) are no delay of anyone's work
+    waiting = (omega > 0) & (d_slot != np.arange(nsl)) & (m.sl_block >= m.t_begin)
     omega = np.where(waiting, omega, 0.0)
     out["total_wait"] = float(omega.sum())
     # wait time in each slot's synchronisation interval [sync, enter)

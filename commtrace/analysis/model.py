@@ -130,7 +130,17 @@ def build_model(run) -> Model:
 
 
 def _build(run) -> Model:
+    import os as _os
+    import time as _time
+    _T = [_time.perf_counter()]
+
+    def tick(name):
+        if _os.environ.get("COMMTRACE_MODEL_TIMING"):
+            t = _time.perf_counter()
+            print(f"model {name}: {t - _T[0]:.3f} s")
+            _T[0] = t
     rows = run.ops(columns=ROW_COLUMNS)
+    tick("ops")
     n = rows.num_rows
     rows = rows.append_column("rid", pa.array(np.arange(n, dtype=np.int64)))
     coll = run.collectives().select(["pg", "seq", "complete", "bytes", "busbw_factor"])
@@ -164,6 +174,7 @@ def _build(run) -> Model:
         UNION ALL SELECT 1, pg, ps, src, dst, rrid, rrank, rte, cbytes, 1.0 FROM p
         ORDER BY 1, 2, 4, 5, 3, 7""").to_arrow_table()
     con.close()
+    tick("slots sql")
 
     rank_r = _col(rows, "rank", dtype=np.int64)
     t_enq = _col(rows, "t_enqueue_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
@@ -201,6 +212,7 @@ def _build(run) -> Model:
     idx = np.arange(E)
     call_ev[ev_row[~ev_is_wait]] = idx[~ev_is_wait]
     wait_ev[ev_row[ev_is_wait]] = idx[ev_is_wait]
+    tick("events")
     ranks, rank_lo = np.unique(ev_rank, return_index=True)
     rank_hi = np.r_[rank_lo[1:], E].astype(np.int64)
     ev_first = np.zeros(E, bool)
@@ -264,6 +276,7 @@ def _build(run) -> Model:
     cm_tcomm = np.minimum.reduceat(tc_dep, cm_lo) if C else np.zeros(0)
     cm_tcomm = np.where(np.isfinite(cm_tcomm), cm_tcomm, 0.0)
 
+    tick("slots")
     # ---- events <-> slots, anchors, gaps
     ev_slot = np.full(E, -1, np.int64)
     sl_of_row = np.full(n, -1, np.int64)
@@ -290,6 +303,7 @@ def _build(run) -> Model:
     ev_gap = np.where(ev_first, ev_start, ev_start - prev_rel)
     ev_step = step_r[ev_row]
 
+    tick("anchors")
     # synchronisation point of each slot: the latest release, at or before its entry, of a
     # host event of the same rank that waited for a communication of the same group (p2p: the
     # same pair). An async op issued but not yet waited is no synchronisation point.
@@ -331,12 +345,14 @@ def _build(run) -> Model:
     sl_sync[miss] = first_start[sl_rank[miss]] if nsl else sl_sync[miss]
     sl_sync = np.minimum(sl_sync, sl_enter)
 
+    tick("sync")
     # ---- excess gap: gap minus the median gap of the same event (site, op, call/wait, step,
     # occurrence) on the other ranks that have it
     row_site = _col(rows, "site", fill="").astype(object)
     lab = _codes(rows, "site") * 4096 + _codes(rows, "op")
     ev_excess, ev_has_peers = _excess(ev_rank, lab[ev_row], ev_is_wait, ev_gap, ev_first, ev_step)
 
+    tick("excess")
     # ---- window: from the first release of a rank that waited for another, to the last release
     anc = np.flatnonzero(ev_anchor)
     if len(anc):

@@ -19,12 +19,15 @@ prints the error); a scenario changes gaps, transfer times or which arrivals cou
 * ``remove_rank``  -- a rank removed from a group's critical path: its arrivals no longer
   hold that group's collectives, and the run ends with the other ranks.
 
-Replays are vectorised over scenarios: all of them advance together through the trace in
-batches of independent communications (numpy), in a topological order of the dependencies.
+The replay is a discrete-event loop in C (``_replay.c``: each rank advances until it waits for
+a communication that has not completed); without the compiled extension (or with
+``COMMTRACE_PURE_PYTHON=1``) the same model runs in numpy, all scenarios together, in batches
+of independent communications in a topological order of the dependencies.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -244,8 +247,85 @@ def _offsets(m: Model, plan: _Plan, gap: np.ndarray) -> np.ndarray:
     return c - dloc - ca
 
 
-def replay(m: Model, scenarios: list[Scenario], keep_events: bool = False) -> ReplayResult:
-    """Replay `scenarios` through model `m` (see the module doc)."""
+try:
+    if os.environ.get("COMMTRACE_PURE_PYTHON"):
+        raise ImportError
+    from . import _replay as _C
+except ImportError:  # no compiler at install time: the numpy batches below
+    _C = None
+
+
+def _c_inputs(m: Model) -> dict:
+    """Scenario-independent arrays of the C replay (cached on the model)."""
+    ci = getattr(m, "_c_inputs", None)
+    if ci is not None:
+        return ci
+    E, nsl, C = m.n_events, len(m.sl_comm), len(m.cm_lo)
+    call_slot = np.full(E, -1, np.int64)
+    if nsl:
+        call_slot[m.sl_call] = np.arange(nsl)
+    # queue successors: comm of slot j follows comm of slot sl_prev[j]
+    has = np.flatnonzero(m.sl_prev >= 0)
+    pred = m.sl_comm[m.sl_prev[has]] if len(has) else np.zeros(0, np.int64)
+    sc = m.sl_comm[has] if len(has) else np.zeros(0, np.int64)
+    o = np.argsort(pred, kind="stable")
+    succ = np.ascontiguousarray(sc[o], np.int64)
+    succ_lo = np.r_[0, np.cumsum(np.bincount(pred, minlength=C))].astype(np.int64) if C else np.zeros(1, np.int64)
+    ci = {"rank_lo": np.ascontiguousarray(m.rank_lo, np.int64), "rank_hi": np.ascontiguousarray(m.rank_hi, np.int64),
+          "dur": np.ascontiguousarray(m.ev_dur, np.float64), "rho": np.ascontiguousarray(m.ev_rho, np.float64),
+          "anchor": np.ascontiguousarray(m.ev_anchor, np.uint8), "ev_slot": np.ascontiguousarray(m.ev_slot, np.int64),
+          "call_slot": call_slot, "sl_comm": np.ascontiguousarray(m.sl_comm, np.int64),
+          "sl_dep": np.ascontiguousarray(m.sl_dep, np.uint8), "sl_prev": np.ascontiguousarray(m.sl_prev, np.int64),
+          "cm_lo": np.ascontiguousarray(m.cm_lo, np.int64), "cm_hi": np.ascontiguousarray(m.cm_hi, np.int64),
+          "succ_lo": succ_lo, "succ": succ, "nomask": np.zeros(nsl, np.uint8)}
+    m._c_inputs = ci
+    return ci
+
+
+def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayResult:
+    ci = _c_inputs(m)
+    S, E = len(scenarios), m.n_events
+    t_end = np.zeros(S)
+    steps, sinv, sok = _step_index(m)
+    step_end = np.full((S, len(steps)), -np.inf)
+    kept = np.empty((S, E)) if keep_events else None
+    for i, sc in enumerate(scenarios):
+        gap = np.ascontiguousarray(m.ev_gap if sc.gap is None else sc.gap, np.float64)
+        tc = np.ascontiguousarray(m.sl_tc if sc.tc is None else np.where(m.sl_dep, sc.tc, m.sl_tc), np.float64)
+        tci = np.ascontiguousarray(m.sl_tc if sc.tc_ind is None else np.where(~m.sl_dep, sc.tc_ind, m.sl_tc), np.float64)
+        mask = ci["nomask"] if sc.mask is None else np.ascontiguousarray(sc.mask, np.uint8)
+        buf = _C.replay(ci["rank_lo"], ci["rank_hi"], gap, ci["dur"], ci["rho"], ci["anchor"], ci["ev_slot"],
+                        ci["call_slot"], ci["sl_comm"], ci["sl_dep"], tc, tci, ci["sl_prev"], mask, ci["cm_lo"],
+                        ci["cm_hi"], ci["succ_lo"], ci["succ"], bool(sc.queue))
+        rel = np.frombuffer(buf, np.float64)
+        if sc.exclude_ranks:
+            keep = ~np.isin(m.ev_rank, np.asarray(sc.exclude_ranks, np.int64))
+            t_end[i] = rel[keep].max() if keep.any() else 0.0
+        else:
+            t_end[i] = rel.max() if E else 0.0
+        if len(steps):
+            np.maximum.at(step_end[i], sinv, rel[sok])
+        if kept is not None:
+            kept[i] = rel
+    return ReplayResult([s.name for s in scenarios], t_end, steps, step_end, kept)
+
+
+def replay(m: Model, scenarios: list[Scenario], keep_events: bool = False, engine: str | None = None) -> ReplayResult:
+    """Replay `scenarios` through model `m` (see the module doc). `engine`: "c" (the compiled
+    event loop, the default when built) or "numpy" (batches of independent communications)."""
+    if engine is None:
+        engine = "c" if _C is not None else "numpy"
+    if engine == "c":
+        if _C is None:
+            raise RuntimeError("the C replay (commtrace.analysis._replay) is not built")
+        try:
+            return _replay_c(m, scenarios, keep_events)
+        except RuntimeError:
+            pass   # a dependency cycle in odd input: the numpy path orders by keys instead
+    return _replay_numpy(m, scenarios, keep_events)
+
+
+def _replay_numpy(m: Model, scenarios: list[Scenario], keep_events: bool = False) -> ReplayResult:
     plan = plan_for(m)
     S = len(scenarios)
     E, A, R = plan.E, plan.A, plan.R
