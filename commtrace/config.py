@@ -36,6 +36,8 @@ class Config:
     steps: str = ""
     schedule: str = ""
     max_size: str = ""
+    #: record no op rows (counters only) until `commtrace trigger DIR --steps N`
+    on_demand: bool = False
     #: Added to the writer thread's nice value (Linux: per thread), so that Parquet encoding
     #: yields the CPU to the training thread and the backend's threads. 0: unchanged.
     writer_nice: int = 10

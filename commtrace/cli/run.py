@@ -144,10 +144,13 @@ def _check_bounded(steps, schedule, max_size) -> None:
 @click.option("--max-size", default="", metavar="SIZE",
               help="Per rank, at most this much of op parts (e.g. 500MB): the oldest are "
               "deleted (ring retention), rank=<r>/_retention.json says what was dropped.")
+@click.option("--on-demand", is_flag=True, default=False,
+              help="Record counters only until `commtrace trigger DIR --steps N` asks for N "
+              "steps op by op.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_on_hang,
             hazards, cuda_events, async_completion, writer_nice, completion_hook, steps,
-            schedule, max_size, cmd):
+            schedule, max_size, on_demand, cmd):
     """Run CMD with tracing on in every rank; write the trace to one run directory.
 
     Options of commtrace run go before CMD (or before `--`); an unknown one is an error.
@@ -174,7 +177,7 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
                     dump_on_hang=dump_on_hang, cuda_events=cuda_events,
                     async_completion=async_completion, writer_nice=writer_nice,
                     completion_hook=completion_hook, steps=steps, schedule=schedule,
-                    max_size=max_size)
+                    max_size=max_size, on_demand=on_demand)
     from .. import __version__
 
     from ..format import runs as RUNS
