@@ -97,6 +97,9 @@ def _make(api, orig, op, out_rule, root_param):
             log.warn_once(("funcol", api), f"cannot record funcol.{api}", e)
             return orig(*args, **kwargs)
         W.tls.depth += 1
+        hooked = W._CH.HOOKED and info.name in W._CH.HOOKED
+        if hooked:
+            lo = W._CH.seq_of(info.pg)
         try:
             ret = orig(*args, **kwargs)
         except BaseException as e:
@@ -105,6 +108,11 @@ def _make(api, orig, op, out_rule, root_param):
         finally:
             W.tls.depth -= 1
         t1 = rec.now_ns()
+        if hooked:
+            try:
+                W._CH.claim(info.name, lo, W._CH.seq_of(info.pg), op, row)
+            except Exception:
+                pass
         try:
             row[I_T_RET] = t1
             elems = []
