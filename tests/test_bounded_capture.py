@@ -127,3 +127,69 @@ def test_window_unit():
     w = Window(parse_steps("3:"), parse_schedule("wait=0,active=1,repeat=0"))
     assert [s for s in range(6) if w.recorded(s)] == [3, 4, 5]
     assert parse_size("500MB") == 500_000_000 and parse_size("2GiB") == 2 << 30
+
+
+@pytest.mark.slow
+def test_on_demand_trigger_records_the_same_next_steps_on_every_rank(tmp_path):
+    """`commtrace run --on-demand` writes counters only; `commtrace trigger DIR --steps 4` on the
+    running job makes both ranks record the same 4 consecutive steps exactly, agreed through
+    the store, starting after the step the job was at."""
+    import subprocess
+    import sys
+    import time
+
+    from commtrace.cli import main
+    from conftest import clean_env
+
+    out = tmp_path / "t"
+    n_steps = 40
+    cmd = [sys.executable, "-m", "commtrace", "run", "-o", str(out), "--on-demand", "--flush-interval", "0.1",
+           "--", *torchrun_cmd(SCRIPT, "--steps", n_steps, "--sleep", 0.1)]
+    p = subprocess.Popen(cmd, env=clean_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = -1
+        deadline = time.time() + 120
+        while time.time() < deadline and p.poll() is None:
+            for f in glob.glob(str(out / "*" / "rank=0" / "counters-*.parquet")):
+                try:
+                    seen = max([seen] + [s for s in pq.read_table(f, columns=["step"])["step"].to_pylist() if s is not None])
+                except Exception:  # noqa: BLE001 -- a part being renamed
+                    pass
+            if seen >= 5:
+                break
+            time.sleep(0.1)
+        assert seen >= 5 and p.poll() is None, "the job did not get going"
+        assert main(["trigger", str(out), "--steps", "4"]) == 0
+        stdout, stderr = p.communicate(timeout=180)
+        assert p.returncode == 0, stderr[-3000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    rows = load_rows(out)
+    steps = []
+    for r in (0, 1):
+        ops = [x for x in rows if x["rank"] == r and x["kind"] == "op"]
+        st = sorted({x["step"] for x in ops})
+        assert len(st) == 4 and st == list(range(st[0], st[0] + 4)), st
+        assert st[0] > seen and len(ops) == 16
+        steps.append(st)
+        cnt = {}
+        for x in rows:
+            if x["rank"] == r and x["kind"] == "counter":
+                cnt[x["step"]] = cnt.get(x["step"], 0) + json.loads(x["detail"])["ops"]
+        assert all(cnt[s] == 4 for s in range(n_steps) if s not in st) and not set(cnt) & set(st)
+    assert steps[0] == steps[1]
+    run = commtrace.load(run_path(out))
+    try:
+        rep = run.report()
+        assert not [f for f in rep["findings"] if f["kind"] in ("not_joined", "not_completed")]
+        assert run.collectives().num_rows == 16
+    finally:
+        run.close()
+
+
+def test_trigger_needs_a_directory(tmp_path):
+    from commtrace.cli import main
+
+    assert main(["trigger", str(tmp_path / "nope"), "--steps", "3"]) == 2
+    assert main(["trigger", str(tmp_path), "--steps", "0"]) == 2

@@ -10,6 +10,8 @@ rank may use (docs/large-jobs.md).
   kind (``kind="counter"``: `op`, `step`, `bytes` summed, `t_enqueue_ns` / `t_return_ns` of the
   first / last call, and in `detail` the JSON ``{"ops": n, "blocked_ns": ..., "inflight_ns":
   ...}``), so that a run always has its whole step history. Step markers are always kept.
+* ``--on-demand`` records no op row until ``commtrace trigger DIR --steps N`` (class
+  Trigger: every rank starts at the step rank 0 publishes in the store).
 * ``--max-size`` bounds a rank's op parts: after each part, the oldest ones are deleted (ring
   retention) and ``rank=<r>/_retention.json`` says what was dropped; counters go to separate
   ``counters-*.parquet`` parts that retention never deletes.
@@ -116,9 +118,11 @@ class Window:
                 return False
         return True
 
-    def split(self, cols: list[list], columns: list[str]):
+    def split(self, cols: list[list], columns: list[str], recorded=None):
         """Split the column lists of a part (schema order `columns`) into the rows to write and
-        the counter rows of the others. Returns (kept columns, counter columns or None)."""
+        the counter rows of the others (`recorded(step)`, default this window's). Returns
+        (kept columns, counter columns or None)."""
+        recorded = recorded or self.recorded
         idx = {c: i for i, c in enumerate(columns)}
         kind, step = cols[idx["kind"]], cols[idx["step"]]
         n = len(kind)
@@ -126,7 +130,7 @@ class Window:
         drop = []
         for i in range(n):
             k = kind[i]
-            if k == S.KIND_MARK or k == KIND_COUNTER or self.recorded(step[i]):
+            if k == S.KIND_MARK or k == KIND_COUNTER or recorded(step[i]):
                 keep.append(i)
             else:
                 drop.append(i)
@@ -217,29 +221,106 @@ class Retention:
                                             "kept_bytes": total, "dropped": self.dropped}))
 
 
-class Bounded:
-    """The recorder's hook: a Window and/or a Retention (see the module doc)."""
+#: `commtrace trigger DIR --steps N` writes this file in the run (or output) directory.
+TRIGGER_NAME = "_trigger.json"
+#: A triggered window starts this many steps after rank 0's step when it reads the trigger, so
+#: that no rank has written (or dropped) a step of the window before it knows of it.
+TRIGGER_MARGIN_STEPS = 3
+TRIGGER_KEY = "commtrace/trigger/"
 
-    def __init__(self, window: Window | None, retention: Retention | None, columns: list[str]):
+
+def write_trigger(run_dir: str, steps: int) -> dict:
+    """Ask the job writing `run_dir` to record its next `steps` steps exactly (the CLI's
+    `commtrace trigger`). Returns what was written."""
+    import time
+    import uuid
+
+    from ..format import writer as W
+    trig = {"id": uuid.uuid4().hex[:12], "steps": int(steps), "t_ns": time.time_ns()}
+    W.atomic_write_text(os.path.join(run_dir, TRIGGER_NAME), json.dumps(trig))
+    return trig
+
+
+class Trigger:
+    """On-demand windows: each rank reads ``_trigger.json`` at its flushes; rank 0 picks the
+    first step (its step + TRIGGER_MARGIN_STEPS) and publishes it in the job's store, the others
+    take it from there, so every rank records the same steps."""
+
+    def __init__(self):
+        self.seen: set = set()
+        self.windows: list[tuple[int, int]] = []
+
+    def poll(self, rec) -> None:
+        for d in (rec.run_dir, os.path.dirname(os.path.abspath(rec.run_dir))):
+            p = os.path.join(d, TRIGGER_NAME)
+            try:
+                with open(p) as f:
+                    trig = json.load(f)
+                tid, n = str(trig["id"]), int(trig["steps"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if tid in self.seen or n < 1:
+                continue
+            store = getattr(rec, "store", None)
+            key = TRIGGER_KEY + tid
+            if rec.rank == 0 or store is None:
+                start = int(rec.step or 0) + TRIGGER_MARGIN_STEPS
+                if store is not None:
+                    store.set(key, str(start))
+            else:
+                if not store.check([key]):
+                    continue  # rank 0 has not read it yet: next flush
+                start = int(store.get(key).decode())
+            self.seen.add(tid)
+            self.windows.append((start, start + n))
+
+    def recorded(self, step) -> bool:
+        s = int(step or 0)
+        return any(a <= s < b for a, b in self.windows)
+
+
+class Bounded:
+    """The recorder's hook: a Window, on-demand windows (Trigger) and/or a Retention (see the
+    module doc)."""
+
+    def __init__(self, window: Window | None, retention: Retention | None, columns: list[str],
+                 on_demand: bool = False, rec=None):
         self.window = window
         self.retention = retention
         self.columns = list(columns)
+        self.on_demand = on_demand
+        # triggers make sense wherever steps are left out
+        self.trigger = Trigger() if (on_demand or window is not None) else None
+        self.rec = rec
         self._counter_index = 0
 
     @classmethod
     def for_recorder(cls, rec, columns) -> "Bounded | None":
         cfg = rec.config
         win = Window.from_config(cfg)
+        on_demand = bool(getattr(cfg, "on_demand", False))
         max_bytes = parse_size(getattr(cfg, "max_size", "") or "")
         ret = Retention(rec.run_dir, rec.rank, max_bytes) if max_bytes > 0 else None
-        if win is None and ret is None:
+        if win is None and ret is None and not on_demand:
             return None
-        return cls(win, ret, columns)
+        return cls(win, ret, columns, on_demand=on_demand, rec=rec)
+
+    def recorded(self, step) -> bool:
+        if self.trigger is not None and self.trigger.recorded(step):
+            return True
+        if self.window is not None:
+            return self.window.recorded(step)
+        return not self.on_demand
 
     def split(self, cols):
-        if self.window is None:
+        if self.trigger is not None and self.rec is not None:
+            try:
+                self.trigger.poll(self.rec)
+            except Exception:  # noqa: BLE001 -- a store gone at exit: no new window
+                pass
+        if self.window is None and not self.on_demand:
             return cols, None
-        return self.window.split(cols, self.columns)
+        return Window.split(self.window or Window(), cols, self.columns, self.recorded)
 
     def written(self, path: str, rows: int, steps) -> None:
         if self.retention is not None:
