@@ -18,6 +18,25 @@ TOP_DELAYS = 5
 TOP_RANKS = 3
 #: Finding kinds whose rank's delays are the finding's cost (the late rank is `rank`).
 RANK_KINDS = ("straggler", "late_sender", "late_receiver")
+#: The host model holds every op of the run in memory (about 1 KB an op: 1.4 GB and 11 s of
+#: CPU for 1.4 M rows, benchmarks/analysis.py): above this
+#: many rows, root cause and what-if are skipped with a warning so that the analysis stays
+#: within its memory bound (docs/large-jobs.md); $COMMTRACE_ROOT_CAUSE_MAX_ROWS overrides.
+MAX_ROWS = 1_000_000
+
+
+def skipped(run) -> str | None:
+    """Why root cause / what-if are not run on `run` (too many rows), else None."""
+    import os
+    try:
+        limit = int(os.environ.get("COMMTRACE_ROOT_CAUSE_MAX_ROWS", MAX_ROWS))
+    except ValueError:
+        limit = MAX_ROWS
+    n = int(getattr(run, "_rows", 0) or 0)
+    if limit > 0 and n > limit:
+        return (f"root cause / what-if skipped: {n:,} rows is more than {limit:,} (its model holds "
+                "every op in memory; set COMMTRACE_ROOT_CAUSE_MAX_ROWS to run it anyway)")
+    return None
 
 
 def _fmt_s(v: float) -> str:
@@ -156,7 +175,7 @@ def annotate_findings(run, findings: list) -> list:
     """Give each finding `cost_s` (delay costs of its late rank), `gain_s` (the replay's
     saving if that rank were as fast as the median rank) and `root_cause` (the rank's costliest
     delay); order by `gain_s` (largest first), findings without one after, in their order."""
-    if not findings:
+    if not findings or skipped(run):
         return findings
     need = [f for f in findings if f.kind in RANK_KINDS and f.rank is not None]
     if not need:
