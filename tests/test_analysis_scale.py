@@ -129,22 +129,3 @@ def test_memory_limit_is_checked(capsys):
     assert main(["report", os.path.join(os.path.dirname(__file__), "data", "clean"), "--memory-limit", "lots"]) != 0
     assert "--memory-limit" in capsys.readouterr().err
 
-
-def test_root_cause_is_skipped_above_its_row_limit(synth_dir, monkeypatch):
-    """The root-cause model holds every op in memory: above COMMTRACE_ROOT_CAUSE_MAX_ROWS the
-    report says so in its warnings and leaves what_if / critical_path empty; below, it runs."""
-    run = commtrace.load(synth_dir)
-    try:
-        rep = run.report()
-        assert rep["what_if"] is not None
-    finally:
-        run.close()
-    monkeypatch.setenv("COMMTRACE_ROOT_CAUSE_MAX_ROWS", "1000")
-    run = commtrace.load(synth_dir)
-    try:
-        rep = run.report()
-        assert rep["what_if"] is None and rep["critical_path"] is None
-        assert any("root cause / what-if skipped" in w for w in rep["warnings"])
-        assert rep["finding_counts"].get("straggler") == 1
-    finally:
-        run.close()

@@ -6,7 +6,7 @@ sections and the findings' `cost_s`, `gain_s` and `root_cause` (docs/findings.md
 
 from __future__ import annotations
 
-import numpy as np
+import weakref
 
 from . import critical_path as CP
 from . import delay as D
@@ -18,25 +18,6 @@ TOP_DELAYS = 5
 TOP_RANKS = 3
 #: Finding kinds whose rank's delays are the finding's cost (the late rank is `rank`).
 RANK_KINDS = ("straggler", "late_sender", "late_receiver")
-#: The host model holds every op of the run in memory (about 1 KB an op: 1.4 GB and 11 s of
-#: CPU for 1.4 M rows, benchmarks/analysis.py): above this
-#: many rows, root cause and what-if are skipped with a warning so that the analysis stays
-#: within its memory bound (docs/large-jobs.md); $COMMTRACE_ROOT_CAUSE_MAX_ROWS overrides.
-MAX_ROWS = 1_000_000
-
-
-def skipped(run) -> str | None:
-    """Why root cause / what-if are not run on `run` (too many rows), else None."""
-    import os
-    try:
-        limit = int(os.environ.get("COMMTRACE_ROOT_CAUSE_MAX_ROWS", MAX_ROWS))
-    except ValueError:
-        limit = MAX_ROWS
-    n = int(getattr(run, "_rows", 0) or 0)
-    if limit > 0 and n > limit:
-        return (f"root cause / what-if skipped: {n:,} rows is more than {limit:,} (its model holds "
-                "every op in memory; set COMMTRACE_ROOT_CAUSE_MAX_ROWS to run it anyway)")
-    return None
 
 
 def _fmt_s(v: float) -> str:
@@ -171,11 +152,19 @@ def rank_gain(run, rank: int) -> float:
     return g
 
 
+#: The report runs root cause and what-if by itself up to this many ops (`--what-if` forces
+#: them on larger runs: they cost about 4 s of CPU and 0.6 GB per million ops, more than the
+#: rest of the report; docs/performance.md).
+AUTO_MAX_OPS = 250_000
+#: Runs whose report was asked without root cause and what-if (`report --no-what-if`).
+DISABLED: "weakref.WeakSet" = weakref.WeakSet()
+
+
 def annotate_findings(run, findings: list) -> list:
     """Give each finding `cost_s` (delay costs of its late rank), `gain_s` (the replay's
     saving if that rank were as fast as the median rank) and `root_cause` (the rank's costliest
     delay); order by `gain_s` (largest first), findings without one after, in their order."""
-    if not findings or skipped(run):
+    if not findings or run in DISABLED:
         return findings
     need = [f for f in findings if f.kind in RANK_KINDS and f.rank is not None]
     if not need:
