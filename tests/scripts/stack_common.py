@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 
 SKIP = ("wait_tensor", "_wrap_tensor_autograd")
 #: substrings of op names -> canonical op (first match wins: reduce_scatter before scatter)
@@ -63,7 +64,9 @@ def digest(tensors) -> str:
 
 def finish(rank: int, results, prof, counts_path: str, extra: dict | None = None) -> None:
     """Print this rank's result line; write the profiler's count (and `extra`) when asked."""
-    print(f"RESULT {rank} {digest(results)}", flush=True)
+    # one write (atomic on a pipe): the ranks share torchrun's stdout
+    sys.stdout.flush()
+    os.write(1, f"RESULT {rank} {digest(results)}\n".encode())
     if counts_path:
         d = {"ops": comm_counts(prof)}
         d.update(extra or {})
