@@ -76,3 +76,15 @@ def finish(rank: int, results, prof, counts_path: str, extra: dict | None = None
 
 def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
+
+
+def shutdown() -> None:
+    """destroy_process_group() once nothing of the script can hold a group any more: a gloo
+    group freed at interpreter exit can end the process with "terminate called without an
+    active exception"."""
+    import gc
+
+    import torch.distributed as dist
+
+    gc.collect()
+    dist.destroy_process_group()

@@ -9,7 +9,7 @@ from torch.distributed.tensor import (DTensor, Partial, Replicate, Shard, distri
                                       init_device_mesh)
 from torch.profiler import ProfilerActivity, profile
 
-from stack_common import finish
+from stack_common import finish, shutdown
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--counts", default="")
@@ -33,4 +33,5 @@ with profile(activities=[ProfilerActivity.CPU]) as prof:
 t1 = time.time_ns()
 finish(r, [d.to_local(), rep.to_local(), back.to_local(), s1.to_local(), pr.to_local(),
            ps.to_local(), full, y], prof, args.counts, {"window": [t0, t1]})
-dist.destroy_process_group()
+del d, rep, back, s1, p, pr, ps, full, mesh, prof
+shutdown()

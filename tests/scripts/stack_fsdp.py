@@ -14,7 +14,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 from torch.profiler import ProfilerActivity, profile
 
-from stack_common import finish
+from stack_common import finish, shutdown
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--tp", action="store_true")
@@ -68,4 +68,5 @@ t1 = time.time_ns()
 extra["window"] = [t0, t1]
 extra["saved"] = len(results)
 finish(r, results, prof, args.counts, extra)
-dist.destroy_process_group()
+del model, opt, results, mesh, prof
+shutdown()

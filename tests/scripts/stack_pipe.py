@@ -11,7 +11,7 @@ import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.profiler import ProfilerActivity, profile
 
-from stack_common import finish
+from stack_common import finish, shutdown
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe")
@@ -66,4 +66,5 @@ with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
 t1 = time.time_ns()
 finish(r, outs + [p.detach() for p in mod.parameters()], prof, args.counts, {"window": [t0, t1]})
-dist.destroy_process_group()
+del sched, stage, mod, opt, outs, prof
+shutdown()

@@ -12,7 +12,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 from torch.profiler import ProfilerActivity, profile
 
-from stack_common import finish
+from stack_common import finish, shutdown
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--counts", default="")
@@ -46,4 +46,5 @@ with profile(activities=[ProfilerActivity.CPU]) as prof:
 t1 = time.time_ns()
 finish(r, outs + [p.detach() for p in model.parameters()], prof, args.counts,
        {"tp_group": mesh.get_group().group_name, "window": [t0, t1]})
-dist.destroy_process_group()
+del model, step_model, opt, outs, mesh, prof
+shutdown()
