@@ -297,6 +297,21 @@ def _row_json(row) -> dict:
     return d
 
 
+def _bounded(rec):
+    """The recorder's bounded-capture filter (capture/window.py), None when everything is
+    recorded; built on first use from the config."""
+    b = getattr(rec, "_bounded_cache", False)
+    if b is False:
+        try:
+            from . import window
+            b = window.Bounded.for_recorder(rec, COLUMNS)
+        except Exception as e:  # a bad option must not stop tracing: record everything
+            log.warn_once("window", "bounded capture options ignored", e)
+            b = None
+        rec._bounded_cache = b
+    return b
+
+
 class Recorder:
     """Per-process recorder (one active at a time); see the module docstring."""
 
@@ -799,9 +814,18 @@ class Recorder:
                         col.extend(more)
                 # Wrappers keep the call site as a raw (file, line) pair: format it here.
                 cols[I_SITE] = [format_site(v) for v in cols[I_SITE]]
-                table = W.rows_to_table_nopandas({c: list(cols[i]) for i, c in enumerate(COLUMNS)})
-                W.write_part(self.run_dir, self.rank, table, self._metadata(),
-                             index=_next_part_index())
+                bounded = _bounded(self)
+                counters = None
+                if bounded is not None:  # --steps / --schedule: ops outside become counters
+                    cols, counters = bounded.split(cols)
+                if cols[0]:
+                    table = W.rows_to_table_nopandas({c: list(cols[i]) for i, c in enumerate(COLUMNS)})
+                    path = W.write_part(self.run_dir, self.rank, table, self._metadata(),
+                                        index=_next_part_index())
+                    if bounded is not None:
+                        bounded.written(path, len(cols[0]), cols[I_STEP])
+                if counters:
+                    bounded.write_counters(self, counters)
                 self._wrote_part = True
             snap = {"rank": self.rank, "t_ns": self.now_ns(), "final": final,
                     "pid": self.meta.get("pid"), "host": self.meta.get("host"),

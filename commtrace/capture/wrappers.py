@@ -354,7 +354,8 @@ def _track_work(rec, row, work, tensors, token):
         rec.wake()
         return p
     key = (row[8], row[I_API])
-    if key not in _nofuture:
+    wait_mode = getattr(rec.config, "async_completion", "callback") == "wait"
+    if not wait_mode and key not in _nofuture:
         get_future = getattr(work, "get_future", None)
         if get_future is None:
             # all_reduce_coalesced(async_op=True) returns the future itself.
@@ -392,8 +393,9 @@ def _track_work(rec, row, work, tensors, token):
                 log.warn_once("future-cb", "cannot attach a completion callback", e)
             attaching[0] = False
             return p
-    # No future: keep the Work alive (the backend holds the op anyway) and poll it; one look
-    # now, so that an op already complete at its return is not left to the next poll.
+    # No future (or --async-completion wait: no callback on the backend's thread): keep the
+    # Work alive (the backend holds the op anyway) and poll it; one look now, so that an op
+    # already complete at its return is not left to the next poll.
     try:
         done = work.is_completed()
     except Exception:
@@ -403,7 +405,10 @@ def _track_work(rec, row, work, tensors, token):
                         tensors=tensors, device_token=token)
     if done:
         rec.complete(p, t_seen, "observed")
-    rec.wake()
+    if not wait_mode:
+        # (--async-completion wait: no wake-up per op; the writer polls within 50 ms, and
+        # wait() completes the op)
+        rec.wake()
     return p
 
 
@@ -1037,6 +1042,7 @@ def install() -> bool:
         _dist = sys.modules.get("torch.distributed")
         if _cfast is not None:
             _set_tensor_api()
+            _set_async()
         targets = [c10d] + ([_dist] if _dist is not None else [])
         for name, spec in API_TABLE.items():
             w = _WRAPPERS.get(name)
@@ -1101,6 +1107,25 @@ def _set_tensor_api() -> None:
         _cfast.set_tensor_api(d["numel"], d["get_device"], d["dtype"], types)
     except Exception as e:
         log.warn_once("cfast-tensor", "C fast path: tensor accessors unavailable", e)
+
+
+def _set_async() -> None:
+    """Let the C fast path record async calls too (issue 20: no Python frame per op), unless
+    COMMTRACE_ASYNC_C=0. Its semantics are _run / _finish / _track_work / the wait() wrapper's
+    (it hands anything unusual to them)."""
+    import os
+
+    if not hasattr(_cfast, "set_async"):
+        return
+    if os.environ.get("COMMTRACE_ASYNC_C", "1") in ("0", ""):
+        _cfast.async_off()
+        return
+    try:
+        _cfast.set_async(_R.PendingOp, _track_work, _record_error, S.KIND_OP, _R,
+                         tuple(S.COLUMNS))
+    except Exception as e:
+        _cfast.async_off()
+        log.warn_once("cfast-async", "C async path unavailable; using the Python one", e)
 
 
 def install_late() -> None:
