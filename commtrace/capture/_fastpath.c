@@ -123,6 +123,21 @@ static PyGetSetDef ctx_getset[] = {
     {NULL},
 };
 
+/* A wrapper compares equal to (and hashes as) torch's function it wraps: code that looks the
+ * function up by value finds it under either, as torch.compile's collective rewrite does
+ * (`fn in (dist.all_reduce, ...)` with torch's function against the installed wrapper). */
+static PyObject *ctx_richcompare(PyObject *self, PyObject *other, int op) {
+    PyObject *orig = ((FastCtx *)self)->orig;
+    if ((op == Py_EQ || op == Py_NE) && orig != NULL && other == orig)
+        return PyBool_FromLong(op == Py_EQ);
+    Py_RETURN_NOTIMPLEMENTED;
+}
+
+static Py_hash_t ctx_hash(PyObject *self) {
+    PyObject *orig = ((FastCtx *)self)->orig;
+    return orig != NULL ? PyObject_Hash(orig) : _Py_HashPointer(self);
+}
+
 /* The wrapper itself: called like torch's function (vectorcall, no argument packing). */
 static PyTypeObject FastCtxType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -136,6 +151,8 @@ static PyTypeObject FastCtxType = {
     .tp_getattro = PyObject_GenericGetAttr,
     .tp_setattro = PyObject_GenericSetAttr,
     .tp_getset = ctx_getset,
+    .tp_richcompare = ctx_richcompare,
+    .tp_hash = ctx_hash,
     .tp_doc = "A torch.distributed function recorded by commtrace (see __wrapped__).",
 };
 
@@ -1142,6 +1159,13 @@ static PyObject *make_wait(PyObject *module, PyObject *args) {
     return (PyObject *)w;
 }
 
+/* instancemethod(callable) -> the object pybind11 puts on a class for a C++ method (what
+ * torch's own Work.wait is). Dynamo recognises it as a method of a C++ class, exactly as it
+ * does torch's: a Work.wait replaced by one stays out of compiled graphs the same way. */
+static PyObject *instancemethod(PyObject *module, PyObject *fn) {
+    return PyInstanceMethod_New(fn);
+}
+
 /* depth() -> 1 while this thread is inside a call the C path is recording, else 0. */
 static PyObject *depth(PyObject *module, PyObject *unused) {
     return PyBool_FromLong(t_depth);
@@ -1223,6 +1247,7 @@ static PyMethodDef methods[] = {
     {"counts", counts, METH_NOARGS,
      "(calls recorded in C, calls handed to the Python wrapper, source line of the last)."},
     {"invalidate", invalidate, METH_NOARGS, "Forget cached process-group facts (and the groups)."},
+    {"instancemethod", instancemethod, METH_O, "Wrap a callable as a C++ class method."},
     {"depth", depth, METH_NOARGS, "True while this thread is inside a call the C path records."},
     {"set_tensor_api", set_tensor_api, METH_VARARGS, "set_tensor_api(numel, get_device, dtype_descriptor, exact_types)."},
     {"make_wait", make_wait, METH_VARARGS, "make_wait(orig_wait, python_wait, recorder_module)."},

@@ -746,10 +746,31 @@ def _make_wait(orig_wait):
             functools.update_wrapper(w, orig_wait)
             setattr(w, ORIGINAL_ATTR, orig_wait)
             w.__commtrace_python__ = wait
-            return w
+            wait = w
         except Exception as e:
             log.warn_once("cfast-wait", "C Work.wait unavailable; using the Python one", e)
-    return wait
+    # Installed as an `instancemethod`, the object pybind11 puts on a class for a C++ method
+    # (torch's own Work.wait is one): torch.compile treats it exactly as it treats torch's,
+    # instead of tracing commtrace's code (compile.py).
+    return _instancemethod(wait)
+
+
+def _instancemethod(fn):
+    try:
+        from . import _fastpath
+
+        return _fastpath.instancemethod(fn)
+    except (ImportError, AttributeError):
+        pass
+    try:
+        import ctypes
+
+        new = ctypes.pythonapi.PyInstanceMethod_New
+        new.argtypes, new.restype = [ctypes.py_object], ctypes.py_object
+        return new(fn)
+    except Exception as e:
+        log.warn_once("instancemethod", "Work.wait installed as a plain function", e)
+        return fn
 
 
 # --------------------------------------------------------------------------------------------
@@ -949,6 +970,10 @@ def install() -> bool:
         except Exception as e:
             log.warn_once("work-wait", "cannot patch Work.wait; t_wait_ns will be null", e)
         _installed = True
+        from . import compile as _compile
+
+        _compile.install()
+        _compile.refresh_remaps()
         return True
 
 
