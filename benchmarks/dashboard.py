@@ -50,8 +50,8 @@ def main() -> int:
         sys.path.insert(0, os.path.abspath(args.code))
 
     import commtrace
-    from dashboard.app import build
-    from dashboard.serve import Server
+    from commtrace.dashboard.app import build
+    from commtrace.dashboard.serve import Server
     from playwright.sync_api import sync_playwright
 
     path = args.keep or os.path.join(tempfile.mkdtemp(prefix="ct-dash-bench-"), "run")

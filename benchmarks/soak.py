@@ -141,6 +141,9 @@ def main(argv=None) -> int:
     import pyarrow.dataset as ds
     import pyarrow.compute as pc
 
+    from commtrace.format import runs
+
+    trace = runs.resolve(trace)  # the job's run directory, trace/<run-id> (schema v2)
     tbl = ds.dataset(trace, format="parquet", partitioning="hive").to_table(
         columns=["kind", "rank", "op", "seq", "count"])
     ok_ops = True

@@ -31,6 +31,9 @@ class Config:
     hang_timeout: float = 600.0
     dump_on_hang: bool = True
     cuda_events: bool = True
+    #: Added to the writer thread's nice value (Linux: per thread), so that Parquet encoding
+    #: yields the CPU to the training thread and the backend's threads. 0: unchanged.
+    writer_nice: int = 10
 
     def to_env(self) -> dict[str, str]:
         """Environment variables that carry this config to child processes."""

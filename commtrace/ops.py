@@ -76,3 +76,12 @@ def size_bytes(op: str, bytes_: int, n: int) -> int:
     if info is not None and info.size_rule == "bytes_x_n":
         return int(bytes_) * int(n)
     return int(bytes_)
+
+#: A fixed colour per canonical op, the same in every run and every view (the dashboard's
+#: timeline and bandwidth plot); ops outside the table take :data:`OTHER_OP_COLOR`.
+OP_COLORS: dict[str, str] = {
+    "all_reduce": "#1f77b4", "reduce_scatter": "#ff7f0e", "all_gather": "#2ca02c", "all_to_all": "#9467bd",
+    "barrier": "#7f7f7f", "broadcast": "#8c564b", "scatter": "#e377c2", "reduce": "#17becf",
+    "gather": "#bcbd22", "send": "#393b79", "recv": "#637939",
+}
+OTHER_OP_COLOR = "#8c6d31"

@@ -1,6 +1,6 @@
 """commtrace's interactive dashboard (Dash): `commtrace dashboard DIR`.
 
-:func:`dashboard.app.build` caches what the views need (:class:`dashboard.data.RunData`) and
-returns the app; figures are built server-side by :mod:`dashboard.figures` from that cache.
-(Callers import `dashboard.app` directly: an editable install made before this file existed
-treats `dashboard` as a namespace package and skips this module.)"""
+The repository's top-level `dashboard/` folder installs as `commtrace.dashboard` (pyproject's
+package-dir), so import it as `commtrace.dashboard`; inside it, imports are relative.
+:func:`commtrace.dashboard.app.build` caches what the views need (`data.RunData`) and returns
+the app; figures are built server-side by `figures` from that cache."""

@@ -1,58 +1,43 @@
 """The Dash app: layout and callbacks. Every callback draws from the :class:`RunData` built at
-start from the one run given on the command line; no URL or callback input names a path."""
+start from the one run given on the command line (and, live, rebuilt from the same directory);
+no URL or callback input names a path.
+
+Pages: Overview (first: the job and its answer), Timeline, Overlap, Stalls, Findings, Bandwidth,
+Run (facts), and Compare with ``--compare``. Layout and theme are Mantine components
+(dash-mantine-components); tables are AG Grid (dash-ag-grid)."""
 
 from __future__ import annotations
 
-import json
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import dash
-from dash import Input, Output, State, dash_table, dcc, html
+import dash_ag_grid as dag
+import dash_mantine_components as dmc
+from dash import ALL, Input, Output, State, dcc, html
+
+from ..analysis.findings import fmt_ns
 
 from . import figures as F
 from .data import RunData
 
-TABS = [("timeline", "Timeline"), ("overlap", "Overlap"), ("stalls", "Stalls"), ("findings", "Findings"),
-        ("bandwidth", "Bandwidth"), ("summary", "Summary")]
-
-
-def _banner(d: RunData):
-    run = d.run
-    parts = []
-    if run.missing_ranks:
-        parts.append(f"Partial run: rank(s) {', '.join(map(str, run.missing_ranks))} missing "
-                     f"({len(d.ranks)} of {run.world_size} present).")
-    parts += [str(w) for w in run.warnings[:5]]
-    if not parts:
-        return None
-    return html.Div(id="banner", children=[html.Div(p) for p in parts],
-                    style={"background": "#fff3cd", "border": "1px solid #e0c36c", "padding": "6px 10px", "margin": "4px 0"})
-
-
-def _table(id_, rows, columns=None, **kw):
-    cols = columns or (list(rows[0].keys()) if rows else [])
-    return dash_table.DataTable(
-        id=id_, data=rows, columns=[{"name": c, "id": c} for c in cols], page_size=kw.pop("page_size", 25),
-        sort_action="native", style_cell={"fontFamily": "monospace", "fontSize": 12, "textAlign": "left",
-                                          "whiteSpace": "normal", "height": "auto", "maxWidth": 600},
-        style_header={"fontWeight": "bold"}, **kw)
-
-
+#: (value, label) of the pages, in their order; "compare" only with a second run.
+PAGES = [("overview", "Overview"), ("timeline", "Timeline"), ("overlap", "Overlap"), ("stalls", "Stalls"),
+         ("findings", "Findings"), ("bandwidth", "Bandwidth"), ("facts", "Run")]
 #: How a view is hidden: kept laid out at its width (height 0, clipped) rather than display:none,
 #: so that its plots are not resized (re-drawn) on every switch of view.
 HIDDEN = {"height": 0, "overflow": "hidden"}
 #: Views whose content is sent the first time they are shown, then kept; their figures are built in
 #: a background thread when the app is created, so that showing one costs no server time.
-LAZY = ("overlap", "stalls", "bandwidth", "summary")
-
-
-def _graph(id_, fig, **kw):
-    """A dcc.Graph whose height is fixed (the figure's), so that hiding its view resizes nothing."""
-    h = fig.layout.height or 450
-    return dcc.Graph(id=id_, figure=fig, style={"height": f"{h}px"},
-                     config={"displaylogo": False, **kw.pop("config", {})}, **kw)
-
+LAZY = ("overlap", "stalls", "bandwidth", "facts")
+#: Tables of at most this many rows take the height of their rows.
+AUTO_HEIGHT_ROWS = 30
+#: Live refresh period (ms) while the job runs.
+LIVE_MS = 2000
+SEVERITY_MANTINE = {"error": "red", "warning": "orange", "info": "blue"}
+STATE_COLOR = {"completed": "green", "running": "blue", "interrupted": "orange", "failed": "red", "unknown": "gray"}
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 
@@ -74,114 +59,464 @@ def cartesian_bundle() -> str | None:
     return have if os.path.isfile(os.path.join(ASSETS, f"plotly-cartesian-{have}.min.js")) else None
 
 
-def create_app(d: RunData) -> dash.Dash:
-    """A Dash app serving the views of `d` (see docs/dashboard.md)."""
+# ---------------------------------------------------------------------------- small pieces
+def _graph(id_, fig, **kw):
+    """A dcc.Graph whose height is fixed (the figure's), so that hiding its view resizes nothing."""
+    h = fig.layout.height or 450
+    return dcc.Graph(id=id_, figure=fig, style={"height": f"{h}px"},
+                     config={"displaylogo": False, **kw.pop("config", {})}, **kw)
+
+
+def _grid(id_, rows, columns, height=None, **kw):
+    """An AG Grid of `rows` (dicts) with `columns` = [(field, header) or (field, header, extra)]."""
+    defs = []
+    for c in columns:
+        d = {"field": c[0], "headerName": c[1]}
+        if len(c) > 2:
+            d.update(c[2])
+        defs.append(d)
+    # A short table takes the height of its rows (nothing clipped, no inner scroll bar); a long
+    # one scrolls inside a fixed height (AG Grid draws only the rows in view).
+    auto = len(rows) <= AUTO_HEIGHT_ROWS
+    return dag.AgGrid(id=id_, rowData=rows, columnDefs=defs, className="ag-theme-alpine",
+                      defaultColDef={"sortable": True, "resizable": True, "filter": False, "wrapText": True,
+                                     "autoHeight": True, "cellStyle": {"lineHeight": "1.4", "paddingTop": "6px",
+                                                                       "paddingBottom": "6px"}},
+                      columnSize="responsiveSizeToFit",
+                      dashGridOptions={"domLayout": "autoHeight" if auto else "normal", "animateRows": False},
+                      style={"width": "100%", **({} if auto else {"height": f"{height or 520}px"})}, **kw)
+
+
+def _empty(text, id_=None):
+    """An empty state: what is absent and why."""
+    kw = {"id": id_} if id_ else {}
+    return dmc.Alert(text, color="gray", variant="light", className="empty-state", **kw)
+
+
+def _md_code(text: str) -> list:
+    """Markdown `code` spans of a catalogue text as html.Code (no Markdown renderer needed)."""
+    parts = text.split("`")
+    return [html.Code(p) if i % 2 else p for i, p in enumerate(parts) if p]
+
+
+def _pct(v) -> str:
+    return "—" if v is None else f"{v * 100:.1f}%"
+
+
+def _stat(label, value, id_, color=None, hint=None):
+    return dmc.Paper([dmc.Text(label, size="sm", c="dimmed"),
+                      dmc.Text(value, id=id_, fw=700, size="xl", **({"c": color} if color else {})),
+                      dmc.Text(hint or "", size="xs", c="dimmed")],
+                     withBorder=True, p="sm", radius="md")
+
+
+def _fmt_s(s) -> str:
+    return "—" if s is None else fmt_ns(s * 1e9)
+
+
+# ---------------------------------------------------------------------------- overview
+def job_badge(job: dict, id_=None):
+    kw = {"id": id_} if id_ else {}
+    st = job.get("state", "unknown")
+    return dmc.Badge(f"job {st}", color=STATE_COLOR.get(st, "gray"), variant="filled", size="lg", **kw)
+
+
+def card(c: dict, prefix: str = "show-finding"):
+    """One finding card: severity, title, the one-sentence meaning, the finding's own message,
+    cost, rank and call site, the fix (docs/findings.md) and "show on timeline"."""
+    sev = c["severity"]
+    cost = c.get("cost_s")
+    cost_line = ("not a time: a correctness problem" if cost is None or c["kind"] in ("use_before_wait", "collective_mismatch")
+                 else f"{fmt_ns(cost * 1e9)} lost" + (f" ({_pct(c['share'])} of the ranks' time)" if c.get("share") is not None else ""))
+    facts = [("cost", cost_line, "cost")]
+    if c.get("gain_s") is not None:
+        facts.append(("gain if fixed", fmt_ns(c["gain_s"] * 1e9), "gain"))
+    if c.get("rank") is not None:
+        facts.append(("rank", str(c["rank"]), "rank"))
+    facts.append(("call site", c.get("site") or "unknown (no stack recorded)", "site"))
+    if c.get("count", 1) > 1:
+        facts.append(("findings of this kind", str(c["count"]), "count"))
+    kids = [
+        dmc.Group([dmc.Badge(sev, color=SEVERITY_MANTINE.get(sev, "gray"), variant="filled"),
+                   dmc.Text(c["title"], fw=700, size="lg", className="card-title"),
+                   dmc.Code(c["kind"])], gap="xs"),
+        dmc.Text(c["meaning"], size="sm", className="card-meaning"),
+        dmc.Text(c["message"], size="sm", c="dimmed", className="card-message"),
+        html.Table(className="card-facts", children=[html.Tbody([
+            html.Tr([html.Th(k, style={"textAlign": "left", "paddingRight": "12px", "fontWeight": 500}),
+                     html.Td(v, className=f"card-{cls}")]) for k, v, cls in facts])]),
+        dmc.Text([html.B("Fix: "), *_md_code(c["fix"])], size="sm", className="card-fix"),
+    ]
+    if prefix:
+        kids.append(dmc.Button("Show on timeline", id={"type": prefix, "i": c["i"]}, size="xs", variant="light",
+                               className="show-on-timeline"))
+    return dmc.Card(kids, withBorder=True, shadow="xs", padding="md", radius="md",
+                    className=f"finding-card finding-{c['kind']}", **{"data-kind": c["kind"], "data-rank": str(c.get("rank"))})
+
+
+def overview_children(ov: dict, d: RunData | None, prefix: str = "show-finding", suffix: str = ""):
+    """The overview page of one run (also one column of the compare page, with a `suffix` on ids
+    and no timeline action)."""
+    h = ov["headline"]
+    w = h["run"]
+    job = ov["job"]
+    end = ""
+    if job.get("end_ns") and job.get("start_ns"):
+        end = f" after {(job['end_ns'] - job['start_ns']) / 1e9:.1f} s"
+    top = dmc.Group([job_badge(job, id_=f"job-state{suffix}"),
+                     dmc.Text(f"{job['state']}{end}: {job.get('detail') or ''}", size="sm", c="dimmed")], gap="sm")
+    stats = dmc.SimpleGrid(cols={"base": 2, "sm": 4, "lg": 8}, spacing="xs", children=[
+        _stat("world size", str(h["world_size"]), f"ov-world{suffix}",
+              hint=f"{h['ranks']} rank(s) traced" + (f", {len(h['missing_ranks'])} missing" if h["missing_ranks"] else "")),
+        _stat("duration", f"{h['duration_s']:.3f} s", f"ov-duration{suffix}"),
+        _stat("steps", str(h["steps"]) if h["steps"] else "none", f"ov-steps{suffix}",
+              hint="" if h["steps"] else "no step markers"),
+        _stat("compute", _pct(w["compute"]), f"ov-compute{suffix}", "green", "of the ranks' time"),
+        _stat("exposed comm", _pct(w["exposed_comm"]), f"ov-exposed{suffix}", "orange", f"{w['exposed_s']:.4f} s over all ranks"),
+        _stat("wait", _pct(w["wait"]), f"ov-wait{suffix}", "red", f"{w['wait_s']:.4f} s over all ranks"),
+        _stat("overlap ratio", "—" if w["overlap_ratio"] is None else f"{w['overlap_ratio']:.2f}", f"ov-overlap{suffix}",
+              hint="overlapped / in-flight comm"),
+        _stat("findings", str(sum(ov["finding_counts"].values())), f"ov-findings{suffix}",
+              hint=", ".join(f"{k} {v}" for k, v in sorted(ov["finding_counts"].items())) or "nothing stood out"),
+    ])
+    cards = ov["cards"]
+    cards_block = (dmc.SimpleGrid(cols={"base": 1, "md": 2}, spacing="sm", children=[card(c, prefix) for c in cards])
+                   if cards else _empty("No findings: no straggler, hang, mismatch, late sender or host hazard stood "
+                                        "out in this run (docs/findings.md lists every check).", f"no-findings{suffix}"))
+    sf = F.steps_figure(ov)
+    steps_block = (_graph(f"ov-steps-fig{suffix}", sf) if sf is not None else
+                   _empty("No steps: this run has no step markers (optimizer.step() or commtrace.mark_step()), "
+                          "so the fractions above are for the whole run.", f"no-steps{suffix}"))
+    hf = F.health_figure(ov)
+    health_rows = [{"rank": r["rank"], "wait_s": _r4(r["wait_s"]), "exposed_s": _r4(r["exposed_s"]),
+                    "overlap_ratio": None if r["overlap_ratio"] is None else round(r["overlap_ratio"], 3),
+                    "flag": r["flag"] or ""} for r in ov["health"]]
+    return [
+        top, stats,
+        dmc.Title("Top findings", order=4, mt="sm"), cards_block,
+        dmc.Title("Time per step: compute, exposed communication, wait", order=4, mt="sm"), steps_block,
+        dmc.Title("Per-rank health", order=4, mt="sm"),
+        _graph(f"ov-health{suffix}", hf),
+        _grid(f"ov-health-table{suffix}", health_rows,
+              [("rank", "rank"), ("wait_s", "wait (s)"), ("exposed_s", "exposed comm (s)"),
+               ("overlap_ratio", "overlap ratio"), ("flag", "finding")], height=min(40 + 42 * len(health_rows), 300)),
+    ]
+
+
+def _r4(v):
+    return None if v is None else round(float(v), 4)
+
+
+# ---------------------------------------------------------------------------- other pages
+def facts_children(d: RunData):
+    """Run facts as tables: job, hosts and versions per rank, NCCL / NVML facts when present,
+    clock offsets and violations, ops by op, dropped rows, warnings."""
+    run, rep = d.run, d.report
+    man = run.manifest or {}
+    job = d.overview["job"]
+    job_rows = [{"fact": k, "value": v} for k, v in (
+        ("state", job["state"]), ("detail", job.get("detail")), ("exit code", job.get("exit_code")),
+        ("command", " ".join(map(str, man.get("command") or [])) or None), ("started", man.get("start_time")),
+        ("directory", str(run.path)), ("world size", run.world_size),
+        ("ranks traced", len(run.ranks)), ("missing ranks", ", ".join(map(str, run.missing_ranks)) or "none"),
+        ("ops", rep["ops"]), ("matched collectives", rep["collectives"]),
+        ("trace schema", rep.get("trace_schema"))) if v is not None]
+    rank_rows, extra_rows = [], []
+    for r in sorted(run.meta):
+        m = run.meta[r] or {}
+        rank_rows.append({"rank": r, "host": m.get("host"), "backend": m.get("backend"),
+                          "device": m.get("device") or m.get("device_name"),
+                          "torch": m.get("torch_version"), "commtrace": m.get("commtrace_version"),
+                          "clock offset (ns)": m.get("clock_offset_ns"), "offset rtt (ns)": m.get("clock_rtt_ns"),
+                          "dropped rows": int(m.get("dropped_rows") or 0)})
+        for k, v in sorted(m.items()):
+            if any(t in k.lower() for t in ("nccl", "nvml", "gpu", "cuda")) and v not in (None, "", [], {}):
+                extra_rows.append({"rank": r, "fact": k, "value": str(v)[:200]})
+    ck = rep["clock"] or {}
+    clock_rows = [{"fact": k, "value": str(v)} for k, v in (
+        ("methods", ", ".join(ck.get("methods") or []) or "none recorded"), ("tolerance", fmt_ns(ck.get("tolerance_ns"))),
+        ("matched collectives checked", ck.get("matched")), ("violations", ck.get("violations")),
+        ("max violation", fmt_ns(ck.get("max_violation_ns"))), ("late ranks", ck.get("late_ranks")))]
+    o = d.o
+    import numpy as np
+    counts = np.bincount(o["op"][o["op"] >= 0], minlength=len(o["op_values"])) if len(o["op"]) else []
+    op_rows = [{"op": o["op_values"][k], "calls": int(n)} for k, n in enumerate(counts) if n]
+    out = [dmc.Title("Job", order=4), _grid("facts-job", job_rows, [("fact", "fact"), ("value", "value", {"flex": 3})]),
+           dmc.Title("Ranks: hosts, versions, clock offsets, dropped rows", order=4, mt="sm"),
+           _grid("facts-ranks", rank_rows, [(k, k) for k in rank_rows[0]] if rank_rows else [("rank", "rank")])]
+    out += [dmc.Title("NCCL / NVML / GPU facts", order=4, mt="sm"),
+            _grid("facts-device", extra_rows, [("rank", "rank"), ("fact", "fact"), ("value", "value", {"flex": 3})])
+            if extra_rows else _empty("None recorded: a CPU (gloo) run has no NCCL or NVML facts.")]
+    out += [dmc.Title("Clock alignment", order=4, mt="sm"), _grid("facts-clock", clock_rows, [("fact", "fact"), ("value", "value")]),
+            dmc.Title("Ops by op", order=4, mt="sm"),
+            _grid("facts-ops", op_rows, [("op", "op"), ("calls", "calls (all ranks)")]) if op_rows else _empty("No ops recorded.")]
+    warns = list(rep.get("warnings") or [])
+    out += [dmc.Title("Warnings from loading", order=4, mt="sm"),
+            dmc.List([dmc.ListItem(w) for w in warns]) if warns else _empty("None: every part read cleanly.")]
+    return out
+
+
+def _lazy_content(d: RunData, tab: str):
+    """The children of a lazily built view."""
+    if tab == "overlap":
+        f1, f2 = F.overlap_figures(d)
+        kids = [_graph("overlap-rank", f1)]
+        kids.append(_graph("overlap-step", f2) if d.overview["headline"]["steps"] else
+                    _empty("No per-step chart: this run has no step markers (optimizer.step() or "
+                           "commtrace.mark_step()).", "overlap-no-steps"))
+        return kids
+    if tab == "stalls":
+        f1, f2, pairs = F.stalls_figures(d)
+        kids = [_graph("stalls-heatmap", f1), _graph("stragglers", f2), dmc.Title("Late sender / late receiver pairs", order=4)]
+        if pairs:
+            kids.append(_grid("late-pairs", pairs, [(k, k.replace("_", " ")) for k in pairs[0]]))
+        elif not d.p2p.num_rows:
+            kids.append(_empty("None in this run: it has no point-to-point transfers (send / recv).", "late-pairs-empty"))
+        else:
+            kids.append(_empty(f"None in this run: its {d.p2p.num_rows} point-to-point transfers were all posted in time.",
+                               "late-pairs-empty"))
+        return kids
+    if tab == "bandwidth":
+        rows = F.bandwidth_rows(d)
+        if not rows:
+            return [_empty("No matched collectives: bandwidth is measured on collectives (all_reduce, ...).", "bw-empty")]
+        return [_graph("busbw", F.bandwidth_figure(d)),
+                dmc.Title("nccl-tests style table (per pg, op and size)", order=4),
+                _grid("bw-table", rows, [("pg", "pg"), ("op", "op"), ("size", "size"), ("count", "count"),
+                                         ("time_us", "time (us)"), ("algbw_gbps", "algbw (GB/s)"),
+                                         ("busbw_gbps", "busbw (GB/s)"), ("busbw_min", "busbw min"),
+                                         ("busbw_max", "busbw max"), ("busbw_std", "busbw std"),
+                                         ("incomplete", "incomplete")])]
+    return facts_children(d)
+
+
+def compare_children(d: RunData, other: RunData, diff: dict):
+    """The diff's deltas (totals, per op and size, per finding kind) and both overviews."""
+    def n(v, k=4):
+        return None if v is None else round(float(v), k)
+    tot_rows = [{"figure": k, "a": n(v["a"]), "b": n(v["b"]), "delta": n(v["delta"]),
+                 "change": None if v["rel"] is None else f"{v['rel'] * 100:+.1f}%"} for k, v in diff["totals"].items()]
+    op_rows = [{"op": r["op"], "size": r["size_label"], "calls a": r["calls_a"], "calls b": r["calls_b"],
+                "t_comm a (us)": n(r["t_comm_s_a"] * 1e6 if r["t_comm_s_a"] is not None else None, 1),
+                "t_comm b (us)": n(r["t_comm_s_b"] * 1e6 if r["t_comm_s_b"] is not None else None, 1),
+                "exposed a (s)": n(r["exposed_s_a"]), "exposed b (s)": n(r["exposed_s_b"]),
+                "exposed delta (s)": n(r["exposed_s_delta"]),
+                "busbw a": n(r["busbw_gbps_a"], 3), "busbw b": n(r["busbw_gbps_b"], 3)} for r in diff["ops"]]
+    f_rows = [{"kind": r["kind"], "severity": r["severity"], "a": r["a"], "b": r["b"], "delta": r["delta"]}
+              for r in diff["findings"]]
+    cols = lambda rows: [(k, k) for k in rows[0]] if rows else [("x", "x")]  # noqa: E731
+    return [
+        dmc.Text(f"A = {d.run.path}   ·   B = {other.run.path}   (delta = B − A)", size="sm", c="dimmed"),
+        dmc.Title("Totals (summed over ranks)", order=4), _grid("cmp-totals", tot_rows, cols(tot_rows)),
+        dmc.Title("Per op and size", order=4, mt="sm"),
+        _grid("cmp-ops", op_rows, cols(op_rows)) if op_rows else _empty("Neither run has ops."),
+        dmc.Title("Findings", order=4, mt="sm"),
+        _grid("cmp-findings", f_rows, cols(f_rows)) if f_rows else _empty("Neither run has findings."),
+        dmc.SimpleGrid(cols=2, spacing="md", mt="md", children=[
+            dmc.Stack([dmc.Title(f"A: {os.path.basename(str(d.run.path))}", order=3),
+                       *overview_children(d.overview, d, prefix=None, suffix="-a")], gap="xs"),
+            dmc.Stack([dmc.Title(f"B: {os.path.basename(str(other.run.path))}", order=3),
+                       *overview_children(other.overview, other, prefix=None, suffix="-b")], gap="xs")]),
+    ]
+
+
+def live_children(st: dict):
+    """The live strip: per rank, what it is in now."""
+    rows = []
+    for r in st["ranks"]:
+        rows.append({"rank": r["rank"], "now": ("in " + str(r["op"])) if r["op"] else ("exited" if r["final"] else "no op in flight"),
+                     "pg": r["pg"], "seq": r["seq"], "for": _fmt_s(r["for_s"]),
+                     "no progress for": _fmt_s(r["no_progress_s"]),
+                     "last completed": f"{r['last_op']} seq {r['last_seq']}" if r.get("last_op") else "—",
+                     "snapshot age": _fmt_s(r["snapshot_age_s"])})
+    return [dmc.Title("Live: what each rank is in now", order=4),
+            _grid("live-table", rows, [("rank", "rank"), ("now", "now"), ("pg", "group"), ("seq", "seq"),
+                                       ("for", "for"), ("no progress for", "no progress for"),
+                                       ("last completed", "last completed"), ("snapshot age", "snapshot age")],
+                  height=min(40 + 42 * len(rows), 360))]
+
+
+def hang_alert(st: dict):
+    h = st.get("hang")
+    if not h:
+        return None
+    who = ", ".join(map(str, h["ranks"]))
+    return dmc.Alert(
+        f"Hang: rank {who} has not joined {h['op']} seq {h['seq']} on pg {h['pg']}; rank(s) "
+        f"{', '.join(map(str, h['waiting']))} have waited in it for {h['for_s']:.1f} s.",
+        title=f"Rank {h['rank']} has not joined", color="red", variant="filled", id="hang-banner")
+
+
+def ended_alert(job: dict, was_live: bool):
+    if not was_live or job.get("state") == "running":
+        return None
+    return dmc.Alert(f"The job ended: {job['state']} ({job.get('detail') or ''}). The page shows the final analysis.",
+                     title="Job ended", color=STATE_COLOR.get(job["state"], "gray"), variant="light", id="ended-banner")
+
+
+def _partial_banner(d: RunData):
+    run = d.run
+    parts = []
+    if run.missing_ranks:
+        parts.append(f"Partial run: rank(s) {', '.join(map(str, run.missing_ranks))} missing "
+                     f"({len(d.ranks)} of {run.world_size} present).")
+    parts += [str(w) for w in run.warnings[:5]]
+    if not parts:
+        return None
+    return dmc.Alert([html.Div(p) for p in parts], id="banner", color="yellow", variant="light")
+
+
+def _mode_info(mode: str, a: float, b: float) -> str:
+    return f"{'exact ops' if mode == 'exact' else 'level-of-detail bins'}: {a:.4f}–{b:.4f} s"
+
+
+def _legend():
+    """What the timeline's rows and colours mean (the op colours are fixed: commtrace.ops.OP_COLORS)."""
+    from commtrace.ops import OP_COLORS
+    sw = [html.Span([html.Span(style={"display": "inline-block", "width": 12, "height": 12, "background": c,
+                                      "marginRight": 4, "verticalAlign": "middle"}), op],
+                    style={"marginRight": 10, "whiteSpace": "nowrap"}) for op, c in OP_COLORS.items()]
+    return html.Div(id="timeline-legend", style={"fontSize": 12, "color": "#444", "lineHeight": "1.8"}, children=[
+        html.Div([html.B("Rows per rank, top to bottom: "), "host-blocked (the call and wait()) · in-flight (enqueue to "
+                  "completion) · wait / sync (wait states and synchronize()). Zoomed out, each cell is the busy "
+                  "fraction of its time bin."]),
+        html.Div([html.B("Op colours (the same in every run): "), *sw,
+                  html.Span("▼ finding  ✕ hazard  ◆ synchronize()", style={"whiteSpace": "nowrap"})]),
+        html.Div("Click an op to highlight the same collective (pg, seq) on every rank; drag on the plot or move the "
+                 "range slider to zoom (each follows the other).")])
+
+
+# ---------------------------------------------------------------------------- the app
+class _State:
+    """The data the callbacks serve (swapped whole when a live run is reloaded)."""
+
+    def __init__(self, d: RunData, views):
+        self.d, self.views, self.gen = d, views, 0
+        self.prev_duration = d.duration_s
+
+
+def _build_views(d: RunData):
+    """One worker builds the lazy views in the order of their tabs while the server answers the
+    first page; a view shown before its turn waits."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="commtrace-views")
+    built = {tab: pool.submit(_lazy_content, d, tab) for tab in LAZY}
+    pool.shutdown(wait=False)
+    return built
+
+
+def create_app(d: RunData, other: RunData | None = None, live: bool | None = None, loader=None) -> dash.Dash:
+    """A Dash app serving the views of `d` (see docs/dashboard.md); with `other`, a Compare page
+    (the diff's deltas and both overviews). `live` (default: the job is running) refreshes the
+    page every :data:`LIVE_MS` from the run directory, reloading it with `loader(path)` when a
+    rank wrote a new part."""
     bundle = cartesian_bundle()
     # Not eager_loading: with it Dash also loads every component's lazy chunks (MathJax 2 MB,
     # Markdown, date pickers, and plotly's full bundle as well) before the first page can draw.
     app = dash.Dash(__name__, title=f"commtrace: {d.run.path}", update_title=None, assets_folder=ASSETS,
                     assets_ignore="" if bundle else r"plotly-cartesian-.*")
     app._commtrace_plotly = f"cartesian {bundle}" if bundle else "full"  # for tests
+    S = _State(d, _build_views(d))
+    app._commtrace_state = S
     app._commtrace_data = d  # for the benchmark and tests
+    app._commtrace_views = S.views  # for tests
+    if live is None:
+        live = d.overview["job"]["state"] == "running"
     slider_step = d.duration_s / 10000
     first = F.timeline_figure(d)
-    facts = F.summary_facts(d)
-    app.layout = html.Div(style={"fontFamily": "sans-serif", "margin": "6px 12px"}, children=[
-        html.Div([html.B("commtrace dashboard"), html.Span(f"  {d.run.path}  ·  world size {d.run.world_size}"
-                                                          f"  ·  {facts['ops']:,} ops  ·  {facts['findings']} findings")]),
-        _banner(d),
-        dcc.Tabs(id="tabs", value="timeline", children=[dcc.Tab(label=l, value=v) for v, l in TABS]),
+    pages = PAGES + ([("compare", "Compare")] if other is not None else [])
+    views = [v for v, _ in pages]
+    diff = None
+    if other is not None:
+        from commtrace.export.diff import diff_runs
+        diff = diff_runs(d.run, other.run)
+        app._commtrace_diff = diff
+    rep = d.report
+    header = dmc.Group(justify="space-between", children=[
+        dmc.Group([dmc.Title("commtrace", order=3), job_badge(d.overview["job"], "job-badge"),
+                   dmc.Text(f"{d.run.path}", size="sm", c="dimmed", id="run-path")], gap="sm"),
+        dmc.Text(f"world size {d.run.world_size} · {rep['ops']:,} ops · {len(d.findings)} findings",
+                 size="sm", id="run-summary")])
+    st0 = _live_status(d) if live else None
+    app.layout = dmc.MantineProvider(children=html.Div(style={"margin": "6px 14px"}, children=[
+        header,
+        _partial_banner(d),
+        html.Div(id="live-banner", children=[hang_alert(st0)] if st0 else []),
+        dmc.Tabs(id="tabs", value="overview", children=[dmc.TabsList([dmc.TabsTab(l, value=v) for v, l in pages])],
+                 mb="xs"),
         dcc.Store(id="window", data={"a": 0.0, "b": d.duration_s}),
         dcc.Store(id="selected", data=None),
         dcc.Store(id="views-drawn", data=[]),
-        html.Div(id="view-timeline", children=[
-            html.Div(style={"display": "flex", "gap": "12px", "alignItems": "center", "margin": "4px 0"}, children=[
-                html.Button("Reset zoom", id="reset"),
-                html.Span(id="mode-info", children=_mode_info("bins" if first.layout.meta["mode"] == "bins" else "exact",
-                                                              0.0, d.duration_s)),
-                html.Span(id="selection-info", style={"fontWeight": "bold"})]),
+        dcc.Store(id="gen", data=0),
+        dcc.Interval(id="tick", interval=LIVE_MS, disabled=not live),
+        html.Div(id="view-overview", children=[
+            html.Div(id="live-strip", children=live_children(st0) if st0 else []),
+            html.Div(id="overview-body", children=overview_children(d.overview, d))]),
+        html.Div(id="view-timeline", style=HIDDEN, children=[
+            dmc.Group(gap="md", mb=4, children=[
+                dmc.Button("Reset zoom", id="reset", size="xs", variant="default"),
+                html.Span(id="mode-info", children=_mode_info(first.layout.meta["mode"], 0.0, d.duration_s),
+                          style={"fontSize": 13}),
+                html.Span(id="selection-info", style={"fontWeight": "bold", "fontSize": 13})]),
             dcc.RangeSlider(id="range", min=0, max=d.duration_s, value=[0, d.duration_s], step=slider_step,
                             marks=None, allowCross=False, tooltip={"placement": "bottom", "always_visible": False},
-                            updatemode="mouseup"),
+                            updatemode="mouseup", allow_direct_input=False),
             _graph("timeline", first, config={"scrollZoom": False}),
-            html.Div("Rows per rank: host-blocked (call and wait()), in-flight (enqueue to completion), "
-                     "wait / sync (wait states and synchronize()). Click an op to highlight the same collective "
-                     "(pg, seq) on every rank. Drag on the plot or move the range slider to zoom (each follows "
-                     "the other); zoomed out, bins show the busy fraction of each bin.",
-                     style={"fontSize": 12, "color": "#555"})]),
+            _legend()]),
         *[html.Div(id=f"view-{v}", style=HIDDEN) for v in LAZY],
         # Findings live in the layout (hidden unless their tab) so that their table can be an Input.
-        html.Div(id="view-findings", style=HIDDEN, children=[
-            html.Div("Click a finding to zoom the timeline to its evidence.", style={"fontSize": 12}),
-            _table("findings", F.findings_rows(d), columns=["severity", "kind", "rank", "pg", "seq", "op", "site",
-                                                             "impact", "message"], page_size=50,
-                   style_data_conditional=[{"if": {"filter_query": f'{{severity}} = "{k}"'}, "color": c}
-                                           for k, c in F.SEVERITY_COLOR.items()])]),
-    ])
-
-    def _content(tab):
-        """The children of a lazily built view."""
-        if tab == "overlap":
-            f1, f2 = F.overlap_figures(d)
-            return [_graph("overlap-rank", f1), _graph("overlap-step", f2)]
-        if tab == "stalls":
-            f1, f2, pairs = F.stalls_figures(d)
-            return [_graph("stalls-heatmap", f1), _graph("stragglers", f2),
-                    html.H4("Late sender / late receiver pairs"), _table("late-pairs", pairs)]
-        if tab == "bandwidth":
-            return [_graph("busbw", F.bandwidth_figure(d)),
-                    html.H4("nccl-tests style table (per pg, op and size)"), _table("bw-table", F.bandwidth_rows(d))]
-        return [html.Pre(id="summary", children=json.dumps(facts, indent=2, default=str))]
-
-    # One worker builds the lazy views in the order of their tabs (about 0.3 s on the 64 x 20,000
-    # synthetic run) while the server answers the first page; a view shown before its turn waits.
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="commtrace-views")
-    built = {tab: pool.submit(_content, tab) for tab in LAZY}
-    pool.shutdown(wait=False)
-    app._commtrace_views = built  # for tests
-    views = ["timeline", *LAZY, "findings"]
+        html.Div(id="view-findings", style=HIDDEN, children=_findings_view(d)),
+        *([html.Div(id="view-compare", style=HIDDEN, children=compare_children(d, other, diff))] if other is not None else []),
+    ]))
 
     @app.callback(*[Output(f"view-{v}", "style") for v in views], *[Output(f"view-{v}", "children") for v in LAZY],
-                  Output("views-drawn", "data"), Input("tabs", "value"), State("views-drawn", "data"))
+                  Output("views-drawn", "data"), Input("tabs", "value"), State("views-drawn", "data"),
+                  prevent_initial_call=True)
     def show_view(tab, drawn):
         """Show one view; build a lazy view's figures the first time only (then it is a style change)."""
         drawn = list(drawn or [])
         styles = [{} if v == tab else HIDDEN for v in views]
         children = [dash.no_update] * len(LAZY)
         if tab in LAZY and tab not in drawn:
-            children[LAZY.index(tab)] = built[tab].result()
+            children[LAZY.index(tab)] = S.views[tab].result()
             drawn.append(tab)
         return (*styles, *children, drawn)
 
     app._commtrace_show_view = show_view  # for tests
-
     no = dash.no_update
 
     # One callback for everything that changes the timeline: a zoom on the plot, the range slider,
-    # reset, a finding, a click on an op. One round trip per interaction, and the slider follows
-    # the plot: an output that is also an input of the same callback does not fire it again.
+    # reset, a finding (its row or its card), a click on an op. One round trip per interaction,
+    # and the slider follows the plot: an output that is also an input of the same callback does
+    # not fire it again.
     @app.callback(Output("timeline", "figure"), Output("range", "value"), Output("window", "data"),
                   Output("selected", "data"), Output("tabs", "value"), Output("mode-info", "children"),
                   Output("selection-info", "children"),
                   Input("timeline", "relayoutData"), Input("range", "value"), Input("reset", "n_clicks"),
-                  Input("findings", "active_cell"), Input("timeline", "clickData"),
-                  State("window", "data"), State("selected", "data"), State("findings", "derived_viewport_data"),
+                  Input("findings", "cellClicked"), Input("timeline", "clickData"),
+                  Input({"type": "show-finding", "i": ALL}, "n_clicks"),
+                  State("window", "data"), State("selected", "data"),
                   prevent_initial_call=True)
-    def timeline(relayout, rng, _reset, cell, click, win, sel, rows):
-        return update(dash.ctx.triggered[0]["prop_id"], relayout, rng, cell, click, win, sel, rows)
+    def timeline(relayout, rng, _reset, cell, click, shows, win, sel):
+        trig = dash.ctx.triggered_id
+        if isinstance(trig, dict):  # a card's "show on timeline"
+            if not any(shows or []):
+                raise dash.exceptions.PreventUpdate
+            return update("show-finding", relayout, rng, {"i": trig["i"]}, click, win, sel)
+        return update(dash.ctx.triggered[0]["prop_id"], relayout, rng, cell, click, win, sel)
 
-    def update(prop, relayout, rng, cell, click, win, sel, rows):
+    def update(prop, relayout, rng, cell, click, win, sel, rows=None):
         """The timeline callback's outputs for the input `prop` ("timeline.relayoutData", ...)."""
+        d = S.d
         win = win or {"a": 0.0, "b": d.duration_s}
-        new_win, new_sel, tab = _window_input(prop, relayout, rng, cell, click, win, sel, rows)
+        new_win, new_sel, tab = _window_input(d, prop, relayout, rng, cell, click, win, sel)
         if new_win is None and new_sel is no:
             raise dash.exceptions.PreventUpdate
         w = new_win or win
         s = sel if new_sel is no else new_sel
-        fig, slider, mode, info = draw(w, s)
+        fig, slider, mode, info = draw(d, w, s)
         return fig, slider, w, new_sel, tab, mode, info
 
-    def _window_input(prop, relayout, rng, cell, click, win, sel, rows):
+    def _window_input(d, prop, relayout, rng, cell, click, win, sel):
         """(new window or None, new selection or no_update, tab or no_update) for an input."""
         trig = prop.split(".")[0]
         full = {"a": 0.0, "b": d.duration_s}
@@ -193,14 +528,19 @@ def create_app(d: RunData) -> dash.Dash:
             if abs(a - win["a"]) <= slider_step and abs(b - win["b"]) <= slider_step:
                 return None, no, no
             return {"a": a, "b": b}, no, no
-        if trig == "findings" and cell:
-            i = (rows[cell["row"]]["i"] if rows and cell["row"] < len(rows) else cell["row"])
-            f = d.findings[int(i)]
-            a, b = F.window_for_finding(d, f)
-            new_sel = {"pg": f.pg, "seq": f.seq} if f.pg is not None and f.seq is not None else no
+        if trig in ("findings", "show-finding") and cell:
+            i = cell.get("i")
+            if i is None:
+                i = (cell.get("rowId") if cell.get("rowId") is not None else cell.get("rowIndex"))
+            if i is None or not (0 <= int(i) < len(d.findings)):
+                return None, no, no
+            from commtrace.analysis.overview import evidence
+            ev = evidence(d.run, d.findings[int(i)])
+            a, b = F.window_for_evidence(d, ev)
+            new_sel = {"pg": ev["pg"], "seq": ev["seq"]} if ev["pg"] is not None and ev["seq"] is not None else no
             return {"a": a, "b": b}, new_sel, "timeline"
         if prop == "timeline.clickData":
-            s = _selection(click)
+            s = _selection(d, click)
             return (None, s, no) if s is not None else (None, no, no)
         if trig == "timeline" and relayout:
             if relayout.get("xaxis.autorange"):
@@ -212,7 +552,7 @@ def create_app(d: RunData) -> dash.Dash:
                 return {"a": max(0.0, float(a)), "b": min(d.duration_s, float(b))}, no, no
         return None, no, no
 
-    def _selection(click):
+    def _selection(d, click):
         """{"pg", "seq"} of a clicked op, or None."""
         if not click or not click.get("points"):
             return None
@@ -224,7 +564,7 @@ def create_app(d: RunData) -> dash.Dash:
             return None
         return {"pg": d.o["pg_values"][pgc], "seq": seq}
 
-    def draw(win, sel):
+    def draw(d, win, sel):
         """(figure, slider value, mode line, selection line) of a window and selection."""
         fig = F.timeline_figure(d, win["a"], win["b"], sel)
         a, b = fig.layout.xaxis.range
@@ -239,13 +579,98 @@ def create_app(d: RunData) -> dash.Dash:
         return fig, rng, _mode_info(fig.layout.meta["mode"], a, b), s
 
     app._commtrace_update = update  # for tests
+
+    # ------------------------------------------------------------------ live
+    reload = {"busy": False, "sig": None, "t": 0.0}
+    lock = threading.Lock()
+
+    def _maybe_reload(poll, ended):
+        """Reload the run in a thread when a rank wrote a new part (or the job ended)."""
+        sig = poll["parts"]
+        if reload["sig"] is None:
+            reload["sig"] = sig
+        with lock:
+            if reload["busy"] or (sig == reload["sig"] and not ended) or time.monotonic() - reload["t"] < 1.5:
+                return
+            reload["busy"], reload["sig"], reload["t"] = True, sig, time.monotonic()
+
+        def work():
+            try:
+                from commtrace.analysis.run import load
+                run = (loader or load)(str(S.d.run.path))
+                nd = RunData(run, nbins=S.d.nbins)
+                S.views = _build_views(nd)
+                S.d = nd
+                S.gen += 1
+            except Exception:  # noqa: BLE001 - a part being written: the next tick retries
+                reload["sig"] = None
+            finally:
+                reload["busy"] = False
+        threading.Thread(target=work, daemon=True, name="commtrace-reload").start()
+
+    app._commtrace_reload = reload
+
+    @app.callback(Output("live-strip", "children"), Output("live-banner", "children"), Output("job-badge", "children"),
+                  Output("job-badge", "color"), Output("tick", "disabled"), Output("gen", "data"),
+                  Output("overview-body", "children"), Output("timeline", "figure", allow_duplicate=True),
+                  Output("views-drawn", "data", allow_duplicate=True), Output("view-findings", "children"),
+                  Output("run-summary", "children"),
+                  Input("tick", "n_intervals"), State("gen", "data"), State("window", "data"), State("selected", "data"),
+                  prevent_initial_call=True)
+    def tick(_n, gen, win, sel):
+        """Every LIVE_MS while the job runs: the live strip and banners from the latest snapshots;
+        when a reload finished, the overview, the timeline (same zoom and selection) and the
+        findings from the new data; when the job ended, a last reload and the refresh stops."""
+        from commtrace.format.reader import poll_run
+        d = S.d
+        poll = poll_run(str(d.run.path))
+        st = _live_status(d, poll)
+        ended = st["job"]["state"] != "running"
+        _maybe_reload(poll, ended)
+        fresh = S.gen != gen
+        d = S.d
+        banner = [b for b in (hang_alert(st), ended_alert(st["job"], True)) if b is not None]
+        job = st["job"]
+        out_ov = out_fig = out_drawn = out_find = out_sum = no
+        if fresh:
+            out_ov = overview_children(d.overview, d)
+            w = win or {"a": 0.0, "b": d.duration_s}
+            if w["b"] >= S.prev_duration - 1e-9:
+                w = {"a": w["a"], "b": d.duration_s}  # it showed the end of the run: follow it
+            out_fig = F.timeline_figure(d, w["a"], w["b"], sel)
+            out_drawn = []
+            out_find = _findings_view(d)
+            out_sum = f"world size {d.run.world_size} · {d.report['ops']:,} ops · {len(d.findings)} findings"
+        S.prev_duration = d.duration_s
+        stop = ended and not reload["busy"] and not fresh and S.gen == gen
+        return (live_children(st), banner, f"job {job['state']}", STATE_COLOR.get(job["state"], "gray"), stop,
+                S.gen, out_ov, out_fig, out_drawn, out_find, out_sum)
+
+    app._commtrace_tick = tick
     return app
 
 
-def _mode_info(mode: str, a: float, b: float) -> str:
-    return f"{'exact ops' if mode == 'exact' else 'level-of-detail bins'}: {a:.4f}–{b:.4f} s"
+def _findings_view(d: RunData):
+    rows = F.findings_rows(d)
+    # the grid is there even when empty: it is an input of the timeline callback
+    return [dmc.Text("Click a finding to zoom the timeline to its evidence.", size="sm") if rows else
+            _empty("No findings in this run: nothing stood out (docs/findings.md lists every check).", "findings-empty"),
+            _grid("findings", rows, [("severity", "severity", {"maxWidth": 110}), ("kind", "kind"), ("rank", "rank", {"maxWidth": 80}),
+                                     ("pg", "pg", {"maxWidth": 70}), ("seq", "seq", {"maxWidth": 80}), ("op", "op"),
+                                     ("site", "site"), ("impact", "impact", {"maxWidth": 110}),
+                                     ("message", "message", {"flex": 4, "minWidth": 300})],
+                  getRowId="params.data.rid", height=min(60 + 60 * len(rows), 700),
+                  rowClassRules={f"sev-{k}": f"params.data.severity == '{k}'" for k in F.SEVERITY_COLOR})]
 
 
-def build(run, nbins: int = 400) -> dash.Dash:
-    """The Dash app for a loaded :class:`commtrace.analysis.run.Run` (derived tables cached)."""
-    return create_app(RunData(run, nbins=nbins))
+def _live_status(d: RunData, poll: dict | None = None) -> dict:
+    from commtrace.analysis.overview import live_status
+    from commtrace.format.reader import poll_run
+    return live_status(d.run, poll if poll is not None else poll_run(str(d.run.path)))
+
+
+def build(run, nbins: int = 400, compare=None, live: bool | None = None) -> dash.Dash:
+    """The Dash app for a loaded :class:`commtrace.analysis.run.Run` (derived tables cached);
+    `compare`: a second loaded run for the Compare page."""
+    other = RunData(compare, nbins=nbins) if compare is not None else None
+    return create_app(RunData(run, nbins=nbins), other, live=live)

@@ -11,8 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from commtrace.analysis.lod import TimelineBins
-from commtrace.ops import P2P_OPS
+from ..analysis.lod import TimelineBins
+from ..analysis.report import build_report
+from ..ops import P2P_OPS
 
 #: ns -> s for the x axis (time since the start of the run).
 NS = 1e9
@@ -84,6 +85,10 @@ class RunData:
         self.findings = list(run.findings())
         self.clock = run.clock()
         self.full_bins = self.lod.bins(nbins=nbins)
+        # The report JSON (`commtrace report --format json`): every number the views print comes
+        # from it or from the same cached analysis tables, so that they cannot disagree.
+        self.report = build_report(run)
+        self.overview = self.report["overview"]
 
     def _ops_arrays(self, t: pa.Table) -> dict:
         """The columns the timeline draws, as numpy, times relative (s)."""

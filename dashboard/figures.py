@@ -13,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from commtrace.analysis.findings import fmt_ns
+from ..analysis.findings import fmt_ns
+from ..analysis.overview import evidence
+from ..ops import OP_COLORS, OTHER_OP_COLOR
 
 from .data import NS, RunData
 
@@ -25,8 +27,15 @@ SUBROWS = ("host-blocked", "in-flight", "wait / sync")
 MAX_STEP_BARS = 300
 #: synchronize() bands drawn as shapes at most (beyond that they show in the wait / sync row).
 MAX_SYNC_BANDS = 300
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-           "#bcbd22", "#7f7f7f", "#393b79", "#637939", "#8c6d31"]
+#: Ranks up to which the timeline labels each sub-row (beyond, one label per rank).
+LABEL_SUBROWS_MAX = 16
+#: Ratio axes: round ticks.
+RATIO_AXIS = dict(range=[0, 1], tickvals=[0, 0.25, 0.5, 0.75, 1], tickformat=".0%")
+
+
+def op_color(name) -> str:
+    """The fixed colour of a canonical op (commtrace.ops.OP_COLORS), the same in every run."""
+    return OP_COLORS.get(str(name), OTHER_OP_COLOR)
 SEVERITY_COLOR = {"error": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4"}
 #: A one-line legend between the title and the plot, inside a fixed top margin (see `margin`).
 TOP_LEGEND = dict(orientation="h", y=1.0, x=0, yanchor="bottom")
@@ -124,16 +133,22 @@ def _r(x: np.ndarray, digits: int = 7) -> np.ndarray:
 
 def _base_layout(fig: go.Figure, d: RunData, a: float, b: float, mode: str) -> go.Figure:
     nr = len(d.ranks)
+    if nr <= LABEL_SUBROWS_MAX:
+        # every sub-row labelled: "rank 0 host-blocked", "in-flight", "wait / sync"
+        tickvals = list(range(nr * 3))
+        ticktext = [f"rank {r} · {SUBROWS[0]}" if k == 0 else SUBROWS[k] for r in d.ranks for k in range(3)]
+    else:
+        tickvals, ticktext = [i * 3 + 1 for i in range(nr)], [f"rank {r}" for r in d.ranks]
     fig.update_layout(
-        height=max(360, min(1400, 60 + nr * 3 * 6)), margin=margin(l=70, r=80, t=40, b=50),
+        height=max(360, min(1400, 60 + nr * 3 * (6 if nr > LABEL_SUBROWS_MAX else 22))),
+        margin=margin(l=150, r=80, t=40, b=50),
         # ticklabeloverflow="allow": the default ("hide past div") measures every tick label at
         # each redraw, most of the redraw's time with a row per rank.
         # automargin off (the default template turns it on): with fixed margins its pushes are
         # ignored anyway
         xaxis=dict(range=[a, b], title="time since start of run (s)", showgrid=False, zeroline=False,
                    ticklabeloverflow="allow", automargin=False),
-        yaxis=dict(range=[nr * 3 - 0.5, -0.5], tickvals=[i * 3 + 1 for i in range(nr)],
-                   ticktext=[f"rank {r}" for r in d.ranks], fixedrange=True, showgrid=False, zeroline=False,
+        yaxis=dict(range=[nr * 3 - 0.5, -0.5], tickvals=tickvals, ticktext=ticktext, fixedrange=True, tickfont=dict(size=11), showgrid=False, zeroline=False,
                    ticklabeloverflow="allow", automargin=False),
         dragmode="zoom", hovermode="closest", legend=TOP_LEGEND,
         # meta holds no array: Plotly.react redraws everything when one in the layout changes
@@ -199,7 +214,7 @@ def _exact_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
         x, y = _span_polygon(np.r_[o["t_enqueue"][j], o["t_enqueue"][j], o["t_wait"][j]],
                              np.r_[o["t_return"][j], o["t_end"][j], o["t_wait_end"][j]], np.r_[r, r + 1, r + 2],
                              clip=(a, b))
-        fig.add_trace(go.Scatter(x=x, y=y, mode="none", fill="toself", fillcolor=PALETTE[k % len(PALETTE)],
+        fig.add_trace(go.Scatter(x=x, y=y, mode="none", fill="toself", fillcolor=op_color(name),
                                  name=str(name), hoverinfo="skip", hoveron="points", line=dict(simplify=False)))
     if len(idx):
         pgv, sitev, opv = o["pg_values"], o["site_values"], o["op_values"]
@@ -304,20 +319,17 @@ def selection_info(d: RunData, pg: str, seq: int) -> dict:
 
 
 def window_for_finding(d: RunData, f) -> tuple[float, float]:
-    """The timeline window (s) that shows a finding's evidence: its collective when it names one,
-    else its span, at most 50 ms from its start so that exact ops are drawn."""
-    if f.pg is not None and f.seq is not None:
-        j = d.copies(f.pg, f.seq)
-        if len(j):
-            o = d.o
-            a = float(np.nanmin(o["t_enqueue"][j]))
-            b = float(np.nanmax(np.r_[o["t_end"][j], o["t_return"][j], o["t_wait_end"][j]]))
-            pad = max((b - a) * 0.1, 2e-4)
-            return max(0.0, a - pad), min(d.duration_s, b + pad)
-    a = (f.t_ns - d.t_min_ns) / NS if f.t_ns is not None else 0.0
-    b = (f.t_end_ns - d.t_min_ns) / NS if f.t_end_ns is not None else a
-    b = min(max(b, a + 1e-3), a + 0.05)
-    pad = (b - a) * 0.1
+    """The timeline window (s) that shows a finding's evidence (commtrace.analysis.overview.
+    evidence: its collective on every rank, a straggler's first late collectives, else its span),
+    with a margin of 10 % on each side."""
+    return window_for_evidence(d, evidence(d.run, f))
+
+
+def window_for_evidence(d: RunData, ev: dict) -> tuple[float, float]:
+    """The timeline window (s) of an `evidence` dict (t0_ns, t1_ns), padded by 10 %."""
+    a = (ev["t0_ns"] - d.t_min_ns) / NS
+    b = (ev["t1_ns"] - d.t_min_ns) / NS
+    pad = max((b - a) * 0.1, 2e-4)
     return max(0.0, a - pad), min(d.duration_s, b + pad)
 
 
@@ -333,7 +345,7 @@ def overlap_figures(d: RunData) -> tuple[go.Figure, go.Figure]:
         go.Scatter(x=ranks, y=pr["overlap_ratio"].to_numpy(zero_copy_only=False), name="overlap ratio",
                    yaxis="y2", mode="lines+markers", line=dict(color="black"))])
     f1.update_layout(barmode="stack", title="Per rank: exposed vs overlapped communication",
-                     yaxis=dict(title="seconds"), yaxis2=dict(title="overlap ratio", overlaying="y", side="right", range=[0, 1]),
+                     yaxis=dict(title="seconds"), yaxis2=dict(title="overlap ratio", overlaying="y", side="right", showgrid=False, **RATIO_AXIS),
                      # a fixed angle, so that the labels of a bar per rank fit the fixed bottom margin
                      xaxis=dict(tickangle=-90 if len(ranks) > 16 else 0),
                      height=400, margin=margin(l=60, r=60, t=80, b=70), legend=TOP_LEGEND)
@@ -362,7 +374,7 @@ def overlap_figures(d: RunData) -> tuple[go.Figure, go.Figure]:
                                        line=dict(color="black", width=1))])
     f2.update_layout(barmode="stack", title="Per step: exposed vs overlapped communication, overlap ratio over the run",
                      xaxis=dict(title="step"), yaxis=dict(title="seconds"),
-                     yaxis2=dict(title="overlap ratio", overlaying="y", side="right", range=[0, 1]),
+                     yaxis2=dict(title="overlap ratio", overlaying="y", side="right", showgrid=False, **RATIO_AXIS),
                      height=380, margin=margin(l=60, r=60, t=80, b=50), legend=TOP_LEGEND)
     return f1, f2
 
@@ -376,10 +388,10 @@ def stalls_figures(d: RunData) -> tuple[go.Figure, go.Figure, list[dict]]:
     z[pos, t["bin"].to_numpy().astype(np.int64)] = t["wait_ns"].to_numpy() / 1e6
     x = (np.arange(nb) + 0.5) * d.duration_s / nb
     f1 = go.Figure(go.Heatmap(z=z, x=x, y=[f"rank {r}" for r in d.ranks], colorscale="Reds",
-                              colorbar=dict(title="wait (ms)"),
+                              colorbar=dict(title=dict(text="wait (ms)", side="top"), thickness=12),
                               hovertemplate="%{y}, t=%{x:.3f} s: wait %{z:.3f} ms<extra></extra>"))
     f1.update_layout(title="Wait time (Scalasca wait states) per rank and time bin", xaxis_title="time since start of run (s)",
-                     yaxis=dict(autorange="reversed"), height=max(300, 80 + nr * 8), margin=margin(l=70, r=90, t=50, b=50))
+                     yaxis=dict(autorange="reversed"), height=max(300, 80 + nr * 8), margin=margin(l=70, r=110, t=50, b=50))
     s = d.stragglers
     order = np.argsort(-s["share"].to_numpy(zero_copy_only=False).astype(np.float64))[:20]
     sr = s.take(order)
@@ -416,7 +428,7 @@ def late_pairs(d: RunData, top: int = 20) -> list[dict]:
 
 def findings_rows(d: RunData) -> list[dict]:
     """The findings table, in the analysis' order (severity, then impact)."""
-    return [{"i": i, "severity": f.severity, "kind": f.kind, "rank": f.rank, "pg": f.pg, "seq": f.seq,
+    return [{"i": i, "rid": str(i), "severity": f.severity, "kind": f.kind, "rank": f.rank, "pg": f.pg, "seq": f.seq,
              "op": f.op, "site": f.site, "impact": fmt_ns(f.impact_ns), "message": f.message}
             for i, f in enumerate(d.findings)]
 
@@ -450,7 +462,7 @@ def bandwidth_figure(d: RunData) -> go.Figure:
         _, first, count = np.unique(cells[m], return_index=True, return_counts=True)
         j = m[first]
         fig.add_trace(go.Scatter(x=byt[j], y=bw[j], mode="markers", name=f"{name} ({len(m)})",
-                                 marker=dict(size=5, opacity=0.6, color=PALETTE[k % len(PALETTE)]),
+                                 marker=dict(size=5, opacity=0.6, color=op_color(name)),
                                  customdata=count,
                                  hovertemplate="%{x:.3s}B: busbw %{y:.3f} GB/s (%{customdata} collective(s) here)"
                                                "<extra>" + name + "</extra>"))
@@ -465,31 +477,63 @@ def bandwidth_rows(d: RunData) -> list[dict]:
     s = d.summary.to_pylist()
     f = lambda v, n=3: None if v is None else round(float(v), n)  # noqa: E731
     return [{"pg": r["pg"], "op": r["op"], "size": r["size_label"], "count": r["count"],
-             "time_us": f(r["t_comm_s"] / r["count"] * 1e6 if r["count"] and r["t_comm_s"] is not None else None, 1),
+             # t_comm_s is already the mean over the bucket's collectives (collectives_summary)
+             "time_us": f(r["t_comm_s"] * 1e6 if r["t_comm_s"] is not None else None, 1),
              "algbw_gbps": f(r["algbw_gbps"]), "busbw_gbps": f(r["busbw_gbps"]),
              "busbw_min": f(r["busbw_min_gbps"]), "busbw_max": f(r["busbw_max_gbps"]), "busbw_std": f(r["busbw_std_gbps"]),
              "incomplete": r["incomplete"]} for r in s]
 
 
-def summary_facts(d: RunData) -> dict:
-    """World size, hosts, backend, versions, counts by op, total and exposed comm, dropped rows."""
-    run = d.run
-    meta = run.meta
-    o = d.o
-    counts = np.bincount(o["op"][o["op"] >= 0], minlength=len(o["op_values"])) if len(o["op"]) else []
-    pr = d.per_rank
-    return {
-        "world_size": run.world_size, "ranks_present": len(d.ranks), "missing_ranks": list(run.missing_ranks),
-        "hosts": sorted({str(m.get("host")) for m in meta.values() if m.get("host")}),
-        "backend": sorted({str(m.get("backend")) for m in meta.values() if m.get("backend")}),
-        "torch_version": sorted({str(m.get("torch_version")) for m in meta.values() if m.get("torch_version")}),
-        "commtrace_version": sorted({str(m.get("commtrace_version")) for m in meta.values() if m.get("commtrace_version")}),
-        "ops_by_op": {o["op_values"][k]: int(n) for k, n in enumerate(counts) if n},
-        "ops": int(len(o["rank"])), "syncs": int(len(d.sync["rank"])), "hazards": int(len(d.hazards["rank"])),
-        "collectives": d.collectives.num_rows, "p2p_pairs": d.p2p.num_rows,
-        "total_comm_s": float(np.nansum(pr["inflight_s"].to_numpy(zero_copy_only=False).astype(np.float64))),
-        "exposed_comm_s": float(np.nansum(pr["exposed_s"].to_numpy(zero_copy_only=False).astype(np.float64))),
-        "overlapped_comm_s": float(np.nansum(pr["overlapped_s"].to_numpy(zero_copy_only=False).astype(np.float64))),
-        "dropped_rows": int(sum(int(m.get("dropped_rows") or 0) for m in meta.values())),
-        "duration_s": d.duration_s, "findings": len(d.findings),
-        "clock_violations": d.clock.get("violations"), "warnings": list(run.warnings)}
+# ---------------------------------------------------------------------- overview
+#: Colours of the headline fractions (compute, exposed comm, wait).
+FRACTION_COLORS = {"compute": "#2ca02c", "exposed_comm": "#ff7f0e", "wait": "#d62728"}
+FRACTION_NAMES = {"compute": "compute", "exposed_comm": "exposed comm", "wait": "wait"}
+
+
+def steps_figure(ov: dict) -> go.Figure | None:
+    """Per step: compute, exposed comm and wait as stacked fractions of the step time, and the
+    overlap ratio (the overview's `headline.per_step`); None without steps."""
+    st = ov["headline"]["per_step"]
+    if not st:
+        return None
+    x = np.array([r["step"] for r in st])
+    many = len(st) > MAX_STEP_BARS
+    traces = []
+    for k in ("compute", "exposed_comm", "wait"):
+        y = np.array([np.nan if r[k] is None else r[k] for r in st], np.float64)
+        if many:
+            traces.append(go.Scatter(x=x, y=y, name=FRACTION_NAMES[k], stackgroup="f", mode="lines",
+                                     fillcolor=FRACTION_COLORS[k], line=dict(width=0, shape="hvh", color=FRACTION_COLORS[k]),
+                                     hovertemplate="step %{x}: %{y:.1%}<extra>" + FRACTION_NAMES[k] + "</extra>"))
+        else:
+            traces.append(go.Bar(x=x, y=y, name=FRACTION_NAMES[k], marker_color=FRACTION_COLORS[k],
+                                 hovertemplate="step %{x}: %{y:.1%}<extra>" + FRACTION_NAMES[k] + "</extra>"))
+    ratio = np.array([np.nan if r["overlap_ratio"] is None else r["overlap_ratio"] for r in st], np.float64)
+    traces.append(go.Scatter(x=x, y=ratio, name="overlap ratio", mode="lines+markers" if len(st) <= 60 else "lines",
+                             line=dict(color="black", width=1.5), marker=dict(size=5),
+                             hovertemplate="step %{x}: overlap ratio %{y:.2f}<extra></extra>"))
+    fig = go.Figure(traces)
+    fig.update_layout(barmode="stack", height=300, margin=margin(l=60, r=20, t=40, b=45), legend=TOP_LEGEND,
+                      xaxis=dict(title="step", tickformat="d", **({"dtick": 1} if len(st) <= 20 else {})),
+                      yaxis=dict(title="share of step time", **RATIO_AXIS), plot_bgcolor="white", bargap=0.15)
+    return fig
+
+
+def health_figure(ov: dict) -> go.Figure:
+    """Per rank: wait and exposed time (s), ranks named by a finding in red with the finding's
+    kind under their label (the overview's `health`)."""
+    h = ov["health"]
+    labels = [f"rank {r['rank']}" + (f"<br><b>{r['flag']}</b>" if r["flag"] else "") for r in h]
+    wait = np.array([r["wait_s"] or 0.0 for r in h])
+    exp = np.array([r["exposed_s"] or 0.0 for r in h])
+    flagged = [bool(r["flag"]) for r in h]
+    fig = go.Figure([
+        go.Bar(x=labels, y=wait, name="wait (s)", marker=dict(color=["#d62728" if f else "#f4a582" for f in flagged]),
+               hovertemplate="%{x}: wait %{y:.4f} s<extra></extra>"),
+        go.Bar(x=labels, y=exp, name="exposed comm (s)", marker=dict(color=["#7f0000" if f else "#92c5de" for f in flagged]),
+               hovertemplate="%{x}: exposed comm %{y:.4f} s<extra></extra>")])
+    many = len(h) > 16
+    fig.update_layout(barmode="group", height=260, margin=margin(l=60, r=20, t=40, b=70 if not many else 60),
+                      legend=TOP_LEGEND, yaxis=dict(title="seconds"), plot_bgcolor="white",
+                      xaxis=dict(tickangle=-90 if many else 0, showticklabels=True, tickfont=dict(size=9 if many else 12)))
+    return fig

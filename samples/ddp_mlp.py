@@ -18,24 +18,9 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
-    ap.add_argument("--straggler-ms", type=float, default=2.0,
-                    help="extra sleep of the last rank per step")
-    args = ap.parse_args()
-
-    dist.init_process_group(args.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if args.backend == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", rank))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
+def setup(args, rank, world, device):
+    """The model, its DDP wrapper and optimiser, and the data generator of one rank (after
+    init_process_group). benchmarks/steps.py times :func:`train_step` on this state."""
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Linear(128, args.hidden), nn.ReLU(),
@@ -48,17 +33,50 @@ def main():
     ddp = DDP(model, bucket_cap_mb=1, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)
+    return {"args": args, "rank": rank, "world": world, "device": device, "ddp": ddp,
+            "opt": opt, "gen": gen}
+
+
+def train_step(state, step):
+    """One training step; returns the (detached) loss."""
+    args, device, ddp, opt, gen = (state[k] for k in ("args", "device", "ddp", "opt", "gen"))
+    x = torch.randn(args.batch, 128, generator=gen).to(device)
+    y = torch.randint(0, 10, (args.batch,), generator=gen).to(device)
+    if state["rank"] == state["world"] - 1 and args.straggler_ms > 0:
+        time.sleep(args.straggler_ms / 1000)
+    loss = nn.functional.cross_entropy(ddp(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    ap.add_argument("--straggler-ms", type=float, default=2.0,
+                    help="extra sleep of the last rank per step")
+    return ap.parse_args(argv)
+
+
+def main():
+    args = parse_args()
+
+    dist.init_process_group(args.backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    state = setup(args, rank, world, device)
     loss_val = None
     for step in range(args.steps):
-        x = torch.randn(args.batch, 128, generator=gen).to(device)
-        y = torch.randint(0, 10, (args.batch,), generator=gen).to(device)
-        if rank == world - 1 and args.straggler_ms > 0:
-            time.sleep(args.straggler_ms / 1000)
-        loss = nn.functional.cross_entropy(ddp(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        loss_val = loss.detach()
+        loss_val = train_step(state, step)
     # Average the final loss across ranks (one more all_reduce, outside DDP).
     dist.all_reduce(loss_val)
     if rank == 0:

@@ -551,7 +551,9 @@ def end_to_end(torch, dist, tmp):
     try:
         import pyarrow.parquet as pq
 
-        part = sorted(glob.glob(os.path.join(out, "rank=0", "*.parquet")))[-1]
+        from commtrace.format import runs as _runs
+
+        part = sorted(glob.glob(os.path.join(_runs.resolve(out), "rank=0", "*.parquet")))[-1]
         meta = json.loads(pq.read_schema(part).metadata[b"commtrace.meta"])
     except Exception as e:
         meta = {"error": repr(e)}

@@ -66,11 +66,20 @@ def run_traced(out: str, cmd: list[str], opts: tuple = (), env: dict | None = No
     return run_plain(full, env=env, timeout=timeout, check=check)
 
 
+def run_path(out) -> str:
+    """The one run directory under `out` (``commtrace run -o OUT`` writes OUT/<run-id>/), or
+    `out` itself when it is a run directory."""
+    from commtrace.format import runs
+
+    return runs.resolve(str(out))
+
+
 def load_rows(run_dir: str) -> list[dict]:
-    """All rows of a run directory (every rank), as dicts."""
+    """All rows of a run directory (every rank), as dicts; `run_dir` may be the output
+    directory of a single run."""
     import pyarrow.dataset as ds
 
-    return ds.dataset(str(run_dir), format="parquet", partitioning="hive").to_table().to_pylist()
+    return ds.dataset(run_path(run_dir), format="parquet", partitioning="hive").to_table().to_pylist()
 
 
 def rank_meta(run_dir: str) -> dict[int, dict]:
@@ -81,7 +90,7 @@ def rank_meta(run_dir: str) -> dict[int, dict]:
     import pyarrow.parquet as pq
 
     out = {}
-    for f in sorted(glob.glob(os.path.join(str(run_dir), "rank=*", "*.parquet"))):
+    for f in sorted(glob.glob(os.path.join(run_path(run_dir), "rank=*", "*.parquet"))):
         m = json.loads(pq.read_schema(f).metadata[b"commtrace.meta"])
         out[int(m["rank"])] = m
     return out

@@ -10,11 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import (SAMPLES, SCRIPTS, clean_env, free_port, load_rows, rank_meta, run_plain,
-                      run_traced, torchrun_cmd)
+from conftest import (SAMPLES, SCRIPTS, clean_env, free_port, load_rows, rank_meta, run_path,
+                      run_plain, run_traced, torchrun_cmd)
 
 pytestmark = pytest.mark.slow
 
@@ -93,23 +94,29 @@ def test_ddp_trace_reads_with_pyarrow_and_duckdb(ddp_run):
     n = duckdb.sql(f"select count(*) from read_parquet('{out}/**/*.parquet', "
                    "hive_partitioning=true)").fetchall()[0][0]
     assert t.num_rows == n == len(rows)
-    man = json.load(open(out / "_manifest.json"))
-    assert man["world_size"] == 2 and man["exit_code"] == 0
-    assert "torch.distributed.run" in " ".join(man["command"])
+    session = json.load(open(out / "_manifest.json"))  # commtrace run's (schema v2)
+    assert session["kind"] == "session" and session["exit_code"] == 0
+    assert "torch.distributed.run" in " ".join(session["command"])
+    run = run_path(out)
+    assert session["runs"] == [os.path.basename(run)]
+    man = json.load(open(os.path.join(run, "_manifest.json")))  # the job's
+    assert man["world_size"] == 2 and man["run_id"] == os.path.basename(run)
     meta = rank_meta(out)
     for r in (0, 1):
         m = meta[r]
         assert m["rank"] == r and m["world_size"] == 2 and m["backend"] == "gloo"
         assert m["pg_ranks"] == {"0": [0, 1]}
-        assert m["dropped_rows"] == 0 and m["schema_version"] == 1
+        assert m["dropped_rows"] == 0 and m["schema_version"] == 2
+        assert m["run_id"] == man["run_id"]  # agreed across ranks
         # the ranks run without COMMTRACE_* settings: the C path whenever it is built
         built = importlib.util.find_spec("commtrace.capture._fastpath") is not None
         assert m["capture_path"] == ("c" if built else "python")
         assert {"host", "pid", "torch_version", "commtrace_version", "clock_offset_ns",
                 "clock_offset_method"} <= set(m)
     for r in (0, 1):
-        inflight = json.load(open(out / f"rank={r}" / "_inflight.json"))
+        inflight = json.load(open(os.path.join(run, f"rank={r}", "_inflight.json")))
         assert inflight["ops"] == [] and inflight["final"] is True
+        assert inflight["exit"] == {"how": "ok"} and inflight["run_id"] == man["run_id"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -292,15 +299,16 @@ def test_sigkill_one_rank(tmp_path):
     assert n[0] > 10 and n[1] > 10  # the killed rank's earlier parts are there
     import pyarrow.parquet as pq
 
-    for f in (out / "rank=1").glob("*.parquet"):
+    run = Path(run_path(out))
+    for f in (run / "rank=1").glob("*.parquet"):
         pq.read_table(f)
-    snap = json.load(open(out / "rank=1" / "_inflight.json"))
+    snap = json.load(open(run / "rank=1" / "_inflight.json"))
     assert snap["rank"] == 1 and isinstance(snap["ops"], list)
     # rank 0's last all_reduce is not lost: either gloo failed it when the peer died (row with
     # the error text) or torchrun tore rank 0 down while it was still blocked in it (the op is
     # in rank 0's in-flight snapshot or written with t_end_ns null). Which one happens depends
     # on whether gloo notices the closed socket before the agent's SIGTERM.
-    snap0 = json.load(open(out / "rank=0" / "_inflight.json"))
+    snap0 = json.load(open(run / "rank=0" / "_inflight.json"))
     assert (any(r["error"] for r in ops(rows, rank=0))
             or any(r["t_end_ns"] is None for r in ops(rows, rank=0, op="all_reduce"))
             or any(o.get("op") == "all_reduce" for o in snap0["ops"]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -27,7 +28,7 @@ def synth(out, *args):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from dashboard.data import RunData
+    from commtrace.dashboard.data import RunData
     path = synth(tmp_path_factory.mktemp("dash") / "run", "--ranks", RANKS, "--ops", 600,
                  "--straggler", "1:2ms", "--late-send", "2:1ms", "--hazards")
     run = commtrace.load(path)
@@ -43,11 +44,14 @@ def test_cache_holds_every_op(data):
 
 
 def test_zoomed_out_timeline_is_bins_whose_sums_equal_the_analysis(data):
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     assert F.timeline_figure(data).layout.meta["mode"] == "exact"  # 2,400 ops: under the exact budget
     fig = F.timeline_figure(data, exact_max=500)
     assert fig.layout.meta["mode"] == "bins"
-    assert list(fig.layout.yaxis.ticktext) == [f"rank {r}" for r in range(RANKS)]
+    # every sub-row labelled (few ranks): host-blocked, in-flight, wait / sync per rank
+    assert list(fig.layout.yaxis.ticktext) == [x for r in range(RANKS) for x in
+                                               (f"rank {r} · host-blocked", "in-flight", "wait / sync")]
+    assert list(fig.layout.yaxis.tickvals) == list(range(RANKS * 3))
     hm = fig.data[0]
     z = np.asarray(hm.z, dtype=np.float64)
     assert z.shape == (RANKS * 3, 100)
@@ -87,7 +91,7 @@ def test_span_polygon_fills_exactly_its_rectangles():
     """The op spans of the exact view are one polygon per op name: exactly one rectangle per span
     with both ends, at its times (0.1 us) and on its sub-row, spans with a NaN end left out; the
     ways out and back enclose nothing (the polygon's area is the rectangles' area)."""
-    from dashboard.figures import _span_polygon
+    from commtrace.dashboard.figures import _span_polygon
     a = np.array([0.0, 0.5, 3.0, 1.0, 6.0, 2.123456789])
     b = np.array([1.0, 2.0, 4.0, np.nan, 6.5, 2.25])
     row = np.array([0.0, 0.0, 3.0, 0.0, 1.0, 3.0])
@@ -107,7 +111,7 @@ def test_span_polygon_fills_exactly_its_rectangles():
 
 
 def test_zoomed_in_timeline_draws_exact_ops_with_hover(data):
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     a, b = 0.05, 0.08
     fig = F.timeline_figure(data, a, b)
     assert fig.layout.meta["mode"] == "exact"
@@ -146,7 +150,7 @@ def test_zoomed_in_timeline_draws_exact_ops_with_hover(data):
 
 
 def test_selection_highlights_every_rank_and_reports_skew(data):
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     c = data.collectives.to_pylist()
     row = max((r for r in c if r["n_ranks"] == RANKS), key=lambda r: r["arrival_skew_ns"])
     sel = {"pg": row["pg"], "seq": row["seq"]}
@@ -161,7 +165,7 @@ def test_selection_highlights_every_rank_and_reports_skew(data):
 
 
 def test_finding_window_contains_its_evidence(data):
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     kinds = {f.kind for f in data.findings}
     assert {"straggler", "late_sender", "use_before_wait", "sync_while_inflight"} <= kinds
     for f in data.findings:
@@ -178,7 +182,7 @@ def test_finding_window_contains_its_evidence(data):
 
 
 def test_other_views_carry_the_analysis_values(data):
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     pr = data.run.per_rank()
     f1, f2 = F.overlap_figures(data)
     assert list(f1.data[0].y) == pytest.approx(pr["exposed_s"].to_pylist())
@@ -193,15 +197,17 @@ def test_other_views_carry_the_analysis_values(data):
     assert sum(r["count"] for r in rows) == data.summary["count"].to_numpy().sum()
     bw = F.bandwidth_figure(data)
     assert bw.layout.xaxis.type == "log" and sum(len(t.x) for t in bw.data) > 0
-    facts = F.summary_facts(data)
-    assert facts["world_size"] == RANKS and facts["ops"] == RANKS * 600 and facts["dropped_rows"] == 0
-    assert sum(facts["ops_by_op"].values()) == RANKS * 600
-    assert facts["exposed_comm_s"] == pytest.approx(np.nansum(pr["exposed_s"].to_numpy(zero_copy_only=False).astype(float)))
+    # the bandwidth table is the report's collectives_summary: time_us is its mean t_comm_s
+    rep = {(r["pg"], r["op"], r["size_label"]): r for r in data.report["collectives_summary"]}
+    for r in rows:
+        want = rep[(r["pg"], r["op"], r["size"])]
+        assert r["time_us"] == pytest.approx(want["t_comm_s"] * 1e6, abs=0.05)
+        assert r["busbw_gbps"] == pytest.approx(want["busbw_gbps"], abs=5e-4)
     assert [r["kind"] for r in F.findings_rows(data)] == [f.kind for f in data.run.findings()]
 
 
 def test_figures_stay_small(data):
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     for fig in (F.timeline_figure(data), F.timeline_figure(data, exact_max=10), F.timeline_figure(data, 0.05, 0.2), F.bandwidth_figure(data),
                 *F.overlap_figures(data), *F.stalls_figures(data)[:2]):
         assert len(fig.to_json()) < 5_000_000
@@ -210,7 +216,7 @@ def test_figures_stay_small(data):
 def test_figures_have_fixed_margins(data):
     """No figure lets its legend, colorbar or labels grow a margin: Plotly would draw it twice on
     its first view and on every switch between bins and exact ops (dashboard.figures.margin)."""
-    from dashboard import figures as F
+    from commtrace.dashboard import figures as F
     figs = {"bins": F.timeline_figure(data, exact_max=10), "exact": F.timeline_figure(data, 0.05, 0.08),
             "bandwidth": F.bandwidth_figure(data)}
     figs.update(zip(("overlap-rank", "overlap-step"), F.overlap_figures(data)))
@@ -224,19 +230,19 @@ def test_figures_have_fixed_margins(data):
 
 
 def test_app_callbacks_take_no_path_input(data):
-    from dashboard.app import create_app
+    from commtrace.dashboard.app import create_app
     app = create_app(data)
     inputs = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb["inputs"]}
     assert inputs == {("tabs", "value"), ("timeline", "relayoutData"), ("range", "value"), ("reset", "n_clicks"),
-                      ("findings", "active_cell"), ("timeline", "clickData")}
+                      ("findings", "cellClicked"), ("timeline", "clickData"), ('{"i":["ALL"],"type":"show-finding"}', "n_clicks"),
+                      ("tick", "n_intervals")}
     states = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb.get("state", [])}
-    assert states == {("window", "data"), ("selected", "data"), ("findings", "derived_viewport_data"),
-                      ("views-drawn", "data")}
+    assert states == {("window", "data"), ("selected", "data"), ("views-drawn", "data"), ("gen", "data")}
     assert "Location" not in json.dumps(app.layout.to_plotly_json(), default=str)
 
 
 def test_partial_run_shows_banner(tmp_path):
-    from dashboard.app import build
+    from commtrace.dashboard.app import build
     path = synth(tmp_path / "run", "--ranks", 3, "--ops", 100)
     shutil.rmtree(tmp_path / "run" / "rank=2")
     run = commtrace.load(path)
@@ -290,11 +296,22 @@ def test_cli_serves_and_warns_on_public_host(tmp_path):
             except OSError:
                 time.sleep(0.5)
         assert body and b"timeline" in body
+        for path_ in ("/", "/_dash-layout", "/_dash-dependencies"):
+            assert urllib.request.urlopen(f"http://127.0.0.1:{port}{path_}", timeout=10).status == 200
     finally:
-        p.terminate()
-        out, err = p.communicate(timeout=20)
-    assert f"at http://0.0.0.0:{port}/" in out
+        p.send_signal(signal.SIGINT)  # Ctrl-C
+        try:
+            out, err = p.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+    # commtrace's one line, not Flask's banner; no access-log line per request; Ctrl-C exits 130.
+    assert f"serving on http://0.0.0.0:{port}/, Ctrl-C to stop" in out
     assert "warning: serving on 0.0.0.0" in err
+    both = out + err
+    for noise in ("GET /", "HTTP/1.1", "Serving Flask app", "development server", "Traceback"):
+        assert noise not in both, (noise, both)
+    assert p.returncode == 130, (p.returncode, both)
 
 
 def test_lod_bins_equal_the_analysis_timeline_bins(data):
@@ -318,13 +335,13 @@ def test_one_callback_moves_the_slider_with_a_plot_zoom(data):
     same response; the slider's own echo of that value is not taken for a new zoom."""
     import dash
 
-    from dashboard.app import create_app
+    from commtrace.dashboard.app import create_app
     app = create_app(data)
     win = {"a": 0.0, "b": data.duration_s}
     a, b = data.duration_s * 0.25, data.duration_s * 0.5
 
     def call(prop, value, win, inputs):
-        return app._commtrace_update(prop, *inputs, win, None, None)
+        return app._commtrace_update(prop, *inputs, win, None)
 
     out = call("timeline.relayoutData", {"xaxis.range[0]": a, "xaxis.range[1]": b}, win,
                [{"xaxis.range[0]": a, "xaxis.range[1]": b}, [0, data.duration_s], None, None])
@@ -343,12 +360,12 @@ def test_one_callback_moves_the_slider_with_a_plot_zoom(data):
 
 
 def test_lazy_views_are_built_in_the_background_and_sent_once(data):
-    """The Overlap, Stalls, Bandwidth and Summary views are built when the app is created (a
+    """The Overlap, Stalls, Bandwidth and Run views are built when the app is created (a
     background thread); showing one sends that content the first time, then only styles."""
     import dash
 
-    from dashboard import figures as F
-    from dashboard.app import LAZY, create_app
+    from commtrace.dashboard import figures as F
+    from commtrace.dashboard.app import LAZY, create_app
     app = create_app(data)
     views = app._commtrace_views
     assert set(views) == set(LAZY)
@@ -357,15 +374,18 @@ def test_lazy_views_are_built_in_the_background_and_sent_once(data):
     f1, _ = F.overlap_figures(data)
     assert list(overlap[0].figure.data[0].y) == pytest.approx(list(f1.data[0].y))
     out = app._commtrace_show_view("overlap", [])
-    n = 1 + len(LAZY) + 1  # styles of timeline, lazy views, findings
+    from commtrace.dashboard.app import PAGES
+    views = [v for v, _ in PAGES]
+    n = len(views)  # styles of every page
     styles, children, drawn = out[:n], out[n:n + len(LAZY)], out[-1]
-    assert styles[1 + LAZY.index("overlap")] == {} and styles[0]["height"] == 0
+    assert styles[views.index("overlap")] == {} and styles[views.index("overview")]["height"] == 0
     assert children[LAZY.index("overlap")] is overlap
     assert all(c is dash.no_update for i, c in enumerate(children) if i != LAZY.index("overlap"))
     assert drawn == ["overlap"]
     again = app._commtrace_show_view("overlap", drawn)
     assert all(c is dash.no_update for c in again[n:n + len(LAZY)])
-    assert '"world_size": 4' in views["summary"].result(timeout=60)[0].children
+    facts = json.dumps([c.to_plotly_json() for c in app._commtrace_views["facts"].result(timeout=60)], default=str)
+    assert '"fact": "world size", "value": 4' in facts
 
 
 def test_page_loads_the_cartesian_bundle_of_the_installed_plotly_js(data, monkeypatch):
@@ -376,7 +396,7 @@ def test_page_loads_the_cartesian_bundle_of_the_installed_plotly_js(data, monkey
 
     import plotly.offline
 
-    from dashboard.app import ASSETS, cartesian_bundle, create_app
+    from commtrace.dashboard.app import ASSETS, cartesian_bundle, create_app
     have = plotly.offline.get_plotlyjs_version()
     vendored = [f for f in os.listdir(ASSETS) if f.startswith("plotly-cartesian-") and f.endswith(".min.js")]
     assert len(vendored) == 1

@@ -36,8 +36,8 @@ def browser():
 
 
 def _serve(path):
-    from dashboard.app import build
-    from dashboard.serve import Server
+    from commtrace.dashboard.app import build
+    from commtrace.dashboard.serve import Server
     run = commtrace.load(path)
     return run, Server(build(run))
 
@@ -138,27 +138,32 @@ def _check_run(browser, path, name, world):
     errors: list[str] = []
     try:
         first = _open(page, srv.url, errors)
+        # the overview comes first, with its numbers in the first response
+        assert page.inner_text("#ov-world") == str(world)
+        _tab(page, "Timeline", "#timeline .main-svg")
         tl = _timeline(page)
-        # one row per rank
-        assert tl["ticks"] == [f"rank {r}" for r in range(world)]
+        # one labelled row per rank (and per sub-row, for a few ranks)
+        want = ([x for r in range(world) for x in (f"rank {r} · host-blocked", "in-flight", "wait / sync")]
+                if world <= 16 else [f"rank {r}" for r in range(world)])
+        assert tl["ticks"] == want
         assert tl["range"][0] == 0
         page.screenshot(path=f"{ART}/dashboard-{name}-timeline.png", full_page=True)
 
         # clicking a finding zooms the timeline to its evidence
         assert run.findings(), "the run should have findings"
-        _tab(page, "Findings", "#findings td")
+        _tab(page, "Findings", "#findings .ag-row")
         page.screenshot(path=f"{ART}/dashboard-{name}-findings.png", full_page=True)
         full = tl["range"][1]
         t = time.perf_counter()
-        page.locator("#findings tbody tr").nth(1).locator("td").first.click()
+        page.locator('#findings .ag-row[row-index="0"] [col-id="kind"]').first.click()
         page.wait_for_function(f"() => {{ const g = {GD}; return {VISIBLE} && "
                                f"g.layout.xaxis.range[1] - g.layout.xaxis.range[0] < {full} * 0.9; }}", timeout=20_000)
         zoom_s = time.perf_counter() - t
         tl = _timeline(page)
         assert tl["mode"] == "exact" and "finding" in tl["names"]
-        f = run.findings()[0]
-        t_f = (f.t_ns - run.t_min_ns) / 1e9
-        assert tl["range"][0] <= t_f <= tl["range"][1]
+        from commtrace.analysis.overview import evidence
+        ev = evidence(run, run.findings()[0])  # the row clicked
+        assert tl["range"][0] <= (ev["t0_ns"] - run.t_min_ns) / 1e9 <= (ev["t1_ns"] - run.t_min_ns) / 1e9 <= tl["range"][1]
         page.wait_for_timeout(500)
         page.screenshot(path=f"{ART}/dashboard-{name}-finding-zoom.png", full_page=True)
 
@@ -175,11 +180,11 @@ def _check_run(browser, path, name, world):
         page.screenshot(path=f"{ART}/dashboard-{name}-selected.png", full_page=True)
 
         for tab, sel in (("Overlap", "#overlap-step .main-svg"), ("Stalls", "#stalls-heatmap .main-svg"),
-                         ("Bandwidth", "#busbw .main-svg"), ("Summary", "#summary")):
+                         ("Bandwidth", "#busbw .main-svg"), ("Run", "#facts-job .ag-row")):
             _tab(page, tab, sel)
             page.wait_for_timeout(500)
             page.screenshot(path=f"{ART}/dashboard-{name}-{tab.lower()}.png", full_page=True)
-        assert f'"world_size": {world}' in page.inner_text("#summary")
+        assert f"world size\n{world}" in page.inner_text("#facts-job")
 
         # the range slider follows a box-zoom on the plot, and the plot follows the slider
         _tab(page, "Timeline", "#timeline .main-svg")

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from conftest import SCRIPTS, clean_env, torchrun_cmd
+from conftest import SCRIPTS, clean_env, run_path, torchrun_cmd
 from test_hang import _stacks, _wait_for
 
 
@@ -36,12 +36,12 @@ def test_hang_end_to_end(tmp_path):
     reader = threading.Thread(target=lambda: log_lines.extend(p.stdout), daemon=True)
     reader.start()
     try:
-        hang_files = _wait_for(lambda: _stacks(out), timeout=40, step=0.2)
+        hang_files = _wait_for(lambda: _stacks(run_path(out)), timeout=40, step=0.2)
         assert hang_files, "".join(log_lines)[-4000:]
         # SIGUSR1 to rank 0 while its main thread is blocked inside gloo
-        pid = _rank_pid(out, 0)
+        pid = _rank_pid(run_path(out), 0)
         os.kill(pid, signal.SIGUSR1)
-        assert _wait_for(lambda: len(_stacks(out)) == 2, timeout=10), "".join(log_lines)[-4000:]
+        assert _wait_for(lambda: len(_stacks(run_path(out))) == 2, timeout=10), "".join(log_lines)[-4000:]
         time.sleep(max(0.0, 25 - (time.monotonic() - t_start)))
         p.send_signal(signal.SIGTERM)
         rc = p.wait(timeout=60)
@@ -60,13 +60,16 @@ def test_hang_end_to_end(tmp_path):
 
     line = _hang_line()
     where = f'hang_skip.py", line {line} in <module>'
-    hang_text, usr1_text = (open(f).read() for f in _stacks(out))
+    hang_text, usr1_text = (open(f).read() for f in _stacks(run_path(out)))
     if "SIGUSR1" in hang_text:
         hang_text, usr1_text = usr1_text, hang_text
     assert "--hang-timeout 5 s" in hang_text
     assert f"all_reduce seq 5 on pg 0 at {SCRIPTS}/hang_skip.py:{line}" in hang_text
     assert where in hang_text and where in usr1_text and "SIGUSR1 received" in usr1_text
-    assert _stacks(out, rank=1) == []  # rank 1 was not in a collective
+    # rank 1 was not in a collective: the watchdog of rank 0 asked it for its stacks (issue 15)
+    (req,) = _stacks(run_path(out), rank=1)
+    req_text = open(req).read()
+    assert "stacks requested by rank 0" in req_text and "all_reduce seq 5 on pg 0" in req_text
 
     rp = subprocess.run([sys.executable, "-m", "commtrace", "report", str(out), "--format", "json"],
                         env=clean_env(), capture_output=True, text=True, timeout=120)
@@ -79,7 +82,7 @@ def test_hang_end_to_end(tmp_path):
     # rank 0 hung and rank 1 was stopped with the job: neither ended early
     assert rep["ended_early"] == [], rep["ended_early"]
     assert sorted(os.path.basename(f) for f in rep["stacks"]["0"]) == sorted(
-        os.path.basename(f) for f in _stacks(out))
+        os.path.basename(f) for f in _stacks(run_path(out)))
     txt = subprocess.run([sys.executable, "-m", "commtrace", "report", str(out)],
                          env=clean_env(), capture_output=True, text=True, timeout=120)
     assert txt.returncode == 0 and "not_joined" in txt.stdout and "Traceback" not in txt.stderr
@@ -109,12 +112,16 @@ def test_killed_rank_leaves_readable_parts(tmp_path):
     assert run.ranks == [0, 1] and not [w for w in run.warnings if "corrupt" in w]
     ops1 = run.ops(ranks=[1]).to_pylist()
     assert sorted(r["seq"] for r in ops1) == list(range(20))  # everything before the kill
-    snap1 = json.load(open(out / "rank=1" / "_inflight.json"))
-    snap0 = json.load(open(out / "rank=0" / "_inflight.json"))
+    snap1 = json.load(open(os.path.join(run_path(out), "rank=1", "_inflight.json")))
+    snap0 = json.load(open(os.path.join(run_path(out), "rank=0", "_inflight.json")))
     assert snap1["final"] is False and snap0["final"] is True
     rep = run.report()
-    nj = [f for f in rep["findings"] if f["kind"] == "not_joined"]
-    assert [(f["rank"], f["seq"]) for f in nj] == [(1, 20)]
+    # a rank that died is labelled as such (issue 15), not as a non-joiner
+    assert [f for f in rep["findings"] if f["kind"] == "not_joined"] == []
+    rc_ = [f for f in rep["findings"] if f["kind"] == "rank_crashed"]
+    assert [(f["rank"], f["seq"], f["evidence"]["rank_state"]) for f in rc_] == [(1, 20, "killed")]
+    assert rep["job"]["state"] == "failed" and rep["job"]["failed_ranks"] == [1]
+    assert rep["job"]["exit_code"] == p.returncode
     assert rep["last_completed"]["1"]["seq"] == 19
     assert "hang_killed.py:" in rep["last_completed"]["1"]["site"]
     # the report says which rank ended early, and why

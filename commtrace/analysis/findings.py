@@ -17,7 +17,7 @@ from .run import COLLECTIVE_SQL
 #: The fixed finding kinds (issue 3).
 KINDS = ("straggler", "late_sender", "late_receiver", "collective_mismatch", "not_joined",
          "not_completed", "sync_while_inflight", "redundant_sync", "wait_immediately",
-         "use_before_wait", "first_op_init_stall", "clock_violation")
+         "use_before_wait", "first_op_init_stall", "clock_violation", "rank_crashed")
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 # Straggler: count evidence (z-score of last arrivals against 1/n by chance, and a share at
@@ -69,6 +69,11 @@ class Finding:
     t_end_ns: int | None = None
     impact_ns: int = 0
     evidence: dict = field(default_factory=dict)
+    #: delay costs of the late rank (s), the replay's projected saving if fixed (s), and its
+    #: costliest delay (docs/findings.md "Root cause and what-if"); None where not applicable
+    cost_s: float | None = None
+    gain_s: float | None = None
+    root_cause: dict | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dict (the `findings` entries of the report contract)."""
@@ -363,7 +368,11 @@ def not_joined(run) -> list[Finding]:
     tmax = max([run.t_max_ns or 0] + list(run._info.get("snapshot_ns", {}).values()))
     out = []
     present = set(run.ranks)
+    states = run.rank_states() if hasattr(run, "rank_states") else {}
     for pg, r, seq, op, t_first, site, n_missing in rows:
+        st = states.get(int(r)) or {}
+        if st.get("state") in DIED_STATES:
+            continue  # its process died: a rank_crashed finding, not a non-joiner
         waiting = run._sql(f"""
             SELECT list(rank ORDER BY rank), list(rank ORDER BY rank) FILTER (WHERE t_end_ns IS NULL)
             FROM {run._t} WHERE kind = 'op' AND pg = ? AND seq = ?""", [pg, seq]).fetchone()
@@ -378,18 +387,117 @@ def not_joined(run) -> list[Finding]:
         else:
             lc_txt = "it left no trace at all"
             sev = "warning"
+        where = None
+        if st.get("state") == "alive":
+            age = st.get("snapshot_age_s")
+            lc_txt += f"; rank {r} is alive" + (f" (its snapshot is {age:.1f} s old)" if age is not None else "")
+            where = _where(stacks)
+            if where:
+                lc_txt += f"; rank {r} is in {where['function']} at {where['site']}"
+            sev = "error"
         waited = tmax - t_first if t_first is not None else 0
         out.append(Finding(
             kind="not_joined", severity=sev, rank=int(r), pg=pg, seq=int(seq), op=op,
             site=(lc or {}).get("site") or site, t_ns=_i(t_first), t_end_ns=_i(tmax), impact_ns=int(max(waited, 0)) * max(len(still), 1),
             evidence={"issued_by": [int(x) for x in issued_by], "waiting": [int(x) for x in still],
                       "last_completed": lc, "missing_collectives": int(n_missing),
-                      "waited_ns": int(max(waited, 0)), "stacks": stacks, "collective_site": site},
+                      "waited_ns": int(max(waited, 0)), "stacks": stacks, "collective_site": site,
+                      "rank_state": st.get("state"), "where": where},
             message=(f"rank {r} never issued {op} seq {seq} on pg {pg}, which rank(s) "
                      f"{fmt_ranks(issued_by)} entered"
                      + (f" and {'are' if len(still) > 1 else 'is'} still waiting in ({fmt_ns(waited)} at the end of the trace)" if still else "")
                      + f"; {lc_txt}"
                      + (f" ({n_missing} collectives of pg {pg} missing in all)" if n_missing > 1 else ""))))
+    return out
+
+
+#: Rank states (analysis/job.py) of a process that died: labelled crashed, never a non-joiner.
+DIED_STATES = ("crashed", "killed", "exception")
+
+
+def _where(stacks: list[str]) -> dict | None:
+    """The innermost user frame of the main thread in the newest stack dump that has one."""
+    from .job import innermost_user_frame
+
+    for path in reversed(stacks or []):
+        w = innermost_user_frame(path)
+        if w:
+            return w
+    return None
+
+
+def rank_crashed(run) -> list[Finding]:
+    """Ranks whose process died (a fatal signal, an uncaught exception, or killed without an exit
+    flush while the job went on), with the first collective they never issued and where they
+    were. One source of rank states: :func:`commtrace.analysis.job.rank_states`."""
+    if not hasattr(run, "rank_states"):
+        return []
+    states = run.rank_states()
+    died = {r: s for r, s in states.items() if s.get("state") in DIED_STATES}
+    if not died:
+        return []
+    early = {}
+    if any(s["state"] == "killed" for s in died.values()):
+        from .report import ended_early
+        early = {e["rank"]: e for e in ended_early(run)}
+    c = run._ensure_coll()
+    last = run.last_completed()
+    out = []
+    for r, st in sorted(died.items()):
+        if st["state"] == "killed" and r not in early:
+            continue  # torn down with the others after a hang: not a crash of its own
+        # The peers' view: collectives of its groups it has no row of. Those its peers completed
+        # it joined (its rows were lost with the process); the first they did not complete is
+        # where it died.
+        miss = run._sql(f"""
+            SELECT k.pg, k.seq, k.op, k.first_enter_ns, k.site, k.complete OR NOT EXISTS (
+                       SELECT 1 FROM {run._t} y WHERE y.ckey = k.ckey AND y.t_end_ns IS NULL) AS done
+            FROM {c} k
+            WHERE k.n_ranks < k.n_expected AND NOT EXISTS (
+                SELECT 1 FROM {run._t} x WHERE x.ckey = k.ckey AND x.rank = ?)
+            ORDER BY k.first_enter_ns""", [int(r)]).fetchall()
+        miss = [m for m in miss if int(r) in (run.pg_members.get(m[0]) or [])]
+        joined = [m for m in miss if m[5]]
+        died_at = next((m for m in miss if not m[5]), None)
+        if st["state"] == "exception" and died_at is None:
+            continue  # it issued everything its peers did: the exception is in its own rows
+        if st["state"] == "crashed":
+            how = f"crashed ({st.get('signal') or 'a fatal signal'})"
+        elif st["state"] == "exception":
+            how = f"exited on an uncaught exception ({st.get('error')})"
+        else:
+            how = "died without an exit flush (killed, or a crash commtrace could not record)"
+        lc = last.get(int(r))
+        where = None
+        if st.get("crash_file"):
+            from .job import innermost_user_frame
+            where = innermost_user_frame(st["crash_file"])
+        msg = f"rank {r} {how}"
+        pg = seq = op = site = t0 = None
+        if died_at is not None:
+            pg, seq, op, t0, site, _d = died_at
+            msg += f" in or before {op} seq {seq} on pg {pg}, which its peers entered and never completed"
+        if lc:
+            msg += (f"; its last completed op was {lc['op']} seq {lc['seq']} on pg {lc['pg']}"
+                    + (f" at {lc['site']}" if lc.get("site") else ""))
+        if joined:
+            j = joined[-1]
+            msg += (f"; its peers completed {j[2]} seq {j[1]} on pg {j[0]} with it "
+                    f"({len(joined)} collective(s) of it known only from its peers)")
+        if not lc and not joined:
+            msg += "; no completed op of it was recorded"
+        if where:
+            msg += f"; it was in {where['function']} at {where['site']}"
+        if st.get("crash_file"):
+            msg += f" (stacks: {st['crash_file']})"
+        out.append(Finding(
+            kind="rank_crashed", severity="error", rank=int(r), pg=pg, seq=_i(seq), op=op,
+            site=(where or {}).get("site") or (lc or {}).get("site") or site, t_ns=_i(t0),
+            evidence={"rank_state": st.get("state"), "signal": st.get("signal"), "error": st.get("error"),
+                      "crash_file": st.get("crash_file"), "last_completed": lc, "where": where,
+                      "exit_code": st.get("exit_code"),
+                      "joined_per_peers": ({"pg": joined[-1][0], "seq": _i(joined[-1][1])} if joined else None)},
+            message=msg))
     return out
 
 
@@ -636,7 +744,7 @@ def clock_violation(run) -> list[Finding]:
                  + (f" (rank(s) {fmt_ranks(ck['late_ranks'])} appear to enter late)" if ck["late_ranks"] else "")))]
 
 
-DETECTORS = (not_joined, not_completed, collective_mismatch, use_before_wait, straggler, late_p2p,
+DETECTORS = (not_joined, rank_crashed, not_completed, collective_mismatch, use_before_wait, straggler, late_p2p,
              sync_rules, wait_immediately, first_op_init_stall, clock_violation)
 
 
@@ -654,4 +762,29 @@ def detect_all(run) -> list[Finding]:
             fs.extend(det(run))
         except Exception as e:  # noqa: BLE001 -- partial traces must still give a report
             run.warnings.append(f"finding detector {det.__name__} failed: {type(e).__name__}: {str(e).splitlines()[0]}")
-    return sort_findings(fs)
+    bad = getattr(run._files, "conflict_ranks", None)
+    if bad:
+        fs = [f for f in fs if not _involves(f, bad)]
+    fs = sort_findings(fs)
+    try:
+        from .rootcause import annotate_findings
+        fs = annotate_findings(run, fs)
+    except Exception as e:  # noqa: BLE001 -- the findings stand without their what-if
+        run.warnings.append(f"root cause / what-if failed: {type(e).__name__}: {str(e).splitlines()[0]}")
+    return fs
+
+
+#: Findings that compare ranks: none is drawn from a rank two processes wrote (its rows mix).
+CROSS_RANK = ("straggler", "late_sender", "late_receiver", "collective_mismatch", "not_joined",
+              "not_completed", "clock_violation", "rank_crashed")
+
+
+def _involves(f: Finding, ranks: set) -> bool:
+    if f.kind not in CROSS_RANK:
+        return f.rank in ranks
+    ev = f.evidence or {}
+    inv = {f.rank} | set(ev.get("ranks") or []) | set(ev.get("culprits") or []) \
+        | set(ev.get("issued_by") or []) | set(ev.get("waiting") or []) | set(ev.get("late_ranks") or [])
+    if f.kind == "clock_violation":
+        return True  # offsets of a mixed rank are meaningless
+    return bool(inv & ranks)

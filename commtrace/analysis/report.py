@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import decimal
 import math
+import os
 
 from ..format import schema as S
+from .overview import overview
 
 #: Version of the report's JSON contract (not the trace schema).
 REPORT_SCHEMA = 1
@@ -42,7 +44,8 @@ def _rows(table) -> list[dict]:
     return [_clean(r) for r in table.to_pylist()]
 
 
-def build_report(run, top: int = 10, rank: int | None = None, steps=None, progress=None) -> dict:
+def build_report(run, top: int = 10, rank: int | None = None, steps=None, progress=None,
+                 busbw_ref: float | None = None) -> dict:
     """Assemble the report of `run` (optionally restricted to `steps` = (a, b), half-open, and
     focused on `rank`). `progress(stage, fraction)` is called between stages."""
     def tick(stage, frac):
@@ -59,6 +62,8 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
     per_rank = run.per_rank()
     tick("per step", 0.55)
     per_step = run.per_step()
+    tick("root cause and what-if", 0.65)
+    what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
     tick("findings", 0.7)
     findings = run.findings()
     tick("summaries", 0.9)
@@ -121,11 +126,32 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         "last_completed": {str(k): _clean(v) for k, v in run.last_completed().items()},
         "stacks": {str(k): v for k, v in run.stacks().items()},
         "ended_early": ended_early(base),
+        "job": _clean(base.job()),
+        "run_id": base.run_id,
+        "rank_states": {str(k): _clean(v) for k, v in base.rank_states().items()},
         "warnings": list(dict.fromkeys(base.warnings + run.warnings)),
         "finding_counts": _count(findings),
+        "what_if": what_if,
+        "critical_path": crit,
+        # the dashboard's overview page (job state, headline fractions, per-rank health, cards)
+        "overview": _clean(overview(run)),
     }
+    if rc_error:
+        rep["warnings"].append(rc_error)
     tick("done", 1.0)
     return rep
+
+
+def _root_cause(run, busbw_ref, top):
+    """The `what_if` (with its `delays`) and `critical_path` sections; (None, None, warning)
+    when the analysis fails on odd input: the rest of the report stands."""
+    try:
+        from .rootcause import critical_path, what_if
+        wi = dict(what_if(run, busbw_ref))
+        wi["delays"] = wi["delays"][: max(int(top), 0)]
+        return _clean(wi), _clean(critical_path(run)), None
+    except Exception as e:  # noqa: BLE001
+        return None, None, f"root cause / what-if failed: {type(e).__name__}: {str(e).splitlines()[0]}"
 
 
 def ended_early(run) -> list[dict]:
@@ -148,7 +174,12 @@ def ended_early(run) -> list[dict]:
     give an empty list. Times are on rank 0's clock.
     """
     snaps = getattr(run._files, "inflight", {}) or {}
-    candidates = [r for r in run.ranks if (snaps.get(r) or {}).get("final") is False]
+    states = run.rank_states() if hasattr(run, "rank_states") else {}
+    # A rank whose snapshot is fresh is alive (a live report), whatever it has not joined; a
+    # rank with a crash file died of a fatal signal, with or without a snapshot.
+    candidates = [r for r in sorted(set(run.ranks) | {r for r, s in states.items() if s["state"] == "crashed"})
+                  if ((snaps.get(r) or {}).get("final") is False or (states.get(r) or {}).get("state") == "crashed")
+                  and (states.get(r) or {}).get("state") != "alive"]
     if not candidates:
         return []
     snap_ns = run._info.get("snapshot_ns", {})
@@ -185,12 +216,15 @@ def ended_early(run) -> list[dict]:
         flush_s = (run.meta.get(r) or {}).get("flush_interval_s") or DEFAULT_FLUSH_INTERVAL_S
         others_alive = [(v, o) for o, v in alive.items() if o != r and v is not None]
         others_until = max(others_alive)[0] if others_alive else None
-        gap = (others_until - alive[r]) if others_until is not None and alive[r] is not None else None
+        mine_t = alive.get(r)
+        gap = (others_until - mine_t) if others_until is not None and mine_t is not None else None
         outlived = gap is not None and gap > float(flush_s) * 1e9 + ENDED_EARLY_SLACK_NS
-        if not behind and not outlived:
+        if not behind and not outlived and (states.get(r) or {}).get("state") != "crashed":
             continue
         op = _clean(last.get(r, (None, None))[1])
-        why = ["no exit flush (killed or crashed)"]
+        st = states.get(r) or {}
+        why = ([f"crashed ({st.get('signal') or 'fatal signal'}; stacks in {os.path.basename(st['crash_file'])})"]
+               if st.get("state") == "crashed" else ["no exit flush (killed or crashed)"])
         for pg, b in sorted(behind.items()):
             why.append(f"rank(s) {', '.join(map(str, b['ranks_ahead']))} went on to seq "
                        f"{b['others_seq']} on pg {pg}, its last was "
@@ -200,10 +234,12 @@ def ended_early(run) -> list[dict]:
         out.append({
             "rank": int(r),
             "reason": "; ".join(why),
-            "signals": ["no_final_flush"] + (["behind"] if behind else []) + (["outlived"] if outlived else []),
+            "signals": (["crashed"] if st.get("state") == "crashed" else ["no_final_flush"])
+            + (["behind"] if behind else []) + (["outlived"] if outlived else []),
+            "state": st.get("state"),
             "final_flush": False,
-            "last_t_ns": _clean(alive[r]),
-            "last_t_s": (alive[r] - run.t_min_ns) / 1e9 if alive[r] is not None and run.t_min_ns is not None else None,
+            "last_t_ns": _clean(mine_t),
+            "last_t_s": (mine_t - run.t_min_ns) / 1e9 if mine_t is not None and run.t_min_ns is not None else None,
             "others_until_ns": _clean(others_until),
             "last_op": op,
             "last_completed": _clean(completed.get(r)),

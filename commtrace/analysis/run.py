@@ -40,12 +40,19 @@ def _factor_sql(op: str, n: str) -> str:
             f"WHEN {op} IN ({nm}) THEN ({n} - 1.0) / {n} ELSE 1.0 END")
 
 
-def load(path, *, threads: int | None = None, memory_limit: str | None = None, progress=None) -> "Run":
+def load(path, *, threads: int | None = None, memory_limit: str | None = None, progress=None,
+         run: str | None = None) -> "Run":
     """Load a run directory (or one Parquet trace) for analysis.
 
+    `path` may also be a directory of runs (the output of ``commtrace run -o``): with one run
+    below it, that run is loaded; with several, `run` picks one (its id, or ``"latest"``),
+    else :class:`commtrace.format.runs.MultipleRunsError` (exit code 2) lists them.
     Raises :class:`commtrace.errors.TraceFormatError` (or a subclass) when `path` is not a
     readable trace; tolerable damage (missing ranks, corrupt parts) becomes `Run.warnings`.
     `progress(stage, fraction, rows)` is told when loading starts (with the row count)."""
+    from ..format import runs as RUNS
+
+    path = RUNS.resolve(path, run)
     rf = R.scan_run(path)
     if progress:
         progress("loading", 0.0, rf.num_rows)
@@ -68,7 +75,7 @@ def load(path, *, threads: int | None = None, memory_limit: str | None = None, p
 
 #: Columns the analysis never reads: left in the Parquet parts and joined back by row id
 #: (`rid`) when ops() returns full rows, so that loading materialises less.
-LAZY_COLUMNS = ("api", "backend", "thread", "t_start_ns")
+LAZY_COLUMNS = ("api", "backend", "thread", "t_start_ns", "completion", "torch_seq")
 #: Read at load for derived values (completion fill, in-flight count), then dropped.
 _LOAD_ONLY = ("device", "inflight_ids")
 LOAD_COLUMNS = [c for c in S.COLUMNS if c not in LAZY_COLUMNS]
@@ -311,6 +318,11 @@ class Run:
                 out[pg] = list(range(self.world_size))
             else:
                 out[pg] = sorted(int(r) for r in rs)
+        if any(m.get("simulated") for m in self.meta.values()):
+            # A simulated world (torch's fake backend: one process plays one rank of N): the
+            # other members are not processes, so only the traced ranks can join anything.
+            present = set(self.ranks)
+            out = {pg: [r for r in v if r in present] for pg, v in out.items()}
         return out
 
     @property
@@ -323,10 +335,20 @@ class Run:
         return dict(self._files.stacks)
 
     # ------------------------------------------------------------------ tables
-    def ops(self, ranks=None, t0=None, t1=None, kinds=("op",)) -> pa.Table:
+    def ops(self, ranks=None, t0=None, t1=None, kinds=("op",), columns=None) -> pa.Table:
         """Rows of the trace (aligned), plus `blocked_ns` (host-blocked: t_return - t_enqueue,
         + t_wait_end - t_wait when waited) and `inflight_ns` (t_end - t_enqueue), metrics.md
-        "Timestamps recorded per op and rank"."""
+        "Timestamps recorded per op and rank". `columns`: only these columns (none of the
+        lazily loaded ones: api, backend, thread, t_start_ns, device, inflight_ids), read
+        without joining the Parquet parts back."""
+        if columns is not None:
+            cols = [str(c) for c in columns]
+            bad = [c for c in cols if c in LAZY_COLUMNS or c in _LOAD_ONLY
+                   or c not in set(S.COLUMNS) | {"blocked_ns", "inflight_ns"}]
+            if bad:
+                raise CommtraceError(f"ops(columns=...): not available without the full rows: {', '.join(bad)}")
+            return self._arrow(f"SELECT {', '.join(cols)} FROM ({self._ops_sql(ranks, t0, t1, kinds)}) q "
+                               "ORDER BY rank, t_enqueue_ns")
         x = self._ensure_lazy()
         cols = []
         for c in S.COLUMNS:
@@ -941,10 +963,30 @@ class Run:
         self._cache["last_completed"] = out
         return dict(out)
 
-    def report(self, top: int = 10, rank: int | None = None, steps=None, progress=None) -> dict:
-        """The `commtrace report --format json` dict (public contract, docs/report.md)."""
+    def rank_states(self) -> dict[int, dict]:
+        """rank -> how its process stands: alive, exited, crashed, ... (analysis/job.py)."""
+        if "rank_states" not in self._cache:
+            from .job import rank_states
+            self._cache["rank_states"] = rank_states(self._files, self.world_size)
+        return self._cache["rank_states"]
+
+    def job(self) -> dict:
+        """How the job ended: the report's ``job`` key (analysis/job.py, docs/report.md)."""
+        from .job import job_state
+        return job_state(self._files, self.world_size, self.rank_states())
+
+    @property
+    def run_id(self) -> str | None:
+        """The run id (schema v2; None for version-1 traces)."""
+        return self.manifest.get("run_id") or next(
+            (m.get("run_id") for m in self.meta.values() if m.get("run_id")), None)
+
+    def report(self, top: int = 10, rank: int | None = None, steps=None, progress=None,
+               busbw_ref: float | None = None) -> dict:
+        """The `commtrace report --format json` dict (public contract, docs/report.md).
+        `busbw_ref` (GB/s) adds a what-if per collective op kind at that bus bandwidth."""
         from .report import build_report
-        return build_report(self, top=top, rank=rank, steps=steps, progress=progress)
+        return build_report(self, top=top, rank=rank, steps=steps, progress=progress, busbw_ref=busbw_ref)
 
     def close(self) -> None:
         """Release the DuckDB connection."""

@@ -385,7 +385,8 @@ def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=N
             "thread": pa.array(np.full(nn, 140000000 + r, np.int64)),
             "detail": pa.nulls(nn, pa.string()),
         }
-        tables = [pa.Table.from_arrays([cols[f.name] for f in S.SCHEMA], schema=S.SCHEMA)]
+        tables = [pa.Table.from_arrays([cols[f.name] if f.name in cols else pa.nulls(nn, f.type)
+                                        for f in S.SCHEMA], schema=S.SCHEMA)]
         # Step markers (the culprit of a skip stops with the others).
         nm = len(mark_steps)
         if nm:
@@ -446,3 +447,160 @@ def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=N
                            "world_size": n, "synthetic": True, "commtrace_version": "synth",
                            "start_ns": START_NS})
     return SynthResult(out, n, M_used, rows_total, planted)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layouts with planted delays and known answers (delay analysis, critical path, what-if)
+# ---------------------------------------------------------------------------------------------
+#: Host time after a blocking op completed, before the call returns; and an isend's issue.
+LAYOUT_RET_NS = 3_000
+LAYOUT_ISSUE_NS = 8_000
+
+
+def layout_tcomm_ns(nbytes: int) -> int:
+    """Transfer time of the layouts' collectives and transfers: LATENCY_NS + S / ALGBW."""
+    return LATENCY_NS + int(nbytes / ALGBW)
+
+
+def synth_layout(out: str, layout: str = "tpdp", *, tp: int = 2, dp: int = 2, stages: int = 4,
+                 steps: int = 8, microbatches: int = 4, delays=(), gap_ns: int = 1_000_000,
+                 jitter_ns: int = 0, bytes_tp: int = 4 * _MB, bytes_dp: int = 16 * _MB,
+                 bytes_p2p: int = 1 * _MB, seed: int = 0, overwrite: bool = True,
+                 command: str | None = None) -> SynthResult:
+    """A run with planted delays on a 2-group layout or a pipeline, with known answers.
+
+    ``layout="tpdp"``: ``tp * dp`` ranks; rank r is in TP group ``tp{r // tp}`` and DP group
+    ``dp{r % tp}``. Each step: `gap_ns` of work, a blocking all_reduce on the TP group
+    (`bytes_tp`), `gap_ns` of work, a blocking all_reduce on the DP group (`bytes_dp`).
+
+    ``layout="pipeline"``: ``stages`` ranks on one group; per step `microbatches` times: stage
+    s > 0 receives (blocking) from s - 1, works `gap_ns`, and stage s < last sends (isend,
+    never waited) to s + 1. Stage 0's work also covers the time the others spend receiving, and
+    the last stage's the others' issue of the send, so that the pipeline is balanced: no stage
+    waits after the first microbatch.
+
+    Timing as in :func:`synth_run`: a collective (a transfer) starts when the last member
+    arrived (both sides posted) and the group's previous collective ended, and takes
+    :func:`layout_tcomm_ns`; a blocking call returns LAYOUT_RET_NS after its end.
+
+    ``delays``: ``(rank, step, delay_ns)`` or ``(rank, step, delay_ns, where)``: the rank works
+    `delay_ns` longer in that step, before its TP all_reduce (``where="tp"``, default) or its
+    DP all_reduce (``"dp"``); in a pipeline before its send of microbatch ``where`` (default 0;
+    the last stage: before the end of that microbatch's work).
+    """
+    rng = np.random.default_rng(seed)
+    if os.path.exists(out) and overwrite:
+        shutil.rmtree(out)
+    os.makedirs(out, exist_ok=True)
+    if layout not in ("tpdp", "pipeline"):
+        raise ValueError(f"layout must be 'tpdp' or 'pipeline', got {layout!r}")
+    n = tp * dp if layout == "tpdp" else int(stages)
+    if n < 2 or steps < 1:
+        raise ValueError("a layout needs at least 2 ranks and 1 step")
+    plan: dict = {}
+    for d in delays:
+        r, st, ns = int(d[0]), int(d[1]), int(d[2])
+        where = d[3] if len(d) > 3 else ("tp" if layout == "tpdp" else 0)
+        if not 0 <= r < n:
+            raise ValueError(f"delay rank {r} is not in 0..{n - 1}")
+        plan[(r, st, where)] = plan.get((r, st, where), 0) + ns
+    rows = {r: {k: [] for k in ("kind", "op", "pg", "pg_size", "seq", "peer", "async_op", "bytes", "count",
+                                "t_enqueue_ns", "t_return_ns", "t_end_ns", "step", "site", "op_id", "api")}
+            for r in range(n)}
+    seqs: dict = {}
+    op_ids = [0] * n
+
+    def add(r, **kw):
+        d = rows[r]
+        kw.setdefault("kind", "op")
+        kw["op_id"] = op_ids[r]
+        op_ids[r] += 1
+        for k in d:
+            d[k].append(kw.get(k))
+
+    def jit():
+        return int(rng.integers(0, jitter_ns)) if jitter_ns > 0 else 0
+
+    cur = [START_NS] * n
+    pg_members: dict = {}
+    planted = {"layout": layout, "delays": [(int(d[0]), int(d[1]), int(d[2])) for d in delays]}
+    if layout == "tpdp":
+        tp_groups = [[g * tp + i for i in range(tp)] for g in range(dp)]
+        dp_groups = [[j * tp + i for j in range(dp)] for i in range(tp)]
+        for g, mem in enumerate(tp_groups):
+            pg_members[f"tp{g}"] = mem
+        for i, mem in enumerate(dp_groups):
+            pg_members[f"dp{i}"] = mem
+        free = {pg: START_NS for pg in pg_members}
+        for st in range(steps):
+            for r in range(n):
+                add(r, kind="mark", step=st, t_enqueue_ns=cur[r], t_return_ns=cur[r], site="train.py:20")
+            for phase, groups, nbytes, site, prefix in (("tp", tp_groups, bytes_tp, "model.py:40", "tp"),
+                                                        ("dp", dp_groups, bytes_dp, "train.py:88", "dp")):
+                for gi, mem in enumerate(groups):
+                    pg = f"{prefix}{gi}"
+                    enter = {r: cur[r] + gap_ns + jit() + plan.get((r, st, phase), 0) for r in mem}
+                    t0 = max(max(enter.values()), free[pg])
+                    end = t0 + layout_tcomm_ns(nbytes)
+                    free[pg] = end
+                    seqs[pg] = seqs.get(pg, 0) + 1
+                    for r in mem:
+                        add(r, op="all_reduce", api="all_reduce", pg=pg, pg_size=len(mem), seq=seqs[pg],
+                            async_op=False, bytes=nbytes, count=nbytes // 4, t_enqueue_ns=enter[r],
+                            t_return_ns=end + LAYOUT_RET_NS, t_end_ns=end, step=st, site=site)
+                        cur[r] = end + LAYOUT_RET_NS
+    else:
+        pg_members["0"] = list(range(n))
+        tc = layout_tcomm_ns(bytes_p2p)
+        last = n - 1
+        send_idx: dict = {}
+        for st in range(steps):
+            for r in range(n):
+                add(r, kind="mark", step=st, t_enqueue_ns=cur[r], t_return_ns=cur[r], site="train.py:20")
+            for mb in range(microbatches):
+                send_enter = {}
+                for r in range(n):
+                    if r > 0:
+                        # blocking recv of this microbatch from r - 1
+                        t_in = cur[r]
+                        s_enter = send_enter[r - 1]
+                        t0 = max(t_in, s_enter)
+                        end = t0 + tc
+                        add(r, op="recv", api="recv", pg="0", pg_size=n, peer=r - 1, async_op=False,
+                            bytes=bytes_p2p, count=bytes_p2p // 4, t_enqueue_ns=t_in,
+                            t_return_ns=end + LAYOUT_RET_NS, t_end_ns=end, step=st, site="pipe.py:13")
+                        rows[r - 1]["t_end_ns"][send_idx[r - 1]] = end
+                        cur[r] = end + LAYOUT_RET_NS
+                    work = gap_ns + jit() + plan.get((r, st, mb), 0)
+                    if r == 0:
+                        work += tc + LAYOUT_RET_NS
+                    if r == last:
+                        work += LAYOUT_ISSUE_NS
+                    cur[r] += work
+                    if r < last:
+                        send_enter[r] = cur[r]
+                        add(r, op="send", api="isend", pg="0", pg_size=n, peer=r + 1, async_op=True,
+                            bytes=bytes_p2p, count=bytes_p2p // 4, t_enqueue_ns=cur[r],
+                            t_return_ns=cur[r] + LAYOUT_ISSUE_NS, t_end_ns=None, step=st, site="pipe.py:12")
+                        send_idx[r] = len(rows[r]["op"]) - 1
+                        cur[r] += LAYOUT_ISSUE_NS
+    rows_total = 0
+    for r in range(n):
+        d = dict(rows[r])
+        nn = len(d["kind"])
+        d["rank"] = [r] * nn
+        d["backend"] = ["gloo"] * nn
+        d["device"] = ["cpu"] * nn
+        d["dtype"] = [None if k == "mark" else "float32" for k in d["kind"]]
+        d["out_bytes"] = d["bytes"]
+        d["thread"] = [140000000 + r] * nn
+        table = W.rows_to_table(d)
+        meta = {"rank": r, "world_size": n, "host": "synth-node0", "pid": 10_000 + r, "backend": "gloo",
+                "torch_version": "synthetic", "pg_ranks": pg_members, "commtrace_version": "synth",
+                "dropped_rows": 0, "clock_offset_ns": 0, "clock_offset_method": "synth", "clock_rtt_ns": 1_000}
+        W.write_part(out, r, table, meta, pid=10_000 + r, index=0)
+        rows_total += nn
+    W.write_manifest(out, {"command": command or f"commtrace synth {out} --layout {layout}",
+                           "world_size": n, "synthetic": True, "commtrace_version": "synth",
+                           "start_ns": START_NS})
+    return SynthResult(out, n, max(op_ids), rows_total, planted)

@@ -107,15 +107,15 @@ def _on_group_created() -> None:
 
 
 def _resolve_output(cfg: Config, store, rank: int) -> str:
-    """The run directory: the configured one, else one rank 0 picks and shares via the store."""
+    """The output directory (the parent of the run directories): the configured one, else
+    ``./commtrace-traces``, as rank 0 sees it (shared via the store)."""
     global _starts
     _starts += 1
     if cfg.output:
         return os.path.abspath(cfg.output)
     key = f"commtrace/output/{_starts}"
     if rank == 0 or store is None:
-        path = os.path.abspath(os.path.join(
-            "commtrace-traces", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"))
+        path = os.path.abspath("commtrace-traces")
         if store is not None:
             try:
                 store.set(key, path)
@@ -126,6 +126,59 @@ def _resolve_output(cfg: Config, store, rank: int) -> str:
 
     store.wait([key], timedelta(seconds=60))
     return store.get(key).decode()
+
+
+#: Store key of the job's run id (set once by rank 0; a later enable() in the same job, same
+#: store, finds it and keeps the id).
+RUN_ID_KEY = "commtrace/run_id"
+RUN_ID_TIMEOUT_S = 60.0
+
+
+def new_run_id() -> str:
+    """A fresh run id: start time (sortable) and 6 random hex digits."""
+    import secrets
+
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def _clean_id(v: str) -> str:
+    import re
+
+    v = re.sub(r"[^A-Za-z0-9_.=+-]", "_", v.strip())[:80].lstrip("._")
+    return v or new_run_id()
+
+
+def _agree_run_id(store, rank: int, world_size: int) -> str:
+    """The run id of this job, the same on every rank: rank 0 publishes it in the rendezvous
+    store (where the clock offsets are agreed too), the others read it. ``COMMTRACE_RUN_ID``
+    overrides it (the same value must then be given to every rank)."""
+    env = os.environ.get("COMMTRACE_RUN_ID", "").strip()
+    if env:
+        return _clean_id(env)
+    if store is None or world_size <= 1:
+        return new_run_id()
+    if rank == 0:
+        rid = new_run_id()
+        try:
+            # compare_set keeps an id this store already holds (tracing enabled again in the
+            # same job), so that the job stays one run.
+            got = store.compare_set(RUN_ID_KEY, "", rid)
+            got = got.decode() if isinstance(got, bytes) else str(got)
+            return _clean_id(got) if got else rid
+        except Exception:
+            try:
+                store.set(RUN_ID_KEY, rid)
+            except Exception as e:
+                log.warn_once("run-id", "cannot publish the run id in the store", e)
+            return rid
+    from datetime import timedelta
+
+    try:
+        store.wait([RUN_ID_KEY], timedelta(seconds=RUN_ID_TIMEOUT_S))
+        return _clean_id(store.get(RUN_ID_KEY).decode())
+    except Exception as e:
+        log.warn_once("run-id", "run id of rank 0 not found in the store; using one of this rank", e)
+        return "rank-" + str(rank) + "-" + new_run_id()
 
 
 def _write_manifest(rec) -> None:
@@ -141,8 +194,9 @@ def _write_manifest(rec) -> None:
             m = json.load(f)
     except Exception:
         pass
+    m.setdefault("run_id", rec.meta.get("run_id"))
     m.setdefault("command", list(sys.argv))
-    m.setdefault("start_ns", time.time_ns())
+    m.setdefault("start_ns", getattr(rec, "start_ns", None) or time.time_ns())
     m.setdefault("start_time", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     m["world_size"] = rec.world_size
     m["commtrace_version"] = __version__
@@ -171,11 +225,20 @@ def _start(cfg: Config) -> None:
         store = c10d._get_default_store()
     except Exception:
         store = None
-    out = _resolve_output(cfg, store, rank)
+    # torch's fake backend: one process plays one rank, no other rank shares the store
+    shared = store if backend not in clock.SIMULATED_BACKENDS else None
+    out = _resolve_output(cfg, shared, rank)
+    rid = _agree_run_id(shared, rank, ws)
     cfg = cfg.replace(output=out)
-    rec = _R.Recorder(cfg, rank, ws, backend=backend, run_dir=out)
-    off, method, rtt = clock.measure(store, rank, ws, rec.now_ns)
+    # One run directory per job (schema v2): jobs written under one output never mix.
+    rec = _R.Recorder(cfg, rank, ws, backend=backend, run_dir=os.path.join(out, rid))
+    rec.meta["run_id"] = rid
+    rec.start_ns = time.time_ns()
+    off, method, rtt = clock.measure(store, rank, ws, rec.now_ns, backend=backend)
     rec.meta.update(clock_offset_ns=off, clock_offset_method=method, clock_rtt_ns=rtt)
+    if backend in clock.SIMULATED_BACKENDS:
+        # One process plays one rank of a world that does not exist: no other rank can join.
+        rec.meta["simulated"] = True
     if rank == 0:
         _write_manifest(rec)
     if cfg.cuda_events:
@@ -199,6 +262,12 @@ def _start(cfg: Config) -> None:
     steps.install()
     _install_optional(rec, cfg)
     rec.install_exit_handlers()
+    try:
+        from . import crash
+
+        crash.install(rec)
+    except Exception as e:
+        log.warn_once("crash", "crash dump unavailable", e)
 
 
 def _install_optional(rec, cfg) -> None:
@@ -298,7 +367,7 @@ def _uninstall_optional() -> None:
     guarded."""
     for mod, fns in (("hazards", ("uninstall",)), ("sync", ("uninstall",)),
                      ("device", ("uninstall", "reset_device_timer")),
-                     ("watchdog", ("uninstall",))):
+                     ("watchdog", ("uninstall",)), ("crash", ("uninstall",))):
         name = f"{__package__}.{mod}"
         m = sys.modules.get(name)
         if m is None:

@@ -85,14 +85,32 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
     return buf
 
 
-def measure(store, rank: int, world_size: int, now_ns, timeout: float = 20.0) -> tuple:
+#: Backends whose ranks are not processes of their own (torch's ``fake`` backend simulates a
+#: world of any size in one process, for dry runs): there is no other clock to measure.
+SIMULATED_BACKENDS = ("fake",)
+
+
+def _unsupported(e: BaseException) -> bool:
+    """A store that does not implement set/get/wait (FakeStore raises "Not implemented")."""
+    return isinstance(e, (NotImplementedError, AttributeError)) or "not implemented" in str(e).lower()
+
+
+def measure(store, rank: int, world_size: int, now_ns, timeout: float = 20.0,
+            backend: str | None = None) -> tuple:
     """(clock_offset_ns, method, rtt_ns) of this rank against rank 0; measured once per process.
-    Never raises: on failure the offset is 0 and the method says why."""
+    Never raises. Where no exchange is possible (a simulated backend, a store that implements
+    no set/get) the offset is None and the method starts with ``"unknown"``, quietly: analysis
+    then treats the offset as 0 and draws nothing from it. On other failures the offset is 0
+    and the method says why."""
     global _result
     if _result is not None:
         return _result
+    if backend in SIMULATED_BACKENDS:
+        _result = (None, f"unknown: {backend} backend (simulated ranks)", None)
+        return _result
     if world_size <= 1 or rank == 0:
         if rank == 0 and world_size > 1 and store is not None:
+            srv = None
             try:
                 srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 srv.bind(("0.0.0.0", 0))
@@ -102,6 +120,11 @@ def measure(store, rank: int, world_size: int, now_ns, timeout: float = 20.0) ->
                                  name="commtrace-clock", daemon=True).start()
                 store.set(KEY, json.dumps({"hosts": _candidate_hosts(), "port": port}))
             except Exception as e:
+                if srv is not None:
+                    srv.close()
+                if _unsupported(e):
+                    _result = (0, "reference (store cannot publish: other ranks' offsets unknown)", 0)
+                    return _result
                 log.warn_once("clock-serve", "clock alignment server failed", e)
         _result = (0, "reference" if rank == 0 else "single", 0)
         return _result
@@ -112,6 +135,9 @@ def measure(store, rank: int, world_size: int, now_ns, timeout: float = 20.0) ->
         store.wait([KEY], timedelta(seconds=timeout))
         addr = json.loads(store.get(KEY).decode())
     except Exception as e:
+        if _unsupported(e):
+            _result = (None, "unknown: the store cannot share rank 0's address", None)
+            return _result
         log.warn_once("clock-store", "clock alignment: rank 0 address not found", e)
         _result = (0, "none: no address", None)
         return _result

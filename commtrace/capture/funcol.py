@@ -114,13 +114,11 @@ def _make(api, orig, op, out_rule, root_param):
                     elems.append(e)
             if not elems:
                 row[I_T_END] = t1   # traced / already waited: complete at return
+                row[_R.I_COMPLETION] = "return"
                 rec.append_row(row)
             else:
-                p = rec.add_pending(row, key_obj=elems[0], tensors=tuple(ts) + tuple(elems))
-                if len(elems) > 1:
-                    p.siblings = []
-                    for e in elems[1:]:
-                        rec._by_key[id(e)] = p  # any of them completes the op
+                # Keyed by the results' storage: any of them, or any view of them, completes it
+                rec.add_pending_tensors(row, elems, tensors=tuple(ts) + tuple(elems))
         except Exception as e:
             log.warn_once(("funcol-finish", api), f"cannot record funcol.{api}", e)
         return ret
@@ -133,9 +131,9 @@ def _make(api, orig, op, out_rule, root_param):
 def _make_wait(orig):
     def wait_tensor(tensor):
         rec = _R._recorder
-        if rec is None or not rec._by_key:
+        if rec is None or not (rec._by_storage or rec._by_key):
             return orig(tensor)
-        p = rec._by_key.get(id(tensor))
+        p = rec.lookup_tensor(tensor)
         if p is None or p.waited:
             return orig(tensor)
         t0 = rec.now_ns()
@@ -149,7 +147,7 @@ def _make_wait(orig):
             if row[I_T_WAIT] is None:
                 row[I_T_WAIT] = t0
             row[I_T_WAIT_END] = t1
-            rec.complete(p, t1)
+            rec.complete(p, t1, "wait")
             p.waited = True
             rec.wake()
         except Exception:

@@ -74,6 +74,8 @@ I_FIRST = IDX["first_on_pg"]
 I_STREAM_WAIT = IDX["stream_wait_ns"]
 I_THREAD = IDX["thread"]
 I_DETAIL = IDX["detail"]
+I_COMPLETION = IDX["completion"]
+I_TORCH_SEQ = IDX["torch_seq"]
 
 #: How often the writer thread polls Work objects that have no future (seconds). Bounded: at
 #: most MAX_POLL works are looked at per cycle.
@@ -82,6 +84,11 @@ MAX_POLL = 512
 #: A completed async op whose Work is still referenced but never waited is written after this
 #: many flush intervals (its t_wait stays null).
 HOLD_FLUSHES = 2
+#: Until the first part is written, flush this often (then every --flush-interval): a rank that
+#: crashes early still leaves its first ops (docs/trace-format.md).
+FIRST_FLUSH_S = 0.2
+#: ... for at most this long (a rank that issues nothing does not rewrite its snapshot 5x/s).
+FIRST_FLUSH_WINDOW_S = 10.0
 
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
@@ -162,7 +169,8 @@ def expand(rank: int, pre: tuple, t1) -> list:
     return [S.KIND_OP, rank, name, size, seq, op, pre[F_API] or api, pre[F_ASYNC], backend,
             pre[F_DEVICE], dtype_name(dt), count, b, ob, pre[F_PEER], pre[F_ROOT], pre[F_T0],
             t1, None, t1, None, None, pre[F_STEP], pre[F_SITE], None, pre[F_OP_ID], None, None,
-            None, (seq == 0) if seq is not None else None, None, pre[F_THREAD], pre[F_DETAIL]]
+            None, (seq == 0) if seq is not None else None, None, pre[F_THREAD], pre[F_DETAIL],
+            "return" if t1 is not None else None, None]
 
 
 def expand_columns(rank: int, c: tuple) -> list:
@@ -184,7 +192,7 @@ def expand_columns(rank: int, c: tuple) -> list:
             counts, nbytes, out_b, c[F_PEER], c[F_ROOT], c[F_T0], t1, nones, t1, nones, nones,
             c[F_STEP], c[F_SITE], nones, c[F_OP_ID], nones, nones, nones,
             [(s == 0) if s is not None else None for s in c[F_SEQ]], nones, c[F_THREAD],
-            c[F_DETAIL]]
+            c[F_DETAIL], [None if t is None else "return" for t in t1], nones]
 
 
 _cfast = None  # the C fast path (wrappers.make_wrapper), when built and not turned off
@@ -228,12 +236,23 @@ def _next_part_index() -> int:
         return _part_counter
 
 
+def storage_key(t):
+    """The key of the memory a tensor lives in: its storage's base address (a view or a slice
+    has the base of its storage). None for a tensor without memory of its own (empty storage,
+    fake / meta tensors, a wrapper subclass)."""
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except Exception:
+        return None
+    return ptr or None
+
+
 class PendingOp:
     """An async op issued and not yet written: its row, its Work (or tensor) and state."""
 
     __slots__ = ("op_id", "op", "api", "tensors", "async_op", "waited", "row",
                  "work", "work_ref", "has_future", "t_done_seen", "device_token", "key",
-                 "siblings", "nvtx_range", "__weakref__")
+                 "skeys", "siblings", "nvtx_range", "__weakref__")
 
     def __init__(self, row, tensors=(), device_token=None):
         self.row = row
@@ -249,6 +268,7 @@ class PendingOp:
         self.t_done_seen = None  # writer-thread time when first seen complete
         self.device_token = device_token
         self.key = None         # key in Recorder._by_key (id of the Work or tensor)
+        self.skeys = ()         # keys in Recorder._by_storage (result tensors' storages)
         self.siblings = None    # other ops completed by the same Work (coalesced)
         self.nvtx_range = None  # id of the NVTX issue-to-wait range (async ops, tool attached)
 
@@ -327,6 +347,10 @@ class Recorder:
         self._ready = collections.deque()
         self._pending: dict[int, PendingOp] = {}   # op_id -> PendingOp
         self._by_key: dict[int, PendingOp] = {}    # id(work or tensor) -> PendingOp
+        #: storage key (storage_key()) of an async result tensor -> PendingOp: functional
+        #: collectives are waited through whatever tensor shares the result's memory (a view,
+        #: a slice, a DTensor's local shard), as torch's own work registry keys them.
+        self._by_storage: dict = {}
         self._device_rows: dict[int, list] = {}    # op_id -> row waiting for device times
         #: op_id -> row of a blocking call in progress (set before the call, popped after it
         #: returns). The writer thread lists them in _inflight.json: a rank hung inside a
@@ -350,6 +374,10 @@ class Recorder:
         self.meta_providers: list = []
         self._meta_done = False
         self.manual_steps = False
+        #: How the process ended, written as "exit" in the final _inflight.json (crash.py,
+        #: the signal handlers); None: a normal exit ({"how": "ok"}).
+        self.exit_info: dict | None = None
+        self._wrote_part = False
         self._thread = None
         self._prev_handlers: dict = {}
         self.cap = max(1000, int(config.buffer_ops))
@@ -482,6 +510,30 @@ class Recorder:
             self._notify(1)
         return p
 
+    def add_pending_tensors(self, row, results, tensors=()) -> PendingOp:
+        """Register an async op completed by waiting on any of the tensors `results` (functional
+        collectives: ``wait_tensor``), or on anything sharing their memory (:meth:`lookup_tensor`)."""
+        p = self.add_pending(row, key_obj=results[0] if results else None, tensors=tensors)
+        keys = []
+        for t in results:
+            k = storage_key(t)
+            if k is not None:
+                keys.append(k)
+                self._by_storage[k] = p
+        p.skeys = tuple(keys)
+        return p
+
+    def lookup_tensor(self, t) -> "PendingOp | None":
+        """The pending op whose result tensor shares memory with `t`, if any (a view, a slice
+        or the tensor itself)."""
+        k = storage_key(t)
+        p = self._by_storage.get(k) if k is not None else None
+        if p is None:
+            p = self._by_key.get(id(t))
+            if p is None or p.skeys:
+                return None
+        return p
+
     def lookup(self, obj) -> "PendingOp | None":
         """The pending op whose Work (or tensor) is `obj`, if any."""
         p = self._by_key.get(id(obj))
@@ -494,11 +546,15 @@ class Recorder:
             return None
         return p
 
-    def complete(self, p: PendingOp, t_end: int) -> None:
-        """Completion of an async op (future callback, poll or wait); keeps the earliest."""
-        cur = p.row[I_T_END]
+    def complete(self, p: PendingOp, t_end: int, how: str = "callback") -> None:
+        """Completion of an async op; keeps the earliest, with how it was obtained (column
+        ``completion``: "callback" when the backend notified the end, "observed" / "wait" when
+        commtrace found it complete, an upper bound)."""
+        row = p.row
+        cur = row[I_T_END]
         if cur is None or t_end < cur:
-            p.row[I_T_END] = t_end
+            row[I_T_END] = t_end
+            row[I_COMPLETION] = how
 
     def hold_device_row(self, op_id: int, row) -> None:
         """A finished host row whose device times are still to be read back by `poll()`."""
@@ -522,6 +578,9 @@ class Recorder:
             n = len(self._pending)
         if p.key is not None and self._by_key.get(p.key) is p:
             self._by_key.pop(p.key, None)
+        for k in p.skeys:
+            if self._by_storage.get(k) is p:
+                self._by_storage.pop(k, None)
         p.work = None
         p.tensors = ()
         if p.nvtx_range is not None:  # never waited: the range ends when the op is written
@@ -539,7 +598,26 @@ class Recorder:
 
     # ------------------------------------------------------------------ writer thread
 
+    def _lower_priority(self) -> None:
+        """Lower this (the writer) thread's scheduling priority by ``config.writer_nice``.
+
+        Linux applies ``setpriority(PRIO_PROCESS, tid)`` to the one thread: the training thread
+        and the backend's threads keep theirs, and on a busy machine the encoding of a part
+        waits for CPU they leave idle instead of taking it from them. The guarantees do not
+        depend on it: the buffer stays bounded (rows beyond it are dropped and counted), the
+        exit and signal flushes run on the thread that handles them, at its own priority."""
+        n = int(getattr(self.config, "writer_nice", 0) or 0)
+        if n <= 0 or not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+            return
+        try:
+            tid = threading.get_native_id()
+            cur = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, cur + n))
+        except Exception as e:
+            log.warn_once("writer-nice", "cannot lower the writer thread's priority", e)
+
     def _run(self) -> None:
+        self._lower_priority()
         try:
             # The writer's imports (pyarrow) take 0.1-0.3 s of CPU when cold. Done now, at the
             # start, they do not land in the middle of training at the first flush, where they
@@ -548,7 +626,9 @@ class Recorder:
         except Exception as e:
             log.warn_once("writer-import", "trace writer unavailable", e)
         interval = max(0.05, float(self.config.flush_interval))
-        next_flush = time.monotonic() + interval
+        first = min(FIRST_FLUSH_S, interval)
+        t_start = time.monotonic()
+        next_flush = t_start + first
         while not self._stop.is_set():
             has_poll = any(p.work is not None and p.row[I_T_END] is None
                            for p in list(self._pending.values())[:MAX_POLL])
@@ -561,7 +641,8 @@ class Recorder:
                 self._service(final=False)
                 if time.monotonic() >= next_flush:
                     self.flush()
-                    next_flush = time.monotonic() + interval
+                    early = not self._wrote_part and time.monotonic() < t_start + FIRST_FLUSH_WINDOW_S
+                    next_flush = time.monotonic() + (first if early else interval)
             except Exception as e:  # never die silently, never raise
                 log.warn_once("writer", "writer thread error", e)
 
@@ -579,7 +660,7 @@ class Recorder:
                 polled += 1
                 try:
                     if p.work.is_completed():
-                        self.complete(p, now)
+                        self.complete(p, now, "observed")
                 except Exception:
                     pass
             if final:
@@ -617,6 +698,7 @@ class Recorder:
                         row[I_T_START] = t_start
                     if t_end is not None:
                         row[I_T_END] = t_end
+                        row[I_COMPLETION] = "device"
                     if sw is not None:
                         row[I_STREAM_WAIT] = sw
                     if p is not None:
@@ -715,8 +797,14 @@ class Recorder:
                 table = W.rows_to_table_nopandas({c: list(cols[i]) for i, c in enumerate(COLUMNS)})
                 W.write_part(self.run_dir, self.rank, table, self._metadata(),
                              index=_next_part_index())
-            text = json.dumps({"rank": self.rank, "t_ns": self.now_ns(), "final": final,
-                               "ops": inflight}, default=str)
+                self._wrote_part = True
+            snap = {"rank": self.rank, "t_ns": self.now_ns(), "final": final,
+                    "pid": self.meta.get("pid"), "host": self.meta.get("host"),
+                    "run_id": self.meta.get("run_id"),
+                    "flush_interval_s": self.config.flush_interval, "ops": inflight}
+            if final:
+                snap["exit"] = self.exit_info or {"how": "ok"}
+            text = json.dumps(snap, default=str)
             if text != self._last_inflight_text or final:
                 W.atomic_write_text(os.path.join(d, S.INFLIGHT_NAME), text)
                 self._last_inflight_text = text
@@ -742,6 +830,9 @@ class Recorder:
             self.flush(final=True)
         finally:
             self._close_done = True
+        crash = sys.modules.get(__package__ + ".crash")
+        if crash is not None:  # everything is written: an empty crash file is not kept
+            crash.closed(self)
         self._restore_signals()
         self._redeliver()
 
@@ -812,6 +903,10 @@ def _make_handler(ref, prev):
                 return None
             try:
                 if signum == signal.SIGTERM and prev in (signal.SIG_DFL, None):
+                    # The process ends right after, of this signal (SIGINT is recorded by
+                    # crash.py's excepthook if its KeyboardInterrupt ends the process).
+                    rec.exit_info = {"how": "signal", "signal": "SIGTERM",
+                                     "exit_code": 128 + int(signum)}
                     rec.close()  # the process ends right after: write everything
                 else:
                     rec.flush()

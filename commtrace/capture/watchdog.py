@@ -96,6 +96,7 @@ class _Watchdog:
         self.interval_s = min(1.0, max(0.05, self.timeout_s / 4)) if self.timeout_s > 0 else 0.5
         self.stop = threading.Event()
         self.seen: set = set()       # op ids already reported as hung
+        self.asked: set = set()      # (rank, pg, seq) already asked for their stacks
         self.dumps = 0
         self.usr1_file = None
         self.usr1_size = 0
@@ -269,7 +270,8 @@ class _Watchdog:
     def _header(self, reason: str, ops) -> str:
         rec = self.rec
         lines = [f"# commtrace: rank {rec.rank} (pid {os.getpid()}, host {rec.meta.get('host')}): {reason}",
-                 f"# at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} (t_ns {rec.now_ns()})"]
+                 f"# at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} (t_ns {rec.now_ns()})",
+                 f"# main thread: 0x{threading.main_thread().ident or 0:016x}"]
         for _, age, row in ops[:20]:
             lines.append(f"# in flight {age / 1e9:.1f} s: {_describe(row)}")
         if not ops:
@@ -305,10 +307,86 @@ class _Watchdog:
             self.dumps += 1
             path = self._dump(f"op in flight longer than --hang-timeout {self.timeout_s:g} s", ops)
         self._flush()
+        self._ask_culprits(new)
         log.warn_once(("hang", new[0][0]),
                       f"rank {self.rec.rank}: {_describe(new[0][2])} in flight for "
                       f"{new[0][1] / 1e9:.1f} s (possible hang); trace flushed"
                       + (f", stacks written to {path}" if path else ""))
+
+    # -------------------------------------------------------------- the culprit's stacks
+
+    def _ask_culprits(self, ops) -> None:
+        """For each hung collective, ask the members of its group that are not inside it (their
+        ``_inflight.json`` does not list it) for their stacks: a request file in their rank
+        directory, which their own watchdog answers with a ``stacks-*.txt`` at its next wake-up.
+        The hang culprit (a rank busy elsewhere) then has its current stack in the run without
+        anyone sending SIGUSR1. Ranks whose directory is not visible from here (another node's
+        local disk) are not asked."""
+        import json
+
+        from ..format import schema as S
+
+        rec = self.rec
+        try:
+            pg_ranks = rec._collect_pg_ranks()
+        except Exception:
+            pg_ranks = {}
+        I = _R.IDX
+        for _, age, row in ops:
+            pg, seq, op = row[I["pg"]], row[I["seq"]], row[I["op"]]
+            if pg is None or seq is None or row[I["peer"]] is not None:
+                continue
+            members = pg_ranks.get(pg) or (list(range(rec.world_size)) if str(pg) == "0" else [])
+            for m in members:
+                if m == rec.rank or (m, pg, seq) in self.asked:
+                    continue
+                d = os.path.join(rec.run_dir, S.RANK_DIR_FMT.format(rank=m))
+                if not os.path.isdir(d):
+                    continue
+                try:
+                    with open(os.path.join(d, S.INFLIGHT_NAME)) as f:
+                        snap = json.load(f)
+                    if any(o.get("pg") == pg and o.get("seq") == seq for o in snap.get("ops") or []
+                           if isinstance(o, dict)):
+                        continue  # it is inside the collective too: a waiter, not the culprit
+                except (OSError, ValueError, AttributeError):
+                    pass
+                self.asked.add((m, pg, seq))
+                req = {"from_rank": rec.rank, "pg": pg, "seq": seq, "op": op, "t_ns": rec.now_ns(),
+                       "waited_s": round(age / 1e9, 3)}
+                try:
+                    path = os.path.join(d, S.STACKS_REQUEST_NAME)
+                    tmp = os.path.join(d, f".tmp-req-{os.getpid()}")
+                    with open(tmp, "w") as f:
+                        json.dump(req, f)
+                    os.replace(tmp, path)
+                except OSError as e:
+                    log.warn_once(("ask", m), f"cannot ask rank {m} for its stacks", e)
+
+    def _check_request(self) -> None:
+        """Answer a stacks request a waiting rank left in this rank's directory."""
+        import json
+
+        from ..format import schema as S
+
+        try:
+            path = os.path.join(self.rank_dir(), S.STACKS_REQUEST_NAME)
+            if not os.path.exists(path):
+                return
+            with open(path) as f:
+                req = json.load(f)
+            os.unlink(path)
+        except (OSError, ValueError):
+            return
+        if self.dumps >= MAX_DUMPS:
+            return
+        self.dumps += 1
+        reason = (f"stacks requested by rank {req.get('from_rank')}, waiting {req.get('waited_s')} s "
+                  f"in {req.get('op')} seq {req.get('seq')} on pg {req.get('pg')} that this rank "
+                  "has not issued")
+        path = self._dump(reason, self.hung_ops(0))
+        self._flush()
+        log.info(f"rank {self.rec.rank}: {reason}: stacks written to {path}")
 
     # -------------------------------------------------------------- thread
 
@@ -324,6 +402,7 @@ class _Watchdog:
                     break
                 try:
                     self._check_usr1()
+                    self._check_request()
                     self.check_hang()
                 except Exception as e:
                     log.warn_once("watchdog", "hang watchdog error", e)

@@ -26,6 +26,7 @@ import functools
 import json
 import sys
 import threading
+import weakref
 
 from ..format import schema as S
 from . import log, nvtx_ranges
@@ -92,6 +93,52 @@ class PgInfo:
 
 
 _pg_cache: dict = {}
+#: Names given to process groups that torch has no name for, by first use in this process:
+#: group -> name. Kept for the process's life (a group dropped and another created at the same
+#: address must not take its name): weak keys.
+_unnamed = weakref.WeakKeyDictionary()
+_unnamed_count: dict = {}
+
+
+def _group_name(c, group) -> str:
+    """A stable name for `group`: torch's name for the groups it knows (``new_group``,
+    DeviceMesh, ``_register_process_group``), else the group's own ``group_name`` when set,
+    else ``<backend>#<k>`` where k counts the unnamed groups of that backend in order of first
+    use on this rank. A Python ``ProcessGroup`` subclass used directly, which torch never
+    registers, gets a name of its own and therefore a seq of its own; ranks that create and
+    use such groups in the same order give them the same names, so their rows match."""
+    name = c._world.pg_names.get(group) if hasattr(c, "_world") else None
+    if name is not None:
+        return str(name)
+    try:
+        gn = group.group_name
+    except Exception:
+        gn = None
+    if gn:
+        return str(gn)
+    try:
+        got = _unnamed.get(group)
+    except TypeError:   # not weakly referenceable: named by id, not remembered
+        return f"{type(group).__name__}@{id(group):x}"
+    if got is not None:
+        return got
+    try:
+        kind = str(group.name()) or type(group).__name__
+    except Exception:
+        kind = type(group).__name__
+    k = _unnamed_count.get(kind, 0)
+    _unnamed_count[kind] = k + 1
+    got = f"{kind}#{k}"
+    try:
+        if group.size() == 1:
+            # A group of one is this rank's alone: another rank's group of the same name is
+            # not the same group, and its ops must not match this rank's.
+            rec = _R.get_recorder()
+            got += f"@rank{rec.rank if rec is not None else group.rank()}"
+    except Exception:
+        pass
+    _unnamed[group] = got
+    return got
 
 
 def pg_info(group) -> PgInfo | None:
@@ -111,18 +158,26 @@ def pg_info(group) -> PgInfo | None:
     if not member:
         info = PgInfo(group, None, 0, [], None, False)
     else:
-        try:
-            name = c._get_process_group_name(group)
-        except Exception:
-            name = getattr(group, "group_name", None) or str(id(group))
+        name = _group_name(c, group)
         try:
             ranks = [int(r) for r in c.get_process_group_ranks(group)]
         except Exception:
             ranks = []
+            try:
+                if group.size() == 1:   # an unregistered group of one: this rank
+                    rec = _R.get_recorder()
+                    ranks = [rec.rank] if rec is not None else []
+            except Exception:
+                pass
         try:
             backend = str(c.get_backend(group))
         except Exception:
             backend = None
+        if backend is None:
+            try:   # a Python ProcessGroup torch never registered: its getBackendName()
+                backend = str(group.name())
+            except Exception:
+                backend = None
         info = PgInfo(group, name, len(ranks) or group.size(), ranks, backend, True)
         rec = _R.get_recorder()
         if rec is not None:
@@ -190,7 +245,7 @@ def device_name(t) -> str:
 
 
 _get_ident = threading.get_ident
-assert NCOL == 33, "new_row's literal follows schema.COLUMNS"
+assert NCOL == 35, "new_row's literal follows schema.COLUMNS"
 
 
 def new_row(rec, kind, info: PgInfo, op, api, async_op, t0) -> list:
@@ -198,7 +253,7 @@ def new_row(rec, kind, info: PgInfo, op, api, async_op, t0) -> list:
     return [kind, rec.rank, info.name, info.size, None, op, api, async_op, info.backend,
             None, None, None, None, None, None, None, t0, None, None, None, None, None,
             rec.step, user_site_raw(3) if rec.stack else None, None, next(rec._op_ids), None,
-            None, None, None, None, _get_ident(), tls.detail]
+            None, None, None, None, _get_ident(), tls.detail, None, None]
 
 
 def _prepare(rec, reader: Reader, args, kwargs, t0):
@@ -256,8 +311,29 @@ def _prepare(rec, reader: Reader, args, kwargs, t0):
 _nofuture: set = set()   # (backend, op) whose Work has no future (gloo p2p)
 
 
+#: Work classes whose wait() has been looked at (patched when it overrides Work.wait).
+_wait_checked: set = set()
+_wait_patched: list = []
+
+
+def _patch_wait_of(cls) -> None:
+    """A Work subclass with a wait() of its own (torch's FakeWork, PythonCallbackWork, a Python
+    backend's Work) bypasses the patch on Work.wait: patch its wait too, once per class, so that
+    waiting on it is recorded like any other wait."""
+    _wait_checked.add(cls)
+    try:
+        if "wait" in cls.__dict__ and not hasattr(cls.__dict__["wait"], ORIGINAL_ATTR):
+            patch(cls, "wait", _make_wait(cls.__dict__["wait"]))
+            _wait_patched.append(cls)
+    except Exception as e:
+        log.warn_once(("work-wait", cls), f"cannot patch {cls.__name__}.wait", e)
+
+
 def _track_work(rec, row, work, tensors, token):
     """Register an async op's Work: completion through its future, else by polling."""
+    cls = type(work)
+    if cls not in _wait_checked:
+        _patch_wait_of(cls)
     if token is not None:
         # Device-timed op (CUDA tensors): ProcessGroupNCCL completes the Work's future right
         # after enqueue, so the future says nothing about completion. The op stays in flight
@@ -280,20 +356,43 @@ def _track_work(rec, row, work, tensors, token):
                 _nofuture.add(key)
                 fut = None
         if fut is not None:
+            # An op that ended before its callback is attached gets no notification: its end
+            # is only known to precede the moment it was seen complete, looked at first thing
+            # (column completion = "observed": t_end_ns is an upper bound, the op ended in
+            # [t_enqueue_ns, t_end_ns]).
+            try:
+                done = fut.done()
+            except Exception:
+                done = False
+            t_seen = rec.now_ns()
             p = rec.add_pending(row, key_obj=work, work=work, has_future=True,
                                 tensors=tensors, device_token=token)
+            if done:
+                rec.complete(p, t_seen, "observed")
+                return p
+            attaching = [True]
 
-            def _done(_f, p=p, rec=rec):
-                rec.complete(p, rec.now_ns())
+            def _done(_f, p=p, rec=rec, attaching=attaching):
+                # run at once by add_done_callback: the op ended while it was being attached
+                rec.complete(p, rec.now_ns(), "observed" if attaching[0] else "callback")
 
             try:
                 fut.add_done_callback(_done)
             except Exception as e:
                 log.warn_once("future-cb", "cannot attach a completion callback", e)
+            attaching[0] = False
             return p
-    # No future: keep the Work alive (the backend holds the op anyway) and poll it.
+    # No future: keep the Work alive (the backend holds the op anyway) and poll it; one look
+    # now, so that an op already complete at its return is not left to the next poll.
+    try:
+        done = work.is_completed()
+    except Exception:
+        done = False
+    t_seen = rec.now_ns()
     p = rec.add_pending(row, key_obj=work, work=work, strong=True, has_future=False,
                         tensors=tensors, device_token=token)
+    if done:
+        rec.complete(p, t_seen, "observed")
     rec.wake()
     return p
 
@@ -321,6 +420,7 @@ def _finish(rec, reader, row, ret, t1, tensors, token, info):
             return None
         return _track_work(rec, row, ret, tensors, token)
     row[I_T_END] = t1
+    row[_R.I_COMPLETION] = "return"
     if token is not None and rec.device_timer is not None:
         rec.hold_device_row(row[I_OP_ID], row)
     else:
@@ -718,7 +818,7 @@ def _make_wait(orig_wait):
                     q.row[I_T_WAIT] = t0
                 q.row[I_T_WAIT_END] = t1
                 if r is not False:
-                    rec.complete(q, t1)
+                    rec.complete(q, t1, "wait")
                 q.waited = True
                 if q.row[I_T_END] is not None:
                     # Completed and waited: its row is final (a future callback still to run
@@ -891,13 +991,14 @@ def _close_coalesced(rec, issued, cm, async_ops):
             if first.has_future:
                 try:
                     works[-1].get_future().add_done_callback(
-                        lambda _f, q=q: rec.complete(q, rec.now_ns()))
+                        lambda _f, q=q: rec.complete(q, rec.now_ns(), "callback"))
                 except Exception:
                     pass
         return
     for row, tensors, token in issued:
         if cm is not None:
             row[I_T_END] = t
+            row[_R.I_COMPLETION] = "return"
         rec.append_row(row)
 
 
@@ -1015,6 +1116,13 @@ def uninstall() -> None:
             restore(_c10d.Work, "wait")
         except Exception:
             pass
+        for cls in _wait_patched:
+            try:
+                restore(cls, "wait")
+            except Exception:
+                pass
+        _wait_patched.clear()
+        _wait_checked.clear()
         _WRAPPERS.clear()
         reset_caches()
         _installed = False

@@ -8,6 +8,7 @@ stderr and a non-zero exit code, never a traceback.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 import click
@@ -22,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dashboard": ("commtrace.cli.dashboard", "Serve the interactive dashboard of a run."),
     "export": ("commtrace.cli.export", "Export a run to Perfetto/Chrome JSON, CSV or Parquet."),
     "diff": ("commtrace.cli.diff", "Compare two runs per op, size and finding."),
+    "ls": ("commtrace.cli.ls", "List the runs under a directory and how each job ended."),
 }
 
 

@@ -17,6 +17,7 @@ Examples:
   commtrace dashboard commtrace-traces/<run>
   commtrace dashboard RUN --port 8051 --no-browser
   commtrace dashboard RUN --host 0.0.0.0      # reachable from other machines (warns)
+  commtrace dashboard traces/good --compare traces/bad   # two runs side by side
 """
 
 
@@ -39,16 +40,24 @@ def is_loopback(host: str) -> bool:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8050, show_default=True)
 @click.option("--no-browser", is_flag=True, help="Do not open a web browser.")
-def command(run_dir, host, port, no_browser):
-    """Serve the interactive dashboard of a run: timeline, overlap, stalls, findings, bandwidth.
+@click.option("--compare", "compare_dir", metavar="DIR_B", type=click.Path(), default=None,
+              help="A second run to compare with DIR (Compare page: the diff's deltas, both overviews).")
+@click.option("--run", "run_id", default=None, metavar="ID|latest",
+              help="When DIR holds several runs: the one to use (its id, or latest).")
+def command(run_dir, host, port, no_browser, compare_dir, run_id):
+    """Serve the interactive dashboard of a run: overview, timeline, overlap, stalls, findings,
+    bandwidth, run facts. On a running job it refreshes on its own (live strip, hang banner).
 
-    Serves only the run DIR; stop it with Ctrl-C."""
+    Serves only the run DIR (and DIR_B with --compare); stop it with Ctrl-C."""
     from ..analysis.run import load
 
-    if not os.path.exists(run_dir):
-        raise TraceFormatError(f"{run_dir}: no such run directory")
-    if not os.access(run_dir, os.R_OK):
-        raise TraceFormatError(f"{run_dir}: not readable")
+    for d in (run_dir, compare_dir):
+        if d is None:
+            continue
+        if not os.path.exists(d):
+            raise TraceFormatError(f"{d}: no such run directory")
+        if not os.access(d, os.R_OK):
+            raise TraceFormatError(f"{d}: not readable")
     if not is_loopback(host):
         click.echo(f"commtrace: warning: serving on {host}, reachable from other machines; "
                    "the dashboard has no authentication", err=True)
@@ -58,15 +67,29 @@ def command(run_dir, host, port, no_browser):
     except OSError as e:
         raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     click.echo(f"loading {run_dir} ...", err=True)
-    run = load(run_dir)
+    run = load(run_dir, run=run_id)
     if run.missing_ranks:
         click.echo(f"commtrace: warning: partial run, rank(s) {', '.join(map(str, run.missing_ranks))} missing", err=True)
-    from dashboard.app import build
+    other = None
+    if compare_dir is not None:
+        click.echo(f"loading {compare_dir} ...", err=True)
+        other = load(compare_dir)
+    from ..dashboard.app import build
+    from ..dashboard.serve import serve_forever
 
-    app = build(run)
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
-    click.echo(f"commtrace dashboard of {run_dir} at {url}  (Ctrl-C to stop)")
-    if not no_browser:
-        threading.Timer(1.0, lambda: webbrowser.open(url)).start()
-    app.run(host=host, port=port, debug=False)
+    app = build(run, compare=other)
+
+    def ready(url):
+        # commtrace's one line instead of Flask's development-server banner; no per-request log.
+        click.echo(f"commtrace dashboard of {run_dir}: serving on {url}, Ctrl-C to stop", err=False)
+        if not no_browser:
+            threading.Timer(1.0, lambda: webbrowser.open(url)).start()
+
+    try:
+        serve_forever(app, host, port, on_ready=ready)
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+        return 130
+    except OSError as e:
+        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     return 0

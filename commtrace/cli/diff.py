@@ -13,6 +13,7 @@ EPILOG = """\b
 Examples:
   commtrace diff traces/before traces/after
   commtrace diff traces/good traces/bad --format json > diff.json
+  commtrace diff traces traces --run-a 20260101-120000-a1b2c3 --run-b latest
 """
 
 
@@ -64,15 +65,17 @@ def render(d: dict, console=None) -> None:
 @click.argument("run_a", metavar="RUN_A", type=click.Path())
 @click.argument("run_b", metavar="RUN_B", type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def command(run_a, run_b, fmt):
+@click.option("--run-a", "run_a_id", default=None, metavar="ID|latest", help="When RUN_A holds several runs: the one to use.")
+@click.option("--run-b", "run_b_id", default=None, metavar="ID|latest", help="When RUN_B holds several runs: the one to use.")
+def command(run_a, run_b, fmt, run_a_id, run_b_id):
     """Compare two runs: per op and size bucket (calls, t_comm, busbw, exposed time), totals
     over ranks (exposed, in flight, blocked, wait) and findings per kind. B - A < 0 on
     exposed or wait time means B is better."""
     from ..analysis.run import load
     from ..export.diff import diff_runs
 
-    a = load(run_a)
-    b = load(run_b)
+    a = load(run_a, run=run_a_id)
+    b = load(run_b, run=run_b_id)
     try:
         d = diff_runs(a, b)
     finally:

@@ -21,7 +21,9 @@ Open a Perfetto export at https://ui.perfetto.dev (or chrome://tracing).
               show_default=True, help="perfetto: Chrome Trace Event JSON; csv/parquet: the analysed per-op table.")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False),
               help="Output file; a name ending in .gz is gzip-compressed (perfetto, csv).")
-def command(run_dir, fmt, output):
+@click.option("--run", "run_id", default=None, metavar="ID|latest",
+              help="When DIR holds several runs: the one to use (its id, or latest).")
+def command(run_dir, fmt, output, run_id):
     """Export a run for other tools.
 
     perfetto writes one process per rank, tracks for host calls, in-flight communication,
@@ -32,7 +34,7 @@ def command(run_dir, fmt, output):
     from ..export import export
 
     t0 = time.perf_counter()
-    run = load(run_dir)
+    run = load(run_dir, run=run_id)
     try:
         res = export(run, output, fmt)
     finally:

@@ -15,6 +15,8 @@ Examples:
   commtrace report RUN --format json > report.json
   commtrace report RUN --top 20 --rank 3
   commtrace report RUN --steps 100:200      # steps 100..199
+  commtrace report RUN --busbw-ref 180      # what-if: every collective at 180 GB/s busbw
+  commtrace report traces --run latest      # traces holds several runs (commtrace ls traces)
 """
 
 #: Rows above which a progress bar is shown on stderr.
@@ -65,7 +67,11 @@ def _steps(value):
 @click.option("--rank", type=int, default=None, help="Focus per-rank rows and findings on this rank.")
 @click.option("--steps", default=None, metavar="A:B", help="Only steps A..B-1.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: on large runs).")
-def command(run_dir, fmt, top, rank, steps, progress):
+@click.option("--busbw-ref", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GB/s",
+              help="What-if: every collective of a kind at this nccl-tests bus bandwidth (e.g. 180).")
+@click.option("--run", "run_id", default=None, metavar="ID|latest",
+              help="When DIR holds several runs: the one to use (its id, or latest).")
+def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, run_id):
     """Analyse a run: who waited for whom, stragglers, overlap, bandwidth and findings.
 
     Exits 0 whenever a report was produced, whatever it found."""
@@ -74,9 +80,9 @@ def command(run_dir, fmt, top, rank, steps, progress):
     rng = _steps(steps)
     bar = _Bar(progress)
     try:
-        run = load(run_dir, progress=bar)
+        run = load(run_dir, progress=bar, run=run_id)
         bar("matching", 0.05)
-        rep = run.report(top=top, rank=rank, steps=rng, progress=bar)
+        rep = run.report(top=top, rank=rank, steps=rng, progress=bar, busbw_ref=busbw_ref)
     finally:
         bar.close()
     if fmt == "json":
@@ -126,6 +132,13 @@ def render(rep: dict, top: int = 10, console=None) -> None:
               + (f", [red]ended early: rank(s) {', '.join(map(str, early))}[/red]" if early else "")
               + f"; {rep['ops']:,} ops, {rep.get('collectives', 0):,} collectives over {_s(rep.get('duration_s'))}"
               + (f"; steps {rep['steps'][0]}:{rep['steps'][1]}" if rep.get("steps") else ""))
+    job = rep.get("job")
+    if job:
+        from ..analysis.job import describe
+
+        style = {"completed": "green", "failed": "bold red", "interrupted": "yellow",
+                 "running": "cyan"}.get(job.get("state"), "")
+        con.print(f"[{style}]{describe(job)}[/{style}]" if style else describe(job))
     ck = rep.get("clock") or {}
     if ck:
         con.print(f"clock: offsets applied {ck.get('methods') or ['none recorded']}, "
@@ -171,6 +184,8 @@ def render(rep: dict, top: int = 10, console=None) -> None:
 
     _render_hang(con, rep)
 
+    _render_what_if(con, rep, top)
+
     fs = rep.get("findings") or []
     con.rule("Findings")
     if not fs:
@@ -192,8 +207,57 @@ def render(rep: dict, top: int = 10, console=None) -> None:
             head.append(f"  at {f['site']}", style="magenta")
         con.print(head)
         con.print(Text("        " + f["message"]))
+        rc = f.get("root_cause") or {}
+        if rc.get("text"):
+            con.print(Text("        " + rc["text"], style="green"))
     if len(fs) > max(top, 1) * 3:
         con.print(f"... {len(fs) - max(top, 1) * 3} more (use --top or --format json)")
+
+
+def _render_what_if(con, rep: dict, top: int) -> None:
+    """Root causes (delay costs), the critical path and the replay's what-if figures."""
+    from rich.table import Table
+
+    wi = rep.get("what_if")
+    if not wi:
+        return
+    con.rule("Root cause and what-if")
+    err = wi.get("replay_error") or 0.0
+    con.print(f"replay of the unchanged trace: {_s(wi.get('replayed_s'))} against {_s(wi.get('run_time_s'))} "
+              f"measured (error {err * 100:+.2f}%"
+              + (f", worst step {wi['max_step_error'] * 100:.2f}%" if wi.get("max_step_error") is not None else "")
+              + f"); waiting {_s(wi.get('wait_total_s'))} in all")
+    dl = [d for d in wi.get("delays") or [] if (d.get("cost_s") or 0) > 0]
+    if dl and top:
+        t = Table(title="Root causes: delays and the waiting they caused", title_justify="left", show_edge=False)
+        for col in ("rank", "step", "before", "after", "delay", "direct cost", "propagated", "if fixed, saves"):
+            t.add_column(col, justify="left" if col in ("before", "after") else "right")
+        for d in dl[:top]:
+            before = (d.get("op") or "") + (f" at {_short_site(d.get('site'), 30)}" if d.get("site") else "")
+            after = (d.get("prev_op") or "") + (f" at {_short_site(d.get('prev_site'), 30)}" if d.get("prev_site") else "")
+            t.add_row(str(d["rank"]), str(d.get("step")), before, after, _s(d.get("delay_s")),
+                      _s(d.get("direct_cost_s")), _s(d.get("propagated_cost_s")), _s(d.get("gain_s")))
+        con.print(t)
+        for d in dl[: min(top, 3)]:
+            if d.get("text"):
+                con.print(f"  {d['text']}" + (f" (rank {d['rank']}, step {d['step']})" if d.get("step") is not None else ""))
+    cp = rep.get("critical_path") or {}
+    pr = cp.get("per_rank") or []
+    if pr:
+        con.print("critical path: " + ", ".join(f"rank {r['rank']} {r['share']:.0%}" for r in pr[:5])
+                  + (" ..." if len(pr) > 5 else ""))
+        ops = [o for o in cp.get("per_op") or [] if (o.get("on_path_s") or 0) + (o.get("off_path_s") or 0) > 0]
+        if ops:
+            con.print("communication on the critical path (exposed) / off it (hidden): "
+                      + ", ".join(f"{o['op']} {_s(o['on_path_s'])} / {_s(o['off_path_s'])}" for o in ops[:5]))
+    sc = wi.get("scenarios") or []
+    if sc:
+        t = Table(title="What-if (replay)", title_justify="left", show_edge=False)
+        for col in ("scenario", "projected run", "saves", "%"):
+            t.add_column(col, justify="left" if col == "scenario" else "right")
+        for x in sc[: max(top, 1)]:
+            t.add_row(x["name"], _s(x.get("projected_s")), _s(x.get("gain_s")), f"{x.get('gain_pct', 0):.1f}")
+        con.print(t)
 
 
 def _render_hang(con, rep: dict) -> None:

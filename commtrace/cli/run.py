@@ -8,7 +8,6 @@ as ``COMMTRACE_*`` variables built from :class:`commtrace.config.Config`.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -63,10 +62,10 @@ def default_output() -> str:
     return path
 
 
-def _ranks_written(out: str) -> list[int]:
+def _ranks_written(run_dir: str) -> list[int]:
     ranks = []
     try:
-        for name in os.listdir(out):
+        for name in os.listdir(run_dir):
             if name.startswith("rank="):
                 try:
                     ranks.append(int(name[5:]))
@@ -77,18 +76,15 @@ def _ranks_written(out: str) -> list[int]:
     return sorted(ranks)
 
 
-def _update_manifest(out: str, **fields) -> None:
-    from ..format import schema as S
+def _runs_in(out: str) -> list[str]:
+    from ..format import runs
+
+    return runs.find_runs(out, max_depth=1)
+
+
+def _write_session(out: str, m: dict) -> None:
     from ..format import writer as W
 
-    path = os.path.join(out, S.MANIFEST_NAME)
-    m = {}
-    try:
-        with open(path) as f:
-            m = json.load(f)
-    except (OSError, ValueError):
-        pass
-    m.update(fields)
     W.write_manifest(out, m)
 
 
@@ -96,7 +92,8 @@ def _update_manifest(out: str, **fields) -> None:
                context_settings={"help_option_names": ["-h", "--help"],
                                  "ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
-              help="Run directory (default: a new ./commtrace-traces/<time>).")
+              help="Output directory; each job traced gets its own run directory OUT/<run-id> "
+              "(default: a new ./commtrace-traces/<time>).")
 @click.option("--nvtx/--no-nvtx", default=True, show_default=True,
               help="NVTX range per op (domain 'commtrace'); free without a profiler attached.")
 @click.option("--stack/--no-stack", default=True, show_default=True,
@@ -142,14 +139,24 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
                     dump_on_hang=dump_on_hang, cuda_events=cuda_events)
     from .. import __version__
 
+    from ..format import runs as RUNS
+
+    if RUNS.is_run_dir(out):
+        raise OutputError(f"{out} is the run directory of an earlier trace (schema v1); give "
+                          "-o an empty or new directory, or a directory of runs")
+    before = set(_runs_in(out))
     start_ns = time.time_ns()
-    _update_manifest(out, command=cmd, start_ns=start_ns,
-                     start_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), cwd=os.getcwd(),
-                     commtrace_version=__version__)
-    rc = run_child(cmd, child_env(config))
-    ranks = _ranks_written(out)
+    # The output directory's manifest describes this invocation ("kind": "session"); each job
+    # it starts writes its own run directory OUT/<run-id>/ (docs/trace-format.md).
+    session = dict(kind="session", command=cmd, start_ns=start_ns,
+                   start_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), cwd=os.getcwd(),
+                   commtrace_version=__version__, runs=[])
+    _write_session(out, session)
+    got_signals: list[str] = []
+    rc = run_child(cmd, child_env(config), signals=got_signals)
+    new = [r for r in _runs_in(out) if r not in before]
     echo = lambda s: click.echo(s, err=True)  # noqa: E731
-    if not ranks:
+    if not new:
         try:
             os.unlink(os.path.join(out, "_manifest.json"))
             os.rmdir(out)
@@ -157,12 +164,22 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
             pass
         echo("commtrace: no process created a process group; nothing was traced.")
         return rc
-    _update_manifest(out, end_ns=time.time_ns(), exit_code=rc, ranks_written=ranks)
+    ranks = sorted({r for d in new for r in _ranks_written(d)})
+    session.update(end_ns=time.time_ns(), exit_code=rc,
+                   signal=got_signals[0] if got_signals else None,
+                   runs=[os.path.basename(d) for d in new], ranks_written=ranks)
+    _write_session(out, session)
     shown = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else out
-    echo(f"commtrace: trace of {len(ranks)} rank(s) written to {shown}")
+    alone = len(_runs_in(out)) == 1
+    for d in new:
+        echo(f"commtrace: trace of {len(_ranks_written(d))} rank(s) written to "
+             f"{os.path.join(shown, os.path.basename(d))}")
+    if len(new) > 1:
+        echo(f"commtrace: {len(new)} jobs traced, one run each (commtrace ls {shown})")
+    target = shown if alone else os.path.join(shown, os.path.basename(new[-1]))
     echo("commtrace: next:")
-    echo(f"  commtrace report {shown}")
-    echo(f"  commtrace dashboard {shown}")
+    echo(f"  commtrace report {target}")
+    echo(f"  commtrace dashboard {target}")
     return rc
 
 
@@ -176,9 +193,10 @@ def _no_such_option(arg: str) -> None:
     raise click.NoSuchOption(name, possibilities=difflib.get_close_matches(name, known), ctx=ctx)
 
 
-def run_child(cmd: list[str], env: dict[str, str]) -> int:
+def run_child(cmd: list[str], env: dict[str, str], signals: list | None = None) -> int:
     """Run `cmd` in its own process group, forward SIGINT/SIGTERM to it once, return its exit
-    code (128 + signal number when a signal ended it)."""
+    code (128 + signal number when a signal ended it). The names of the signals forwarded are
+    appended to `signals`."""
     try:
         child = subprocess.Popen(cmd, env=env, preexec_fn=os.setpgrp)
     except FileNotFoundError:
@@ -189,6 +207,11 @@ def run_child(cmd: list[str], env: dict[str, str]) -> int:
         return 126
 
     def forward(signum, frame):
+        if signals is not None:
+            try:
+                signals.append(signal.Signals(signum).name)
+            except ValueError:
+                signals.append(str(signum))
         try:
             child.send_signal(signum)
         except ProcessLookupError:

@@ -84,6 +84,14 @@ class RunFiles:
     stacks: dict[int, list[str]] = field(default_factory=dict)
     rank_dirs: list[int] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: rank -> modification time (s since the epoch) of its _inflight.json: how fresh it is
+    inflight_mtime: dict[int, float] = field(default_factory=dict)
+    #: rank -> non-empty _crash-<pid>.txt files (faulthandler's dump at a fatal signal)
+    crash: dict[int, list[str]] = field(default_factory=dict)
+    #: the manifest `commtrace run` wrote in the directory above (v2: exit code, signal)
+    session: dict = field(default_factory=dict)
+    #: ranks written by two or more processes (a real conflict): no cross-rank finding uses them
+    conflict_ranks: set = field(default_factory=set)
     #: pending ops of the snapshots as a table (set by load_into_duckdb)
     snapshot: object = None
 
@@ -198,11 +206,16 @@ def scan_run(path: str) -> RunFiles:
                     if not isinstance(snap, dict) or not isinstance(snap.get("ops", []), list):
                         raise ValueError("expected an object with an 'ops' list")
                     rf.inflight[int(snap.get("rank", rank))] = snap
+                    rf.inflight_mtime[int(snap.get("rank", rank))] = os.stat(ip).st_mtime
                 except (OSError, ValueError, TypeError) as e:
                     rf.warnings.append(f"skipped unreadable {_rel(path, ip)}: {e}")
             stacks = sorted(glob.glob(os.path.join(full, "stacks-*.txt")))
             if stacks:
                 rf.stacks[rank] = stacks
+            crash = [c for c in sorted(glob.glob(os.path.join(full, S.CRASH_GLOB)))
+                     if os.path.getsize(c) > 0]
+            if crash:
+                rf.crash[rank] = crash
     if not rf.rank_dirs:
         # Another writer: Parquet files anywhere below, rank taken from the data.
         for fp in sorted(glob.glob(os.path.join(path, "**", "*.parquet"), recursive=True)):
@@ -214,6 +227,10 @@ def scan_run(path: str) -> RunFiles:
     if rf.rank_dirs and not os.path.exists(mpath):
         rf.warnings.append(f"no {S.MANIFEST_NAME} in {path} (the run was cut short, or copied "
                            "without it): world size and command taken from the parts")
+    if rf.manifest.get("run_id"):
+        from .runs import session_manifest
+
+        rf.session = session_manifest(path)
     if not rf.parts and not rf.inflight:
         if rf.warnings:
             raise EmptyTraceError(f"{path}: no readable trace part ({'; '.join(rf.warnings)})")
@@ -241,10 +258,12 @@ def _check_rank_claims(rf: RunFiles) -> None:
         writers.setdefault(r, {}).setdefault(key, []).append(_rel(rf.path, p.path))
     for r, procs in sorted(writers.items()):
         if len(procs) > 1:
+            rf.conflict_ranks.add(int(r))
             who = ", ".join(f"pid {pid} on {host} ({len(files)} part(s), e.g. {files[0]})"
                             for (host, pid), files in sorted(procs.items()))
             rf.warnings.append(f"rank {r} was written by {len(procs)} processes: {who}; two runs "
-                               "in one directory, or a restarted worker? its ops may be counted twice")
+                               "in one directory, or a restarted worker? its ops may be counted twice; no "
+                               "cross-rank finding is drawn from this rank")
 
 
 def _int_or_none(v):
@@ -434,3 +453,58 @@ def load_columns(con, rf: RunFiles, table: str, columns) -> None:
                 + " UNION ALL BY NAME ".join(sels) + ")")
     if snap is not None:
         con.unregister("__snapshot_x")
+
+
+def poll_run(path) -> dict:
+    """What a live view re-reads every few seconds, without opening a part: the manifest, each
+    rank's ``_inflight.json`` snapshot, and a signature of the parts (count and newest mtime per
+    rank directory) that changes when a rank writes a new part.
+
+    Returns ``{"manifest": dict, "snapshots": {rank: snapshot}, "parts": (n, newest_mtime_ns)}``;
+    unreadable files are skipped (a snapshot being replaced reads as the previous one next time)."""
+    path = os.fspath(path)
+    out = {"manifest": {}, "snapshots": {}, "parts": (0, 0)}
+    try:
+        with open(os.path.join(path, S.MANIFEST_NAME)) as f:
+            m = json.load(f)
+        out["manifest"] = m if isinstance(m, dict) else {}
+    except (OSError, ValueError):
+        pass
+    n, newest = 0, 0
+    try:
+        entries = sorted(os.listdir(path))
+    except OSError:
+        return out
+    for entry in entries:
+        mm = _RANK_DIR_RE.match(entry)
+        if not mm:
+            continue
+        full = os.path.join(path, entry)
+        try:
+            with os.scandir(full) as it:
+                for de in it:
+                    if de.name.endswith(".parquet") and not de.name.startswith(("_", ".")):
+                        n += 1
+                        newest = max(newest, de.stat().st_mtime_ns)
+        except OSError:
+            continue
+        try:
+            with open(os.path.join(full, S.INFLIGHT_NAME)) as f:
+                snap = json.load(f)
+            if isinstance(snap, dict) and isinstance(snap.get("ops", []), list):
+                out["snapshots"][int(snap.get("rank", mm.group(1)))] = snap
+        except (OSError, ValueError, TypeError):
+            pass
+    out["parts"] = (n, newest)
+    if out["manifest"].get("run_id"):
+        # Schema v2: the launcher's end and exit code are in the session manifest above the run
+        # (they are this job's when it is the session's last).
+        from .runs import session_manifest
+
+        sess = session_manifest(path)
+        out["session"] = sess
+        runs = sess.get("runs") or []
+        if sess.get("end_ns") and (not runs or runs[-1] == os.path.basename(os.path.abspath(path))):
+            out["manifest"] = dict(out["manifest"], end_ns=sess["end_ns"], exit_code=sess.get("exit_code"),
+                                   signal=sess.get("signal"))
+    return out

@@ -1,5 +1,11 @@
 """Arrow schema and layout of a commtrace run directory (public, versioned contract).
 
+Since schema v2 every job gets a run id (agreed by its ranks at process-group creation) and its
+own run directory under the output directory::
+
+    OUT/_manifest.json                 written by `commtrace run`: command, exit code, "runs"
+    OUT/<run-id>/                      one run directory per job (the layout below)
+
 Layout of one run::
 
     RUN/_manifest.json                 command, start time, world size, commtrace version
@@ -21,13 +27,22 @@ from __future__ import annotations
 import pyarrow as pa
 
 #: Bumped on incompatible change. Readers accept any version <= SCHEMA_VERSION and refuse newer.
-SCHEMA_VERSION = 1
+#: v2: one run directory per job under the output directory, ``run_id`` in the metadata and the
+#: manifests, ``pid``/``host``/``exit`` in ``_inflight.json``, ``_crash-<pid>.txt``. Version-1
+#: traces (one run directory, no run id) are read as before.
+SCHEMA_VERSION = 2
 
 MANIFEST_NAME = "_manifest.json"
 INFLIGHT_NAME = "_inflight.json"
 RANK_DIR_FMT = "rank={rank}"
 PART_FMT = "part-{pid}-{index:06d}.parquet"
 STACKS_FMT = "stacks-{stamp}.txt"
+#: Python stacks written by faulthandler when the rank dies of a fatal signal (SIGABRT, SIGSEGV,
+#: ...); empty (and removed at a normal exit) otherwise.
+CRASH_FMT = "_crash-{pid}.txt"
+CRASH_GLOB = "_crash-*.txt"
+#: Written by a waiting rank's watchdog into a rank directory to ask that rank for its stacks.
+STACKS_REQUEST_NAME = "_stacks_request.json"
 
 #: Parquet key-value metadata keys.
 META_SCHEMA_VERSION = b"commtrace.schema_version"
@@ -85,6 +100,13 @@ EXTRA_FIELDS = [
     pa.field("thread", pa.int64()),
     # Free-form detail (hazard type, DDP bucket index, ...), JSON or plain text.
     pa.field("detail", pa.string()),
+    # How t_end_ns was obtained (docs/trace-format.md, "Completion"): notified at the end
+    # ("callback", "device", "hook") or an upper bound seen by commtrace ("observed": already
+    # complete when first looked at; "wait": wait() returned; "return": a blocking call returned).
+    pa.field("completion", pa.string()),
+    # The process group's own sequence number of the op, where torch exposes it (NCCL WorkInfo
+    # merge, docs/trace-format.md); null elsewhere.
+    pa.field("torch_seq", pa.int64()),
 ]
 
 SCHEMA = pa.schema(REQUIRED_FIELDS + EXTRA_FIELDS)
@@ -99,4 +121,6 @@ META_KEYS = (
     "pg_ranks",  # {pg name: [global ranks]}
     "nvml", "nccl_version", "nccl_env", "graph_captured_ops",
     "flush_interval_s", "clock_skew_injected_ns", "capture_path",  # "c" or "python"
+    "run_id",  # v2: the job's run id, the same on every rank
+    "simulated",  # true: torch's fake backend, the other ranks of the world are not processes
 )

@@ -168,47 +168,79 @@ def rows_to_table(columns: dict[str, list]) -> pa.Table:
 
 import array as _array  # noqa: E402
 
+import pyarrow.compute as _pc  # noqa: E402  (take; imported with the writer, off the hot path)
+import itertools  # noqa: E402
+import operator  # noqa: E402
+
 _INT_CODES = {pa.int64(): "q", pa.int32(): "i"}
 
 
-def _validity(vals):
-    nulls = [i for i, v in enumerate(vals) if v is None]
-    if not nulls:
+def _bitmap(flags: bytes, n: int):
+    """A packed Arrow bitmap of `n` 0/1 bytes (packed by Arrow's int8 -> bool cast)."""
+    b = pa.Array.from_buffers(pa.int8(), n, [None, pa.py_buffer(flags)], 0).cast(pa.bool_())
+    return b.buffers()[1]
+
+
+def _validity(vals, nnull=None):
+    if nnull is None:
+        nnull = vals.count(None)
+    if not nnull:
         return None, 0
-    bits = bytearray(b"\xff" * ((len(vals) + 7) // 8))
-    for i in nulls:
-        bits[i >> 3] &= ~(1 << (i & 7)) & 0xFF
-    return pa.py_buffer(bytes(bits)), len(nulls)
+    return _bitmap(bytes(map(operator.is_not, vals, itertools.repeat(None))), len(vals)), nnull
 
 
 def _offsets(lengths):
-    off = _array.array("i", [0])
-    total = 0
-    for n in lengths:
-        total += n
-        off.append(total)
-    return pa.py_buffer(off.tobytes())
+    return pa.py_buffer(_array.array("i", itertools.accumulate(lengths, initial=0)).tobytes())
+
+
+def _strings(vals: list, n: int, valid, nnull) -> pa.Array:
+    enc = [b"" if v is None else str(v).encode("utf-8", "surrogateescape") for v in vals]
+    return pa.Array.from_buffers(pa.string(), n, [valid, _offsets(map(len, enc)),
+                                                  pa.py_buffer(b"".join(enc))], nnull)
 
 
 def array_from_list(vals: list, typ: pa.DataType) -> pa.Array:
     """An Arrow array of `typ` (int32, int64, bool, string, list<int64>) from a Python list with
-    None for nulls, built from buffers (never imports pandas)."""
+    None for nulls, built from buffers (never imports pandas).
+
+    The writer thread's cost per row is mostly here, so the common shapes take C-speed routes:
+    an all-null column is ``pa.nulls``; integers without nulls go through ``array.array``
+    directly; a string column (few distinct values: op, api, pg, device, call site) is encoded
+    once per distinct value and gathered with ``take``."""
     n = len(vals)
-    valid, nnull = _validity(vals)
+    nnull = vals.count(None)
+    if nnull == n and n:
+        return pa.nulls(n, typ)
     code = _INT_CODES.get(typ)
     if code is not None:
-        data = _array.array(code, [0 if v is None else int(v) for v in vals])
+        data = None
+        if not nnull:
+            try:
+                data = _array.array(code, vals)
+            except TypeError:   # not all ints (bools, numbers of another type): convert
+                data = None
+        valid, nnull = _validity(vals, nnull)
+        if data is None:
+            data = _array.array(code, [0 if v is None else int(v) for v in vals])
         return pa.Array.from_buffers(typ, n, [valid, pa.py_buffer(data.tobytes())], nnull)
+    valid, nnull = _validity(vals, nnull)
     if typ == pa.bool_():
-        bits = bytearray((n + 7) // 8)
-        for i, v in enumerate(vals):
-            if v:
-                bits[i >> 3] |= 1 << (i & 7)
-        return pa.Array.from_buffers(typ, n, [valid, pa.py_buffer(bytes(bits))], nnull)
+        return pa.Array.from_buffers(typ, n, [valid, _bitmap(bytes(map(bool, vals)), n)], nnull)
     if typ == pa.string():
-        enc = [b"" if v is None else str(v).encode("utf-8", "surrogateescape") for v in vals]
-        return pa.Array.from_buffers(typ, n, [valid, _offsets(len(e) for e in enc),
-                                              pa.py_buffer(b"".join(enc))], nnull)
+        if n < 64:
+            return _strings(vals, n, valid, nnull)
+        try:
+            keys = list(dict.fromkeys(vals))
+        except TypeError:   # an unhashable value: encode each
+            return _strings(vals, n, valid, nnull)
+        if len(keys) * 2 > n:
+            return _strings(vals, n, valid, nnull)
+        pos = {k: i for i, k in enumerate(keys)}
+        k_valid, k_null = _validity(keys)
+        dictionary = _strings(keys, len(keys), k_valid, k_null)
+        ind = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(
+            _array.array("i", map(pos.__getitem__, vals)).tobytes())], 0)
+        return _pc.take(dictionary, ind)
     if pa.types.is_list(typ) and typ.value_type in _INT_CODES:
         items = [() if v is None else list(v) for v in vals]
         child = array_from_list([x for it in items for x in it], typ.value_type)

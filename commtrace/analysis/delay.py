@@ -1,0 +1,214 @@
+"""Delay analysis: which rank's work caused the waiting, and what it cost (Scalasca's delay
+costs; docs/findings.md "Delay analysis").
+
+For every wait state (metrics.md "Wait states": a member's wait in a communication, `wait =
+min(latest arrival, leave) - enter`), the latest arrival is the **delayer**. Each member's
+**synchronisation interval** runs from the host release that ended its previous communication
+on the same group (p2p: the same pair) to its entry; in it the rank either waited (its own wait
+states, on any group: `W`) or worked (`comp = length - W`). The delayer's excess over the waiter
+is split in proportion:
+
+* the part from more work (`comp_d - comp_w`) is **direct cost** of the delay;
+* the part from more waiting (`W_d - W_w`) was itself caused elsewhere: it is handed back to
+  the delayer's own wait states in that interval (in proportion to their length) and follows
+  their causes as **propagated cost** (e.g. a DP all_reduce that waits for a rank held up in
+  its TP all_reduce, or a pipeline stage that waits for a stage that waited).
+
+Waits that start before the model's window (`t_begin`: start-up skew in the first
+collective) are left out. A delay is located at the host events of the delayer's interval whose gap exceeds the same
+event's gap on the other ranks (`excess`, see :mod:`commtrace.analysis.model`), so that the
+same extra work seen from several groups' intervals is one root cause. Every waiting second is
+attributed exactly once: the sum of all delays' costs equals the sum of the wait states.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from .model import Model, build_model
+
+_SHIFT = 44           # rank << 44 | ns: per-rank sorted keys (2^44 ns is 4.9 hours)
+MAX_ITER = 200
+
+
+def _np_table(cols: dict) -> pa.Table:
+    return pa.table({k: pa.array(v) for k, v in cols.items()})
+
+
+def attribute(m: Model) -> dict:
+    """Per-slot and per-event delay costs (ns): the core of delay analysis."""
+    nsl = len(m.sl_comm)
+    E = m.n_events
+    out = {"ev_direct": np.zeros(E), "ev_prop": np.zeros(E), "sl_direct": np.zeros(nsl), "sl_prop": np.zeros(nsl),
+           "sl_load": np.zeros(nsl), "iterations": 0, "total_wait": 0.0}
+    if nsl == 0 or E == 0:
+        return out
+    base = np.int64(0)
+    rk = m.sl_rank.astype(np.int64) << _SHIFT
+    omega = m.sl_wait.copy()
+    d_slot = m.cm_last[m.sl_comm]
+    # waits before the model's window (the first wait of each rank: start-up skew, connection
+    # set-up) are no delay of anyone's work
+    waiting = (omega > 0) & (d_slot != np.arange(nsl)) & (m.sl_block >= m.t_begin)
+    omega = np.where(waiting, omega, 0.0)
+    out["total_wait"] = float(omega.sum())
+    # wait time in each slot's synchronisation interval [sync, enter)
+    so = np.lexsort((m.sl_block, m.sl_rank))
+    keys = rk[so] + np.floor(m.sl_block[so]).astype(np.int64) + base
+    cum = np.r_[0.0, np.cumsum(omega[so])]
+    k_s = rk + np.floor(m.sl_sync).astype(np.int64)
+    k_e = rk + np.floor(m.sl_enter).astype(np.int64)
+    lo = np.searchsorted(keys, k_s, "left")
+    hi = np.searchsorted(keys, k_e, "left")
+    W = cum[hi] - cum[lo]
+    # work in the interval: the gaps (time outside any traced call) of the rank's events that
+    # start in (sync, enter]; time inside calls is waiting (W) or the transfers themselves
+    erk = m.ev_rank.astype(np.int64) << _SHIFT
+    ekeys = erk + np.floor(m.ev_start).astype(np.int64)
+    s_lo = np.searchsorted(ekeys, rk + np.floor(m.sl_sync).astype(np.int64), "right")
+    s_hi = np.searchsorted(ekeys, rk + np.floor(m.sl_enter).astype(np.int64), "right")
+    gpos = np.where(m.ev_first, 0.0, np.maximum(m.ev_gap, 0.0))
+    cg = np.r_[0.0, np.cumsum(gpos)]
+    comp = cg[s_hi] - cg[s_lo]
+    d = d_slot
+    exc_c = np.maximum(0.0, comp[d] - comp)
+    exc_w = np.maximum(0.0, W[d] - W)
+    tot = exc_c + exc_w
+    f = np.where(tot > 0, exc_c / np.where(tot > 0, tot, 1.0), 1.0)
+    f = np.where(waiting, f, 1.0)
+    # propagation: (omega + load) * (1 - f) handed to the delayer's waits in its interval
+    push_idx = np.flatnonzero(waiting & (f < 1.0) & (W[d] > 0))
+    pos_in_so = np.empty(nsl, np.int64)
+    pos_in_so[so] = np.arange(nsl)
+    load = np.zeros(nsl)
+    it = 0
+    if len(push_idx):
+        dl = lo[d[push_idx]]
+        dh = hi[d[push_idx]]
+        wd = W[d[push_idx]]
+        omega_so = omega[so]
+        for it in range(1, MAX_ITER + 1):
+            p = (omega[push_idx] + load[push_idx]) * (1.0 - f[push_idx]) / wd
+            diff = np.zeros(nsl + 1)
+            np.add.at(diff, dl, p)
+            np.add.at(diff, dh, -p)
+            rate = np.cumsum(diff[:-1])
+            new = np.zeros(nsl)
+            new[so] = omega_so * rate
+            delta = np.abs(new - load).max()
+            load = new
+            if delta <= 1e-9 * max(out["total_wait"], 1.0):
+                break
+    out["iterations"] = it
+    direct = omega * f
+    prop = load * f
+    out["sl_direct"], out["sl_prop"], out["sl_load"] = direct, prop, load
+    out["sl_f"] = f
+    out["sl_W"] = W
+    out["sl_comp"] = comp
+    # ---- locate on the delayer's events in its interval: start in (sync, enter]
+    ws = np.flatnonzero(waiting & ((direct > 0) | (prop > 0)))
+    if len(ws):
+        dd = d[ws]
+        e_lo, e_hi = s_lo[dd], s_hi[dd]
+        x = m.ev_excess
+        cx = np.r_[0.0, np.cumsum(x)]
+        sx = cx[e_hi] - cx[e_lo]
+        sg = cg[e_hi] - cg[e_lo]
+        use_x = sx > 0
+        use_g = ~use_x & (sg > 0)
+        rest = ~use_x & ~use_g
+        ev_d = np.zeros(E)
+        ev_p = np.zeros(E)
+        for amt, acc in ((direct[ws], ev_d), (prop[ws], ev_p)):
+            for sel, cw, wts in ((use_x, sx, x), (use_g, sg, gpos)):
+                if not sel.any():
+                    continue
+                diff = np.zeros(E + 1)
+                r = amt[sel] / cw[sel]
+                np.add.at(diff, e_lo[sel], r)
+                np.add.at(diff, e_hi[sel], -r)
+                acc += wts * np.cumsum(diff[:-1])
+            if rest.any():
+                np.add.at(acc, m.sl_call[dd[rest]], amt[rest])
+        out["ev_direct"], out["ev_prop"] = ev_d, ev_p
+    return out
+
+
+def _label(m: Model, e: int) -> tuple:
+    row = int(m.ev_row[e])
+    op = m.row_op[row] or None
+    if m.ev_is_wait[e]:
+        op = f"wait({op})" if op else "wait()"
+    return op, (m.row_site[row] or None)
+
+
+def delays(run, top: int | None = None, min_cost_s: float = 0.0) -> pa.Table:
+    """Root causes, one row per host event with delay costs, largest cost first: `rank`,
+    `step`, `op` / `site` (the op the delay precedes: "before all_reduce at train.py:88"),
+    `prev_op` / `prev_site` (the op it follows), `delay_s` (the event's excess gap over the
+    same event on the other ranks), `direct_cost_s`, `propagated_cost_s`, `cost_s`, `t_ns`
+    (start of the gap, rank 0's clock) and `event` (index in the host model)."""
+    m = build_model(run)
+    a = attribution(run)
+    cost = a["ev_direct"] + a["ev_prop"]
+    idx = np.flatnonzero(cost > max(min_cost_s, 0.0) * 1e9)
+    idx = idx[np.argsort(-cost[idx], kind="stable")]
+    if top is not None:
+        idx = idx[: int(top)]
+    cols = {k: [] for k in ("rank", "step", "op", "site", "prev_op", "prev_site", "delay_s", "direct_cost_s",
+                            "propagated_cost_s", "cost_s", "t_ns", "event")}
+    for e in idx.tolist():
+        op, site = _label(m, e)
+        if e > 0 and not m.ev_first[e]:
+            pop, psite = _label(m, e - 1)
+            t0 = m.ev_rel[e - 1]
+        else:
+            pop, psite, t0 = None, None, m.ev_start[e]
+        cols["rank"].append(int(m.ev_rank[e]))
+        st = int(m.ev_step[e])
+        cols["step"].append(st if st >= 0 else None)
+        cols["op"].append(op)
+        cols["site"].append(site)
+        cols["prev_op"].append(pop)
+        cols["prev_site"].append(psite)
+        cols["delay_s"].append(float(m.ev_excess[e]) / 1e9)
+        cols["direct_cost_s"].append(float(a["ev_direct"][e]) / 1e9)
+        cols["propagated_cost_s"].append(float(a["ev_prop"][e]) / 1e9)
+        cols["cost_s"].append(float(cost[e]) / 1e9)
+        cols["t_ns"].append(int(round(t0)) + m.base_ns)
+        cols["event"].append(int(e))
+    return pa.table({
+        "rank": pa.array(cols["rank"], pa.int64()), "step": pa.array(cols["step"], pa.int64()),
+        "op": pa.array(cols["op"], pa.string()), "site": pa.array(cols["site"], pa.string()),
+        "prev_op": pa.array(cols["prev_op"], pa.string()), "prev_site": pa.array(cols["prev_site"], pa.string()),
+        "delay_s": pa.array(cols["delay_s"], pa.float64()), "direct_cost_s": pa.array(cols["direct_cost_s"], pa.float64()),
+        "propagated_cost_s": pa.array(cols["propagated_cost_s"], pa.float64()),
+        "cost_s": pa.array(cols["cost_s"], pa.float64()), "t_ns": pa.array(cols["t_ns"], pa.int64()),
+        "event": pa.array(cols["event"], pa.int64())})
+
+
+def attribution(run) -> dict:
+    """`attribute` of the run's model (cached with the model)."""
+    m = build_model(run)
+    a = getattr(m, "_attribution", None)
+    if a is None:
+        a = attribute(m)
+        m._attribution = a
+    return a
+
+
+def cost_by_rank(run) -> dict[int, tuple[float, float]]:
+    """rank -> (direct, propagated) delay cost in seconds of the delays located on it."""
+    m = build_model(run)
+    a = attribution(run)
+    out = {}
+    if not m.n_events:
+        return out
+    pos = np.searchsorted(m.ranks, m.ev_rank)
+    dsum = np.bincount(pos, weights=a["ev_direct"], minlength=len(m.ranks))
+    psum = np.bincount(pos, weights=a["ev_prop"], minlength=len(m.ranks))
+    for r, x, y in zip(m.ranks.tolist(), dsum.tolist(), psum.tolist()):
+        out[int(r)] = (x / 1e9, y / 1e9)
+    return out

@@ -1,0 +1,422 @@
+"""The host model of a matched trace, shared by delay analysis, the critical path and replay.
+
+docs/findings.md ("Root cause, critical path and what-if") defines it; in short:
+
+* each rank is a chain of **host events** in start order: the call of every op
+  (`t_enqueue_ns` .. `t_return_ns`) and its `wait()` (`t_wait_ns` .. `t_wait_end_ns`);
+* the **gap** of an event is the time since the previous event of its rank released the host
+  (compute, data loading, Python: everything commtrace does not see);
+* a **communication** is a matched collective (pg, seq) that every member completed, or a
+  matched send/recv pair (metrics.md "Matching one collective across ranks"); its members'
+  entries (`t_enqueue_ns`) are its arrivals. It starts at **T0** = the latest arrival (for a
+  collective, also no earlier than each member's previous collective on the group ended: one
+  collective at a time per group, as NCCL's stream and gloo's queue run them) and each
+  member leaves (`t_end_ns`) its own measured time `tc` after T0, so that min over members of
+  `tc` is metrics.md's `t_comm` when nothing queued;
+* an event **depends** on a communication when it released the host after that member's
+  completion (a blocking call, or a wait() that returned after it): it is an **anchor**, and
+  releases at max(its start, the completion) + the measured residual; every other event keeps
+  its measured duration.
+
+All times here are float64 ns relative to `base_ns` (rank 0's clock, offsets applied).
+The model is built once per run from public tables (`Run.ops(columns=...)`,
+`Run.collectives()`) and cached on the run object.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from .. import ops as OPS
+
+_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+ROW_COLUMNS = ["rank", "op_id", "op", "pg", "seq", "peer", "async_op", "bytes", "pg_size", "t_enqueue_ns",
+               "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_ns", "step", "site"]
+
+
+@dataclass
+class Model:
+    """Arrays of the host model (see the module doc). Events are sorted by (rank, start);
+    slots (one per member of a communication) are grouped by communication."""
+
+    base_ns: int
+    ranks: np.ndarray
+    # events
+    ev_rank: np.ndarray
+    ev_start: np.ndarray
+    ev_rel: np.ndarray
+    ev_row: np.ndarray
+    ev_is_wait: np.ndarray
+    ev_slot: np.ndarray          # slot of the op's communication, -1 if none
+    ev_anchor: np.ndarray        # depends on the communication's completion
+    ev_gap: np.ndarray           # start - previous event's release (first of rank: start)
+    ev_dur: np.ndarray           # rel - start (locals)
+    ev_rho: np.ndarray           # rel - max(start, completion) (anchors)
+    ev_first: np.ndarray         # first event of its rank
+    ev_excess: np.ndarray        # gap - median gap of the same event on the other ranks, >= 0
+    ev_has_peers: np.ndarray
+    ev_step: np.ndarray          # int64, -1 unknown
+    rank_lo: np.ndarray          # event range per rank (positions in `ranks`)
+    rank_hi: np.ndarray
+    # slots
+    sl_comm: np.ndarray
+    sl_rank: np.ndarray
+    sl_call: np.ndarray          # CALL event index
+    sl_enter: np.ndarray
+    sl_leave: np.ndarray
+    sl_dep: np.ndarray           # leave depends on T0 (left after the latest arrival)
+    sl_tc: np.ndarray            # leave - T0 (dep) ; leave - enter otherwise
+    sl_prev: np.ndarray          # previous slot of the same group on the same rank (queue), -1
+    sl_sync: np.ndarray          # host release that ended the rank's previous comm on the group
+    sl_wait: np.ndarray          # wait state: min(latest arrival, leave) - block start, >= 0
+    sl_block: np.ndarray         # when the host blocked on it (call or wait() start; else enter)
+    # communications
+    cm_lo: np.ndarray
+    cm_hi: np.ndarray
+    cm_T0: np.ndarray
+    cm_last: np.ndarray          # slot of the latest arrival
+    cm_is_p2p: np.ndarray
+    cm_op: np.ndarray            # object array of op names (collective op, or "send/recv")
+    cm_pg: np.ndarray
+    cm_seq: np.ndarray
+    cm_bytes: np.ndarray
+    cm_factor: np.ndarray
+    cm_tcomm: np.ndarray         # min over dependent slots of tc
+    # rows (for labels)
+    row_op: np.ndarray
+    row_site: np.ndarray
+    row_pg: np.ndarray
+    row_seq: np.ndarray
+    t_begin: float
+    t_end: float
+    notes: list = field(default_factory=list)
+
+    @property
+    def n_events(self) -> int:
+        return len(self.ev_start)
+
+
+def _col(t: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
+    a = t.column(name)
+    if fill is not None:
+        a = a.fill_null(fill)
+    v = a.to_numpy(zero_copy_only=False)
+    return v.astype(dtype) if dtype is not None else v
+
+
+def _codes(t: pa.Table, name: str) -> np.ndarray:
+    """Integer codes of a string column (equal strings, equal codes; null -> -1), computed by
+    Arrow's dictionary encoding instead of sorting Python strings."""
+    a = t.column(name)
+    if a.num_chunks == 0:
+        return np.zeros(0, np.int64)
+    d = a.combine_chunks().dictionary_encode()
+    return d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def build_model(run) -> Model:
+    """The host model of `run` (cached per run object)."""
+    m = _CACHE.get(run)
+    if m is None:
+        m = _build(run)
+        _CACHE[run] = m
+    return m
+
+
+def _build(run) -> Model:
+    import os as _os
+    import time as _time
+    _T = [_time.perf_counter()]
+
+    def tick(name):
+        if _os.environ.get("COMMTRACE_MODEL_TIMING"):
+            t = _time.perf_counter()
+            print(f"model {name}: {t - _T[0]:.3f} s")
+            _T[0] = t
+    rows = run.ops(columns=ROW_COLUMNS)
+    tick("ops")
+    n = rows.num_rows
+    rows = rows.append_column("rid", pa.array(np.arange(n, dtype=np.int64)))
+    coll = run.collectives().select(["pg", "seq", "complete", "bytes", "busbw_factor"])
+    con = duckdb.connect()
+    con.register("o", rows)
+    con.register("k", coll)
+    coll_list = ", ".join(f"'{o}'" for o in OPS.COLLECTIVE_OPS)
+    # One row per slot: (comm key, rid). Collectives: complete matched (pg, seq). P2P: the
+    # n-th send r->p matched with the n-th recv on p from r (metrics.md), both completed.
+    slots = con.sql(f"""
+        WITH c AS (
+            SELECT 0 AS is_p2p, o.pg, o.seq, 0 AS src, 0 AS dst, o.rid, o.rank, o.t_enqueue_ns AS te,
+                   k.bytes AS cbytes, k.busbw_factor AS factor
+            FROM o JOIN k ON k.pg = o.pg AND k.seq = o.seq
+            WHERE o.op IN ({coll_list}) AND k.complete AND o.t_enqueue_ns IS NOT NULL
+              AND o.t_end_ns IS NOT NULL AND o.t_return_ns IS NOT NULL),
+        x AS (
+            SELECT rid, pg, op, rank, peer, t_enqueue_ns, bytes,
+                   row_number() OVER (PARTITION BY pg, op, rank, peer ORDER BY t_enqueue_ns, op_id) AS ps
+            FROM o WHERE op IN ('send', 'recv') AND peer IS NOT NULL AND peer >= 0
+              AND t_enqueue_ns IS NOT NULL AND t_end_ns IS NOT NULL AND t_return_ns IS NOT NULL),
+        s AS (SELECT * FROM x WHERE op = 'send'),
+        r AS (SELECT * FROM x WHERE op = 'recv'),
+        p AS (
+            SELECT s.pg, s.ps, s.rank AS src, s.peer AS dst, s.rid AS srid, r.rid AS rrid,
+                   s.rank AS srank, r.rank AS rrank, s.t_enqueue_ns AS ste, r.t_enqueue_ns AS rte,
+                   coalesce(s.bytes, r.bytes) AS cbytes
+            FROM s JOIN r ON s.pg = r.pg AND s.rank = r.peer AND s.peer = r.rank AND s.ps = r.ps)
+        SELECT is_p2p, pg, seq, src, dst, rid, rank, te, cbytes, factor FROM c
+        UNION ALL SELECT 1, pg, ps, src, dst, srid, srank, ste, cbytes, 1.0 FROM p
+        UNION ALL SELECT 1, pg, ps, src, dst, rrid, rrank, rte, cbytes, 1.0 FROM p
+        ORDER BY 1, 2, 4, 5, 3, 7""").to_arrow_table()
+    con.close()
+    tick("slots sql")
+
+    rank_r = _col(rows, "rank", dtype=np.int64)
+    t_enq = _col(rows, "t_enqueue_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    t_ret = _col(rows, "t_return_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    t_end = _col(rows, "t_end_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    t_w = _col(rows, "t_wait_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    t_we = _col(rows, "t_wait_end_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    step_r = _col(rows, "step", fill=-1, dtype=np.int64)
+    NUL = np.iinfo(np.int64).min
+    have = np.concatenate([t_enq[t_enq != NUL], t_we[t_we != NUL]])
+    base = int(have.min()) if len(have) else 0
+
+    def rel(a):
+        out = (a - base).astype(np.float64)
+        out[a == NUL] = np.nan
+        return out
+
+    enq, ret, end, tw, twe = rel(t_enq), rel(t_ret), rel(t_end), rel(t_w), rel(t_we)
+
+    # ---- events: calls and waits, sorted by (rank, start, call before wait)
+    call_ok = ~np.isnan(enq) & ~np.isnan(ret)
+    wait_ok = ~np.isnan(tw) & ~np.isnan(twe)
+    rid_c = np.flatnonzero(call_ok)
+    rid_w = np.flatnonzero(wait_ok)
+    ev_row = np.concatenate([rid_c, rid_w])
+    ev_is_wait = np.concatenate([np.zeros(len(rid_c), bool), np.ones(len(rid_w), bool)])
+    ev_start = np.concatenate([enq[rid_c], tw[rid_w]])
+    ev_rel = np.concatenate([ret[rid_c], twe[rid_w]])
+    ev_rank = rank_r[ev_row]
+    order = np.lexsort((ev_is_wait, ev_start, ev_rank))
+    ev_row, ev_is_wait, ev_start, ev_rel, ev_rank = (a[order] for a in (ev_row, ev_is_wait, ev_start, ev_rel, ev_rank))
+    E = len(ev_row)
+    call_ev = np.full(n, -1, np.int64)
+    wait_ev = np.full(n, -1, np.int64)
+    idx = np.arange(E)
+    call_ev[ev_row[~ev_is_wait]] = idx[~ev_is_wait]
+    wait_ev[ev_row[ev_is_wait]] = idx[ev_is_wait]
+    tick("events")
+    ranks, rank_lo = np.unique(ev_rank, return_index=True)
+    rank_hi = np.r_[rank_lo[1:], E].astype(np.int64)
+    ev_first = np.zeros(E, bool)
+    ev_first[rank_lo] = True
+
+    # ---- slots and communications
+    s_rid = _col(slots, "rid", dtype=np.int64)
+    s_is_p2p = _col(slots, "is_p2p", dtype=np.int64).astype(bool)
+    s_pg = _col(slots, "pg", fill="").astype(object)
+    s_pgc = _codes(slots, "pg")
+    s_seq = _col(slots, "seq", fill=-1, dtype=np.int64)
+    s_src = _col(slots, "src", fill=-1, dtype=np.int64)
+    s_dst = _col(slots, "dst", fill=-1, dtype=np.int64)
+    nsl = len(s_rid)
+    if nsl:
+        newc = np.r_[True, (s_is_p2p[1:] != s_is_p2p[:-1]) | (s_pg[1:] != s_pg[:-1]) | (s_seq[1:] != s_seq[:-1])
+                     | (s_src[1:] != s_src[:-1]) | (s_dst[1:] != s_dst[:-1])]
+    else:
+        newc = np.zeros(0, bool)
+    sl_comm = np.cumsum(newc) - 1
+    cm_lo = np.flatnonzero(newc).astype(np.int64)
+    cm_hi = np.r_[cm_lo[1:], nsl].astype(np.int64)
+    C = len(cm_lo)
+    sl_rank = rank_r[s_rid]
+    sl_call = call_ev[s_rid]
+    sl_enter = enq[s_rid]
+    sl_leave = end[s_rid]
+    # group key of a slot: collectives by pg, p2p by (pg, unordered pair)
+    # latest arrival per comm
+    if C:
+        last_enter = np.maximum.reduceat(sl_enter, cm_lo)
+    else:
+        last_enter = np.zeros(0)
+    # previous slot on the same group and rank (collectives only: one collective at a time)
+    sl_prev = np.full(nsl, -1, np.int64)
+    coll_sl = np.flatnonzero(~s_is_p2p)
+    if len(coll_sl):
+        o2 = coll_sl[np.lexsort((sl_enter[coll_sl], sl_rank[coll_sl], s_pgc[coll_sl]))]
+        same = np.r_[False, (sl_rank[o2[1:]] == sl_rank[o2[:-1]]) & (s_pgc[o2[1:]] == s_pgc[o2[:-1]])]
+        sl_prev[o2[same]] = o2[np.flatnonzero(same) - 1]
+    queue = np.where(sl_prev >= 0, sl_leave[np.maximum(sl_prev, 0)], -np.inf)
+    cm_T0 = np.maximum(last_enter, np.maximum.reduceat(queue, cm_lo)) if C else np.zeros(0)
+    T0_sl = cm_T0[sl_comm] if nsl else np.zeros(0)
+    sl_dep = sl_leave >= T0_sl
+    sl_tc = np.where(sl_dep, sl_leave - T0_sl, sl_leave - sl_enter)
+    # the latest arrival of each comm (first of ties)
+    if C:
+        is_last = sl_enter == last_enter[sl_comm]
+        cand = np.where(is_last, np.arange(nsl), nsl)
+        cm_last = np.minimum.reduceat(cand, cm_lo)
+    else:
+        cm_last = np.zeros(0, np.int64)
+    cm_is_p2p = s_is_p2p[cm_lo] if C else np.zeros(0, bool)
+    row_op = _col(rows, "op", fill="").astype(object)
+    cm_op = np.where(cm_is_p2p, "send/recv", row_op[s_rid[cm_lo]] if C else np.zeros(0, object)).astype(object)
+    cm_pg = s_pg[cm_lo] if C else np.zeros(0, object)
+    cm_seq = s_seq[cm_lo] if C else np.zeros(0, np.int64)
+    cm_bytes = _col(slots, "cbytes", fill=0, dtype=np.float64)[cm_lo] if C else np.zeros(0)
+    cm_factor = _col(slots, "factor", fill=1.0, dtype=np.float64)[cm_lo] if C else np.zeros(0)
+    tc_dep = np.where(sl_dep, sl_tc, np.inf)
+    cm_tcomm = np.minimum.reduceat(tc_dep, cm_lo) if C else np.zeros(0)
+    cm_tcomm = np.where(np.isfinite(cm_tcomm), cm_tcomm, 0.0)
+
+    tick("slots")
+    # ---- events <-> slots, anchors, gaps
+    ev_slot = np.full(E, -1, np.int64)
+    sl_of_row = np.full(n, -1, np.int64)
+    sl_of_row[s_rid] = np.arange(nsl)
+    ev_slot = sl_of_row[ev_row]
+    has = ev_slot >= 0
+    Lev = np.full(E, np.nan)
+    Lev[has] = sl_leave[ev_slot[has]]
+    ev_anchor = has & (ev_rel >= Lev)
+    ev_rho = np.where(ev_anchor, ev_rel - np.maximum(ev_start, np.nan_to_num(Lev, nan=-np.inf)), 0.0)
+    ev_dur = ev_rel - ev_start
+    # a wait state needs the host to wait: it starts when the host blocked on the op (the
+    # call, or its wait()); an op nobody waited for delayed nobody (metrics.md late sender
+    # takes the wait() start for isend/irecv alike)
+    sl_block = np.full(nsl, np.inf)
+    ai = np.flatnonzero(ev_anchor)
+    if len(ai):
+        np.minimum.at(sl_block, ev_slot[ai], ev_start[ai])
+    blocked = np.isfinite(sl_block)
+    sl_wait = np.where(blocked, np.maximum(0.0, np.minimum(last_enter[sl_comm] if nsl else np.zeros(0), sl_leave)
+                                           - np.where(blocked, sl_block, 0.0)), 0.0)
+    sl_block = np.where(blocked, sl_block, sl_enter)
+    prev_rel = np.r_[0.0, ev_rel[:-1]]
+    ev_gap = np.where(ev_first, ev_start, ev_start - prev_rel)
+    ev_step = step_r[ev_row]
+
+    tick("anchors")
+    # synchronisation point of each slot: the latest release, at or before its entry, of a
+    # host event of the same rank that waited for a communication of the same group (p2p: the
+    # same pair). An async op issued but not yet waited is no synchronisation point.
+    sl_sync = np.full(nsl, np.nan)
+    if nsl:
+        pl = np.where(s_is_p2p, np.minimum(s_src, s_dst), -1)
+        ph = np.where(s_is_p2p, np.maximum(s_src, s_dst), -1)
+        # dense id of (group key, rank) per slot
+        o3 = np.lexsort((sl_rank, ph, pl, s_pgc))
+        newk = np.r_[True, (sl_rank[o3[1:]] != sl_rank[o3[:-1]]) | (s_pgc[o3[1:]] != s_pgc[o3[:-1]])
+                     | (pl[o3[1:]] != pl[o3[:-1]]) | (ph[o3[1:]] != ph[o3[:-1]])]
+        gr = np.empty(nsl, np.int64)
+        gr[o3] = np.cumsum(newk) - 1
+        ai = np.flatnonzero(ev_anchor)
+        akey = (gr[ev_slot[ai]] << 44) + np.floor(ev_rel[ai]).astype(np.int64)
+        ao = np.argsort(akey, kind="stable")
+        akey_s = akey[ao]
+        arel_s = ev_rel[ai][ao]
+        q = (gr << 44) + np.floor(sl_enter).astype(np.int64)
+        j = np.searchsorted(akey_s, q, "right") - 1
+        okj = (j >= 0) & ((akey_s[np.maximum(j, 0)] >> 44) == gr) if len(akey_s) else np.zeros(nsl, bool)
+        sl_sync[okj] = arel_s[j[okj]]
+        # p2p: an eager send is never waited for, so the previous transfer on the pair counts
+        # as the synchronisation point once its call returned (Scalasca: the interval since
+        # the previous communication between the two)
+        p2 = np.flatnonzero(s_is_p2p)
+        if len(p2):
+            o4 = p2[np.lexsort((sl_enter[p2], gr[p2]))]
+            same = np.r_[False, gr[o4[1:]] == gr[o4[:-1]]]
+            cur, prv = o4[same], o4[np.flatnonzero(same) - 1]
+            closing = ret[s_rid[prv]]
+            wend = twe[s_rid[prv]]
+            closing = np.where(~np.isnan(wend) & (wend <= sl_enter[cur]), np.fmax(closing, wend), closing)
+            sl_sync[cur] = np.fmax(sl_sync[cur], closing)
+    # no previous sync on the group: the rank's first event
+    first_start = np.full(int(ranks.max()) + 1 if len(ranks) else 1, np.nan)
+    first_start[ranks] = ev_start[rank_lo]
+    miss = np.isnan(sl_sync)
+    sl_sync[miss] = first_start[sl_rank[miss]] if nsl else sl_sync[miss]
+    sl_sync = np.minimum(sl_sync, sl_enter)
+
+    tick("sync")
+    # ---- excess gap: gap minus the median gap of the same event (site, op, call/wait, step,
+    # occurrence) on the other ranks that have it
+    row_site = _col(rows, "site", fill="").astype(object)
+    lab = _codes(rows, "site") * 4096 + _codes(rows, "op")
+    ev_excess, ev_has_peers = _excess(ev_rank, lab[ev_row], ev_is_wait, ev_gap, ev_first, ev_step)
+
+    tick("excess")
+    # ---- window: from the first release of a rank that waited for another, to the last release
+    anc = np.flatnonzero(ev_anchor)
+    if len(anc):
+        fa = np.unique(ev_rank[anc], return_index=True)[1]
+        t_begin = float(np.min(ev_rel[anc[fa]]))
+    else:
+        t_begin = float(np.min(ev_start)) if E else 0.0
+    t_end_ = float(np.max(ev_rel)) if E else 0.0
+    return Model(
+        base_ns=base, ranks=ranks.astype(np.int64), ev_rank=ev_rank, ev_start=ev_start, ev_rel=ev_rel,
+        ev_row=ev_row, ev_is_wait=ev_is_wait, ev_slot=ev_slot, ev_anchor=ev_anchor, ev_gap=ev_gap,
+        ev_dur=ev_dur, ev_rho=ev_rho, ev_first=ev_first, ev_excess=ev_excess, ev_has_peers=ev_has_peers,
+        ev_step=ev_step, rank_lo=rank_lo.astype(np.int64), rank_hi=rank_hi,
+        sl_comm=sl_comm.astype(np.int64), sl_rank=sl_rank, sl_call=sl_call, sl_enter=sl_enter,
+        sl_leave=sl_leave, sl_dep=sl_dep, sl_tc=sl_tc, sl_prev=sl_prev, sl_sync=sl_sync, sl_wait=sl_wait, sl_block=sl_block,
+        cm_lo=cm_lo, cm_hi=cm_hi, cm_T0=cm_T0, cm_last=cm_last.astype(np.int64), cm_is_p2p=cm_is_p2p,
+        cm_op=cm_op, cm_pg=cm_pg, cm_seq=cm_seq, cm_bytes=cm_bytes, cm_factor=cm_factor, cm_tcomm=cm_tcomm,
+        row_op=row_op, row_site=row_site, row_pg=_col(rows, "pg", fill="").astype(object),
+        row_seq=_col(rows, "seq", fill=-1, dtype=np.int64), t_begin=t_begin, t_end=t_end_)
+
+
+def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step):
+    """Per event: max(0, gap - median of the same event's gaps on the other ranks). The same
+    event = same (site, op, call or wait, step) and the same occurrence of it within the rank's
+    step, i.e. the same place in the program."""
+    E = len(ev_gap)
+    if E == 0:
+        return np.zeros(0), np.zeros(0, bool)
+    key = ev_label * 2 + ev_is_wait.astype(np.int64)
+    # occurrence of key within (rank, step)
+    o = np.lexsort((np.arange(E), key, ev_step, ev_rank))
+    k_r, k_s, k_k = ev_rank[o], ev_step[o], key[o]
+    newg = np.r_[True, (k_r[1:] != k_r[:-1]) | (k_s[1:] != k_s[:-1]) | (k_k[1:] != k_k[:-1])]
+    gid = np.cumsum(newg) - 1
+    starts = np.flatnonzero(newg)
+    occ_sorted = np.arange(E) - starts[gid]
+    occ = np.empty(E, np.int64)
+    occ[o] = occ_sorted
+    g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
+    # group by (key, step, occ) across ranks
+    o2 = np.lexsort((g, occ, ev_step, key))
+    kk, ss, oc = key[o2], ev_step[o2], occ[o2]
+    newp = np.r_[True, (kk[1:] != kk[:-1]) | (ss[1:] != ss[:-1]) | (oc[1:] != oc[:-1])]
+    pid = np.cumsum(newp) - 1
+    plo = np.flatnonzero(newp)
+    gs = g[o2]
+    valid = ~np.isnan(gs)
+    cnt = np.bincount(pid, weights=valid.astype(float), minlength=len(plo)).astype(np.int64)
+    # NaNs sort last within a group, so the valid values are the first cnt of each group
+    pos = np.arange(E) - plo[pid]        # position of this value among its group's sorted values
+    m = cnt[pid] - 1                     # number of others
+    has_peers = valid & (m >= 1)
+
+    def at(j):
+        j = np.clip(j, 0, None)
+        # others' j-th value skips this value's own position
+        jj = np.where(j >= pos, j + 1, j)
+        return gs[np.clip(plo[pid] + jj, 0, E - 1)]
+
+    half = m // 2
+    med = np.where(m % 2 == 1, at(half), 0.5 * (at(half - 1) + at(half)))
+    ex_sorted = np.where(has_peers, np.maximum(0.0, gs - med), 0.0)
+    ex = np.empty(E)
+    ex[o2] = ex_sorted
+    hp = np.empty(E, bool)
+    hp[o2] = has_peers
+    return ex, hp

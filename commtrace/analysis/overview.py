@@ -1,0 +1,303 @@
+"""The overview of a run: how the job ended, its size, the headline fractions per step, the
+per-rank health and the top findings with their meaning, cost and fix; and, for a job still
+running, what each rank is in now (the live strip) and which rank has not joined.
+
+Pure functions of a loaded :class:`~commtrace.analysis.run.Run` (and, for the live figures, of
+what :func:`commtrace.format.reader.poll_run` read). The dashboard's overview page and the
+report's ``overview`` key are both :func:`overview`, so that they cannot disagree. Names follow
+``shared/reference/metrics.md``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .. import ops as OPS
+from .catalogue import entry
+
+#: Exit codes of a job stopped on purpose (128 + SIGINT, 128 + SIGTERM): "interrupted".
+INTERRUPT_CODES = (130, 143)
+#: A snapshot older than this many flush intervals (+ slack) says nothing about a live rank.
+FRESH_FLUSHES = 3
+FRESH_SLACK_NS = 2_000_000_000
+#: A collective pending this long on some members while another member has not issued it is
+#: a hang in the making: the live view names the rank that has not joined.
+LIVE_STUCK_NS = 2_000_000_000
+#: Findings shown as cards on the overview.
+TOP_CARDS = 5
+#: Collectives the "show on timeline" window of a straggler covers (its first late ones).
+STRAGGLER_WINDOW_COLLECTIVES = 3
+
+
+def _flush_ns(run) -> float:
+    vals = [float(m.get("flush_interval_s") or 0) for m in (run.meta or {}).values()]
+    vals = [v for v in vals if v > 0]
+    return (max(vals) if vals else 2.0) * 1e9
+
+
+def job_state(run, manifest: dict | None = None, snapshots: dict | None = None,
+              now_ns: int | None = None) -> dict:
+    """How the job ended, from what the run directory says: ``state`` is ``completed`` (the
+    launcher recorded exit code 0), ``interrupted`` (exit code 130 or 143: SIGINT / SIGTERM),
+    ``failed`` (any other exit code), ``running`` (no end recorded and a rank's snapshot is
+    fresh and not final) or ``unknown``; with ``exit_code``, ``start_ns``, ``end_ns`` and
+    ``detail`` (one line). `manifest` / `snapshots` default to what was loaded with the run."""
+    if manifest is None and snapshots is None and hasattr(run, "job"):
+        # What was loaded with the run: the report's `job` (analysis/job.py), one source.
+        from .job import describe
+
+        j = run.job()
+        sess = getattr(run._files, "session", None) or {}
+        return {"state": j["state"], "exit_code": j["exit_code"],
+                "start_ns": run.manifest.get("start_ns") or sess.get("start_ns"),
+                "end_ns": sess.get("end_ns") or run.manifest.get("end_ns"),
+                "detail": describe(j)[len("job: "):].split(" (", 1)[-1].rstrip(")")
+                if "(" in describe(j) else "",
+                "failed_ranks": j["failed_ranks"], "signal": j["signal"]}
+    m = run.manifest if manifest is None else manifest
+    snaps = (getattr(run._files, "inflight", {}) or {}) if snapshots is None else snapshots
+    now = time.time_ns() if now_ns is None else now_ns
+    out = {"state": "unknown", "exit_code": m.get("exit_code"), "start_ns": m.get("start_ns"),
+           "end_ns": m.get("end_ns"), "detail": ""}
+    if m.get("end_ns") is not None:
+        rc = m.get("exit_code")
+        if rc == 0:
+            out["state"], out["detail"] = "completed", "exit code 0"
+        elif rc in INTERRUPT_CODES:
+            out["state"], out["detail"] = "interrupted", f"stopped by a signal (exit code {rc})"
+        else:
+            out["state"], out["detail"] = "failed", f"exit code {rc}"
+        return out
+    fresh = [r for r, s in snaps.items() if not s.get("final") and s.get("t_ns") is not None
+             and now - int(s["t_ns"]) <= FRESH_FLUSHES * _flush_ns(run) + FRESH_SLACK_NS]
+    if fresh:
+        out["state"] = "running"
+        out["detail"] = f"{len(fresh)} rank(s) wrote a snapshot in the last {FRESH_FLUSHES} flushes"
+    elif snaps and all(s.get("final") for s in snaps.values()):
+        out["detail"] = "every rank flushed at exit, but no launcher recorded the exit code"
+    else:
+        out["detail"] = "no exit code recorded and no fresh snapshot (killed, or copied while running)"
+    return out
+
+
+def _step_spans(run) -> dict:
+    """(rank, step) -> step time (ns) on that rank: from the step's first event to the next
+    step's first event (the last step: to the rank's last event)."""
+    rows = run._sql(f"""
+        SELECT rank, step, t0, coalesce(lead(t0) OVER (PARTITION BY rank ORDER BY step), t_last) - t0
+        FROM (SELECT rank, step, min(t_enqueue_ns) AS t0,
+                     max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)) AS t_last
+              FROM {run._t} WHERE step IS NOT NULL GROUP BY rank, step)""").fetchall()
+    return {(int(r), int(s)): (int(t0), max(int(d or 0), 0)) for r, s, t0, d in rows}
+
+
+def _fractions(step_ns: float, exposed_s: float, wait_s: float) -> dict:
+    """compute / exposed comm / wait as fractions of `step_ns` (they add up to 1): `wait` is the
+    wait-state time inside the exposed communication (a rank blocked in a collective waiting for
+    late ranks), `exposed_comm` the rest of the exposed communication (the transfer itself)."""
+    t = step_ns / 1e9
+    if t <= 0:
+        return {"compute": None, "exposed_comm": None, "wait": None}
+    ex = min(max(exposed_s, 0.0), t)
+    w = min(max(wait_s, 0.0), ex)
+    return {"compute": (t - ex) / t, "exposed_comm": (ex - w) / t, "wait": w / t}
+
+
+def headline(run) -> dict:
+    """World size, ranks, duration, steps, and the headline fractions of the time of the ranks:
+    ``compute`` (not blocked in communication), ``exposed_comm`` (blocked in communication, the
+    transfer) and ``wait`` (blocked waiting for other ranks: the wait states of metrics.md),
+    with the overlap ratio, over the whole run (``run``: per_rank() totals over duration x
+    ranks) and per step (``per_step``: per_step() summed over ranks, over the step times)."""
+    t_span = ((run.t_max_ns or 0) - (run.t_min_ns or 0)) if run.t_min_ns is not None else 0
+    pr = run.per_rank().to_pylist()
+    tot = {k: float(sum((r.get(k) or 0.0) for r in pr)) for k in ("exposed_s", "wait_s", "inflight_s", "overlapped_s")}
+    whole = _fractions(t_span * max(len(pr), 1), tot["exposed_s"], tot["wait_s"])
+    whole["overlap_ratio"] = tot["overlapped_s"] / tot["inflight_s"] if tot["inflight_s"] > 0 else None
+    whole.update({k: tot[k] for k in tot})
+    spans = _step_spans(run)
+    acc: dict[int, dict] = {}
+    for r in run.per_step().to_pylist():
+        if r["step"] is None:
+            continue
+        s = int(r["step"])
+        a = acc.setdefault(s, {"t_ns": 0.0, "t0": None, "exposed_s": 0.0, "wait_s": 0.0, "inflight_s": 0.0,
+                               "overlapped_s": 0.0, "ranks": 0})
+        t0, d = spans.get((int(r["rank"]), s), (None, 0))
+        a["t_ns"] += d
+        if t0 is not None:
+            a["t0"] = t0 if a["t0"] is None else min(a["t0"], t0)
+        for k in ("exposed_s", "wait_s", "inflight_s", "overlapped_s"):
+            a[k] += float(r.get(k) or 0.0)
+        a["ranks"] += 1
+    steps = []
+    for s in sorted(acc):
+        a = acc[s]
+        f = _fractions(a["t_ns"], a["exposed_s"], a["wait_s"])
+        steps.append({"step": s, "t_s": (a["t0"] - run.t_min_ns) / 1e9 if a["t0"] is not None and run.t_min_ns is not None else None,
+                      "step_s": a["t_ns"] / 1e9 / max(a["ranks"], 1), **f,
+                      "overlap_ratio": a["overlapped_s"] / a["inflight_s"] if a["inflight_s"] > 0 else None,
+                      "exposed_s": a["exposed_s"], "wait_s": a["wait_s"]})
+    return {"world_size": run.world_size, "ranks": len(run.ranks), "missing_ranks": list(run.missing_ranks),
+            "duration_s": t_span / 1e9, "steps": len(steps), "run": whole, "per_step": steps}
+
+
+def health(run, findings=None) -> list[dict]:
+    """Per rank (per_rank()): ``wait_s``, ``exposed_s``, ``overlap_ratio``, ``straggler_share``
+    and ``flag``: the kind of the most severe finding that names the rank (``straggler``,
+    ``not_joined``, ...) or None."""
+    findings = run.findings() if findings is None else findings
+    flag: dict[int, str] = {}
+    for f in findings:  # sorted by severity: the first one naming a rank wins
+        if f.rank is not None and int(f.rank) not in flag:
+            flag[int(f.rank)] = f.kind
+    return [{"rank": int(r["rank"]), "wait_s": r["wait_s"], "exposed_s": r["exposed_s"],
+             "overlap_ratio": r["overlap_ratio"], "straggler_share": r["straggler_share"],
+             "flag": flag.get(int(r["rank"]))} for r in run.per_rank().to_pylist()]
+
+
+def evidence(run, f) -> dict:
+    """Where a finding's evidence is on the timeline: ``t0_ns``, ``t1_ns`` (aligned) and the
+    collective to select (``pg``, ``seq``, or None). A finding naming one collective: that
+    collective on every rank. A straggler: its first
+    :data:`STRAGGLER_WINDOW_COLLECTIVES` collectives in which it arrived last (the first one
+    selected). Else the finding's span, at most 50 ms from its start."""
+    pg, seq = f.pg, f.seq
+    t0, t1 = f.t_ns, f.t_end_ns
+    if f.kind == "straggler" and f.rank is not None:
+        c = run._ensure_coll()
+        rows = run._sql(f"""
+            SELECT pg, seq, first_enter_ns, last_leave_ns FROM {c}
+            WHERE last_rank = ? AND complete AND NOT first_of_pg AND n_ranks >= 2
+            ORDER BY first_enter_ns LIMIT {STRAGGLER_WINDOW_COLLECTIVES}""", [int(f.rank)]).fetchall()
+        if rows:
+            pg, seq = rows[0][0], int(rows[0][1])
+            t0 = min(int(r[2]) for r in rows if r[2] is not None)
+            t1 = max(int(r[3] if r[3] is not None else r[2]) for r in rows)
+    elif pg is not None and seq is not None:
+        c = run._ensure_coll()
+        row = run._sql(f"SELECT first_enter_ns, last_leave_ns FROM {c} WHERE pg = ? AND seq = ?",
+                       [pg, int(seq)]).fetchone()
+        if row and row[0] is not None:
+            t0, t1 = int(row[0]), int(row[1] if row[1] is not None else row[0])
+    else:
+        pg = seq = None
+    if t0 is None:
+        t0 = run.t_min_ns or 0
+    if t1 is None or t1 < t0:
+        t1 = t0
+    if f.kind != "straggler" and (pg is None or seq is None):
+        t1 = min(max(t1, t0 + 1_000_000), t0 + 50_000_000)
+    return {"t0_ns": int(t0), "t1_ns": int(t1), "pg": pg, "seq": None if seq is None else int(seq)}
+
+
+def cards(run, findings=None, top: int = TOP_CARDS) -> list[dict]:
+    """The top findings as cards: ``i`` (index in ``run.findings()``), kind, severity, title,
+    meaning and fix (:mod:`commtrace.analysis.catalogue`, the text of docs/findings.md),
+    message, rank, site, ``cost_s`` (the finding's ``cost_s`` when the analysis gives one, else
+    its impact), ``share`` (cost over the ranks' total time, duration x ranks), ``gain_s`` when
+    given, and ``evidence`` (:func:`evidence`). One card per kind and rank at most."""
+    findings = run.findings() if findings is None else findings
+    t_span = ((run.t_max_ns or 0) - (run.t_min_ns or 0)) / 1e9 if run.t_min_ns is not None else 0.0
+    rank_time = t_span * max(len(run.ranks), 1)
+    out, seen = [], set()
+    for i, f in enumerate(findings):
+        key = (f.kind, f.rank)
+        if key in seen:
+            continue
+        seen.add(key)
+        e = entry(f.kind)
+        cost = getattr(f, "cost_s", None)
+        if cost is None:
+            cost = (f.impact_ns or 0) / 1e9
+        out.append({"i": i, "kind": f.kind, "severity": f.severity, "title": e.title, "meaning": e.meaning,
+                    "fix": e.fix, "message": f.message, "rank": f.rank, "pg": f.pg, "seq": f.seq, "op": f.op,
+                    "site": f.site, "cost_s": float(cost), "gain_s": getattr(f, "gain_s", None),
+                    "share": float(cost) / rank_time if rank_time > 0 else None,
+                    "count": sum(1 for g in findings if g.kind == f.kind),
+                    "evidence": evidence(run, f)})
+        if len(out) >= top:
+            break
+    return out
+
+
+def overview(run, top: int = TOP_CARDS) -> dict:
+    """The overview page (and the report's ``overview`` key): ``job`` (:func:`job_state`),
+    ``headline`` (:func:`headline`), ``health`` (:func:`health`), ``cards`` (:func:`cards`)
+    and ``finding_counts`` (kind -> count)."""
+    fs = run.findings()
+    counts: dict[str, int] = {}
+    for f in fs:
+        counts[f.kind] = counts.get(f.kind, 0) + 1
+    return {"job": job_state(run), "headline": headline(run), "health": health(run, fs),
+            "cards": cards(run, fs, top), "finding_counts": counts}
+
+
+# ------------------------------------------------------------------------------------ live
+def _issued(run) -> dict:
+    """(pg, rank) -> highest collective seq in the loaded parts."""
+    rows = run._sql(f"""SELECT pg, rank, max(seq) FROM {run._t}
+                        WHERE kind = 'op' AND ckey IS NOT NULL GROUP BY pg, rank""").fetchall()
+    return {(str(pg), int(r)): int(s) for pg, r, s in rows if s is not None}
+
+
+def live_status(run, poll: dict, now_ns: int | None = None) -> dict:
+    """What each rank is in now, from the latest snapshots (`poll`, as read by
+    :func:`commtrace.format.reader.poll_run`) and the loaded parts of `run`:
+
+    ``ranks``: per rank ``op``, ``pg``, ``seq`` of its oldest pending op (None when nothing is in
+    flight), ``for_s`` (how long it has been pending), ``no_progress_s`` (since its last
+    completion or, when it has none since, since the oldest pending op was issued),
+    ``snapshot_age_s`` and ``final`` (the rank flushed at exit).
+
+    ``hang``: the first collective pending for at least :data:`LIVE_STUCK_NS` on some members
+    that another member has not issued (its highest seq on the group is lower): ``rank`` (the
+    one not joined, the lowest if several), ``ranks``, ``pg``, ``seq``, ``op``, ``waiting``
+    (the ranks in it) and ``for_s``; None when there is none. ``job``: :func:`job_state`."""
+    now = time.time_ns() if now_ns is None else now_ns
+    snaps = poll.get("snapshots") or {}
+    last = run.last_completed()
+    offs = getattr(run, "clock_offsets", None) or {}
+    issued = _issued(run)
+    ranks, pending = [], {}
+    for r in sorted(set(run.ranks) | set(snaps)):
+        s = snaps.get(r) or {}
+        ops = [o for o in s.get("ops", []) if (o.get("kind") or "op") == "op" and o.get("t_enqueue_ns") is not None]
+        for o in ops:
+            if o.get("pg") is not None and o.get("seq") is not None and o.get("op") in OPS.COLLECTIVE_OPS:
+                k = (str(o["pg"]), int(o["seq"]))
+                issued[(k[0], r)] = max(issued.get((k[0], r), -1), k[1])
+                pending.setdefault(k, {"op": o.get("op"), "ranks": {}})["ranks"][r] = int(o["t_enqueue_ns"])
+        cur = min(ops, key=lambda o: int(o["t_enqueue_ns"])) if ops else None
+        lc = last.get(r) or {}
+        t_last = lc.get("t_end_ns")
+        t_last_raw = None if t_last is None else int(t_last) + int(offs.get(r, 0) or 0)
+        row = {"rank": int(r), "op": None, "pg": None, "seq": None, "for_s": None,
+               "no_progress_s": None if t_last_raw is None else max(0.0, (now - t_last_raw) / 1e9),
+               "last_op": lc.get("op"), "last_seq": lc.get("seq"),
+               "snapshot_age_s": None if s.get("t_ns") is None else max(0.0, (now - int(s["t_ns"])) / 1e9),
+               "final": bool(s.get("final"))}
+        if cur is not None:
+            t_e = int(cur["t_enqueue_ns"])
+            row.update(op=cur.get("op"), pg=None if cur.get("pg") is None else str(cur.get("pg")),
+                       seq=None if cur.get("seq") is None else int(cur["seq"]), for_s=max(0.0, (now - t_e) / 1e9),
+                       site=cur.get("site"))
+            if t_last_raw is None or t_last_raw < t_e:
+                row["no_progress_s"] = row["for_s"]
+        ranks.append(row)
+    hang = None
+    members_of = run.pg_members
+    for (pg, seq), p in sorted(pending.items(), key=lambda kv: min(kv[1]["ranks"].values())):
+        waited = (now - min(p["ranks"].values()))
+        if waited < LIVE_STUCK_NS:
+            continue
+        members = members_of.get(pg) or list(range(run.world_size))
+        missing = [m for m in members if m not in p["ranks"] and issued.get((pg, m), -1) < seq]
+        if missing:
+            hang = {"rank": min(missing), "ranks": sorted(missing), "pg": pg, "seq": seq, "op": p["op"],
+                    "waiting": sorted(p["ranks"]), "for_s": waited / 1e9}
+            break
+    return {"ranks": ranks, "hang": hang,
+            "job": job_state(run, poll.get("manifest") or {}, snaps, now)}

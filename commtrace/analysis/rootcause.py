@@ -1,0 +1,206 @@
+"""Root cause and what-if for the report, the findings and the dashboard: one place that runs
+delay analysis (:mod:`.delay`), the critical path (:mod:`.critical_path`) and the replay
+(:mod:`.replay`) and turns them into the report's `what_if`, `delays` and `critical_path`
+sections and the findings' `cost_s`, `gain_s` and `root_cause` (docs/findings.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import critical_path as CP
+from . import delay as D
+from . import replay as RP
+from .model import build_model
+
+#: Delays replayed one by one (their `gain_s`), and ranks made as fast as the median rank.
+TOP_DELAYS = 5
+TOP_RANKS = 3
+#: Finding kinds whose rank's delays are the finding's cost (the late rank is `rank`).
+RANK_KINDS = ("straggler", "late_sender", "late_receiver")
+
+
+def _fmt_s(v: float) -> str:
+    a = abs(v)
+    if a >= 1:
+        return f"{v:.3g} s" if a < 100 else f"{v:.0f} s"
+    if a >= 1e-3:
+        return f"{v * 1e3:.3g} ms"
+    return f"{v * 1e6:.3g} us"
+
+
+def _where(d: dict) -> str:
+    op = d.get("op") or "the next op"
+    at = f" at {d['site']}" if d.get("site") else ""
+    return f"before {op}{at}"
+
+
+def save_text(what: str, gain_s: float, total_s: float) -> str:
+    """"Fixing X would save 11.8 s of 95.1 s (12.4%)"."""
+    pct = 100.0 * gain_s / total_s if total_s > 0 else 0.0
+    return f"{what} would save {_fmt_s(gain_s)} of {_fmt_s(total_s)} ({pct:.1f}%)"
+
+
+def what_if(run, busbw_ref: float | None = None) -> dict:
+    """Replay scenarios and their projected gains (cached per run and `busbw_ref`)."""
+    m = build_model(run)
+    cache = getattr(m, "_whatif", None)
+    if cache is None:
+        cache = m._whatif = {}
+    key = None if busbw_ref is None else float(busbw_ref)
+    if key in cache:
+        return cache[key]
+    dl = D.delays(run, top=TOP_DELAYS).to_pylist()
+    by_rank = D.cost_by_rank(run)
+    ranks = [r for r, (a, b) in sorted(by_rank.items(), key=lambda kv: -(kv[1][0] + kv[1][1])) if a + b > 0][:TOP_RANKS]
+    scs = [RP.baseline()]
+    for r in ranks:
+        scs.append(RP.rank_median(m, r))
+    for d in dl:
+        if d["delay_s"] > 0:
+            scs.append(RP.fix_delay(m, d["event"], f"rank {d['rank']}'s delay {_where(d)} (step {d['step']}) removed"))
+    scs.append(RP.comm_hidden(m))
+    if busbw_ref:
+        for op in sorted({str(o) for o, p2p in zip(m.cm_op.tolist(), m.cm_is_p2p.tolist()) if not p2p}):
+            scs.append(RP.busbw_ref(m, op, busbw_ref))
+    if ranks:
+        # the top rank removed from the critical path of the group it delayed most
+        pg = _group_delayed(m, ranks[0])
+        if pg is not None:
+            scs.append(RP.remove_rank(m, ranks[0], pg))
+    res = RP.replay(m, scs)
+    val = RP._validation(m, res)
+    total = val["run_time_s"]
+    base_end = float(res.t_end[0])
+    out_sc = []
+    for sc, te in zip(scs[1:], res.t_end[1:].tolist()):
+        gain = (base_end - te) / 1e9
+        row = {"name": sc.name, "kind": sc.kind, "params": sc.params, "gain_s": gain,
+               "projected_s": total - gain, "gain_pct": 100.0 * gain / total if total > 0 else 0.0}
+        if sc.kind == "fix_delay":
+            row["text"] = save_text(f"Fixing {sc.name.replace(' removed', '')}", gain, total)
+        elif sc.kind == "rank_median":
+            row["text"] = save_text(f"Making rank {sc.params['rank']} as fast as the median rank", gain, total)
+        elif sc.kind == "comm_hidden":
+            row["text"] = save_text("Overlapping all communication fully", gain, total)
+        elif sc.kind == "busbw_ref":
+            row["text"] = save_text(f"Running every {sc.params['op']} at {sc.params['busbw_gbps']:g} GB/s bus bandwidth", gain, total)
+        else:
+            row["text"] = save_text(f"Taking rank {sc.params['rank']} off pg {sc.params['pg']}'s critical path", gain, total)
+        out_sc.append(row)
+    # per-delay gains
+    gains = {sc.params.get("event"): g for sc, g in zip(scs, ((base_end - x) / 1e9 for x in res.t_end.tolist()))
+             if sc.kind == "fix_delay"}
+    delays = []
+    for d in dl:
+        d = dict(d)
+        g = gains.get(d["event"])
+        d["gain_s"] = g
+        d["text"] = save_text(f"Fixing rank {d['rank']}'s delay {_where(d)}", g, total) if g is not None else None
+        delays.append(d)
+    a = D.attribution(run)
+    out = {
+        "model": "docs/findings.md#what-if-by-replay",
+        "t_begin_ns": int(round(m.t_begin)) + m.base_ns, "t_end_ns": int(round(m.t_end)) + m.base_ns,
+        "run_time_s": total, "replayed_s": val["replayed_s"], "replay_error": val["error"],
+        "max_step_error": val.get("max_step_error"),
+        "steps": val["steps"] if len(val["steps"]) <= 1000 else None,
+        "busbw_ref_gbps": key,
+        "scenarios": sorted(out_sc, key=lambda x: -x["gain_s"]),
+        "rank_gains": {int(sc.params["rank"]): (base_end - te) / 1e9 for sc, te in zip(scs, res.t_end.tolist())
+                       if sc.kind == "rank_median"},
+        "delays": delays,
+        "wait_total_s": a["total_wait"] / 1e9,
+        "delay_cost_total_s": float(a["ev_direct"].sum() + a["ev_prop"].sum()) / 1e9,
+        "propagation_iterations": int(a["iterations"]),
+    }
+    cache[key] = out
+    return out
+
+
+def _group_delayed(m, rank: int):
+    """The group whose waits the delays of `rank` cost most (collectives only)."""
+    a = getattr(m, "_attribution", None)
+    if a is None:
+        return None
+    d = m.cm_last[m.sl_comm]
+    sel = (m.sl_rank[d] == rank) & ~m.cm_is_p2p[m.sl_comm]
+    if not sel.any():
+        return None
+    pgs = m.cm_pg[m.sl_comm[sel]]
+    w = (a["sl_direct"] + a["sl_prop"])[sel]
+    best = {}
+    for p, x in zip(pgs.tolist(), w.tolist()):
+        best[p] = best.get(p, 0.0) + x
+    return max(best, key=best.get) if best else None
+
+
+def rank_gain(run, rank: int) -> float:
+    """Projected saving (s) if `rank` were as fast as the median rank."""
+    wi = None
+    m = build_model(run)
+    for v in (getattr(m, "_whatif", None) or {}).values():
+        wi = v
+        break
+    if wi is None:
+        wi = what_if(run)
+    if rank in wi["rank_gains"]:
+        return wi["rank_gains"][rank]
+    res = RP.replay(m, [RP.baseline(), RP.rank_median(m, rank)])
+    g = (float(res.t_end[0]) - float(res.t_end[1])) / 1e9
+    wi["rank_gains"][rank] = g
+    return g
+
+
+def annotate_findings(run, findings: list) -> list:
+    """Give each finding `cost_s` (delay costs of its late rank), `gain_s` (the replay's
+    saving if that rank were as fast as the median rank) and `root_cause` (the rank's costliest
+    delay); order by `gain_s` (largest first), findings without one after, in their order."""
+    if not findings:
+        return findings
+    need = [f for f in findings if f.kind in RANK_KINDS and f.rank is not None]
+    if not need:
+        return findings
+    m = build_model(run)
+    if not m.n_events:
+        return findings
+    wi = what_if(run)
+    total = wi["run_time_s"]
+    by_rank = D.cost_by_rank(run)
+    top = {}
+    for d in D.delays(run).to_pylist():
+        top.setdefault(d["rank"], d)
+        if len(top) >= len(by_rank):
+            break
+    for f in need:
+        r = int(f.rank)
+        a, b = by_rank.get(r, (0.0, 0.0))
+        f.cost_s = a + b
+        f.gain_s = rank_gain(run, r)
+        d = top.get(r)
+        if d is not None:
+            f.root_cause = {k: d[k] for k in ("rank", "step", "op", "site", "prev_op", "prev_site", "delay_s",
+                                              "direct_cost_s", "propagated_cost_s", "cost_s")}
+            f.root_cause["text"] = save_text(
+                f"Fixing rank {r}'s delays (the costliest {_where(d)}, step {d['step']})", f.gain_s, total)
+        f.evidence["what_if"] = save_text(f"Making rank {r} as fast as the median rank", f.gain_s, total)
+    order = sorted(range(len(findings)), key=lambda i: (0 if findings[i].gain_s is not None else 1,
+                                                        -(findings[i].gain_s or 0.0), i))
+    return [findings[i] for i in order]
+
+
+def critical_path(run) -> dict:
+    """The report's `critical_path` section (critical_path.summary)."""
+    s = CP.summary(run)
+    s["per_step"] = s["per_step"] if len(s["per_step"]) <= 1000 else None
+    return s
+
+
+def segments(run):
+    """Critical path segments per rank as a table (for the dashboard's timeline)."""
+    return CP.segments(run)
+
+
+def delays(run, top: int | None = None):
+    """Root causes as a table (delay.delays)."""
+    return D.delays(run, top=top)

@@ -1,0 +1,130 @@
+"""How a rank's process ended, for the report's ``job`` verdict (docs/troubleshooting.md).
+
+* **Fatal signals** (SIGABRT from a C++ ``std::terminate``, SIGSEGV, SIGFPE, SIGBUS, SIGILL):
+  :func:`faulthandler.enable` writes the Python stacks of every thread into
+  ``rank=<r>/_crash-<pid>.txt``, opened empty at start. faulthandler's fatal-signal handler is
+  async-signal-safe (``write(2)`` of frames it reads without the GIL), then re-raises the
+  signal, so the process still dies of it with its usual exit status. A non-empty crash file
+  tells the reader that the rank crashed and of which signal; an empty one is removed at a
+  normal exit.
+
+  The rows still in the C buffer are **not** written at that point: they are Python objects
+  (tuples, strings, ints) whose conversion to Arrow needs the interpreter, allocation and
+  pyarrow, none of which may run in a signal handler (the crashing thread may hold the
+  allocator's or the GIL's lock). Instead the first flush comes 0.2 s after tracing starts
+  (``recorder.FIRST_FLUSH_S``) and then every ``--flush-interval``; what a peer recorded (the
+  crashed rank's last joined collective) fills in the rest.
+* **Uncaught exceptions** (``sys.excepthook``, chained) and **SIGINT / SIGTERM** (the
+  recorder's handlers) set :attr:`Recorder.exit_info`, which the exit flush writes as ``exit``
+  in ``_inflight.json``; a normal exit writes ``{"how": "ok"}``.
+
+When faulthandler is already enabled in the process (``PYTHONFAULTHANDLER``, the user's own
+call), it is left alone: the crash is then only known from the missing exit flush.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import os
+import sys
+
+from . import log
+
+_state: dict = {}
+
+
+def _error_text(exc) -> str:
+    try:
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+    except Exception:
+        msg = ""
+    return f"{type(exc).__name__}: {msg}"[:300] if msg else type(exc).__name__
+
+
+def _excepthook(etype, value, tb):
+    rec = _state.get("rec")
+    if rec is not None:
+        try:
+            if issubclass(etype, KeyboardInterrupt):
+                rec.exit_info = {"how": "signal", "signal": "SIGINT", "exit_code": 130}
+            else:
+                rec.exit_info = {"how": "exception", "exit_code": 1, "error": _error_text(value)}
+        except Exception:
+            pass
+    prev = _state.get("prev_hook") or sys.__excepthook__
+    return prev(etype, value, tb)
+
+
+def install(rec) -> None:
+    """Open the crash file of `rec`'s rank and hook uncaught exceptions (idempotent)."""
+    if _state.get("rec") is rec:
+        return
+    uninstall()
+    _state["rec"] = rec
+    if sys.excepthook is not _excepthook:
+        _state["prev_hook"] = sys.excepthook
+        sys.excepthook = _excepthook
+    if faulthandler.is_enabled():
+        return  # someone else's: leave it
+    try:
+        from ..format import schema as S
+
+        d = os.path.join(rec.run_dir, S.RANK_DIR_FMT.format(rank=rec.rank))
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, S.CRASH_FMT.format(pid=os.getpid()))
+        f = open(path, "w")
+        faulthandler.enable(file=f, all_threads=True)
+        _state["file"], _state["path"] = f, path
+    except Exception as e:
+        log.warn_once("crash-file", "cannot arm the crash dump", e)
+    if not _state.get("atexit"):
+        atexit.register(uninstall)
+        _state["atexit"] = True
+
+
+def uninstall() -> None:
+    """Stop the crash dump; remove the crash file when nothing was written to it."""
+    if sys.excepthook is _excepthook:
+        sys.excepthook = _state.get("prev_hook") or sys.__excepthook__
+    _state.pop("prev_hook", None)
+    _state.pop("rec", None)
+    f = _state.pop("file", None)
+    path = _state.pop("path", None)
+    if f is None:
+        return
+    try:
+        faulthandler.disable()
+    except Exception:
+        pass
+    try:
+        f.close()
+        if path and os.path.getsize(path) == 0:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def closed(rec) -> None:
+    """`rec` wrote its exit flush: stop its crash dump (never raises)."""
+    try:
+        if _state.get("rec") is rec:
+            uninstall()
+    except Exception:
+        pass
+
+
+def _forget_after_fork() -> None:
+    # A forked child has no recorder of its own; its parent's crash file is not its own.
+    f = _state.pop("file", None)
+    _state.pop("path", None)
+    _state.pop("rec", None)
+    if f is not None:
+        try:
+            faulthandler.disable()
+        except Exception:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

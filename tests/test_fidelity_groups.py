@@ -1,0 +1,117 @@
+"""Completion and process groups on the modern stack (issue 13, item 6), on real gloo runs:
+
+- async results of functional collectives waited through a view, a slice, a chunk and a
+  DTensor local shard complete in the trace (pending ops are keyed by storage);
+- unregistered Python process groups get names of their own and seqs of their own;
+- torch's fake backend (a one-process dry run) gives no clock error text and no finding.
+
+Each script runs with and without commtrace: same printed results, same exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SCRIPTS, load_rows, rank_meta, run_plain, run_traced, torchrun_cmd
+
+VIEWS = os.path.join(SCRIPTS, "fidelity_views.py")
+FAKE = os.path.join(SCRIPTS, "fidelity_fake.py")
+#: Findings that would be false on these scripts (everything they issue completes, on groups
+#: whose members all take part).
+FALSE = {"not_completed", "not_joined", "clock_violation", "collective_mismatch", "use_before_wait"}
+
+
+def results(stdout: str) -> list[str]:
+    return sorted(line for line in stdout.splitlines() if line.startswith("RESULT"))
+
+
+def report_json(run_dir) -> dict:
+    p = subprocess.run([sys.executable, "-m", "commtrace", "report", str(run_dir), "--format", "json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.fixture(scope="module")
+def views(tmp_path_factory):
+    d = tmp_path_factory.mktemp("views")
+    plain = run_plain(torchrun_cmd(VIEWS))
+    traced = run_traced(d / "run", torchrun_cmd(VIEWS, "--counts", d / "counts"))
+    return d, plain, traced
+
+
+def test_views_same_results_and_exit_code(views):
+    _d, plain, traced = views
+    assert plain.returncode == traced.returncode == 0
+    assert len(results(plain.stdout)) == 2
+    assert results(plain.stdout) == results(traced.stdout)
+
+
+def test_views_slices_and_local_shard_complete(views):
+    d, _p, _t = views
+    rows = [r for r in load_rows(d / "run") if r["kind"] == "op"]
+    for rank in (0, 1):
+        counts = json.load(open(f"{d / 'counts'}.{rank}"))
+        world = [r for r in rows if r["rank"] == rank and r["pg"] == "0"]
+        got = {}
+        for r in world:
+            got[r["op"]] = got.get(r["op"], 0) + 1
+        assert got == counts["world"]
+        # every funcol result was waited through another tensor object (a view, a slice, a
+        # chunk, a DTensor's local shard): each row has its wait and its completion
+        for r in world:
+            assert r["api"].startswith("funcol."), r
+            assert r["t_wait_ns"] is not None and r["t_wait_end_ns"] is not None, r
+            assert r["t_end_ns"] == r["t_wait_end_ns"], r
+            assert r["t_enqueue_ns"] <= r["t_return_ns"] <= r["t_wait_ns"] <= r["t_end_ns"]
+        assert [r["seq"] for r in sorted(world, key=lambda r: r["t_enqueue_ns"])] == [0, 1, 2, 3]
+
+
+def test_python_process_groups_named_with_own_seq(views):
+    d, _p, _t = views
+    rows = [r for r in load_rows(d / "run") if r["kind"] == "op"]
+    for rank in (0, 1):
+        counts = json.load(open(f"{d / 'counts'}.{rank}"))
+        py = [r for r in rows if r["rank"] == rank and r["backend"] == "local-py"]
+        by_pg: dict = {}
+        for r in sorted(py, key=lambda r: r["t_enqueue_ns"]):
+            by_pg.setdefault(r["pg"], []).append(r["seq"])
+        # two groups of one rank each: named by backend, order of first use and rank
+        assert by_pg == {f"local-py#0@rank{rank}": list(range(counts["py"][0])),
+                         f"local-py#1@rank{rank}": list(range(counts["py"][1]))}
+        assert all(r["pg_size"] == 1 and r["t_end_ns"] is not None for r in py)
+    meta = rank_meta(d / "run")
+    assert meta[1]["pg_ranks"]["local-py#0@rank1"] == [1]
+
+
+def test_views_report_has_no_false_finding(views):
+    d, _p, _t = views
+    rep = report_json(d / "run")
+    kinds = {f["kind"] for f in rep["findings"]}
+    assert not (kinds & FALSE), rep["findings"]
+    assert rep["clock"]["violations"] == 0
+
+
+def test_fake_backend_quiet_and_no_finding(tmp_path):
+    plain = run_plain([sys.executable, FAKE])
+    traced = run_traced(tmp_path / "run", [sys.executable, FAKE])
+    assert plain.returncode == traced.returncode == 0
+    assert results(plain.stdout) == results(traced.stdout) == ["RESULT [0.0, 1.0, 2.0, 3.0]"]
+    assert "clock" not in traced.stderr.lower(), traced.stderr
+    meta = rank_meta(tmp_path / "run")
+    assert list(meta) == [1]
+    assert meta[1]["clock_offset_ns"] is None
+    assert meta[1]["clock_offset_method"].startswith("unknown")
+    assert meta[1]["simulated"] is True
+    rows = [r for r in load_rows(tmp_path / "run") if r["kind"] == "op"]
+    assert [(r["op"], r["seq"]) for r in sorted(rows, key=lambda r: r["t_enqueue_ns"])] == [
+        ("all_reduce", 0), ("all_gather", 1), ("all_reduce", 2), ("barrier", 3)]
+    waited = [r for r in rows if r["async_op"]]
+    assert len(waited) == 1 and waited[0]["t_wait_end_ns"] is not None   # FakeWork.wait recorded
+    rep = report_json(tmp_path / "run")
+    assert rep["findings"] == []

@@ -1,0 +1,78 @@
+"""Packaging: every package of the tree is in pyproject's explicit list, the top-level
+`dashboard/` folder installs as `commtrace.dashboard`, and every third-party module imported by
+commtrace or the dashboard is a declared dependency. (scripts/wheel_smoke.sh checks the built
+wheel itself in a fresh venv; CI runs it.)"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+
+from conftest import ROOT
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    tomllib = None
+
+
+def _pyproject():
+    import pytest
+    if tomllib is None:
+        pytest.skip("tomllib needs Python 3.11")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def _tree_packages():
+    found = set()
+    for top, name in (("commtrace", "commtrace"), ("dashboard", "commtrace.dashboard")):
+        for d, _, files in os.walk(os.path.join(ROOT, top)):
+            if "__init__.py" in files:
+                rel = os.path.relpath(d, os.path.join(ROOT, top))
+                found.add(name if rel == "." else name + "." + rel.replace(os.sep, "."))
+    return found
+
+
+def test_every_package_is_listed_and_dashboard_is_inside_commtrace():
+    st = _pyproject()["tool"]["setuptools"]
+    assert set(st["packages"]) == _tree_packages()
+    assert st["package-dir"] == {"commtrace.dashboard": "dashboard"}
+    assert not any(p == "dashboard" or p.startswith("dashboard.") for p in st["packages"])
+    assert "assets/*" in st["package-data"]["commtrace.dashboard"]
+
+
+def test_every_third_party_import_is_declared():
+    deps = _pyproject()["project"]["dependencies"]
+    declared = {d.split(">")[0].split("=")[0].split("<")[0].strip().lower() for d in deps}
+    # import name -> distribution name
+    dist = {"pynvml": "nvidia-ml-py", "yaml": "pyyaml"}
+    stdlib = set(sys.stdlib_module_names)
+    missing = {}
+    for top in ("commtrace", "dashboard"):
+        for d, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                if not f.endswith(".py"):
+                    continue
+                path = os.path.join(d, f)
+                for node in ast.walk(ast.parse(open(path).read())):
+                    if isinstance(node, ast.Import):
+                        names = [a.name for a in node.names]
+                    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                        names = [node.module]
+                    else:
+                        continue
+                    for n in names:
+                        mod = n.split(".")[0]
+                        if mod in stdlib or mod in ("commtrace", "__future__"):
+                            continue
+                        if dist.get(mod, mod).lower().replace("_", "-") not in declared:
+                            missing.setdefault(mod, os.path.relpath(path, ROOT))
+    assert not missing, f"imported but not in pyproject's dependencies: {missing}"
+
+
+def test_the_dashboard_imports_as_commtrace_dashboard():
+    import commtrace.dashboard.app as app
+    assert os.path.samefile(os.path.dirname(app.__file__), os.path.join(ROOT, "dashboard"))
+    assert os.path.isfile(os.path.join(os.path.dirname(app.__file__), "assets", "plotly-cartesian-4.1.1.min.js"))

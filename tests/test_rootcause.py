@@ -1,0 +1,214 @@
+"""Issue 18: delay analysis (Scalasca's delay costs, direct and propagated), the critical path
+across ranks and what-if by replay, on synthetic runs with planted delays whose answers are
+known analytically (a 2-group TP x DP layout and a pipeline), and in the report.
+
+The synthetic layouts (commtrace.analysis.synth.synth_layout) use the replay model's own timing
+rules, without jitter, so the expected figures follow from the layout by hand: see each test.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import commtrace
+from commtrace.analysis import critical_path as CP
+from commtrace.analysis import delay as D
+from commtrace.analysis import replay as RP
+from commtrace.analysis import rootcause as RC
+from commtrace.analysis.model import build_model
+from commtrace.analysis.synth import LAYOUT_RET_NS, layout_tcomm_ns, synth_layout
+from commtrace.cli import main
+
+DELTA = 20_000_000          # planted delay, ns
+STEPS = 6
+MB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def tpdp(tmp_path_factory):
+    """TP 2 x DP 4 (8 ranks): rank 5 (TP group tp2 = {4, 5}, DP group dp1 = {1, 3, 5, 7})
+    works DELTA longer before its TP all_reduce of step 3."""
+    out = str(tmp_path_factory.mktemp("rc") / "tpdp")
+    synth_layout(out, "tpdp", tp=2, dp=4, steps=STEPS, delays=[(5, 3, DELTA)])
+    return commtrace.load(out)
+
+
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory):
+    """A 5-stage pipeline, 3 microbatches per step: stage 1 works DELTA longer before its send
+    of microbatch 0 in step 2."""
+    out = str(tmp_path_factory.mktemp("rc") / "pipe")
+    synth_layout(out, "pipeline", stages=5, steps=4, microbatches=3, delays=[(1, 2, DELTA)])
+    return commtrace.load(out)
+
+
+@pytest.fixture(scope="module")
+def dp_only(tmp_path_factory):
+    """One DP group of 4 (tp=1): rank 2 works DELTA longer in step 3."""
+    out = str(tmp_path_factory.mktemp("rc") / "dp")
+    synth_layout(out, "tpdp", tp=1, dp=4, steps=STEPS, delays=[(2, 3, DELTA)])
+    return commtrace.load(out)
+
+
+def _top(run):
+    return D.delays(run).to_pylist()[0]
+
+
+def test_tpdp_delay_costs_direct_and_propagated(tpdp):
+    # rank 5's delay makes rank 4 wait at the TP all_reduce (direct, 1 x DELTA) and, in the
+    # DP group's interval that also holds it, ranks 1, 3 and 7 wait at the DP all_reduce
+    # (direct, 3 x DELTA); rank 4, which waited, arrives late at its DP all_reduce so ranks
+    # 0, 2 and 6 wait (propagated, 3 x DELTA). Nothing else waits.
+    top = _top(tpdp)
+    assert (top["rank"], top["step"], top["op"], top["site"]) == (5, 3, "all_reduce", "model.py:40")
+    assert top["delay_s"] * 1e9 == pytest.approx(DELTA, rel=0.01)
+    assert top["direct_cost_s"] * 1e9 == pytest.approx(4 * DELTA, rel=0.01)
+    assert top["propagated_cost_s"] * 1e9 == pytest.approx(3 * DELTA, rel=0.01)
+    a = D.attribution(tpdp)
+    assert a["total_wait"] == pytest.approx(7 * DELTA, rel=0.01)
+    # every waiting second is attributed once
+    assert a["ev_direct"].sum() + a["ev_prop"].sum() == pytest.approx(a["total_wait"], rel=1e-9)
+
+
+def test_pipeline_delay_costs_direct_and_propagated(pipe):
+    # stage 2 waits for stage 1's send (direct); stages 3 and 4 wait because the stage before
+    # them waited (propagated, 2 x DELTA). The balanced pipeline has no other waits after the
+    # first microbatch.
+    top = _top(pipe)
+    assert (top["rank"], top["step"], top["op"], top["site"]) == (1, 2, "send", "pipe.py:12")
+    assert top["delay_s"] * 1e9 == pytest.approx(DELTA, rel=0.01)
+    assert top["direct_cost_s"] * 1e9 == pytest.approx(DELTA, rel=0.01)
+    assert top["propagated_cost_s"] * 1e9 == pytest.approx(2 * DELTA, rel=0.01)
+
+
+def test_replay_reproduces_the_synthetic_runs(tpdp, pipe, dp_only):
+    for run in (tpdp, pipe, dp_only):
+        v = RP.validate(run)
+        assert abs(v["error"]) < 1e-9 and v["max_step_error"] < 1e-9
+        assert v["run_time_s"] > 0.02
+
+
+def test_tpdp_what_if_gains_are_analytic(tpdp):
+    m = build_model(tpdp)
+    top = _top(tpdp)
+    ref = 10.0   # GB/s
+    scs = [RP.baseline(), RP.fix_delay(m, top["event"]), RP.rank_median(m, 5), RP.comm_hidden(m),
+           RP.busbw_ref(m, "all_reduce", ref)]
+    res = RP.replay(m, scs)
+    gain = [(res.t_end[0] - t) for t in res.t_end]
+    assert gain[1] == pytest.approx(DELTA, rel=0.02)
+    assert gain[2] == pytest.approx(DELTA, rel=0.02)
+    # every step runs gap, TP all_reduce, gap, DP all_reduce back to back on the path: fully
+    # overlapped communication saves both transfers of every step
+    tc_tp, tc_dp = layout_tcomm_ns(4 * MB), layout_tcomm_ns(16 * MB)
+    assert gain[3] == pytest.approx(STEPS * (tc_tp + tc_dp), rel=0.02)
+    # nccl-tests: t = S x F / busbw, F = 2(n-1)/n: 1 for the TP pairs, 1.5 for DP groups of 4
+    want = STEPS * ((tc_tp - 4 * MB * 1.0 / ref) + (tc_dp - 16 * MB * 1.5 / ref))
+    assert gain[4] == pytest.approx(want, rel=0.02)
+
+
+def test_pipeline_what_if_gain_is_analytic(pipe):
+    m = build_model(pipe)
+    top = _top(pipe)
+    res = RP.replay(m, [RP.baseline(), RP.fix_delay(m, top["event"]), RP.rank_median(m, 1)])
+    # the last stage finishes DELTA earlier without the delay
+    assert res.t_end[0] - res.t_end[1] == pytest.approx(DELTA, rel=0.02)
+    assert res.t_end[0] - res.t_end[2] == pytest.approx(DELTA, rel=0.02)
+
+
+def test_remove_rank_from_group(dp_only):
+    m = build_model(dp_only)
+    res = RP.replay(m, [RP.baseline(), RP.remove_rank(m, 2, "dp0"), RP.rank_median(m, 2)])
+    assert res.t_end[0] - res.t_end[1] == pytest.approx(DELTA, rel=0.02)
+    assert res.t_end[0] - res.t_end[2] == pytest.approx(DELTA, rel=0.02)
+    top = _top(dp_only)
+    assert (top["rank"], top["step"]) == (2, 3)
+    # three ranks wait DELTA at the DP all_reduce: direct
+    assert top["direct_cost_s"] * 1e9 == pytest.approx(3 * DELTA, rel=0.01)
+    assert top["propagated_cost_s"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_critical_path(tpdp, pipe):
+    s = CP.summary(tpdp)
+    # the path covers the run without gaps or overlaps
+    assert s["length_s"] == pytest.approx(s["run_time_s"], rel=1e-9)
+    seg = CP.segments(tpdp)
+    t0, t1 = seg.column("t0_ns").to_pylist(), seg.column("t1_ns").to_pylist()
+    assert all(b >= a for a, b in zip(t0, t1)) and all(abs(t0[i + 1] - t1[i]) <= 1 for i in range(len(t0) - 1))
+    # step 3: rank 5's delay is on the path
+    st3 = [x for x in s["per_step"] if x["step"] == 3][0]
+    assert st3["top_rank"] == 5
+    assert {"rank", "t0_ns", "t1_ns", "kind", "op", "pg", "seq", "step"} <= set(seg.column_names)
+    # all transfers of a fully synchronous layout are on the path: each step has one TP and
+    # one DP all_reduce, each on the path once, after t_begin
+    per_op = {o["op"]: o for o in s["per_op"]}
+    on = per_op["all_reduce"]["on_path_s"] * 1e9
+    tc_tp, tc_dp = layout_tcomm_ns(4 * MB), layout_tcomm_ns(16 * MB)
+    assert on == pytest.approx((STEPS - 1) * (tc_tp + tc_dp) + tc_dp, rel=0.01)
+    sp = CP.summary(pipe)
+    assert sp["length_s"] == pytest.approx(sp["run_time_s"], rel=1e-9)
+    assert sp["per_rank"][0]["rank"] == 1
+
+
+def test_report_json_what_if_and_findings(tpdp, tmp_path, capsys):
+    rep = tpdp.report(busbw_ref=10.0)
+    wi = rep["what_if"]
+    assert abs(wi["replay_error"]) < 1e-9
+    kinds = {s["kind"] for s in wi["scenarios"]}
+    assert {"rank_median", "fix_delay", "comm_hidden", "busbw_ref", "remove_rank"} <= kinds
+    d0 = wi["delays"][0]
+    assert (d0["rank"], d0["step"]) == (5, 3) and d0["gain_s"] * 1e9 == pytest.approx(DELTA, rel=0.02)
+    assert d0["text"].startswith("Fixing rank 5's delay before all_reduce at model.py:40 would save 20 ms of ")
+    gains = [s["gain_s"] for s in wi["scenarios"]]
+    assert gains == sorted(gains, reverse=True)
+    assert rep["critical_path"]["per_rank"]
+    json.dumps(rep)
+
+
+def test_findings_gain_cost_and_are_ordered_by_gain():
+    import os
+    run = commtrace.load(os.path.join(os.path.dirname(__file__), "data", "straggler"))
+    fs = run.findings()
+    st = [f for f in fs if f.kind == "straggler"]
+    assert st and st[0].rank == 1
+    f = st[0]
+    # rank 1 arrives ~5 ms late at every collective: its delay costs are the others' waits
+    a = D.attribution(run)
+    assert f.cost_s == pytest.approx(D.cost_by_rank(run)[1][0] + D.cost_by_rank(run)[1][1])
+    assert f.cost_s > 0.9 * a["total_wait"] / 1e9
+    assert f.gain_s > 0.1 and f.root_cause["rank"] == 1
+    d = f.to_dict()
+    assert {"cost_s", "gain_s", "root_cause"} <= set(d)
+    with_gain = [x.gain_s for x in fs if x.gain_s is not None]
+    assert with_gain == sorted(with_gain, reverse=True)
+    assert all(x.gain_s is not None for x in fs[: len(with_gain)])
+
+
+def test_cli_busbw_ref(tpdp, capsys):
+    assert main(["report", tpdp.path, "--busbw-ref", "10", "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert any(s["kind"] == "busbw_ref" and s["params"]["busbw_gbps"] == 10.0 for s in rep["what_if"]["scenarios"])
+    assert main(["report", tpdp.path]) == 0
+    out = capsys.readouterr().out
+    assert "Root cause and what-if" in out and "replay of the unchanged trace" in out
+    assert "Fixing rank 5's delay before all_reduce at model.py:40 would save 20 ms of" in out
+    rc = main(["report", tpdp.path, "--busbw-ref", "0"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "busbw-ref" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("fixture", ["tpdp", "pipe", "dp_only"])
+def test_c_and_numpy_replays_agree(fixture, request):
+    run = request.getfixturevalue(fixture)
+    m = build_model(run)
+    top = _top(run)
+    scs = [RP.baseline(), RP.fix_delay(m, top["event"]), RP.rank_median(m, top["rank"]), RP.comm_hidden(m),
+           RP.busbw_ref(m, "all_reduce", 3.0), RP.remove_rank(m, top["rank"], str(m.cm_pg[0]))]
+    a = RP.replay(m, scs, keep_events=True, engine="numpy")
+    if RP._C is None:
+        pytest.skip("C replay not built (no compiler at install time)")
+    b = RP.replay(m, scs, keep_events=True, engine="c")
+    assert a.ev_rel == pytest.approx(b.ev_rel, abs=1e-3)
+    assert list(a.t_end) == pytest.approx(list(b.t_end), abs=1e-3)
