@@ -275,7 +275,11 @@ def _prepare(rec, reader: Reader, args, kwargs, t0):
     out_name, out_kind = split_param(spec.outs)
     ins = tensors_of(reader.arg(args, kwargs, in_name), in_kind) if in_name else []
     outs = tensors_of(reader.arg(args, kwargs, out_name), out_kind) if out_name else []
-    if ins or outs:
+    if spec.sizes:
+        c, b, ob, x, _ts = _SIZE_RULES[spec.sizes](reader)(args, kwargs, len(args))
+        row[I_COUNT], row[I_BYTES], row[I_OUT_BYTES] = c, b, ob
+        row[I_DTYPE], row[I_DEVICE] = dtype_name(x.dtype), device_name(x)
+    elif ins or outs:
         n, b = _nbytes(ins)
         row[I_COUNT] = n
         row[I_BYTES] = b
@@ -547,10 +551,27 @@ def _site(f):
     return site_of_frame(f)
 
 
+def _verify_params_sizes(reader: Reader):
+    """``_verify_params_across_processes(process_group, params, logger)``: its all_gather moves
+    one int64 per rank (the parameter count), on the parameters' device."""
+    def sizes(args, kwargs, n):
+        params = reader.arg(args, kwargs, "params")
+        pg = reader.arg(args, kwargs, "process_group")
+        torch = sys.modules["torch"]
+        x = torch.empty(1, dtype=torch.int64, device=params[0].device)
+        return 1, 8, 8 * pg.size(), x, ()
+    return sizes
+
+
+_SIZE_RULES = {"ddp_verify_params": _verify_params_sizes}
+
+
 def _sizes_fn(reader: Reader):
     """A function ``(args, kwargs, n) -> (count, bytes, out_bytes, first_tensor, tensors)``
     compiled for one API: positions resolved once, a single-tensor fast path (no lists)."""
     spec = reader.spec
+    if spec.sizes:
+        return _SIZE_RULES[spec.sizes](reader)
     in_name, in_kind = split_param(spec.ins)
     out_name, out_kind = split_param(spec.outs)
     i_i, i_n, i_d = reader.slot(in_name)

@@ -47,6 +47,20 @@ def _digest(out) -> str:
     return h.hexdigest()[:16]
 
 
+def _state_guards(fn) -> list[str]:
+    """Guard lines of `fn`'s compiled entries that read a module of commtrace (its recorder,
+    its caches): there must be none. Guards on a wrapper's identity and its fixed
+    ``__commtrace_original__`` are not state."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    out = []
+    for entry in _debug_get_cache_entry_list(fn.__code__):
+        for line in str(entry.guard_manager).splitlines():
+            if "__import_commtrace" in line or "_recorder" in line:
+                out.append(line.strip()[:200])
+    return out
+
+
 def _has_numpy() -> bool:
     try:
         import numpy  # noqa: F401
@@ -191,7 +205,8 @@ def main() -> int:
                     outs.append(_digest(compiled(*inputs())))
                     r.update(out=outs, graphs=graphs,
                              recompiles=counters["stats"]["unique_graphs"] - graphs,
-                             breaks=sum(counters["graph_break"].values()))
+                             breaks=sum(counters["graph_break"].values()),
+                             state_guards=_state_guards(fn))
                 except Exception as e:
                     r.update(error=type(e).__name__)
                     if os.environ.get("COMPILE_CASES_DEBUG"):
