@@ -110,8 +110,8 @@ def analyse(run_dir: str, kin_dir: str, ranks: int) -> dict:
     import pyarrow.dataset as ds
 
     rows = ds.dataset(run_dir, format="parquet", partitioning="hive").to_table().to_pylist()
-    out = {"call": [], "async": [], "async_callback": [], "async_observed": [], "blocking": [],
-           "observed_return_after_end": [], "unmatched": 0}
+    out = {"call": [], "async": [], "async_callback": [], "async_observed": [], "async_wait": [],
+           "blocking": [], "observed_return_after_end": [], "unmatched": 0}
     for r in range(ranks):
         c10d, gloo = _events(os.path.join(kin_dir, f"kineto-{r}.json"))
         mine = sorted((x for x in rows if x["rank"] == r and x["kind"] == "op"
@@ -136,7 +136,7 @@ def analyse(run_dir: str, kin_dir: str, ranks: int) -> dict:
             if row["async_op"]:
                 out["async"].append(err)
                 how = row.get("completion") or "callback"
-                out["async_" + ("observed" if how == "observed" else "callback")].append(err)
+                out["async_" + (how if how in ("observed", "wait") else "callback")].append(err)
                 if how == "observed":
                     # how much of the error is the call's own return, after the op had ended
                     out["observed_return_after_end"].append(row["t_return_ns"] - g[1])
@@ -149,9 +149,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="examples:\n  python benchmarks/accuracy.py\n"
-                                        "  python benchmarks/accuracy.py --iters 600 --json acc.json")
+                                        "  python benchmarks/accuracy.py --iters 600 --json acc.json\n"
+                                        "  python benchmarks/accuracy.py --async-completion wait")
     ap.add_argument("--iters", type=int, default=300, help="iterations per rank (default 300)")
     ap.add_argument("--json", default="", help="also write the figures to this JSON file")
+    ap.add_argument("--async-completion", choices=["callback", "wait"], default="callback",
+                    help="commtrace run's --async-completion (wait: no callback per op, issue 20)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -162,7 +165,8 @@ def main(argv=None) -> int:
     run_dir = os.path.join(tmp, "run")
     load0 = os.getloadavg()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "commtrace", "run", "-o", run_dir, "--",
+    cmd = [sys.executable, "-m", "commtrace", "run", "-o", run_dir,
+           "--async-completion", args.async_completion, "--",
            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.abspath(__file__), "--worker", "--out", tmp, "--iters", str(args.iters)]
     t0 = time.time()
@@ -179,13 +183,14 @@ def main(argv=None) -> int:
     except OSError:
         up = ""
     print(f"commtrace accuracy vs torch.profiler: 2 ranks gloo, {args.iters} iterations per rank, "
-          f"job {wall:.1f} s")
+          f"job {wall:.1f} s, --async-completion {args.async_completion}")
     print(f"load average before {load0[0]:.2f}, after {load1[0]:.2f}  ({up})")
     print("error = commtrace - profiler, in us (negative: commtrace earlier)")
     print(_line("call duration - c10d::allreduce_", res["call"]))
     print(_line("async t_end - gloo worker end", res["async"]))
     print(_line("  of which completion=callback", res["async_callback"]))
     print(_line("  of which completion=observed", res["async_observed"]))
+    print(_line("  of which completion=wait", res["async_wait"]))
     print(_line("    t_return - gloo worker end", res["observed_return_after_end"]))
     print(_line("blocking t_end - gloo worker end", res["blocking"]))
     print(f"  unmatched rows/events: {res['unmatched']}")

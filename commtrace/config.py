@@ -31,9 +31,25 @@ class Config:
     hang_timeout: float = 600.0
     dump_on_hang: bool = True
     cuda_events: bool = True
+    #: bounded capture (capture/window.py): "A:B" steps recorded op by op; a torch.profiler-like
+    #: schedule "wait=W,active=A,repeat=R"; a per-rank cap on op parts ("500MB"), ring retention
+    steps: str = ""
+    schedule: str = ""
+    max_size: str = ""
+    #: record no op rows (counters only) until `commtrace trigger DIR --steps N`
+    on_demand: bool = False
     #: Added to the writer thread's nice value (Linux: per thread), so that Parquet encoding
     #: yields the CPU to the training thread and the backend's threads. 0: unchanged.
     writer_nice: int = 10
+    #: Completion time of async ops with a future (gloo collectives): "callback" (the future's
+    #: done-callback: exact, but it takes the GIL on the backend's thread for every op) or
+    #: "wait" (no callback: the return of wait(), or the writer thread's is_completed() poll
+    #: for ops not waited; late by up to the gap between completion and wait).
+    async_completion: str = "callback"
+    #: Register ProcessGroup._register_on_completion_hook on NCCL groups: ops issued below
+    #: Python become rows with api="c++" (needs TORCH_NCCL_ENABLE_TIMING=1; commtrace.capture.
+    #: completion_hook). Off by default: torch runs the Python hook on NCCL's watchdog thread.
+    completion_hook: bool = False
 
     def to_env(self) -> dict[str, str]:
         """Environment variables that carry this config to child processes."""

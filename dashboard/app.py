@@ -32,6 +32,8 @@ HIDDEN = {"height": 0, "overflow": "hidden"}
 #: Views whose content is sent the first time they are shown, then kept; their figures are built in
 #: a background thread when the app is created, so that showing one costs no server time.
 LAZY = ("overlap", "stalls", "bandwidth", "facts")
+#: Columns of long text, wrapped in their cells.
+WRAP_FIELDS = ("message", "value", "site", "reason", "command")
 #: Tables of at most this many rows take the height of their rows.
 AUTO_HEIGHT_ROWS = 30
 #: Live refresh period (ms) while the job runs.
@@ -74,14 +76,16 @@ def _grid(id_, rows, columns, height=None, **kw):
         d = {"field": c[0], "headerName": c[1]}
         if len(c) > 2:
             d.update(c[2])
+        if c[0] in WRAP_FIELDS:  # long text: wrapped, the row as high as it needs (costly per row)
+            d.update(wrapText=True, autoHeight=True, cellStyle={"lineHeight": "1.4", "paddingTop": "6px",
+                                                                "paddingBottom": "6px"})
         defs.append(d)
     # A short table takes the height of its rows (nothing clipped, no inner scroll bar); a long
     # one scrolls inside a fixed height (AG Grid draws only the rows in view).
     auto = len(rows) <= AUTO_HEIGHT_ROWS
     return dag.AgGrid(id=id_, rowData=rows, columnDefs=defs, className="ag-theme-alpine",
-                      defaultColDef={"sortable": True, "resizable": True, "filter": False, "wrapText": True,
-                                     "autoHeight": True, "cellStyle": {"lineHeight": "1.4", "paddingTop": "6px",
-                                                                       "paddingBottom": "6px"}},
+                      defaultColDef={"sortable": True, "resizable": True, "filter": False,
+                                     "wrapHeaderText": True, "autoHeaderHeight": True},
                       columnSize="responsiveSizeToFit",
                       dashGridOptions={"domLayout": "autoHeight" if auto else "normal", "animateRows": False},
                       style={"width": "100%", **({} if auto else {"height": f"{height or 520}px"})}, **kw)
@@ -101,6 +105,14 @@ def _md_code(text: str) -> list:
 
 def _pct(v) -> str:
     return "—" if v is None else f"{v * 100:.1f}%"
+
+
+def _share(share) -> str:
+    if share is None:
+        return ""
+    if share > 1:  # a hang: the others waited (and may still wait) longer than the trace lasted
+        return " (longer than the traced time of all ranks)"
+    return f" ({_pct(share)} of the ranks' time)"
 
 
 def _stat(label, value, id_, color=None, hint=None):
@@ -127,7 +139,7 @@ def card(c: dict, prefix: str = "show-finding"):
     sev = c["severity"]
     cost = c.get("cost_s")
     cost_line = ("not a time: a correctness problem" if cost is None or c["kind"] in ("use_before_wait", "collective_mismatch")
-                 else f"{fmt_ns(cost * 1e9)} lost" + (f" ({_pct(c['share'])} of the ranks' time)" if c.get("share") is not None else ""))
+                 else f"{fmt_ns(cost * 1e9)} lost" + _share(c.get("share")))
     facts = [("cost", cost_line, "cost")]
     if c.get("gain_s") is not None:
         facts.append(("gain if fixed", fmt_ns(c["gain_s"] * 1e9), "gain"))
@@ -216,7 +228,8 @@ def facts_children(d: RunData):
     job = d.overview["job"]
     job_rows = [{"fact": k, "value": v} for k, v in (
         ("state", job["state"]), ("detail", job.get("detail")), ("exit code", job.get("exit_code")),
-        ("command", " ".join(map(str, man.get("command") or [])) or None), ("started", man.get("start_time")),
+        ("command", (man["command"] if isinstance(man.get("command"), str)
+                     else " ".join(map(str, man.get("command") or []))) or None), ("started", man.get("start_time")),
         ("directory", str(run.path)), ("world size", run.world_size),
         ("ranks traced", len(run.ranks)), ("missing ranks", ", ".join(map(str, run.missing_ranks)) or "none"),
         ("ops", rep["ops"]), ("matched collectives", rep["collectives"]),
@@ -236,7 +249,7 @@ def facts_children(d: RunData):
     clock_rows = [{"fact": k, "value": str(v)} for k, v in (
         ("methods", ", ".join(ck.get("methods") or []) or "none recorded"), ("tolerance", fmt_ns(ck.get("tolerance_ns"))),
         ("matched collectives checked", ck.get("matched")), ("violations", ck.get("violations")),
-        ("max violation", fmt_ns(ck.get("max_violation_ns"))), ("late ranks", ck.get("late_ranks")))]
+        ("max violation", fmt_ns(ck.get("max_violation_ns"))), ("late ranks", ", ".join(map(str, ck.get("late_ranks") or [])) or "none"))]
     o = d.o
     import numpy as np
     counts = np.bincount(o["op"][o["op"] >= 0], minlength=len(o["op_values"])) if len(o["op"]) else []
@@ -372,7 +385,7 @@ def _mode_info(mode: str, a: float, b: float) -> str:
 
 def _legend():
     """What the timeline's rows and colours mean (the op colours are fixed: commtrace.ops.OP_COLORS)."""
-    from commtrace.ops import OP_COLORS
+    from ..ops import OP_COLORS
     sw = [html.Span([html.Span(style={"display": "inline-block", "width": 12, "height": 12, "background": c,
                                       "marginRight": 4, "verticalAlign": "middle"}), op],
                     style={"marginRight": 10, "whiteSpace": "nowrap"}) for op, c in OP_COLORS.items()]
@@ -387,6 +400,13 @@ def _legend():
 
 
 # ---------------------------------------------------------------------------- the app
+#: The live refresh callback's outputs and inputs.
+_TICK_OUTPUTS = (Output("live-strip", "children"), Output("live-banner", "children"), Output("job-badge", "children"),
+                 Output("job-badge", "color"), Output("tick", "disabled"), Output("gen", "data"),
+                 Output("overview-body", "children"), Output("timeline", "figure", allow_duplicate=True),
+                 Output("views-drawn", "data", allow_duplicate=True), Output("view-findings", "children"),
+                 Output("run-summary", "children"), Output("range", "max"), Output("range", "step"))
+_TICK_INPUTS = (Input("tick", "n_intervals"), State("gen", "data"), State("window", "data"), State("selected", "data"))
 class _State:
     """The data the callbacks serve (swapped whole when a live run is reloaded)."""
 
@@ -419,67 +439,58 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
     app._commtrace_state = S
     app._commtrace_data = d  # for the benchmark and tests
     app._commtrace_views = S.views  # for tests
-    if live is None:
-        live = d.overview["job"]["state"] == "running"
-    slider_step = d.duration_s / 10000
-    first = F.timeline_figure(d)
+    if live is None:  # from the files as they are now (not as loaded: a load can take seconds)
+        live = _live_status(d)["job"]["state"] == "running"
     pages = PAGES + ([("compare", "Compare")] if other is not None else [])
     views = [v for v, _ in pages]
     diff = None
     if other is not None:
-        from commtrace.export.diff import diff_runs
+        from ..export.diff import diff_runs
         diff = diff_runs(d.run, other.run)
         app._commtrace_diff = diff
-    rep = d.report
-    header = dmc.Group(justify="space-between", children=[
-        dmc.Group([dmc.Title("commtrace", order=3), job_badge(d.overview["job"], "job-badge"),
-                   dmc.Text(f"{d.run.path}", size="sm", c="dimmed", id="run-path")], gap="sm"),
-        dmc.Text(f"world size {d.run.world_size} · {rep['ops']:,} ops · {len(d.findings)} findings",
-                 size="sm", id="run-summary")])
-    st0 = _live_status(d) if live else None
-    app.layout = dmc.MantineProvider(children=html.Div(style={"margin": "6px 14px"}, children=[
-        header,
-        _partial_banner(d),
-        html.Div(id="live-banner", children=[hang_alert(st0)] if st0 else []),
-        dmc.Tabs(id="tabs", value="overview", children=[dmc.TabsList([dmc.TabsTab(l, value=v) for v, l in pages])],
-                 mb="xs"),
-        dcc.Store(id="window", data={"a": 0.0, "b": d.duration_s}),
-        dcc.Store(id="selected", data=None),
-        dcc.Store(id="views-drawn", data=[]),
-        dcc.Store(id="gen", data=0),
-        dcc.Interval(id="tick", interval=LIVE_MS, disabled=not live),
-        html.Div(id="view-overview", children=[
-            html.Div(id="live-strip", children=live_children(st0) if st0 else []),
-            html.Div(id="overview-body", children=overview_children(d.overview, d))]),
-        html.Div(id="view-timeline", style=HIDDEN, children=[
-            dmc.Group(gap="md", mb=4, children=[
-                dmc.Button("Reset zoom", id="reset", size="xs", variant="default"),
-                html.Span(id="mode-info", children=_mode_info(first.layout.meta["mode"], 0.0, d.duration_s),
-                          style={"fontSize": 13}),
-                html.Span(id="selection-info", style={"fontWeight": "bold", "fontSize": 13})]),
-            dcc.RangeSlider(id="range", min=0, max=d.duration_s, value=[0, d.duration_s], step=slider_step,
-                            marks=None, allowCross=False, tooltip={"placement": "bottom", "always_visible": False},
-                            updatemode="mouseup", allow_direct_input=False),
-            _graph("timeline", first, config={"scrollZoom": False}),
-            _legend()]),
-        *[html.Div(id=f"view-{v}", style=HIDDEN) for v in LAZY],
-        # Findings live in the layout (hidden unless their tab) so that their table can be an Input.
-        html.Div(id="view-findings", style=HIDDEN, children=_findings_view(d)),
-        *([html.Div(id="view-compare", style=HIDDEN, children=compare_children(d, other, diff))] if other is not None else []),
-    ]))
+    layouts: dict = {}
+
+    def page():
+        """The page of the current data (rebuilt once per reload of a live run), with the live
+        strip of the moment when the job runs."""
+        d = S.d
+        st = _live_status(d) if live else None
+        running = bool(st) and st["job"]["state"] == "running"
+        key = (S.gen, running)
+        if key not in layouts:
+            layouts.clear()
+            layouts[key] = _page(d, other, diff, pages, running, st["job"] if st else None)
+        lay = layouts[key]
+        if running:  # the live parts of the moment
+            lay = _with_live(lay, st)
+        return lay
+
+    app.layout = page
+    app._commtrace_page = page  # for tests
+    page()  # built now, not on the first request
 
     @app.callback(*[Output(f"view-{v}", "style") for v in views], *[Output(f"view-{v}", "children") for v in LAZY],
+                  Output("timeline", "figure", allow_duplicate=True), Output("mode-info", "children", allow_duplicate=True),
                   Output("views-drawn", "data"), Input("tabs", "value"), State("views-drawn", "data"),
-                  prevent_initial_call=True)
-    def show_view(tab, drawn):
-        """Show one view; build a lazy view's figures the first time only (then it is a style change)."""
+                  State("window", "data"), State("selected", "data"), prevent_initial_call=True)
+    def show_view(tab, drawn, win=None, sel=None):
+        """Show one view; build a lazy view's figures the first time only (then it is a style
+        change). The timeline is drawn the first time it is shown, unless an action that showed
+        it (a finding, a card) drew it already: the first page is the overview, and a plot drawn
+        hidden would cost the first paint its drawing."""
         drawn = list(drawn or [])
         styles = [{} if v == tab else HIDDEN for v in views]
         children = [dash.no_update] * len(LAZY)
+        fig = mode = dash.no_update
         if tab in LAZY and tab not in drawn:
             children[LAZY.index(tab)] = S.views[tab].result()
             drawn.append(tab)
-        return (*styles, *children, drawn)
+        if tab == "timeline" and "timeline" not in drawn:
+            d = S.d
+            w = win or {"a": 0.0, "b": d.duration_s}
+            fig, _, mode, _ = draw(d, w, sel)
+            drawn.append("timeline")
+        return (*styles, *children, fig, mode, drawn)
 
     app._commtrace_show_view = show_view  # for tests
     no = dash.no_update
@@ -490,21 +501,21 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
     # not fire it again.
     @app.callback(Output("timeline", "figure"), Output("range", "value"), Output("window", "data"),
                   Output("selected", "data"), Output("tabs", "value"), Output("mode-info", "children"),
-                  Output("selection-info", "children"),
+                  Output("selection-info", "children"), Output("views-drawn", "data", allow_duplicate=True),
                   Input("timeline", "relayoutData"), Input("range", "value"), Input("reset", "n_clicks"),
                   Input("findings", "cellClicked"), Input("timeline", "clickData"),
                   Input({"type": "show-finding", "i": ALL}, "n_clicks"),
-                  State("window", "data"), State("selected", "data"),
+                  State("window", "data"), State("selected", "data"), State("views-drawn", "data"),
                   prevent_initial_call=True)
-    def timeline(relayout, rng, _reset, cell, click, shows, win, sel):
+    def timeline(relayout, rng, _reset, cell, click, shows, win, sel, drawn):
         trig = dash.ctx.triggered_id
         if isinstance(trig, dict):  # a card's "show on timeline"
             if not any(shows or []):
                 raise dash.exceptions.PreventUpdate
-            return update("show-finding", relayout, rng, {"i": trig["i"]}, click, win, sel)
-        return update(dash.ctx.triggered[0]["prop_id"], relayout, rng, cell, click, win, sel)
+            return update("show-finding", relayout, rng, {"i": trig["i"]}, click, win, sel, drawn)
+        return update(dash.ctx.triggered[0]["prop_id"], relayout, rng, cell, click, win, sel, drawn)
 
-    def update(prop, relayout, rng, cell, click, win, sel, rows=None):
+    def update(prop, relayout, rng, cell, click, win, sel, drawn=None):
         """The timeline callback's outputs for the input `prop` ("timeline.relayoutData", ...)."""
         d = S.d
         win = win or {"a": 0.0, "b": d.duration_s}
@@ -514,7 +525,9 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         w = new_win or win
         s = sel if new_sel is no else new_sel
         fig, slider, mode, info = draw(d, w, s)
-        return fig, slider, w, new_sel, tab, mode, info
+        drawn = list(drawn or [])
+        new_drawn = no if "timeline" in drawn else drawn + ["timeline"]
+        return fig, slider, w, new_sel, tab, mode, info, new_drawn
 
     def _window_input(d, prop, relayout, rng, cell, click, win, sel):
         """(new window or None, new selection or no_update, tab or no_update) for an input."""
@@ -525,7 +538,7 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         if trig == "range" and rng:
             a, b = float(rng[0]), float(rng[1])
             # the slider snapping a value we set to its step: not a new zoom
-            if abs(a - win["a"]) <= slider_step and abs(b - win["b"]) <= slider_step:
+            if abs(a - win["a"]) <= d.slider_step and abs(b - win["b"]) <= d.slider_step:
                 return None, no, no
             return {"a": a, "b": b}, no, no
         if trig in ("findings", "show-finding") and cell:
@@ -534,7 +547,7 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
                 i = (cell.get("rowId") if cell.get("rowId") is not None else cell.get("rowIndex"))
             if i is None or not (0 <= int(i) < len(d.findings)):
                 return None, no, no
-            from commtrace.analysis.overview import evidence
+            from ..analysis.overview import evidence
             ev = evidence(d.run, d.findings[int(i)])
             a, b = F.window_for_evidence(d, ev)
             new_sel = {"pg": ev["pg"], "seq": ev["seq"]} if ev["pg"] is not None and ev["seq"] is not None else no
@@ -569,7 +582,8 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         fig = F.timeline_figure(d, win["a"], win["b"], sel)
         a, b = fig.layout.xaxis.range
         # the slider's value on its own grid, so that it does not snap (and echo) it
-        rng = [max(0.0, slider_step * round(a / slider_step)), min(d.duration_s, slider_step * round(b / slider_step))]
+        st = d.slider_step
+        rng = [max(0.0, st * round(a / st)), min(d.duration_s, st * round(b / st))]
         s = ""
         if sel:
             x = F.selection_info(d, sel["pg"], sel["seq"])
@@ -590,38 +604,34 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         if reload["sig"] is None:
             reload["sig"] = sig
         with lock:
-            if reload["busy"] or (sig == reload["sig"] and not ended) or time.monotonic() - reload["t"] < 1.5:
+            final = ended and not reload.get("final")
+            if reload["busy"] or (sig == reload["sig"] and not final) or time.monotonic() - reload["t"] < 1.5:
                 return
             reload["busy"], reload["sig"], reload["t"] = True, sig, time.monotonic()
+            if ended:
+                reload["final"] = True
 
         def work():
             try:
-                from commtrace.analysis.run import load
+                from ..analysis.run import load
                 run = (loader or load)(str(S.d.run.path))
                 nd = RunData(run, nbins=S.d.nbins)
                 S.views = _build_views(nd)
                 S.d = nd
                 S.gen += 1
             except Exception:  # noqa: BLE001 - a part being written: the next tick retries
-                reload["sig"] = None
+                reload["sig"], reload["final"] = None, False
             finally:
                 reload["busy"] = False
         threading.Thread(target=work, daemon=True, name="commtrace-reload").start()
 
     app._commtrace_reload = reload
 
-    @app.callback(Output("live-strip", "children"), Output("live-banner", "children"), Output("job-badge", "children"),
-                  Output("job-badge", "color"), Output("tick", "disabled"), Output("gen", "data"),
-                  Output("overview-body", "children"), Output("timeline", "figure", allow_duplicate=True),
-                  Output("views-drawn", "data", allow_duplicate=True), Output("view-findings", "children"),
-                  Output("run-summary", "children"),
-                  Input("tick", "n_intervals"), State("gen", "data"), State("window", "data"), State("selected", "data"),
-                  prevent_initial_call=True)
     def tick(_n, gen, win, sel):
         """Every LIVE_MS while the job runs: the live strip and banners from the latest snapshots;
         when a reload finished, the overview, the timeline (same zoom and selection) and the
         findings from the new data; when the job ended, a last reload and the refresh stops."""
-        from commtrace.format.reader import poll_run
+        from ..format.reader import poll_run
         d = S.d
         poll = poll_run(str(d.run.path))
         st = _live_status(d, poll)
@@ -631,8 +641,9 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         d = S.d
         banner = [b for b in (hang_alert(st), ended_alert(st["job"], True)) if b is not None]
         job = st["job"]
-        out_ov = out_fig = out_drawn = out_find = out_sum = no
+        out_ov = out_fig = out_drawn = out_find = out_sum = out_max = out_step = no
         if fresh:
+            out_max, out_step = d.duration_s, d.slider_step
             out_ov = overview_children(d.overview, d)
             w = win or {"a": 0.0, "b": d.duration_s}
             if w["b"] >= S.prev_duration - 1e-9:
@@ -644,10 +655,72 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         S.prev_duration = d.duration_s
         stop = ended and not reload["busy"] and not fresh and S.gen == gen
         return (live_children(st), banner, f"job {job['state']}", STATE_COLOR.get(job["state"], "gray"), stop,
-                S.gen, out_ov, out_fig, out_drawn, out_find, out_sum)
+                S.gen, out_ov, out_fig, out_drawn, out_find, out_sum, out_max, out_step)
 
-    app._commtrace_tick = tick
+    app.callback(*_TICK_OUTPUTS, *_TICK_INPUTS, prevent_initial_call=True)(tick)
+    app._commtrace_tick = tick  # the undecorated function: the benchmark times it
     return app
+
+
+def _page(d: RunData, other, diff, pages, running: bool, job: dict | None = None):
+    """The layout of the app for `d` (and the compare page with `other`); `job`: the job state
+    read just now (live), else the one loaded with the run."""
+    first = F.empty_timeline(d)  # drawn when first shown (show_view)
+    rep = d.report
+    ov = d.overview if job is None else dict(d.overview, job=job)
+    header = dmc.Group(justify="space-between", children=[
+        dmc.Group([dmc.Title("commtrace", order=3), job_badge(ov["job"], "job-badge"),
+                   dmc.Text(f"{d.run.path}", size="sm", c="dimmed", id="run-path")], gap="sm"),
+        dmc.Text(f"world size {d.run.world_size} · {rep['ops']:,} ops · {len(d.findings)} findings",
+                 size="sm", id="run-summary")])
+    return dmc.MantineProvider(children=html.Div(style={"margin": "6px 14px"}, children=[
+        header,
+        _partial_banner(d),
+        html.Div(id="live-banner", children=[]),
+        dmc.Tabs(id="tabs", value="overview", children=[dmc.TabsList([dmc.TabsTab(l, value=v) for v, l in pages])],
+                 mb="xs"),
+        dcc.Store(id="window", data={"a": 0.0, "b": d.duration_s}),
+        dcc.Store(id="selected", data=None),
+        dcc.Store(id="views-drawn", data=[]),
+        dcc.Store(id="gen", data=0),
+        dcc.Interval(id="tick", interval=LIVE_MS, disabled=not running),
+        html.Div(id="view-overview", children=[
+            html.Div(id="live-strip", children=[]),
+            html.Div(id="overview-body", children=overview_children(ov, d))]),
+        html.Div(id="view-timeline", style=HIDDEN, children=[
+            dmc.Group(gap="md", mb=4, children=[
+                dmc.Button("Reset zoom", id="reset", size="xs", variant="default"),
+                html.Span(id="mode-info", children="",
+                          style={"fontSize": 13}),
+                html.Span(id="selection-info", style={"fontWeight": "bold", "fontSize": 13})]),
+            dcc.RangeSlider(id="range", min=0, max=d.duration_s, value=[0, d.duration_s], step=d.slider_step,
+                            marks=None, allowCross=False, tooltip={"placement": "bottom", "always_visible": False},
+                            updatemode="mouseup", allow_direct_input=False),
+            _graph("timeline", first, config={"scrollZoom": False}),
+            _legend()]),
+        *[html.Div(id=f"view-{v}", style=HIDDEN) for v in LAZY],
+        # Findings live in the layout (hidden unless their tab) so that their table can be an Input.
+        html.Div(id="view-findings", style=HIDDEN, children=_findings_view(d)),
+        *([html.Div(id="view-compare", style=HIDDEN, children=compare_children(d, other, diff))] if other is not None else []),
+    ]))
+
+
+def _with_live(lay, st: dict):
+    """`lay` with the live strip and hang banner of `st` (the cached layout is not changed)."""
+    import copy
+    lay = copy.copy(lay)
+    root = copy.copy(lay.children)
+    lay.children = root
+    kids = list(root.children)
+    root.children = kids
+    for k, c in enumerate(kids):
+        if getattr(c, "id", None) == "live-banner":
+            kids[k] = html.Div(id="live-banner", children=[b for b in (hang_alert(st),) if b is not None])
+        elif getattr(c, "id", None) == "view-overview":
+            ov = copy.copy(c)
+            ov.children = [html.Div(id="live-strip", children=live_children(st)), c.children[1]]
+            kids[k] = ov
+    return lay
 
 
 def _findings_view(d: RunData):
@@ -664,8 +737,8 @@ def _findings_view(d: RunData):
 
 
 def _live_status(d: RunData, poll: dict | None = None) -> dict:
-    from commtrace.analysis.overview import live_status
-    from commtrace.format.reader import poll_run
+    from ..analysis.overview import live_status
+    from ..format.reader import poll_run
     return live_status(d.run, poll if poll is not None else poll_run(str(d.run.path)))
 
 

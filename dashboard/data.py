@@ -46,6 +46,8 @@ class RunData:
         self.t_min_ns = int(run.t_min_ns or 0)
         self.t_max_ns = int(run.t_max_ns or self.t_min_ns)
         self.duration_s = max((self.t_max_ns - self.t_min_ns) / NS, 1e-9)
+        #: the range slider's step (its value is kept on this grid so that it does not echo)
+        self.slider_step = self.duration_s / 10000
         self.ranks = [int(r) for r in run.ranks]
         self.row_of = {r: i for i, r in enumerate(self.ranks)}
         self.nbins = nbins
@@ -71,7 +73,8 @@ class RunData:
         # Longest op span, so that a window query also finds ops entered before it that are
         # still running inside it.
         o = self.o
-        span = np.nanmax(np.c_[o["t_return"], o["t_end"], o["t_wait_end"]], axis=1) - o["t_enqueue"] if len(o["rank"]) else np.zeros(0)
+        # fmax ignores NaN without warning (an op still pending has no end yet)
+        span = (np.fmax(np.fmax(o["t_return"], o["t_end"]), o["t_wait_end"]) - o["t_enqueue"]) if len(o["rank"]) else np.zeros(0)
         self.max_span_s = float(np.nanmax(span)) if len(span) and np.isfinite(span).any() else 0.0
 
         self.collectives = run.collectives()

@@ -177,6 +177,12 @@ def timeline_figure(d: RunData, a: float | None = None, b: float | None = None,
     return _base_layout(fig, d, a, b, "exact" if exact else "bins")
 
 
+def empty_timeline(d: RunData) -> go.Figure:
+    """The timeline's axes without data (`layout.meta.mode` "none"): the first page is the
+    overview, and the timeline is drawn when first shown."""
+    return _base_layout(go.Figure(), d, 0.0, d.duration_s, "none")
+
+
 def _bin_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
     t = d.bins(a, b)
     nr, nb = len(d.ranks), d.nbins

@@ -21,6 +21,10 @@ B. End to end through the recorder (needs pyarrow): a traced run writes CUDA ops
    torch.cuda.synchronize(), a use-before-wait hazard on a CUDA tensor, NVML/NCCL metadata;
    the whole capture adds at most 10 us of host time per op.
 C. ``samples/*.py --backend nccl`` at world size 1, plain and under ``commtrace run``.
+D. NCCL completion hook (``commtrace run --completion-hook``, TORCH_NCCL_ENABLE_TIMING=1):
+   wrapped ops carry NCCL's own seq; all_reduces issued through ``torch.ops._c10d_functional``
+   (below commtrace's wrappers, as compiled graphs issue them) become ``api="c++"`` rows with
+   their seq, device duration and host times, and no wrapped op gets a twin.
 
 Prints PASS / FAIL / SKIP per check and the measured figures; exits 1 if any check failed.
 ``--json`` also writes everything (for docs/gpu-validation.md).
@@ -572,6 +576,61 @@ def end_to_end(torch, dist, tmp):
 # --------------------------------------------------------------------------------------------
 
 
+HOOK_WORKER = r"""
+import torch, torch.distributed as dist
+dist.init_process_group("nccl")
+torch.cuda.set_device(0)
+t = torch.ones(1 << 20, device="cuda")
+for _ in range(5):
+    dist.all_reduce(t)                                                   # torch seqs 1-5
+w = dist.all_reduce(t, async_op=True)                                    # 6
+w.wait()
+name = dist.group.WORLD.group_name
+for _ in range(3):                                                       # 7-9: below Python
+    y = torch.ops._c10d_functional.all_reduce(t, "sum", name)
+    torch.ops._c10d_functional.wait_tensor(y)
+out = torch.empty(1 << 20, device="cuda")
+dist.all_gather_into_tensor(out, t)                                      # 10
+torch.cuda.synchronize()
+dist.destroy_process_group()
+"""
+
+
+def completion_hook_merge(tmp, timeout):
+    """D. NCCL completion hook (issue 13, item 2): ops issued through torch.ops, below the
+    wrappers, become api="c++" rows with NCCL's seq; the wrapped ones claim theirs (no twin)."""
+    path = os.path.join(tmp, "hook_worker.py")
+    with open(path, "w") as f:
+        f.write(HOOK_WORKER)
+    out = os.path.join(tmp, "hook_run")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TORCH_NCCL_ENABLE_TIMING="1")
+    cmd = [sys.executable, "-m", "commtrace", "run", "-o", out, "--completion-hook", "--",
+           sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+           path]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        check("D completion hook run", False, f"rc {p.returncode}: {p.stderr[-800:]}")
+        return
+    import pyarrow.dataset as pads
+
+    rows = [r for r in pads.dataset(out, format="parquet", partitioning="hive").to_table()
+            .to_pylist() if r["kind"] == "op"]
+    shim = sorted((r for r in rows if r["api"] != "c++"), key=lambda r: r["t_enqueue_ns"])
+    cpp = sorted((r for r in rows if r["api"] == "c++"), key=lambda r: r["torch_seq"])
+    check("D wrapped ops carry NCCL's seq", [r["torch_seq"] for r in shim] == [1, 2, 3, 4, 5, 6, 10],
+          f"{[(r['api'], r['torch_seq']) for r in shim]}")
+    check("D ops below Python are c++ rows, no twin",
+          [(r["op"], r["torch_seq"], r["completion"]) for r in cpp]
+          == [("all_reduce", 7, "hook"), ("all_reduce", 8, "hook"), ("all_reduce", 9, "hook")],
+          f"{[(r['op'], r['torch_seq'], r['completion']) for r in cpp]}")
+    durs = [json.loads(r["detail"]).get("active_duration_ns") or 0 for r in cpp]
+    check("D c++ rows have device durations and host times",
+          len(cpp) == 3 and all(d > 0 for d in durs)
+          and all(r["t_enqueue_ns"] <= r["t_end_ns"] for r in cpp), f"active_duration_ns {durs}")
+    FIGURES["completion_hook_active_duration_ns"] = durs
+
+
 def run_samples(tmp, timeout):
     samples = sorted(glob.glob(os.path.join(ROOT, "samples", "*.py")))
     if not samples:
@@ -673,6 +732,10 @@ def main(argv=None):
             dist.destroy_process_group()
         except Exception:
             pass
+    try:
+        completion_hook_merge(tmp, a.sample_timeout)
+    except Exception as e:
+        report("D completion hook", "FAIL", repr(e))
     if not a.no_samples:
         try:
             run_samples(tmp, a.sample_timeout)

@@ -238,7 +238,7 @@ def test_app_callbacks_take_no_path_input(data):
                       ("tick", "n_intervals")}
     states = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb.get("state", [])}
     assert states == {("window", "data"), ("selected", "data"), ("views-drawn", "data"), ("gen", "data")}
-    assert "Location" not in json.dumps(app.layout.to_plotly_json(), default=str)
+    assert "Location" not in json.dumps(app._commtrace_page().to_plotly_json(), default=str)
 
 
 def test_partial_run_shows_banner(tmp_path):
@@ -248,7 +248,7 @@ def test_partial_run_shows_banner(tmp_path):
     run = commtrace.load(path)
     assert run.missing_ranks == [2]
     app = build(run, nbins=20)
-    text = json.dumps(app.layout.to_plotly_json(), default=str)
+    text = json.dumps(app._commtrace_page().to_plotly_json(), default=str)
     assert "Partial run: rank(s) 2 missing (2 of 3 present)" in text
     run.close()
 
@@ -382,6 +382,11 @@ def test_lazy_views_are_built_in_the_background_and_sent_once(data):
     assert children[LAZY.index("overlap")] is overlap
     assert all(c is dash.no_update for i, c in enumerate(children) if i != LAZY.index("overlap"))
     assert drawn == ["overlap"]
+    # the timeline is drawn the first time it is shown (the first page is the overview)
+    assert app._commtrace_page().to_plotly_json() and F.empty_timeline(data).layout.meta["mode"] == "none"
+    tl = app._commtrace_show_view("timeline", drawn)
+    assert tl[n + len(LAZY)].layout.meta["mode"] in ("bins", "exact") and tl[-1] == ["overlap", "timeline"]
+    assert app._commtrace_show_view("timeline", tl[-1])[n + len(LAZY)] is dash.no_update
     again = app._commtrace_show_view("overlap", drawn)
     assert all(c is dash.no_update for c in again[n:n + len(LAZY)])
     facts = json.dumps([c.to_plotly_json() for c in app._commtrace_views["facts"].result(timeout=60)], default=str)

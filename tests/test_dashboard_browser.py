@@ -141,6 +141,7 @@ def _check_run(browser, path, name, world):
         # the overview comes first, with its numbers in the first response
         assert page.inner_text("#ov-world") == str(world)
         _tab(page, "Timeline", "#timeline .main-svg")
+        page.wait_for_function(f"() => {GD}.layout.meta.mode !== 'none'", timeout=20_000)
         tl = _timeline(page)
         # one labelled row per rank (and per sub-row, for a few ranks)
         want = ([x for r in range(world) for x in (f"rank {r} · host-blocked", "in-flight", "wait / sync")]

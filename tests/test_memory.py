@@ -55,7 +55,7 @@ def test_lean_parquet_write_is_byte_identical(tmp_path, monkeypatch):
     from commtrace.format import writer as W
 
     t = _table().replace_schema_metadata(W.file_metadata({"rank": 1}))
-    pq.write_table(t, tmp_path / "ref.parquet", compression="zstd")
+    pq.write_table(t, tmp_path / "ref.parquet", compression="zstd", **W.encoding_kwargs(t.schema))
     monkeypatch.setattr(W, "_lean_ok", True)
     W.write_parquet(t, str(tmp_path / "lean.parquet"))
     assert W._lean_ok is True  # the private writer took the arguments
@@ -67,6 +67,11 @@ def test_lean_parquet_write_is_byte_identical(tmp_path, monkeypatch):
     back = pq.read_table(tmp_path / "lean.parquet")
     assert back.num_rows == 2000 and back["inflight_ids"][3].as_py() == [3, 4]
     assert back["seq"].to_pylist() == list(range(2000))
+    # Timestamps, ids, seq and step are delta-encoded (docs/performance.md, bytes per op).
+    col = pq.ParquetFile(tmp_path / "lean.parquet").metadata.row_group(0)
+    enc = {col.column(i).path_in_schema: col.column(i).encodings for i in range(col.num_columns)}
+    assert "DELTA_BINARY_PACKED" in enc["t_enqueue_ns"] and "DELTA_BINARY_PACKED" in enc["seq"]
+    assert "RLE_DICTIONARY" in enc["site"]
 
 
 def test_write_errors_propagate_on_both_paths(monkeypatch, tmp_path):

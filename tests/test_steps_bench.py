@@ -15,26 +15,27 @@ def test_steps_benchmark_small_run(tmp_path):
     out = tmp_path / "s.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "steps.py"),
-                        "--workloads", "async_loop", "pipeline", "--pairs", "1", "--steps", "10",
+                        "--workloads", "async_loop", "pipeline", "--rounds", "3", "--steps", "5",
                         "--warmup", "2", "--json", str(out)],
                        capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     res = {r["workload"]: r for r in json.loads(out.read_text())}
     assert set(res) == {"async_loop", "pipeline"}
     for r in res.values():
-        assert r["pairs"] == 1 and r["steps"] == 10 and len(r["ratios"]) == 1
+        assert r["rounds"] == 3 and r["steps_per_round"] == 5 and len(r["ratios"]) == 3
         lo, hi = r["ratio_ci95"]
         assert lo <= r["ratio"] <= hi and r["untraced_step_ms"] > 0 and r["traced_step_ms"] > 0
-        assert r["writer_cpu_us_per_op"] > 0
+        assert r["writer_cpu_us_per_op"] > 0 and r["writer"] == "sync"
         assert "load average" in r["uptime_start"] and r["load_start"] and r["load_end"]
-    # every op of the timed window is in the trace: 8 async all_reduces per step per rank;
+        # both ranks' writer threads run at a lower priority (commtrace run's default)
+        assert r["writer_nice"] == [10, 10]
+    # every op of the traced rounds is in the trace: 8 async all_reduces per step per rank;
     # the pipeline's 4 micro-batches: 4 sends + 4 recvs on rank 0, 4 recvs + 4 isends on rank 1
     assert res["async_loop"]["ops_per_step_per_rank"] == 8
     assert res["pipeline"]["ops_per_step_per_rank"] == 8
     text = p.stdout
     for w in ("async_loop", "pipeline"):
-        assert f"{w}: 1 rounds of jobs x 10 steps" in text
+        assert f"{w}: 3 pairs of rounds x 5 steps" in text
     assert text.count("traced / untraced step time:") == 2
     assert text.count("writer thread CPU per op:") == 2
     assert "target <= 2%" in text   # the pipeline's verdict line
-    assert "writer nice [10, 10]" in text  # both ranks' writer threads run at a lower priority

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from .run import COLLECTIVE_SQL
+from .sql import COLLECTIVE_SQL, quote
 
 #: The fixed finding kinds (issue 3).
 KINDS = ("straggler", "late_sender", "late_receiver", "collective_mismatch", "not_joined",
@@ -138,7 +138,7 @@ def straggler(run) -> list[Finding]:
     st = run.stragglers().to_pylist()
     if not st:
         return out
-    c = run._ensure_coll()
+    c = run.table("collectives")
     for s in st:
         n = s["n_collectives"] or 0
         last = s["last_count"] or 0
@@ -170,7 +170,7 @@ def straggler(run) -> list[Finding]:
         unc = _clock_uncertainty_ns(run, r)
         if mean_late < STRAGGLER_CLOCK_FACTOR * unc:
             continue
-        row = run._sql(f"""
+        row = run.sql(f"""
             SELECT mode(op), mode(site), count(DISTINCT pg), min(pg), min(first_enter_ns), max(last_enter_ns)
             FROM {c} WHERE last_rank = ? AND complete AND NOT first_of_pg AND n_ranks >= 2""", [r]).fetchone()
         total = int(s["total_late_ns"] or 0)
@@ -194,8 +194,8 @@ def _straggler_step_z(run, rank: int, n: int):
     with the variance of one trial per step (collectives of one step fully correlated). None
     where steps do not apply: unknown for most collectives, too few, or so coarse (a single
     mark_step() at the start) that a step is no longer one iteration."""
-    w = run._ensure_waits()
-    row = run._sql(f"""
+    w = run.table("waits")
+    row = run.sql(f"""
         SELECT count(*), sum(x), sum(p), sum(p * (1 - p)), sum(nc) FROM (
             SELECT avg(CASE WHEN is_last THEN 1.0 ELSE 0.0 END) AS x, avg(1.0 / n_ranks) AS p,
                    count(*) AS nc
@@ -211,9 +211,9 @@ def _straggler_step_z(run, rank: int, n: int):
 
 def late_p2p(run) -> list[Finding]:
     """late_sender / late_receiver per peer pair (metrics.md wait states)."""
-    p = run._ensure_p2p()
+    p = run.table("p2p")
     out = []
-    rows = run._sql(f"""
+    rows = run.sql(f"""
         SELECT pg, src, dst, count(*) AS n,
                count(*) FILTER (WHERE late_sender_ns > {P2P_LATE_MIN_NS}),
                sum(late_sender_ns) FILTER (WHERE late_sender_ns > {P2P_LATE_MIN_NS}), max(late_sender_ns),
@@ -246,11 +246,11 @@ def collective_mismatch(run) -> list[Finding]:
     all_to_all, gather and scatter (uneven splits are legal there); all_gather's output must be
     n x its input and reduce_scatter's input n x its output."""
     out = []
-    t = run._t
-    c = run._ensure_coll()
-    if not run._sql(f"SELECT count(*) FROM {c} WHERE differs").fetchone()[0]:
+    t = run.table("ops")
+    c = run.table("collectives")
+    if not run.sql(f"SELECT count(*) FROM {c} WHERE differs").fetchone()[0]:
         return out
-    rows = run._sql(f"""
+    rows = run.sql(f"""
         WITH x AS (SELECT x.pg, x.seq, x.rank, x.op, x.dtype, x.count, x.bytes, x.out_bytes, x.pg_size, x.site, x.t_enqueue_ns
                    FROM {t} x SEMI JOIN (SELECT ckey FROM {c} WHERE differs) d ON d.ckey = x.ckey),
         g AS (
@@ -338,7 +338,7 @@ def fmt_bytes(b) -> str:
 
 def _incomplete_keys(run) -> str:
     """(pg, seq) of collectives that some member never issued."""
-    c = run._ensure_coll()
+    c = run.table("collectives")
     return f"(SELECT ckey FROM {c} WHERE n_ranks < n_expected)"
 
 
@@ -346,17 +346,15 @@ def not_joined(run) -> list[Finding]:
     """Member ranks that never issued a collective that others issued: the hang culprit, named
     with its last completed op (members: metadata pg_ranks, else world for a world-size group,
     else the ranks that used the group)."""
-    c = run._ensure_coll()
+    c = run.table("collectives")
     members = run.pg_members
-    mt = f"{run._t}_members"
-    run._sql(f"CREATE OR REPLACE TEMP TABLE {mt} (pg VARCHAR, rank INTEGER)")
     pairs = [(pg, int(r)) for pg, rs in members.items() for r in rs]
-    if pairs:
-        run._many(f"INSERT INTO {mt} VALUES (?, ?)", pairs)
-    rows = run._sql(f"""
+    mt = ("(SELECT * FROM (VALUES " + ", ".join(f"({quote(p)}, {r})" for p, r in pairs) + ") v(pg, rank))"
+          if pairs else "(SELECT CAST(NULL AS VARCHAR) AS pg, CAST(NULL AS INTEGER) AS rank LIMIT 0)")
+    rows = run.sql(f"""
         WITH inc AS (SELECT ckey, pg, seq, op, first_enter_ns, last_enter_ns, site, n_ranks
                      FROM {c} WHERE n_ranks < n_expected),
-        issued AS (SELECT DISTINCT x.pg, x.seq, x.rank FROM {run._t} x SEMI JOIN inc ON x.ckey = inc.ckey),
+        issued AS (SELECT DISTINCT x.pg, x.seq, x.rank FROM {run.table('ops')} x SEMI JOIN inc ON x.ckey = inc.ckey),
         miss AS (SELECT inc.*, m.rank FROM inc JOIN {mt} m ON m.pg = inc.pg
                  ANTI JOIN issued i ON i.pg = inc.pg AND i.seq = inc.seq AND i.rank = m.rank)
         SELECT pg, rank, min(seq) AS seq, arg_min(op, seq), arg_min(first_enter_ns, seq), arg_min(site, seq),
@@ -365,7 +363,7 @@ def not_joined(run) -> list[Finding]:
     if not rows:
         return []
     last = run.last_completed()
-    tmax = max([run.t_max_ns or 0] + list(run._info.get("snapshot_ns", {}).values()))
+    tmax = max([run.t_max_ns or 0] + list(run.snapshot_ns.values()))
     out = []
     present = set(run.ranks)
     states = run.rank_states() if hasattr(run, "rank_states") else {}
@@ -373,9 +371,9 @@ def not_joined(run) -> list[Finding]:
         st = states.get(int(r)) or {}
         if st.get("state") in DIED_STATES:
             continue  # its process died: a rank_crashed finding, not a non-joiner
-        waiting = run._sql(f"""
+        waiting = run.sql(f"""
             SELECT list(rank ORDER BY rank), list(rank ORDER BY rank) FILTER (WHERE t_end_ns IS NULL)
-            FROM {run._t} WHERE kind = 'op' AND pg = ? AND seq = ?""", [pg, seq]).fetchone()
+            FROM {run.table('ops')} WHERE kind = 'op' AND pg = ? AND seq = ?""", [pg, seq]).fetchone()
         issued_by = waiting[0] or []
         still = waiting[1] or []
         lc = last.get(int(r))
@@ -440,7 +438,7 @@ def rank_crashed(run) -> list[Finding]:
     if any(s["state"] == "killed" for s in died.values()):
         from .report import ended_early
         early = {e["rank"]: e for e in ended_early(run)}
-    c = run._ensure_coll()
+    c = run.table("collectives")
     last = run.last_completed()
     out = []
     for r, st in sorted(died.items()):
@@ -449,12 +447,12 @@ def rank_crashed(run) -> list[Finding]:
         # The peers' view: collectives of its groups it has no row of. Those its peers completed
         # it joined (its rows were lost with the process); the first they did not complete is
         # where it died.
-        miss = run._sql(f"""
+        miss = run.sql(f"""
             SELECT k.pg, k.seq, k.op, k.first_enter_ns, k.site, k.complete OR NOT EXISTS (
-                       SELECT 1 FROM {run._t} y WHERE y.ckey = k.ckey AND y.t_end_ns IS NULL) AS done
+                       SELECT 1 FROM {run.table('ops')} y WHERE y.ckey = k.ckey AND y.t_end_ns IS NULL) AS done
             FROM {c} k
             WHERE k.n_ranks < k.n_expected AND NOT EXISTS (
-                SELECT 1 FROM {run._t} x WHERE x.ckey = k.ckey AND x.rank = ?)
+                SELECT 1 FROM {run.table('ops')} x WHERE x.ckey = k.ckey AND x.rank = ?)
             ORDER BY k.first_enter_ns""", [int(r)]).fetchall()
         miss = [m for m in miss if int(r) in (run.pg_members.get(m[0]) or [])]
         joined = [m for m in miss if m[5]]
@@ -505,11 +503,11 @@ def not_completed(run) -> list[Finding]:
     """Ops issued but never completed (no completion, no returned wait), other than
     collectives that some member never joined (those are `not_joined`)."""
     inc = _incomplete_keys(run)
-    snaps = run._info.get("snapshot_ns", {})
+    snaps = run.snapshot_ns
     tmax = run.t_max_ns or 0
-    rows = run._sql(f"""
+    rows = run.sql(f"""
         WITH x AS (
-            SELECT rank, pg, seq, op, site, t_enqueue_ns, op_id, async_op, peer, ckey FROM {run._t}
+            SELECT rank, pg, seq, op, site, t_enqueue_ns, op_id, async_op, peer, ckey FROM {run.table('ops')}
             WHERE kind = 'op' AND t_end_ns IS NULL AND error IS NULL)
         SELECT pg, CASE WHEN op IN {COLLECTIVE_SQL} THEN seq END AS cseq,
                CASE WHEN op IN {COLLECTIVE_SQL} THEN NULL ELSE rank END AS prank,
@@ -539,11 +537,11 @@ def not_completed(run) -> list[Finding]:
 def sync_rules(run) -> list[Finding]:
     """sync_while_inflight (synchronize() while async comm was in flight) and redundant_sync
     (synchronize() right after wait(), nothing issued between), grouped per call site."""
-    t = run._t
+    t = run.table("ops")
     out = []
-    if not run._sql(f"SELECT count(*) FROM {t} WHERE kind = 'sync'").fetchone()[0]:
+    if not run.sql(f"SELECT count(*) FROM {t} WHERE kind = 'sync'").fetchone()[0]:
         return out
-    rows = run._sql(f"""
+    rows = run.sql(f"""
         WITH s AS (
             SELECT rank, site, t_enqueue_ns, t_return_ns, inflight FROM {t} WHERE kind = 'sync'),
         f AS (
@@ -563,7 +561,7 @@ def sync_rules(run) -> list[Finding]:
             message=(f"synchronize() at {site or 'unknown site'} ran {n} time(s) on rank(s) {fmt_ranks(ranks)} "
                      f"with up to {mx} async op(s) in flight, draining every stream ({fmt_ns(total)} in all); "
                      f"the communication could not overlap")))
-    rows = run._sql(f"""
+    rows = run.sql(f"""
         WITH s AS (SELECT rank, site, t_enqueue_ns, t_return_ns, inflight FROM {t}
                    WHERE kind = 'sync' AND coalesce(inflight, 0) = 0),
         w AS (SELECT rank AS wr, t_wait_end_ns AS we, t_enqueue_ns AS op_t FROM {t}
@@ -591,14 +589,14 @@ def sync_rules(run) -> list[Finding]:
 def wait_immediately(run) -> list[Finding]:
     """Async ops waited right after the issue (t_wait - t_return <= WAIT_IMMEDIATE_NS) with no
     other call of that rank in between: the async op bought no overlap."""
-    t = run._t
+    t = run.table("ops")
     cand = f"""SELECT rank, op, pg, seq, site, t_enqueue_ns, t_return_ns, t_wait_ns, t_end_ns FROM {t}
                WHERE kind = 'op' AND coalesce(async_op, false) AND t_wait_ns IS NOT NULL
                  AND t_return_ns IS NOT NULL AND t_wait_ns - t_return_ns <= {WAIT_IMMEDIATE_NS}"""
-    if not run._sql(f"SELECT count(*) FROM ({cand})").fetchone()[0]:
+    if not run.sql(f"SELECT count(*) FROM ({cand})").fetchone()[0]:
         return []
     # The next call of the rank after the issue returned (ASOF: smallest later enqueue).
-    rows = run._sql(f"""
+    rows = run.sql(f"""
         WITH c AS ({cand}),
         e AS (SELECT rank AS er, t_enqueue_ns AS et FROM {t} WHERE kind <> 'mark' AND t_enqueue_ns IS NOT NULL
               AND rank IN (SELECT rank FROM c)),
@@ -641,12 +639,12 @@ def _hazard_method(detail, api) -> str:
 def use_before_wait(run) -> list[Finding]:
     """kind="hazard" rows written live by the capture side: a host read of an async op's tensor
     before wait(); `ref_op_id` names the pending op."""
-    t = run._t
-    if not run._sql(f"SELECT count(*) FROM {t} WHERE kind = 'hazard'").fetchone()[0]:
+    t = run.table("ops")
+    if not run.sql(f"SELECT count(*) FROM {t} WHERE kind = 'hazard'").fetchone()[0]:
         return []
     api = run.lazy_columns("kind = 'hazard'", ["api"])
-    run._con.register("__hz_api", api)
-    rows = run._sql(f"""
+    run.register("__hz_api", api)
+    rows = run.sql(f"""
         SELECT h.site, h.detail, a.api, list(DISTINCT h.rank ORDER BY h.rank), count(*), min(h.t_enqueue_ns),
                max(h.t_enqueue_ns), mode(o.op), mode(o.pg), min(o.seq), mode(o.site), min(h.ref_op_id),
                max(coalesce(o.t_wait_ns, o.t_end_ns) - h.t_enqueue_ns)
@@ -654,7 +652,7 @@ def use_before_wait(run) -> list[Finding]:
              LEFT JOIN __hz_api a ON a.rid = h.rid
         WHERE h.kind = 'hazard'
         GROUP BY h.site, h.detail, a.api ORDER BY min(h.t_enqueue_ns)""").fetchall()
-    run._con.unregister("__hz_api")
+    run.unregister("__hz_api")
     out = []
     for site, detail, api, ranks, n, t0, t1, op, pg, seq, osite, ref, early in rows:
         method = _hazard_method(detail, api)
@@ -685,12 +683,12 @@ def first_op_init_stall(run) -> list[Finding]:
     """The first op on a group (collectives) or peer pair (p2p) whose host block, beyond its
     wait for other ranks, stands out against the later ops of that group or pair on the same
     rank (lazy communicator set-up). Column `first_on_pg` when recorded, else derived."""
-    t = run._t
-    w = run._ensure_waits()
+    t = run.table("ops")
+    w = run.table("waits")
     x = f"""SELECT rank, pg, seq, ckey, op, site, t_enqueue_ns, t_return_ns - t_enqueue_ns AS block,
                    CASE WHEN op IN {COLLECTIVE_SQL} THEN 'c' ELSE 'p' || CAST(peer AS VARCHAR) END AS chan, first_on_pg
             FROM {t} WHERE kind = 'op' AND t_return_ns IS NOT NULL AND pg IS NOT NULL"""
-    has_flag = run._sql(f"SELECT count(*) FROM {t} WHERE first_on_pg").fetchone()[0] > 0
+    has_flag = run.sql(f"SELECT count(*) FROM {t} WHERE first_on_pg").fetchone()[0] > 0
     if has_flag:
         firsts = f"SELECT * FROM ({x}) WHERE first_on_pg AND block >= {INIT_STALL_MIN_NS}"
     else:
@@ -699,7 +697,7 @@ def first_op_init_stall(run) -> list[Finding]:
                             arg_min(site, t_enqueue_ns) AS site, min(t_enqueue_ns) AS t_enqueue_ns,
                             arg_min(block, t_enqueue_ns) AS block
                      FROM ({x}) GROUP BY rank, pg, chan) WHERE block >= {INIT_STALL_MIN_NS}"""
-    rows = run._sql(f"""
+    rows = run.sql(f"""
         WITH f0 AS ({firsts}),
         base AS (SELECT y.rank, y.pg, y.chan, median(y.block) AS med
                  FROM ({x}) y JOIN f0 ON f0.rank = y.rank AND f0.pg = y.pg AND f0.chan = y.chan
@@ -762,7 +760,7 @@ def detect_all(run) -> list[Finding]:
             fs.extend(det(run))
         except Exception as e:  # noqa: BLE001 -- partial traces must still give a report
             run.warnings.append(f"finding detector {det.__name__} failed: {type(e).__name__}: {str(e).splitlines()[0]}")
-    bad = getattr(run._files, "conflict_ranks", None)
+    bad = getattr(run.files, "conflict_ranks", None)
     if bad:
         fs = [f for f in fs if not _involves(f, bad)]
     fs = sort_findings(fs)

@@ -120,6 +120,15 @@ def rank_states(rf, world_size: int | None = None, now_s: float | None = None) -
             d["state"] = "alive" if fresh and not ended else "killed"
         elif r in rf.meta:
             d["state"] = "unknown"
+        elif r in rf.rank_dirs and rf.manifest.get("run_id"):
+            # v2: the directory is made when tracing starts (the group exists), the snapshot at
+            # the first flush: the rank joined and died before it (unless it just started).
+            try:
+                age = now_s - os.stat(os.path.join(rf.path, f"rank={r}")).st_mtime
+            except OSError:
+                age = None
+            young = age is not None and age <= FRESH_FLUSHES * DEFAULT_FLUSH_INTERVAL_S + FRESH_SLACK_S
+            d["state"] = "alive" if young and not ended else "killed"
         else:
             d["state"] = "no_trace"
         out[r] = d

@@ -25,6 +25,8 @@ FRESH_SLACK_NS = 2_000_000_000
 #: A collective pending this long on some members while another member has not issued it is
 #: a hang in the making: the live view names the rank that has not joined.
 LIVE_STUCK_NS = 2_000_000_000
+#: After the ranks' exit flush, how long `commtrace run` may take to record the exit code.
+LAUNCHER_GRACE_NS = 30_000_000_000
 #: Findings shown as cards on the overview.
 TOP_CARDS = 5
 #: Collectives the "show on timeline" window of a straggler covers (its first late ones).
@@ -76,7 +78,15 @@ def job_state(run, manifest: dict | None = None, snapshots: dict | None = None,
         out["state"] = "running"
         out["detail"] = f"{len(fresh)} rank(s) wrote a snapshot in the last {FRESH_FLUSHES} flushes"
     elif snaps and all(s.get("final") for s in snaps.values()):
-        out["detail"] = "every rank flushed at exit, but no launcher recorded the exit code"
+        newest = max(int(s.get("t_ns") or 0) for s in snaps.values())
+        if ("cwd" in m or m.get("run_id")) and now - newest <= LAUNCHER_GRACE_NS:
+            # `commtrace run` (which writes `cwd`; since schema v2 in the session manifest above
+            # the run, whose runs have a `run_id`) records the exit code once the launcher
+            # (torchrun) returns, a moment after the ranks' exit flush
+            out["state"] = "running"
+            out["detail"] = "every rank flushed at exit; waiting for the launcher's exit code"
+        else:
+            out["detail"] = "every rank flushed at exit, but no launcher recorded the exit code"
     else:
         out["detail"] = "no exit code recorded and no fresh snapshot (killed, or copied while running)"
     return out

@@ -61,38 +61,29 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
     tick("wait states and overlap", 0.3)
     per_rank = run.per_rank()
     tick("per step", 0.55)
-    per_step = run.per_step()
     tick("root cause and what-if", 0.65)
     what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
     tick("findings", 0.7)
     findings = run.findings()
     tick("summaries", 0.9)
     ck = run.clock()
-    n_ops = run._sql(f"SELECT count(*) FROM {run._t} WHERE kind = 'op'").fetchone()[0]
-    c = run._ensure_coll()
-    n_coll = run._sql(f"SELECT count(*) FROM {c}").fetchone()[0]
-    w = run._ensure_waits()
-    topc = run._arrow(f"""
+    n_ops = run.sql(f"SELECT count(*) FROM {run.table('ops')} WHERE kind = 'op'").fetchone()[0]
+    c = run.table("collectives")
+    n_coll = run.sql(f"SELECT count(*) FROM {c}").fetchone()[0]
+    w = run.table("waits")
+    topc = run.arrow(f"""
         SELECT k.pg, k.seq, k.op, k.step, k.bytes, k.site, k.last_rank, k.n_ranks,
                k.arrival_skew_ns / 1e9 AS arrival_skew_s, k.t_comm_ns / 1e9 AS t_comm_s, k.busbw_gbps,
                coalesce(w.total_wait_ns, 0) / 1e9 AS total_wait_s, coalesce(w.max_wait_ns, 0) / 1e9 AS max_wait_s
         FROM {c} k LEFT JOIN (SELECT ckey, sum(wait_ns) AS total_wait_ns, max(wait_ns) AS max_wait_ns
                               FROM {w} GROUP BY ckey) w ON w.ckey = k.ckey
         ORDER BY total_wait_s DESC NULLS LAST, k.pg, k.seq LIMIT {int(max(top, 0))}""")
-    sites = run._arrow(f"""
+    sites = run.arrow(f"""
         SELECT k.site, any_value(k.op) AS op, sum(w.n) AS count, sum(w.wait_ns) / 1e9 AS wait_s
         FROM (SELECT ckey, count(*) AS n, sum(wait_ns) AS wait_ns FROM {w} GROUP BY ckey) w
              JOIN {c} k ON k.ckey = w.ckey
         WHERE k.site IS NOT NULL GROUP BY k.site ORDER BY wait_s DESC LIMIT {int(max(top, 0))}""")
-    import duckdb
-    con = duckdb.connect()
-    con.register("ps", per_step)
-    steps_summary = con.sql("""
-        SELECT step, count(*) AS ranks, sum(ops)::BIGINT AS ops, avg(exposed_s) AS exposed_s_mean,
-               max(exposed_s) AS exposed_s_max, avg(wait_s) AS wait_s_mean, max(wait_s) AS wait_s_max,
-               avg(inflight_s) AS inflight_s_mean, avg(overlap_ratio) AS overlap_ratio_mean
-        FROM ps GROUP BY step ORDER BY step""").to_arrow_table()
-    con.close()
+    steps_summary = run.steps_summary()
 
     pr_rows = _rows(per_rank)
     fs = [f.to_dict() for f in findings]
@@ -121,6 +112,8 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         "top_collectives": _rows(topc),
         "top_sites": _rows(sites),
         "per_step": _rows(steps_summary),
+        # bounded capture: per-step counters of the steps recorded without op rows
+        "step_counters": _rows(run.step_counters()),
         "stragglers": stragglers,
         "clock": _clean(ck),
         "last_completed": {str(k): _clean(v) for k, v in run.last_completed().items()},
@@ -177,15 +170,16 @@ def ended_early(run) -> list[dict]:
     states = run.rank_states() if hasattr(run, "rank_states") else {}
     # A rank whose snapshot is fresh is alive (a live report), whatever it has not joined; a
     # rank with a crash file died of a fatal signal, with or without a snapshot.
-    candidates = [r for r in sorted(set(run.ranks) | {r for r, s in states.items() if s["state"] == "crashed"})
-                  if ((snaps.get(r) or {}).get("final") is False or (states.get(r) or {}).get("state") == "crashed")
+    candidates = [r for r in sorted(set(run.ranks) | {r for r, s in states.items() if s["state"] in ("crashed", "killed")})
+                  if ((snaps.get(r) or {}).get("final") is False
+                      or (states.get(r) or {}).get("state") in ("crashed", "killed"))
                   and (states.get(r) or {}).get("state") != "alive"]
     if not candidates:
         return []
     snap_ns = run._info.get("snapshot_ns", {})
-    t = run._t
+    t = run.table("ops")
     last = {}
-    for r, t_last, op in run._sql(f"""
+    for r, t_last, op in run.sql(f"""
             SELECT rank, max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)),
                    arg_max(struct_pack(op := op, pg := pg, seq := seq, site := site,
                                        t_enqueue_ns := t_enqueue_ns, t_end_ns := t_end_ns,
@@ -196,7 +190,7 @@ def ended_early(run) -> list[dict]:
     for r in run.ranks:
         vals = [v for v in (last.get(r, (None,))[0], snap_ns.get(r)) if v is not None]
         alive[r] = max(vals) if vals else None
-    top_seq = {(pg, int(r)): s for pg, r, s in run._sql(f"""
+    top_seq = {(pg, int(r)): s for pg, r, s in run.sql(f"""
             SELECT pg, rank, max(seq) FROM {t} WHERE kind = 'op' AND ckey IS NOT NULL
             GROUP BY pg, rank""").fetchall()}
     completed = run.last_completed()

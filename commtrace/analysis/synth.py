@@ -102,11 +102,23 @@ def parse_duration_ns(text: str) -> int:
     return int(round(float(t)))
 
 
+#: Op positions x ranks simulated per block: bounds the generator's memory (about 100 bytes per
+#: element at peak) whatever the size of the run.
+BLOCK_ELEMENTS = 2_000_000
+#: Rows of the whole run per group of ranks read back from the spool at once.
+SPOOL_GROUP_ROWS = 2_000_000
+
+
 def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=None, mismatch=(),
               skew=(), hazards: bool = False, init_stall_ns: int = 0, record_offsets: bool = True,
               parts_per_rank: int = 1, seed: int = 0, overwrite: bool = True, late_send=(),
-              command: str | None = None) -> SynthResult:
-    """Write a synthetic run of `ranks` ranks x `ops` ops to directory `out` (see module doc)."""
+              command: str | None = None, block_ops: int | None = None) -> SynthResult:
+    """Write a synthetic run of `ranks` ranks x `ops` ops to directory `out` (see module doc).
+
+    The loop is simulated in blocks of whole steps (about BLOCK_ELEMENTS op positions x ranks,
+    or `block_ops` op positions); each block's rows are spooled per rank to a temporary Arrow
+    file and every rank's part is written from the spool at the end, so memory stays bounded
+    (2,048 ranks x 50,000 ops: a few hundred MB)."""
     n = int(ranks)
     if n < 1 or ops < 1:
         raise ValueError("ranks and ops must be >= 1")
@@ -127,45 +139,35 @@ def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=N
     mism = {int(s): int(r) for r, s in mismatch}
     skip_rank, skip_seq = (int(skip[0]), int(skip[1])) if skip else (None, None)
 
-    # Op positions (no wait points) and their template index.
+    # Op positions (no wait points) and their template index: whole steps, trimmed to `ops`
+    # ops, keeping wait points that come before the last op.
     tmpl = [t for t in TEMPLATE if n > 1 or t[0] not in ("send", "recv")]
+    per_step = sum(1 for t in tmpl if not t[0].startswith("wait:"))
     plan = []  # (template index, step)
-    step = 0
-    while len([p for p in plan if not tmpl[p[0]][0].startswith("wait:")]) < ops:
-        for ti in range(len(tmpl)):
-            plan.append((ti, step))
-        step += 1
-    # Trim to exactly `ops` ops, keeping wait points that come before the last op.
     k = 0
-    trimmed = []
+    for st in range((ops + per_step - 1) // per_step):
+        for ti in range(len(tmpl)):
+            if not tmpl[ti][0].startswith("wait:"):
+                if k == ops:
+                    break
+                k += 1
+            plan.append((ti, st))
+    # Blocks of whole steps (a wait point refers to ops of its own step).
+    bops = max(per_step, int(block_ops) if block_ops else BLOCK_ELEMENTS // n)
+    blocks, cur_b, nb_ops, last_st = [], [], 0, None
     for ti, st in plan:
-        if tmpl[ti][0].startswith("wait:"):
-            trimmed.append((ti, st))
-            continue
-        if k == ops:
-            break
-        trimmed.append((ti, st))
-        k += 1
-    plan = trimmed
-    M = ops
+        if st != last_st and nb_ops >= bops:
+            blocks.append(cur_b)
+            cur_b, nb_ops = [], 0
+        last_st = st
+        cur_b.append((ti, st))
+        nb_ops += not tmpl[ti][0].startswith("wait:")
+    if cur_b:
+        blocks.append(cur_b)
 
     NULL = np.iinfo(np.int64).min
-    t_enq = np.full((M, n), NULL, np.int64)
-    t_ret = np.full((M, n), NULL, np.int64)
-    t_end = np.full((M, n), NULL, np.int64)
-    t_wait = np.full((M, n), NULL, np.int64)
-    t_wend = np.full((M, n), NULL, np.int64)
-    issued = np.ones((M, n), bool)
-    in_snapshot = np.zeros((M, n), bool)
-    count = np.zeros((M, n), np.int64)
-    tmpl_idx = np.zeros(M, np.int64)
-    step_of = np.zeros(M, np.int64)
-    seq = np.zeros(M, np.int64)
-    first = np.zeros(M, bool)
-    marks = []  # (step, t per rank)
     extra = []  # extra rows: dicts with per-row values (rank 0 hazards)
     planted: dict = {}
-
     cur = np.full(n, START_NS, np.int64)
     comm_free = START_NS
     coll_seq = 0
@@ -173,145 +175,181 @@ def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=N
     pending_async: list[int] = []  # op indices awaiting the next "wait:buckets"
     pending_p2p: list[int] = []
     pending_send = None
-    alive = np.ones(n, bool)
     stopped = False
     last_step = -1
-    i = 0
+    i = 0  # global op index (= op_id)
     ar = np.arange(n)
     hz_step = 1 if hazards else -1
     hz_bucket_ops: list[int] = []
     synced = True
+    spool = _Spool(out, n, len(blocks), group=max(1, SPOOL_GROUP_ROWS // max(1, int(ops * 1.15))))
+    snapshots: dict[int, list] = {}
 
-    for ti, st in plan:
-        name, is_async, nbytes, site = tmpl[ti]
+    for block in blocks:
         if stopped:
             break
-        if st != last_step:
-            cur = cur + STEP_GAP_NS
-            marks.append((st, cur.copy()))
-            last_step = st
-        if name.startswith("wait:"):
-            waitlist = pending_async if name == "wait:buckets" else pending_p2p
-            imm = planted.get("wait_immediately_ops", ())
-            for j in waitlist:
-                who = np.ones(n, bool)
-                if j in imm:
-                    who[0] = False  # already waited right after the issue
-                tw = cur + WAIT_GAP_NS + rng.integers(0, 5_000, n)
-                t_wait[j] = np.where(who, tw, t_wait[j])
-                t_wend[j] = np.where(who, np.maximum(tw, t_end[j]) + 2_000, t_wend[j])
-                cur = np.where(who, t_wend[j], cur)
-            if name == "wait:buckets" and st == hz_step:
-                # synchronize() right after the last wait(): redundant.
-                t0 = int(cur[0]) + 3_000
-                extra.append(dict(kind=S.KIND_SYNC, rank=0, api="torch.cuda.synchronize",
-                                  t_enqueue_ns=t0, t_return_ns=t0 + 30_000, inflight=0,
-                                  inflight_ids=[], site="train.py:95"))
-                planted["redundant_sync"] = t0
-                cur[0] = t0 + 30_000
-            waitlist.clear()
-            synced = synced or name == "wait:buckets"
-            continue
+        B = sum(1 for ti, _ in block if not tmpl[ti][0].startswith("wait:"))
+        base = i
+        t_enq = np.full((B, n), NULL, np.int64)
+        t_ret = np.full((B, n), NULL, np.int64)
+        t_end = np.full((B, n), NULL, np.int64)
+        t_wait = np.full((B, n), NULL, np.int64)
+        t_wend = np.full((B, n), NULL, np.int64)
+        issued = np.ones((B, n), bool)
+        in_snapshot = np.zeros((B, n), bool)
+        count = np.zeros((B, n), np.int64)
+        tmpl_idx = np.zeros(B, np.int64)
+        step_of = np.zeros(B, np.int64)
+        seq = np.zeros(B, np.int64)
+        first = np.zeros(B, bool)
+        marks = []  # (step, t per rank)
 
-        # A straggler's delay lands once per synchronisation point (after a blocking op or a
-        # wait), so that it arrives `delay` late at every collective rather than accumulating.
-        is_coll = name not in ("send", "recv")
-        gap = GAP_NS + rng.integers(0, JITTER_NS, n) + (delay if synced and is_coll else 0)
-        if name == "send":
-            gap = gap + lsend
-        if is_coll:
-            synced = False
-        enter = cur + gap
-        cnt = np.full(n, max(nbytes // 4, 1), np.int64)
-        t_enq[i] = enter
-        tmpl_idx[i] = ti
-        step_of[i] = st
-        if name in ("send", "recv"):
-            p2p_seq += (name == "send")
-            seq[i] = p2p_seq
-            first[i] = p2p_seq == 1
-            count[i] = cnt
-            tcomm = LATENCY_NS + int(nbytes / ALGBW)
-            t_ret[i] = enter + 8_000
-            if first[i] and init_stall_ns:
-                t_ret[i] += init_stall_ns
-            cur = t_ret[i].copy()
-            if name == "send":
-                pending_send = i
-            else:
-                s = pending_send
-                match = np.maximum(t_enq[i], np.roll(t_enq[s], 1))  # recv on d matches send of d-1
-                t_end[i] = match + tcomm + rng.integers(0, 3_000, n)
-                t_end[s] = np.roll(match, -1) + tcomm + rng.integers(0, 3_000, n)
-                pending_p2p.extend([s, i])
-            i += 1
-            continue
-
-        coll_seq += 1
-        seq[i] = coll_seq
-        first[i] = coll_seq == 1
-        if coll_seq in mism:
-            cnt[mism[coll_seq]] *= 2
-            planted.setdefault("mismatch", []).append((mism[coll_seq], coll_seq, name))
-        count[i] = cnt
-        S_bytes = nbytes * n if name == "all_gather" else nbytes
-        tcomm = LATENCY_NS + int(S_bytes / ALGBW)
-        if skip_seq is not None and coll_seq == skip_seq:
-            # The culprit never arrives: the others block here until the job is killed.
-            issued[i, skip_rank] = False
-            others = ar[ar != skip_rank]
-            in_snapshot[i, others[len(others) // 2:]] = True
-            t_ret[i] = NULL
-            planted["skip"] = (skip_rank, coll_seq, name)
-            i += 1
-            stopped = True
-            break
-        # Every collective, broadcast included (gloo's root waits for its receivers), ends
-        # t_comm after the last member arrived and the group's previous collective ended.
-        start = max(int(enter.max()), comm_free)
-        end = np.full(n, start + tcomm, np.int64)
-        end = end + rng.integers(0, 3_000, n)
-        comm_free = int(end.max())
-        t_end[i] = end
-        if is_async:
-            t_ret[i] = enter + 8_000
-            cur = t_ret[i].copy()
-            pending_async.append(i)
-            if st == hz_step:
-                hz_bucket_ops.append(i)
-                if len(hz_bucket_ops) == 1:
-                    # .item() on this bucket's tensor before wait() on rank 0.
-                    t0 = int(cur[0]) + 2_000
-                    extra.append(dict(kind=S.KIND_HAZARD, rank=0, api="Tensor.item",
-                                      detail=json.dumps({"method": "item"}), ref_op_id=i,
-                                      t_enqueue_ns=t0, t_return_ns=t0 + 1_000, site="train.py:88"))
-                    planted["use_before_wait"] = i
-                    cur[0] = t0 + 1_000
-                elif len(hz_bucket_ops) == 2:
-                    t0 = int(cur[0]) + 2_000
+        for ti, st in block:
+            name, is_async, nbytes, site = tmpl[ti]
+            if stopped:
+                break
+            if st != last_step:
+                cur = cur + STEP_GAP_NS
+                marks.append((st, cur.copy()))
+                last_step = st
+            if name.startswith("wait:"):
+                waitlist = pending_async if name == "wait:buckets" else pending_p2p
+                imm = planted.get("wait_immediately_ops", ())
+                for j in waitlist:
+                    lj = j - base
+                    who = np.ones(n, bool)
+                    if j in imm:
+                        who[0] = False  # already waited right after the issue
+                    tw = cur + WAIT_GAP_NS + rng.integers(0, 5_000, n)
+                    t_wait[lj] = np.where(who, tw, t_wait[lj])
+                    t_wend[lj] = np.where(who, np.maximum(tw, t_end[lj]) + 2_000, t_wend[lj])
+                    cur = np.where(who, t_wend[lj], cur)
+                if name == "wait:buckets" and st == hz_step:
+                    # synchronize() right after the last wait(): redundant.
+                    t0 = int(cur[0]) + 3_000
                     extra.append(dict(kind=S.KIND_SYNC, rank=0, api="torch.cuda.synchronize",
-                                      t_enqueue_ns=t0, t_return_ns=t0 + 40_000, inflight=2,
-                                      inflight_ids=list(hz_bucket_ops), site="train.py:91"))
-                    planted["sync_while_inflight"] = t0
-                    cur[0] = t0 + 40_000
-                elif len(hz_bucket_ops) == 3:
-                    # Waited at once: nothing between issue and wait().
-                    tw = int(cur[0]) + 2_000
-                    t_wait[i, 0] = tw
-                    t_wend[i, 0] = max(tw, int(t_end[i, 0])) + 2_000
-                    cur[0] = t_wend[i, 0]
-                    planted["wait_immediately"] = i
-                    planted["wait_immediately_ops"] = (i,)
-        else:
-            t_ret[i] = end + 3_000
-            synced = True
-            if first[i] and init_stall_ns:
-                t_ret[i] += init_stall_ns
-            cur = t_ret[i].copy()
-        i += 1
+                                      t_enqueue_ns=t0, t_return_ns=t0 + 30_000, inflight=0,
+                                      inflight_ids=[], site="train.py:95"))
+                    planted["redundant_sync"] = t0
+                    cur[0] = t0 + 30_000
+                waitlist.clear()
+                synced = synced or name == "wait:buckets"
+                continue
 
-    M_used = i
+            li = i - base
+            # A straggler's delay lands once per synchronisation point (after a blocking op or
+            # a wait), so that it arrives `delay` late at every collective rather than
+            # accumulating.
+            is_coll = name not in ("send", "recv")
+            gap = GAP_NS + rng.integers(0, JITTER_NS, n) + (delay if synced and is_coll else 0)
+            if name == "send":
+                gap = gap + lsend
+            if is_coll:
+                synced = False
+            enter = cur + gap
+            cnt = np.full(n, max(nbytes // 4, 1), np.int64)
+            t_enq[li] = enter
+            tmpl_idx[li] = ti
+            step_of[li] = st
+            if name in ("send", "recv"):
+                p2p_seq += (name == "send")
+                seq[li] = p2p_seq
+                first[li] = p2p_seq == 1
+                count[li] = cnt
+                tcomm = LATENCY_NS + int(nbytes / ALGBW)
+                t_ret[li] = enter + 8_000
+                if first[li] and init_stall_ns:
+                    t_ret[li] += init_stall_ns
+                cur = t_ret[li].copy()
+                if name == "send":
+                    pending_send = i
+                else:
+                    ls = pending_send - base
+                    match = np.maximum(t_enq[li], np.roll(t_enq[ls], 1))  # recv on d matches send of d-1
+                    t_end[li] = match + tcomm + rng.integers(0, 3_000, n)
+                    t_end[ls] = np.roll(match, -1) + tcomm + rng.integers(0, 3_000, n)
+                    pending_p2p.extend([pending_send, i])
+                i += 1
+                continue
+
+            coll_seq += 1
+            seq[li] = coll_seq
+            first[li] = coll_seq == 1
+            if coll_seq in mism:
+                cnt[mism[coll_seq]] *= 2
+                planted.setdefault("mismatch", []).append((mism[coll_seq], coll_seq, name))
+            count[li] = cnt
+            S_bytes = nbytes * n if name == "all_gather" else nbytes
+            tcomm = LATENCY_NS + int(S_bytes / ALGBW)
+            if skip_seq is not None and coll_seq == skip_seq:
+                # The culprit never arrives: the others block here until the job is killed.
+                issued[li, skip_rank] = False
+                others = ar[ar != skip_rank]
+                in_snapshot[li, others[len(others) // 2:]] = True
+                t_ret[li] = NULL
+                planted["skip"] = (skip_rank, coll_seq, name)
+                i += 1
+                stopped = True
+                break
+            # Every collective, broadcast included (gloo's root waits for its receivers), ends
+            # t_comm after the last member arrived and the group's previous collective ended.
+            start = max(int(enter.max()), comm_free)
+            end = np.full(n, start + tcomm, np.int64)
+            end = end + rng.integers(0, 3_000, n)
+            comm_free = int(end.max())
+            t_end[li] = end
+            if is_async:
+                t_ret[li] = enter + 8_000
+                cur = t_ret[li].copy()
+                pending_async.append(i)
+                if st == hz_step:
+                    hz_bucket_ops.append(i)
+                    if len(hz_bucket_ops) == 1:
+                        # .item() on this bucket's tensor before wait() on rank 0.
+                        t0 = int(cur[0]) + 2_000
+                        extra.append(dict(kind=S.KIND_HAZARD, rank=0, api="Tensor.item",
+                                          detail=json.dumps({"method": "item"}), ref_op_id=i,
+                                          t_enqueue_ns=t0, t_return_ns=t0 + 1_000, site="train.py:88"))
+                        planted["use_before_wait"] = i
+                        cur[0] = t0 + 1_000
+                    elif len(hz_bucket_ops) == 2:
+                        t0 = int(cur[0]) + 2_000
+                        extra.append(dict(kind=S.KIND_SYNC, rank=0, api="torch.cuda.synchronize",
+                                          t_enqueue_ns=t0, t_return_ns=t0 + 40_000, inflight=2,
+                                          inflight_ids=list(hz_bucket_ops), site="train.py:91"))
+                        planted["sync_while_inflight"] = t0
+                        cur[0] = t0 + 40_000
+                    elif len(hz_bucket_ops) == 3:
+                        # Waited at once: nothing between issue and wait().
+                        tw = int(cur[0]) + 2_000
+                        t_wait[li, 0] = tw
+                        t_wend[li, 0] = max(tw, int(t_end[li, 0])) + 2_000
+                        cur[0] = t_wend[li, 0]
+                        planted["wait_immediately"] = i
+                        planted["wait_immediately_ops"] = (i,)
+            else:
+                t_ret[li] = end + 3_000
+                synced = True
+                if first[li] and init_stall_ns:
+                    t_ret[li] += init_stall_ns
+                cur = t_ret[li].copy()
+            i += 1
+
+        used = i - base
+        spool.add_block(_block_tables(tmpl, n, base, used, skew_ns, issued, in_snapshot, count, tmpl_idx,
+                                      step_of, seq, first, t_enq, t_ret, t_end, t_wait, t_wend, marks, NULL))
+        for r, j in zip(*np.nonzero(in_snapshot[:used].T)):
+            k = tmpl_idx[j]
+            snapshots.setdefault(int(r), []).append(
+                {"op_id": int(base + j), "kind": "op", "pg": PG, "pg_size": n, "seq": int(seq[j]),
+                 "op": tmpl[k][0], "api": API.get(tmpl[k][0], tmpl[k][0]), "async_op": bool(tmpl[k][1]),
+                 "dtype": "float32", "count": int(count[j, r]), "bytes": int(count[j, r]) * 4,
+                 "t_enqueue_ns": int(t_enq[j, r]) + int(skew_ns[r]), "t_return_ns": None,
+                 "step": int(step_of[j]), "site": tmpl[k][3], "backend": "gloo", "device": "cpu"})
+        del t_enq, t_ret, t_end, t_wait, t_wend, issued, in_snapshot, count
+
     if skip_seq is not None and "skip" not in planted:
+        spool.close()
         raise ValueError(f"--skip seq {skip_seq} is beyond the {coll_seq} collectives of the run")
 
     # Per-rank offsets: the rank's clock minus rank 0's; estimated within a few us.
@@ -320,87 +358,10 @@ def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=N
     offsets = skew_ns - skew_ns[0] + est_err
     offsets[0] = 0
 
-    def strings(idx: np.ndarray, values: list[str]) -> pa.Array:
-        return pa.DictionaryArray.from_arrays(pa.array(idx, pa.int32()),
-                                              pa.array(values, pa.string())).cast(pa.string())
-
-    sites = [t[3] for t in tmpl]
-    ops_names = [t[0] for t in tmpl]
-    apis = [API.get(t[0], t[0]) for t in tmpl]
-    asyncs = np.array([bool(t[1]) for t in tmpl])
-    is_send_t = np.array([t[0] == "send" for t in tmpl])
-    is_p2p_t = np.array([t[0] in ("send", "recv") for t in tmpl])
-    is_bcast_t = np.array([t[0] == "broadcast" for t in tmpl])
-    is_ag_t = np.array([t[0] == "all_gather" for t in tmpl])
-    is_rs_t = np.array([t[0] == "reduce_scatter" for t in tmpl])
     rows_total = 0
     pg_ranks = {PG: list(range(n))}
-    mark_steps = np.array([m[0] for m in marks], np.int64)
-    mark_t = np.array([m[1] for m in marks], np.int64).reshape(len(marks), n)
-    for r in range(n):
-        sel = np.nonzero(issued[:M_used, r] & ~in_snapshot[:M_used, r])[0]
-        ti = tmpl_idx[sel]
-        is_p2p = is_p2p_t[ti]
-        peer = np.where(is_send_t[ti], (r + 1) % n, (r - 1) % n)
+    for r, tables in spool.rank_tables():
         sk = int(skew_ns[r])
-
-        def tcol(a):
-            v = a[sel, r]
-            mask = v == NULL
-            return pa.array(np.where(mask, 0, v + sk), pa.int64(), mask=mask)
-
-        cnt = count[sel, r]
-        byts = cnt * 4
-        out_b = np.where(is_ag_t[ti], byts * n, np.where(is_rs_t[ti], byts // n, byts))
-        nn = len(sel)
-        cols = {
-            "kind": strings(np.zeros(nn, np.int32), ["op"]),
-            "rank": pa.array(np.full(nn, r, np.int32)),
-            "pg": strings(np.zeros(nn, np.int32), [PG]),
-            "pg_size": pa.array(np.full(nn, n, np.int32)),
-            "seq": pa.array(seq[sel]),
-            "op": strings(ti, ops_names),
-            "api": strings(ti, apis),
-            "async_op": pa.array(asyncs[ti]),
-            "backend": strings(np.zeros(nn, np.int32), ["gloo"]),
-            "device": strings(np.zeros(nn, np.int32), ["cpu"]),
-            "dtype": strings(np.zeros(nn, np.int32), ["float32"]),
-            "count": pa.array(cnt),
-            "bytes": pa.array(byts),
-            "out_bytes": pa.array(out_b),
-            "peer": pa.array(peer.astype(np.int32), mask=~is_p2p),
-            "root": pa.array(np.zeros(nn, np.int32), mask=~is_bcast_t[ti]),
-            "t_enqueue_ns": tcol(t_enq), "t_return_ns": tcol(t_ret),
-            "t_start_ns": pa.nulls(nn, pa.int64()),
-            "t_end_ns": tcol(t_end), "t_wait_ns": tcol(t_wait), "t_wait_end_ns": tcol(t_wend),
-            "step": pa.array(step_of[sel]),
-            "site": strings(ti, sites),
-            "error": pa.nulls(nn, pa.string()),
-            "op_id": pa.array(sel.astype(np.int64)),
-            "ref_op_id": pa.nulls(nn, pa.int64()),
-            "inflight": pa.nulls(nn, pa.int32()),
-            "inflight_ids": pa.nulls(nn, pa.list_(pa.int64())),
-            "first_on_pg": pa.array(first[sel]),
-            "stream_wait_ns": pa.nulls(nn, pa.int64()),
-            "thread": pa.array(np.full(nn, 140000000 + r, np.int64)),
-            "detail": pa.nulls(nn, pa.string()),
-        }
-        tables = [pa.Table.from_arrays([cols[f.name] if f.name in cols else pa.nulls(nn, f.type)
-                                        for f in S.SCHEMA], schema=S.SCHEMA)]
-        # Step markers (the culprit of a skip stops with the others).
-        nm = len(mark_steps)
-        if nm:
-            mt = mark_t[:, r] + sk
-            mcols = {f.name: pa.nulls(nm, f.type) for f in S.SCHEMA}
-            mcols.update({
-                "kind": strings(np.zeros(nm, np.int32), [S.KIND_MARK]),
-                "rank": pa.array(np.full(nm, r, np.int32)), "step": pa.array(mark_steps),
-                "t_enqueue_ns": pa.array(mt), "t_return_ns": pa.array(mt),
-                "api": strings(np.zeros(nm, np.int32), ["commtrace.mark_step"]),
-                "site": strings(np.zeros(nm, np.int32), ["train.py:20"]),
-                "thread": pa.array(np.full(nm, 140000000 + r, np.int64)),
-            })
-            tables.append(pa.Table.from_arrays([mcols[f.name] for f in S.SCHEMA], schema=S.SCHEMA))
         ex_rows = {f.name: [] for f in S.SCHEMA}
         for row in extra:
             if row["rank"] != r:
@@ -427,26 +388,202 @@ def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=N
             W.write_part(out, r, table.slice(bounds[p], bounds[p + 1] - bounds[p]), meta,
                          pid=10_000 + r, index=p)
         rows_total += table.num_rows
+        del tables, table
         # _inflight.json for ranks blocked in the skipped collective.
-        snap_sel = np.nonzero(in_snapshot[:M_used, r])[0]
-        if len(snap_sel):
-            ops_l = []
-            for j in snap_sel:
-                k = tmpl_idx[j]
-                ops_l.append({"op_id": int(j), "kind": "op", "pg": PG, "pg_size": n,
-                              "seq": int(seq[j]), "op": ops_names[k], "api": apis[k],
-                              "async_op": bool(asyncs[k]), "dtype": "float32",
-                              "count": int(count[j, r]), "bytes": int(count[j, r]) * 4,
-                              "t_enqueue_ns": int(t_enq[j, r]) + sk, "t_return_ns": None,
-                              "step": int(step_of[j]), "site": sites[k], "backend": "gloo",
-                              "device": "cpu"})
-            snap = {"rank": r, "t_ns": int(t_enq[snap_sel[-1], r]) + sk + 5_000_000, "ops": ops_l}
+        ops_l = snapshots.get(r)
+        if ops_l:
+            snap = {"rank": r, "t_ns": ops_l[-1]["t_enqueue_ns"] + 5_000_000, "ops": ops_l}
             W.atomic_write_text(os.path.join(W.rank_dir(out, r), S.INFLIGHT_NAME), json.dumps(snap))
             rows_total += len(ops_l)
+    spool.close()
     W.write_manifest(out, {"command": command or f"commtrace synth {out} --ranks {n} --ops {ops}",
                            "world_size": n, "synthetic": True, "commtrace_version": "synth",
                            "start_ns": START_NS})
-    return SynthResult(out, n, M_used, rows_total, planted)
+    return SynthResult(out, n, i, rows_total, planted)
+
+
+def _strings(idx: np.ndarray, values: list[str]) -> pa.Array:
+    return pa.DictionaryArray.from_arrays(pa.array(idx, pa.int32()), pa.array(values, pa.string()))
+
+
+def _block_tables(tmpl, n, base, used, skew_ns, issued, in_snapshot, count, tmpl_idx, step_of, seq, first,
+                  t_enq, t_ret, t_end, t_wait, t_wend, marks, NULL):
+    """The op rows and mark rows of one block, rank-major (all of rank 0, then rank 1, ...),
+    with each rank's row offsets: (ops table, op offsets, marks table, mark offsets). Strings
+    stay dictionary-encoded until the rank's part is written."""
+    keep = (issued[:used] & ~in_snapshot[:used]).T  # (n, used)
+    rr, jj = np.nonzero(keep)
+    off = np.r_[0, np.cumsum(keep.sum(axis=1))]
+    ti = tmpl_idx[jj]
+    is_send_t = np.array([t[0] == "send" for t in tmpl])
+    is_p2p_t = np.array([t[0] in ("send", "recv") for t in tmpl])
+    is_bcast_t = np.array([t[0] == "broadcast" for t in tmpl])
+    is_ag_t = np.array([t[0] == "all_gather" for t in tmpl])
+    is_rs_t = np.array([t[0] == "reduce_scatter" for t in tmpl])
+    asyncs = np.array([bool(t[1]) for t in tmpl])
+    sk = skew_ns[rr]
+    nn = len(rr)
+
+    def tcol(a):
+        v = a[jj, rr]
+        mask = v == NULL
+        return pa.array(np.where(mask, 0, v + sk), pa.int64(), mask=mask)
+
+    cnt = count[jj, rr]
+    byts = cnt * 4
+    out_b = np.where(is_ag_t[ti], byts * n, np.where(is_rs_t[ti], byts // n, byts))
+    peer = np.where(is_send_t[ti], (rr + 1) % n, (rr - 1) % n)
+    zeros = np.zeros(nn, np.int32)
+    cols = {
+        "kind": _strings(zeros, ["op"]),
+        "rank": pa.array(rr.astype(np.int32)),
+        "pg": _strings(zeros, [PG]),
+        "pg_size": pa.array(np.full(nn, n, np.int32)),
+        "seq": pa.array(seq[jj]),
+        "op": _strings(ti, [t[0] for t in tmpl]),
+        "api": _strings(ti, [API.get(t[0], t[0]) for t in tmpl]),
+        "async_op": pa.array(asyncs[ti]),
+        "backend": _strings(zeros, ["gloo"]),
+        "device": _strings(zeros, ["cpu"]),
+        "dtype": _strings(zeros, ["float32"]),
+        "count": pa.array(cnt),
+        "bytes": pa.array(byts),
+        "out_bytes": pa.array(out_b),
+        "peer": pa.array(peer.astype(np.int32), mask=~is_p2p_t[ti]),
+        "root": pa.array(zeros, mask=~is_bcast_t[ti]),
+        "t_enqueue_ns": tcol(t_enq), "t_return_ns": tcol(t_ret),
+        "t_start_ns": pa.nulls(nn, pa.int64()),
+        "t_end_ns": tcol(t_end), "t_wait_ns": tcol(t_wait), "t_wait_end_ns": tcol(t_wend),
+        "step": pa.array(step_of[jj]),
+        "site": _strings(ti, [t[3] for t in tmpl]),
+        "error": pa.nulls(nn, pa.string()),
+        "op_id": pa.array((base + jj).astype(np.int64)),
+        "ref_op_id": pa.nulls(nn, pa.int64()),
+        "inflight": pa.nulls(nn, pa.int32()),
+        "inflight_ids": pa.nulls(nn, pa.list_(pa.int64())),
+        "first_on_pg": pa.array(first[jj]),
+        "stream_wait_ns": pa.nulls(nn, pa.int64()),
+        "thread": pa.array(140000000 + rr.astype(np.int64)),
+        "detail": pa.nulls(nn, pa.string()),
+    }
+    # Columns of the schema the generator does not fill (newer extensions) are null.
+    ops_t = pa.table({f.name: cols[f.name] if f.name in cols else pa.nulls(nn, f.type) for f in S.SCHEMA})
+    nm = len(marks)
+    mark_t = None
+    moff = np.zeros(n + 1, np.int64)
+    if nm:
+        steps = np.array([m[0] for m in marks], np.int64)
+        mt = np.array([m[1] for m in marks], np.int64).T  # (n, nm)
+        mr = np.repeat(np.arange(n), nm)
+        tt = (mt + skew_ns[:, None]).ravel()
+        z = np.zeros(n * nm, np.int32)
+        mcols = {f.name: pa.nulls(n * nm, f.type) for f in S.SCHEMA}
+        mcols.update({
+            "kind": _strings(z, [S.KIND_MARK]),
+            "rank": pa.array(mr.astype(np.int32)), "step": pa.array(np.tile(steps, n)),
+            "t_enqueue_ns": pa.array(tt), "t_return_ns": pa.array(tt),
+            "api": _strings(z, ["commtrace.mark_step"]),
+            "site": _strings(z, ["train.py:20"]),
+            "thread": pa.array(140000000 + mr.astype(np.int64)),
+        })
+        mark_t = pa.table({f.name: mcols[f.name] for f in S.SCHEMA})
+        moff = np.arange(n + 1, dtype=np.int64) * nm
+    return ops_t, off, mark_t, moff
+
+
+def Q_np_array(a: np.ndarray) -> pa.Array:
+    """int64 Arrow array over a numpy array (no pa.array(): it imports pandas)."""
+    return pa.Array.from_buffers(pa.int64(), len(a), [None, pa.py_buffer(np.ascontiguousarray(a))])
+
+
+class _Spool:
+    """Per-rank rows of each block: kept in memory when the run is one block, else written to
+    a temporary Arrow IPC file per block, one compressed record batch per group of `group`
+    ranks, and read back a group at a time (every block's batch of the group, cast once,
+    sorted by rank, then split)."""
+
+    def __init__(self, out: str, n: int, nblocks: int, group: int = 1):
+        self.n = n
+        self.group = max(1, int(group))
+        self.mem = nblocks <= 1
+        self.blocks: list = []
+        self.readers: dict = {}
+        self.dir = None
+        if not self.mem:
+            import tempfile
+            self.dir = tempfile.mkdtemp(prefix=".synth-spool-", dir=out)
+
+    def add_block(self, tables) -> None:
+        ops_t, off, mark_t, moff = tables
+        if self.mem:
+            self.blocks.append(tables)
+            return
+        import pyarrow.ipc as ipc
+        path = os.path.join(self.dir, f"block-{len(self.blocks):05d}.arrow")
+        opts = ipc.IpcWriteOptions(compression="lz4")
+        for kind, t, o in (("ops", ops_t, off), ("marks", mark_t, moff)):
+            if t is None:
+                continue
+            with ipc.new_file(f"{path}.{kind}", t.schema, options=opts) as w:
+                for g in range(0, self.n, self.group):
+                    lo, hi = int(o[g]), int(o[min(g + self.group, self.n)])
+                    part = t.slice(lo, hi - lo).combine_chunks()
+                    w.write_batch(pa.RecordBatch.from_arrays([c.chunk(0) for c in part.columns], schema=t.schema))
+        self.blocks.append(path)
+
+    def _group(self, gi: int, kind: str):
+        """One table of the rows of rank group `gi` over every block (None when none)."""
+        parts = []
+        g0 = gi * self.group
+        g1 = min(g0 + self.group, self.n)
+        for b in self.blocks:
+            if self.mem:
+                ops_t, off, mark_t, moff = b
+                t, o = (ops_t, off) if kind == "ops" else (mark_t, moff)
+                if t is not None:
+                    parts.append(t.slice(int(o[g0]), int(o[g1] - o[g0])))
+                continue
+            import pyarrow.ipc as ipc
+            p = f"{b}.{kind}"
+            if p not in self.readers and os.path.exists(p):
+                self.readers[p] = ipc.open_file(pa.memory_map(p))
+            if p in self.readers:
+                parts.append(pa.Table.from_batches([self.readers[p].get_batch(gi)]))
+        parts = [t for t in parts if t.num_rows]
+        if not parts:
+            return None
+        t = pa.concat_tables(parts).cast(S.SCHEMA).combine_chunks()
+        if len(parts) > 1:
+            # rank-major within each block: a stable sort by rank puts every rank's rows in
+            # block (= op) order
+            t = t.take(Q_np_array(np.argsort(t["rank"].to_numpy(), kind="stable").astype(np.int64)))
+        return t
+
+    def rank_tables(self):
+        """(rank, [tables]) for every rank in order: its op rows of every block, then its step
+        markers of every block (schema types)."""
+        for gi in range(0, (self.n + self.group - 1) // self.group):
+            g0 = gi * self.group
+            g1 = min(g0 + self.group, self.n)
+            grp = {k: self._group(gi, k) for k in ("ops", "marks")}
+            bounds = {}
+            for k, t in grp.items():
+                cnt = np.bincount(t["rank"].to_numpy() - g0, minlength=g1 - g0) if t is not None else np.zeros(g1 - g0, np.int64)
+                bounds[k] = np.r_[0, np.cumsum(cnt)]
+            for r in range(g0, g1):
+                out = []
+                for k in ("ops", "marks"):
+                    t, bd = grp[k], bounds[k]
+                    j = r - g0
+                    if t is not None and bd[j + 1] > bd[j]:
+                        out.append(t.slice(int(bd[j]), int(bd[j + 1] - bd[j])))
+                yield r, (out or [S.SCHEMA.empty_table()])
+            del grp
+
+    def close(self) -> None:
+        self.readers.clear()
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

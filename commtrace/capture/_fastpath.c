@@ -54,6 +54,9 @@ typedef struct {
     int has_root;          /* r0/r1 are (global root, group root) */
     int has_peer;          /* r0/r1 are (global peer, group peer) */
     int is_send;
+    /* The async path (as_issue): the Work type whose ops are tracked in C, once the Python
+     * _track_work has seen one of them complete through a future (strong ref), else NULL. */
+    PyObject *as_work_type;
 } FastCtx;
 
 /* Interned names. */
@@ -81,7 +84,7 @@ static void ctx_clear_refs(FastCtx *c) {
     Py_CLEAR(c->recmod_d); Py_CLEAR(c->nvtx_d); Py_CLEAR(c->world_d);
     Py_CLEAR(c->g_n); Py_CLEAR(c->g_d); Py_CLEAR(c->x_n); Py_CLEAR(c->x_d); Py_CLEAR(c->y_n);
     Py_CLEAR(c->y_d); Py_CLEAR(c->a_n); Py_CLEAR(c->a_d); Py_CLEAR(c->r0_n); Py_CLEAR(c->r0_d);
-    Py_CLEAR(c->r1_n); Py_CLEAR(c->r1_d);
+    Py_CLEAR(c->r1_n); Py_CLEAR(c->r1_d); Py_CLEAR(c->as_work_type);
 }
 
 /* Every live context (borrowed: a context leaves in its dealloc), so that invalidate() can drop
@@ -713,6 +716,777 @@ static int cache_recorder(FastCtx *c, PyObject *rec) {
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------------
+ * The async path: calls with async_op=True (DDP's comm hook, FSDP2's collectives, user code
+ * that overlaps) recorded with no Python frame per op. Its semantics are the Python path's,
+ * which it mirrors line for line (keep them in step):
+ *   wrappers._run / _finish          -> as_issue (the row, the call, in flight meanwhile)
+ *   wrappers._track_work             -> as_track (Work with a future: callback or polling)
+ *   Recorder.add_pending / complete  -> as_track / as_complete
+ *   wrappers._make_wait's wait       -> as_wait
+ *   Recorder._release / append_row   -> as_release / as_append
+ * The first Work of each wrapper (and any Work of another type, a Work without a future, a
+ * pending op with siblings, a device token or an NVTX range) goes through the Python functions.
+ * ------------------------------------------------------------------------------------- */
+/* The Work.wait wrapper (its methods are further down). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;
+    PyObject *orig, *slow, *recmod, *recmod_d;
+} WaitW;
+
+static PyObject *s_by_key;
+static int as_on;                   /* set_async() called: the async path is usable */
+static PyObject *as_pending_type;   /* recorder.PendingOp */
+static PyObject *as_track_py;       /* wrappers._track_work(rec, row, work, tensors, token) */
+static PyObject *as_error_py;       /* wrappers._record_error(rec, row, t1, exc) */
+static PyObject *as_kind_op;        /* schema.KIND_OP */
+static PyObject *as_specs, *as_pgfacts, *as_dtnames, *as_dtname_fn;  /* recorder's tables */
+static unsigned long long n_async;  /* async calls recorded here */
+static PyObject *s_get_future, *s_add_done_callback, *s_acquire, *s_release, *s_notify,
+    *s_wake, *s_itemsize, *s_dropped, *s_by_storage, *s_pending, *s_ready, *s_pend_lock,
+    *s_listeners, *s_blocking, *s_config, *s_hazards, *s_off, *s_async_completion, *s_wait_s,
+    *s_name_attr, *s_append_m;
+
+/* Row columns (schema order, as recorder.expand writes them; checked in set_async). */
+enum { C_KIND, C_RANK, C_PG, C_PG_SIZE, C_SEQ, C_OP, C_API, C_ASYNC, C_BACKEND, C_DEVICE,
+       C_DTYPE, C_COUNT, C_BYTES, C_OUT_BYTES, C_PEER, C_ROOT, C_T_ENQ, C_T_RET, C_T_START,
+       C_T_END, C_T_WAIT, C_T_WAIT_END, C_STEP, C_SITE, C_ERROR, C_OP_ID, C_REF_OP_ID,
+       C_INFLIGHT, C_INFLIGHT_IDS, C_FIRST, C_STREAM_WAIT, C_THREAD, C_DETAIL, C_COMPLETION,
+       C_TORCH_SEQ, C_NCOL };
+static const char *c_names[C_NCOL] = {
+    "kind", "rank", "pg", "pg_size", "seq", "op", "api", "async_op", "backend", "device",
+    "dtype", "count", "bytes", "out_bytes", "peer", "root", "t_enqueue_ns", "t_return_ns",
+    "t_start_ns", "t_end_ns", "t_wait_ns", "t_wait_end_ns", "step", "site", "error", "op_id",
+    "ref_op_id", "inflight", "inflight_ids", "first_on_pg", "stream_wait_ns", "thread",
+    "detail", "completion", "torch_seq"};
+/* Column completion: how t_end_ns was obtained (Recorder.complete's `how`). */
+static PyObject *s_how_callback, *s_how_observed, *s_how_wait, *s_done, *s_is_completed;
+
+/* PendingOp's __slots__, written at their offsets (no __init__ frame). */
+enum { P_OP_ID, P_OP, P_API, P_TENSORS, P_ASYNC, P_WAITED, P_ROW, P_WORK, P_WORK_REF,
+       P_HAS_FUTURE, P_T_DONE, P_DEVTOK, P_KEY, P_SKEYS, P_SIBLINGS, P_NVTX, P_N };
+static const char *p_names[P_N] = {
+    "op_id", "op", "api", "tensors", "async_op", "waited", "row", "work", "work_ref",
+    "has_future", "t_done_seen", "device_token", "key", "skeys", "siblings", "nvtx_range"};
+static Py_ssize_t p_off[P_N];
+
+static inline PyObject *pget(PyObject *p, int i) {   /* borrowed; None when unset */
+    if (p_off[i] < 0)
+        return Py_None;
+    PyObject *v = *(PyObject **)((char *)p + p_off[i]);
+    return v ? v : Py_None;
+}
+
+static inline void pset(PyObject *p, int i, PyObject *v) {
+    if (p_off[i] < 0)
+        return;
+    PyObject **a = (PyObject **)((char *)p + p_off[i]);
+    Py_INCREF(v);
+    Py_XSETREF(*a, v);
+}
+
+/* The recorder's containers, read once per recorder. */
+static struct {
+    PyObject *rec;   /* strong */
+    PyObject *ready, *pending, *by_key, *lock, *listeners, *blocking;
+    int hazards;     /* tensors kept for hazard detection (config.hazards != "off") */
+    int callback;    /* completion from the future's callback (config.async_completion) */
+    int now_ok;      /* rec.now_ns is time.time_ns (no injected skew): this clock is its */
+    Py_ssize_t cap;
+} acst;
+static PyObject *as_time_ns;   /* time.time_ns */
+
+static int as_cache(PyObject *rec) {
+    if (acst.rec == rec)
+        return 0;
+    Py_CLEAR(acst.rec); Py_CLEAR(acst.ready); Py_CLEAR(acst.pending); Py_CLEAR(acst.by_key);
+    Py_CLEAR(acst.lock); Py_CLEAR(acst.listeners); Py_CLEAR(acst.blocking);
+    acst.ready = PyObject_GetAttr(rec, s_ready);
+    acst.pending = PyObject_GetAttr(rec, s_pending);
+    acst.by_key = PyObject_GetAttr(rec, s_by_key);
+    acst.lock = PyObject_GetAttr(rec, s_pend_lock);
+    acst.listeners = PyObject_GetAttr(rec, s_listeners);
+    acst.blocking = PyObject_GetAttr(rec, s_blocking);
+    PyObject *cap = PyObject_GetAttr(rec, s_cap);
+    PyObject *cfg = PyObject_GetAttr(rec, s_config);
+    PyObject *hz = cfg ? PyObject_GetAttr(cfg, s_hazards) : NULL;
+    PyObject *mode = cfg ? PyObject_GetAttr(cfg, s_async_completion) : NULL;
+    PyObject *now = PyObject_GetAttr(rec, s_now_ns);
+    acst.now_ok = now != NULL && now == as_time_ns;
+    Py_XDECREF(now);
+    CLEAR_ERR();
+    int ok = acst.ready && acst.pending && PyDict_Check(acst.pending) && acst.by_key &&
+             PyDict_Check(acst.by_key) && acst.lock && acst.listeners &&
+             PyList_Check(acst.listeners) && acst.blocking && PyDict_Check(acst.blocking) &&
+             cap && PyLong_Check(cap) && hz && PyUnicode_Check(hz);
+    if (ok) {
+        acst.cap = PyLong_AsSsize_t(cap);
+        acst.hazards = PyUnicode_Compare(hz, s_off) != 0;
+        acst.callback = !(mode != NULL && PyUnicode_Check(mode) &&
+                          PyUnicode_Compare(mode, s_wait_s) == 0);
+    }
+    Py_XDECREF(cap); Py_XDECREF(cfg); Py_XDECREF(hz); Py_XDECREF(mode);
+    CLEAR_ERR();
+    if (!ok) {
+        Py_CLEAR(acst.ready); Py_CLEAR(acst.pending); Py_CLEAR(acst.by_key);
+        Py_CLEAR(acst.lock); Py_CLEAR(acst.listeners); Py_CLEAR(acst.blocking);
+        return -1;
+    }
+    acst.rec = rec;
+    Py_INCREF(rec);
+    return 0;
+}
+
+static int as_usable(PyObject *rec) {
+    return as_on && as_cache(rec) == 0 && acst.now_ok;
+}
+
+/* Recorder.append_row: queue a finished row (dropped and counted when the buffer is full). */
+static void as_add_dropped(PyObject *rec) {
+    PyObject *d = PyObject_GetAttr(rec, s_dropped);
+    PyObject *d1 = d ? PyNumber_Add(d, i_one) : NULL;
+    if (d1)
+        PyObject_SetAttr(rec, s_dropped, d1);
+    Py_XDECREF(d); Py_XDECREF(d1);
+    CLEAR_ERR();
+}
+
+static void as_append(PyObject *rec, PyObject *row) {
+    Py_ssize_t n = PyObject_Length(acst.ready);
+    if (n < 0) {
+        CLEAR_ERR();
+        return;
+    }
+    if (n >= acst.cap) {
+        as_add_dropped(rec);
+        return;
+    }
+    PyObject *x = PyObject_CallMethodOneArg(acst.ready, s_append_m, row);
+    Py_XDECREF(x);
+    CLEAR_ERR();
+}
+
+static inline int as_lock(void) {
+    PyObject *x = PyObject_CallMethodNoArgs(acst.lock, s_acquire);
+    Py_XDECREF(x);
+    if (x == NULL) {
+        CLEAR_ERR();
+        return -1;
+    }
+    return 0;
+}
+
+static inline void as_unlock(void) {
+    PyObject *x = PyObject_CallMethodNoArgs(acst.lock, s_release);
+    Py_XDECREF(x);
+    CLEAR_ERR();
+}
+
+/* Recorder._notify: the pending-op listeners (hazard detection), called directly. A listener
+ * that raises is handed to _notify, which logs it once (and calls the listeners again). */
+static void as_notify(PyObject *rec, int count) {
+    Py_ssize_t n_l = PyList_GET_SIZE(acst.listeners);
+    if (n_l == 0)
+        return;
+    PyObject *n = PyLong_FromLong(count);
+    if (n == NULL) {
+        CLEAR_ERR();
+        return;
+    }
+    PyObject *ls = PyList_GetSlice(acst.listeners, 0, n_l);   /* list(self._listeners) */
+    int failed = ls == NULL;
+    for (Py_ssize_t i = 0; !failed && i < PyList_GET_SIZE(ls); i++) {
+        PyObject *x = PyObject_CallOneArg(PyList_GET_ITEM(ls, i), n);
+        if (x == NULL)
+            failed = 1;
+        Py_XDECREF(x);
+    }
+    Py_XDECREF(ls);
+    if (failed) {
+        CLEAR_ERR();
+        PyObject *x = PyObject_CallMethodOneArg(rec, s_notify, n);
+        Py_XDECREF(x);
+    }
+    Py_DECREF(n);
+    CLEAR_ERR();
+}
+
+/* Recorder.complete: keep the earliest completion time, and how it was obtained. */
+static void as_complete(PyObject *row, long long t, PyObject *how) {
+    PyObject *cur = PyList_GET_ITEM(row, C_T_END);
+    if (cur != Py_None) {
+        long long v = PyLong_AsLongLong(cur);
+        if (v == -1 && PyErr_Occurred()) {
+            CLEAR_ERR();
+            return;
+        }
+        if (t >= v)
+            return;
+    }
+    PyObject *o = PyLong_FromLongLong(t);
+    if (o == NULL || PyList_SetItem(row, C_T_END, o) != 0) {
+        CLEAR_ERR();
+        return;
+    }
+    Py_INCREF(how);
+    PyList_SetItem(row, C_COMPLETION, how);
+}
+
+/* Recorder._release: move a pending op to the write queue. */
+static void as_release(PyObject *rec, PyObject *p) {
+    PyObject *opid = pget(p, P_OP_ID);
+    if (as_lock() != 0)
+        return;
+    PyObject *had = PyDict_GetItemWithError(acst.pending, opid);
+    int popped = had != NULL && PyDict_DelItem(acst.pending, opid) == 0;
+    Py_ssize_t n = PyDict_GET_SIZE(acst.pending);
+    as_unlock();
+    CLEAR_ERR();
+    if (!popped)
+        return;
+    PyObject *key = pget(p, P_KEY);
+    if (key != Py_None && PyDict_GetItemWithError(acst.by_key, key) == p)
+        PyDict_DelItem(acst.by_key, key);
+    CLEAR_ERR();
+    PyObject *skeys = pget(p, P_SKEYS);
+    if (PyTuple_Check(skeys) && PyTuple_GET_SIZE(skeys) > 0) {
+        PyObject *bs = PyObject_GetAttr(rec, s_by_storage);
+        if (bs != NULL && PyDict_Check(bs)) {
+            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(skeys); i++) {
+                PyObject *k = PyTuple_GET_ITEM(skeys, i);
+                if (PyDict_GetItemWithError(bs, k) == p)
+                    PyDict_DelItem(bs, k);
+            }
+        }
+        Py_XDECREF(bs);
+        CLEAR_ERR();
+    }
+    pset(p, P_WORK, Py_None);
+    PyObject *empty = PyTuple_New(0);
+    if (empty != NULL) {
+        pset(p, P_TENSORS, empty);
+        Py_DECREF(empty);
+    }
+    as_append(rec, pget(p, P_ROW));
+    if (n == 0)
+        as_notify(rec, 0);
+}
+
+/* The future's done-callback: the completion time (runs on the backend's thread, GIL held). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *row;
+    int attaching;   /* run at once by add_done_callback: the op ended while it was attached */
+} DoneCB;
+
+static PyObject *done_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    long long t = now_ns();
+    DoneCB *d = (DoneCB *)self;
+    as_complete(d->row, t, d->attaching ? s_how_observed : s_how_callback);
+    Py_RETURN_NONE;
+}
+
+static void done_dealloc(DoneCB *d) {
+    Py_CLEAR(d->row);
+    Py_TYPE(d)->tp_free((PyObject *)d);
+}
+
+static PyTypeObject DoneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "commtrace.capture._fastpath.Done",
+    .tp_basicsize = sizeof(DoneCB),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_dealloc = (destructor)done_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(DoneCB, vectorcall),
+    .tp_doc = "Completion callback of one async op recorded by commtrace.",
+};
+
+/* The full row of an async call (recorder.expand(rank, pre, None) of its record). */
+static PyObject *as_row(Rec *r) {
+    PyObject *spec = PyList_GetItem(as_specs, r->fact);     /* (op, api, inplace) */
+    PyObject *pgf = PyList_GetItem(as_pgfacts, r->pgidx);   /* (name, size, backend) */
+    if (spec == NULL || pgf == NULL || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3 ||
+        !PyTuple_Check(pgf) || PyTuple_GET_SIZE(pgf) != 3)
+        return NULL;
+    PyObject *dtn = NULL, *b = NULL, *ob = NULL;
+    if (r->dtype != NULL && r->dtype != Py_None) {
+        dtn = PyDict_GetItemWithError(as_dtnames, r->dtype);
+        if (dtn != NULL)
+            Py_INCREF(dtn);
+        else
+            dtn = PyObject_CallOneArg(as_dtname_fn, r->dtype);
+        if (dtn == NULL)
+            return NULL;
+        if (r->count != NONE_LL) {
+            PyObject *isz = PyObject_GetAttr(r->dtype, s_itemsize);
+            long long v = isz ? PyLong_AsLongLong(isz) : -1;
+            Py_XDECREF(isz);
+            if (v == -1 && PyErr_Occurred()) {
+                Py_DECREF(dtn);
+                return NULL;
+            }
+            b = PyLong_FromLongLong(r->count * v);
+        }
+    } else {
+        dtn = Py_None;
+        Py_INCREF(dtn);
+    }
+    if (b == NULL) {
+        CLEAR_ERR();
+        b = Py_None;
+        Py_INCREF(b);
+    }
+    if (r->outb != NONE_LL)
+        ob = PyLong_FromLongLong(r->outb);
+    else if (b != Py_None)
+        ob = PyTuple_GET_ITEM(spec, 2) == Py_True ? (Py_INCREF(b), b) : PyLong_FromLong(0);
+    else
+        ob = (Py_INCREF(Py_None), Py_None);
+    PyObject *api = r->api;
+    int t = api != NULL ? PyObject_IsTrue(api) : 0;
+    if (t != 1) {
+        CLEAR_ERR();
+        api = PyTuple_GET_ITEM(spec, 1);
+    }
+    PyObject *row = PyList_New(C_NCOL);
+    if (row == NULL || ob == NULL) {
+        Py_XDECREF(row); Py_XDECREF(ob); Py_DECREF(b); Py_DECREF(dtn);
+        return NULL;
+    }
+    PyObject *v[C_NCOL];
+    for (int i = 0; i < C_NCOL; i++)
+        v[i] = NULL;
+    v[C_KIND] = as_kind_op; Py_INCREF(as_kind_op);
+    v[C_RANK] = cst.rank; Py_INCREF(cst.rank);
+    v[C_PG] = PyTuple_GET_ITEM(pgf, 0); Py_INCREF(v[C_PG]);
+    v[C_PG_SIZE] = PyTuple_GET_ITEM(pgf, 1); Py_INCREF(v[C_PG_SIZE]);
+    v[C_SEQ] = ll_obj(r->seq);
+    v[C_OP] = PyTuple_GET_ITEM(spec, 0); Py_INCREF(v[C_OP]);
+    v[C_API] = api; Py_INCREF(api);
+    v[C_ASYNC] = Py_True; Py_INCREF(Py_True);
+    v[C_BACKEND] = PyTuple_GET_ITEM(pgf, 2); Py_INCREF(v[C_BACKEND]);
+    v[C_DEVICE] = r->dev ? r->dev : Py_None; Py_INCREF(v[C_DEVICE]);
+    v[C_DTYPE] = dtn;
+    v[C_COUNT] = ll_obj(r->count);
+    v[C_BYTES] = b;
+    v[C_OUT_BYTES] = ob;
+    v[C_PEER] = ll_obj(r->peer);
+    v[C_ROOT] = ll_obj(r->root);
+    v[C_T_ENQ] = ll_obj(r->t0);
+    v[C_STEP] = ll_obj(r->step);
+    v[C_SITE] = r->site ? r->site : Py_None; Py_INCREF(v[C_SITE]);
+    v[C_OP_ID] = ll_obj(r->op_id);
+    v[C_FIRST] = r->seq == NONE_LL ? Py_None : (r->seq == 0 ? Py_True : Py_False);
+    Py_INCREF(v[C_FIRST]);
+    v[C_THREAD] = PyLong_FromUnsignedLong(r->thread);
+    v[C_DETAIL] = r->detail ? r->detail : Py_None; Py_INCREF(v[C_DETAIL]);
+    int bad = 0;
+    for (int i = 0; i < C_NCOL; i++) {
+        if (v[i] == NULL) {
+            if (PyErr_Occurred())
+                bad = 1;
+            v[i] = Py_None;
+            Py_INCREF(Py_None);
+        }
+        PyList_SET_ITEM(row, i, v[i]);
+    }
+    if (bad) {
+        Py_DECREF(row);
+        return NULL;
+    }
+    return row;
+}
+
+/* A PendingOp as PendingOp(row, tensors) would make it (its __init__ run in C). */
+static PyObject *as_new_pending(PyObject *row, PyObject *tensors) {
+    PyTypeObject *tp = (PyTypeObject *)as_pending_type;
+    PyObject *p = tp->tp_alloc(tp, 0);
+    if (p == NULL)
+        return NULL;
+    PyObject *empty = PyTuple_New(0);
+    if (empty == NULL) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    for (int i = 0; i < P_N; i++)
+        pset(p, i, Py_None);
+    pset(p, P_ROW, row);
+    pset(p, P_OP_ID, PyList_GET_ITEM(row, C_OP_ID));
+    pset(p, P_OP, PyList_GET_ITEM(row, C_OP));
+    pset(p, P_API, PyList_GET_ITEM(row, C_API));
+    pset(p, P_ASYNC, PyList_GET_ITEM(row, C_ASYNC));
+    pset(p, P_TENSORS, tensors);
+    pset(p, P_WAITED, Py_False);
+    pset(p, P_HAS_FUTURE, Py_False);
+    pset(p, P_SKEYS, empty);
+    Py_DECREF(empty);
+    return p;
+}
+
+/* wrappers._track_work for a Work whose type this wrapper has seen complete through its
+ * future (the first of each type goes to the Python function, which also patches the wait()
+ * of a Work subclass that has its own). */
+static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, PyObject *x,
+                     PyObject *y) {
+    PyObject *tensors = !acst.hazards ? PyTuple_New(0) :
+                        (y != NULL ? PyTuple_Pack(2, x, y) : PyTuple_Pack(1, x));
+    if (tensors == NULL) {
+        CLEAR_ERR();
+        return;
+    }
+    if (c->as_work_type == NULL || (PyObject *)Py_TYPE(work) != c->as_work_type) {
+        PyObject *p = PyObject_CallFunctionObjArgs(as_track_py, rec, row, work, tensors,
+                                                   Py_None, NULL);
+        if (p != NULL && Py_TYPE(p) == (PyTypeObject *)as_pending_type &&
+            (pget(p, P_HAS_FUTURE) == Py_True || !acst.callback) &&
+            pget(p, P_DEVTOK) == Py_None) {
+            Py_INCREF(Py_TYPE(work));
+            Py_XSETREF(c->as_work_type, (PyObject *)Py_TYPE(work));
+        }
+        Py_XDECREF(p);
+        Py_DECREF(tensors);
+        CLEAR_ERR();
+        return;
+    }
+    PyObject *fut = NULL;
+    if (acst.callback) {
+        fut = PyObject_CallMethodNoArgs(work, s_get_future);
+        if (fut == NULL) {   /* not this time: the Python function decides */
+            CLEAR_ERR();
+            PyObject *p = PyObject_CallFunctionObjArgs(as_track_py, rec, row, work, tensors,
+                                                       Py_None, NULL);
+            Py_XDECREF(p);
+            Py_DECREF(tensors);
+            CLEAR_ERR();
+            return;
+        }
+    }
+    /* An op that ended before its callback is attached gets no notification: one look first
+     * (future.done(); without a callback, is_completed()), and if it has ended, its end is
+     * the moment it was seen complete ("observed", an upper bound). */
+    PyObject *look = fut != NULL ? PyObject_CallMethodNoArgs(fut, s_done)
+                                 : PyObject_CallMethodNoArgs(work, s_is_completed);
+    int done = look == Py_True;
+    Py_XDECREF(look);
+    CLEAR_ERR();
+    long long t_seen = now_ns();
+    PyObject *p = as_new_pending(row, tensors);
+    Py_DECREF(tensors);
+    if (p == NULL) {
+        Py_XDECREF(fut);
+        CLEAR_ERR();
+        return;
+    }
+    if (fut != NULL) {
+        pset(p, P_HAS_FUTURE, Py_True);
+        PyObject *wr = PyWeakref_NewRef(work, NULL);
+        if (wr != NULL) {
+            pset(p, P_WORK_REF, wr);
+            Py_DECREF(wr);
+        } else {
+            CLEAR_ERR();
+            pset(p, P_WORK, work);
+        }
+    } else {
+        pset(p, P_WORK, work);   /* no callback: polled by the writer thread, or waited */
+    }
+    PyObject *key = PyLong_FromVoidPtr(work);
+    if (key != NULL) {
+        pset(p, P_KEY, key);
+        PyDict_SetItem(acst.by_key, key, p);
+        Py_DECREF(key);
+    }
+    CLEAR_ERR();
+    Py_ssize_t n0 = -1;
+    if (as_lock() == 0) {
+        n0 = PyDict_GET_SIZE(acst.pending);
+        if (n0 >= acst.cap)
+            as_add_dropped(rec);
+        else if (PyDict_SetItem(acst.pending, pget(p, P_OP_ID), p) != 0)
+            CLEAR_ERR();
+        as_unlock();
+    }
+    if (n0 == 0)
+        as_notify(rec, 1);
+    if (done) {
+        as_complete(row, t_seen, s_how_observed);
+    } else if (fut != NULL) {
+        DoneCB *cb = PyObject_New(DoneCB, &DoneType);
+        if (cb != NULL) {
+            cb->vectorcall = done_vectorcall;
+            cb->row = row;
+            Py_INCREF(row);
+            cb->attaching = 1;
+            PyObject *x2 = PyObject_CallMethodOneArg(fut, s_add_done_callback, (PyObject *)cb);
+            cb->attaching = 0;
+            Py_XDECREF(x2);
+            Py_DECREF(cb);
+        }
+        CLEAR_ERR();
+    }
+    Py_XDECREF(fut);
+    n_async++;
+    Py_DECREF(p);
+}
+
+/* wrappers._run + _finish for an async call whose record `r` is built (its references are
+ * released here). Returns the call's result (or NULL with its exception set). */
+static PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObject *y,
+                          PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PyObject *row = as_row(r);
+    rec_release(r);
+    if (row == NULL) {
+        /* commtrace's own bookkeeping failed: the call runs, unrecorded */
+        CLEAR_ERR();
+        t_depth = 1;
+        PyObject *ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
+        t_depth = 0;
+        return ret;
+    }
+    PyObject *opid = PyList_GET_ITEM(row, C_OP_ID);
+    /* In flight while the call runs (_inflight.json): rec._blocking, as the Python path. */
+    int listed = PyDict_SetItem(acst.blocking, opid, row) == 0;
+    CLEAR_ERR();
+    t_depth = 1;
+    PyObject *ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
+    long long t1 = now_ns();
+    t_depth = 0;
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    int mine = 1;
+    if (listed) {   /* Recorder.end_blocking: False when a final flush already wrote it */
+        mine = PyDict_GetItemWithError(acst.blocking, opid) != NULL &&
+               PyDict_DelItem(acst.blocking, opid) == 0;
+        CLEAR_ERR();
+    }
+    if (mine) {
+        PyObject *t1o = PyLong_FromLongLong(t1);
+        if (t1o == NULL) {
+            CLEAR_ERR();
+        } else if (ret == NULL) {
+            PyErr_NormalizeException(&et, &ev, &etb);
+            PyObject *z = PyObject_CallFunctionObjArgs(as_error_py, rec, row, t1o,
+                                                       ev ? ev : Py_None, NULL);
+            Py_XDECREF(z);
+            Py_DECREF(t1o);
+        } else {
+            PyList_SetItem(row, C_T_RET, t1o);   /* steals */
+            if (ret == Py_None)
+                as_append(rec, row);   /* nothing to wait on: completion unknown */
+            else
+                as_track(c, rec, row, ret, x, y);
+        }
+    }
+    Py_DECREF(row);
+    CLEAR_ERR();
+    PyErr_Restore(et, ev, etb);
+    return ret;
+}
+
+/* The Work.wait wrapper for an op tracked by this path or the Python one: *handled = 0 hands
+ * the call to the Python wrapper (siblings, device timer, NVTX range, unusual objects). */
+static PyObject *as_wait(WaitW *w, PyObject *rec, PyObject *const *args, size_t nargsf,
+                         PyObject *kwnames, int *handled) {
+    *handled = 0;
+    if (PyVectorcall_NARGS(nargsf) < 1 || as_cache(rec) != 0 || !acst.now_ok)
+        return NULL;   /* (an injected clock skew: the Python wrapper reads rec.now_ns) */
+    PyObject *self = args[0];
+    PyObject *key = PyLong_FromVoidPtr(self);
+    if (key == NULL) {
+        CLEAR_ERR();
+        return NULL;
+    }
+    PyObject *p = PyDict_GetItemWithError(acst.by_key, key);   /* Recorder.lookup */
+    Py_DECREF(key);
+    if (p == NULL) {
+        if (PyErr_Occurred()) {
+            CLEAR_ERR();
+            return NULL;
+        }
+        *handled = 1;   /* not an op in flight: torch's wait */
+        return PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
+    }
+    if (Py_TYPE(p) != (PyTypeObject *)as_pending_type)
+        return NULL;
+    PyObject *work = pget(p, P_WORK);
+    if (work != Py_None) {
+        if (work != self) {
+            *handled = 1;
+            return PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
+        }
+    } else {
+        PyObject *wr = pget(p, P_WORK_REF);
+        if (wr != Py_None && (!PyWeakref_Check(wr) || PyWeakref_GetObject(wr) != self)) {
+            *handled = 1;
+            return PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
+        }
+    }
+    if (pget(p, P_SIBLINGS) != Py_None || pget(p, P_DEVTOK) != Py_None ||
+        pget(p, P_NVTX) != Py_None)
+        return NULL;
+    PyObject *row = pget(p, P_ROW);
+    if (!PyList_Check(row) || PyList_GET_SIZE(row) != C_NCOL)
+        return NULL;
+    *handled = 1;
+    Py_INCREF(p);
+    Py_INCREF(row);
+    long long t0 = now_ns();
+    PyObject *r = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
+    long long t1 = now_ns();
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *t1o = PyLong_FromLongLong(t1);
+    if (r == NULL) {
+        PyErr_NormalizeException(&et, &ev, &etb);
+        if (PyList_GET_ITEM(row, C_ERROR) == Py_None && ev != NULL) {
+            PyObject *tn = PyObject_GetAttr((PyObject *)Py_TYPE(ev), s_name_attr);
+            PyObject *msg = tn ? PyUnicode_FromFormat("%S: %S", tn, ev) : NULL;
+            if (msg != NULL)
+                PyList_SetItem(row, C_ERROR, msg);
+            Py_XDECREF(tn);
+        }
+        CLEAR_ERR();
+        PyObject *tw = PyList_GET_ITEM(row, C_T_WAIT);
+        if (tw == Py_None || (PyLong_Check(tw) && PyLong_AsLongLong(tw) == 0)) {
+            PyObject *t0o = PyLong_FromLongLong(t0);
+            if (t0o != NULL)
+                PyList_SetItem(row, C_T_WAIT, t0o);
+        }
+        if (t1o != NULL) {
+            Py_INCREF(t1o);
+            PyList_SetItem(row, C_T_WAIT_END, t1o);
+        }
+        pset(p, P_WAITED, Py_True);
+    } else {
+        if (PyList_GET_ITEM(row, C_T_WAIT) == Py_None) {
+            PyObject *t0o = PyLong_FromLongLong(t0);
+            if (t0o != NULL)
+                PyList_SetItem(row, C_T_WAIT, t0o);
+        }
+        if (t1o != NULL) {
+            Py_INCREF(t1o);
+            PyList_SetItem(row, C_T_WAIT_END, t1o);
+        }
+        if (r != Py_False)
+            as_complete(row, t1, s_how_wait);
+        pset(p, P_WAITED, Py_True);
+        if (PyList_GET_ITEM(row, C_T_END) != Py_None) {
+            as_release(rec, p);
+        } else {
+            PyObject *z = PyObject_CallMethodNoArgs(rec, s_wake);
+            Py_XDECREF(z);
+        }
+    }
+    Py_XDECREF(t1o);
+    Py_DECREF(row);
+    Py_DECREF(p);
+    CLEAR_ERR();
+    PyErr_Restore(et, ev, etb);
+    return r;
+}
+
+/* set_async(PendingOp, track_work, record_error, KIND_OP, recorder_module, columns) */
+static PyObject *set_async(PyObject *module, PyObject *args) {
+    PyObject *ptype, *track, *err, *kind, *recmod, *cols;
+    if (!PyArg_ParseTuple(args, "O!OOUOO", &PyType_Type, &ptype, &track, &err, &kind, &recmod,
+                          &cols))
+        return NULL;
+    /* The schema's columns must be the ones as_row writes, in its order. */
+    PyObject *cseq = PySequence_Fast(cols, "columns");
+    if (cseq == NULL)
+        return NULL;
+    int cols_ok = PySequence_Fast_GET_SIZE(cseq) == C_NCOL;
+    for (Py_ssize_t i = 0; cols_ok && i < C_NCOL; i++) {
+        PyObject *nm = PySequence_Fast_GET_ITEM(cseq, i);
+        cols_ok = PyUnicode_Check(nm) && PyUnicode_CompareWithASCIIString(nm, c_names[i]) == 0;
+    }
+    Py_DECREF(cseq);
+    if (!cols_ok) {
+        PyErr_SetString(PyExc_ValueError, "the schema's columns are not the async path's");
+        return NULL;
+    }
+    /* The slots of PendingOp: all known (a slot added on the Python side and not here would
+     * be left unset), each a member descriptor whose offset we write at. */
+    PyObject *slots = PyObject_GetAttrString(ptype, "__slots__");
+    if (slots == NULL)
+        return NULL;
+    PyObject *seq = PySequence_Fast(slots, "__slots__");
+    Py_DECREF(slots);
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t off[P_N];
+    for (int i = 0; i < P_N; i++)
+        off[i] = -1;
+    for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
+        PyObject *nm = PySequence_Fast_GET_ITEM(seq, j);
+        if (PyUnicode_Check(nm) && PyUnicode_CompareWithASCIIString(nm, "__weakref__") == 0)
+            continue;
+        int found = -1;
+        for (int i = 0; i < P_N; i++)
+            if (PyUnicode_Check(nm) && PyUnicode_CompareWithASCIIString(nm, p_names[i]) == 0)
+                found = i;
+        PyObject *d = found < 0 ? NULL : PyDict_GetItemWithError(((PyTypeObject *)ptype)->tp_dict, nm);
+        if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type ||
+            ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "PendingOp slot %R: not known to the async path", nm);
+            return NULL;
+        }
+        off[found] = ((PyMemberDescrObject *)d)->d_member->offset;
+    }
+    Py_DECREF(seq);
+    static const int required[] = {P_OP_ID, P_ROW, P_WORK, P_WORK_REF, P_HAS_FUTURE, P_KEY,
+                                   P_WAITED, P_TENSORS, P_SIBLINGS, P_DEVTOK, P_NVTX};
+    for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++)
+        if (off[required[i]] < 0) {
+            PyErr_Format(PyExc_ValueError, "PendingOp has no slot %s", p_names[required[i]]);
+            return NULL;
+        }
+    PyObject *specs = PyObject_GetAttrString(recmod, "FAST_SPECS");
+    PyObject *pgf = PyObject_GetAttrString(recmod, "PG_FACTS");
+    PyObject *dtn = PyObject_GetAttrString(recmod, "_dtype_names");
+    PyObject *dtf = PyObject_GetAttrString(recmod, "dtype_name");
+    if (!specs || !pgf || !dtn || !dtf || !PyList_Check(specs) || !PyList_Check(pgf) ||
+        !PyDict_Check(dtn)) {
+        Py_XDECREF(specs); Py_XDECREF(pgf); Py_XDECREF(dtn); Py_XDECREF(dtf);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "recorder tables");
+        return NULL;
+    }
+    PyObject *tm = PyImport_ImportModule("time");
+    PyObject *tns = tm ? PyObject_GetAttrString(tm, "time_ns") : NULL;
+    Py_XDECREF(tm);
+    if (tns == NULL) {
+        Py_DECREF(specs); Py_DECREF(pgf); Py_DECREF(dtn); Py_DECREF(dtf);
+        return NULL;
+    }
+    Py_XSETREF(as_time_ns, tns);
+    memcpy(p_off, off, sizeof(off));
+    Py_XSETREF(as_specs, specs); Py_XSETREF(as_pgfacts, pgf);
+    Py_XSETREF(as_dtnames, dtn); Py_XSETREF(as_dtname_fn, dtf);
+    Py_INCREF(ptype); Py_XSETREF(as_pending_type, ptype);
+    Py_INCREF(track); Py_XSETREF(as_track_py, track);
+    Py_INCREF(err); Py_XSETREF(as_error_py, err);
+    Py_INCREF(kind); Py_XSETREF(as_kind_op, kind);
+    Py_CLEAR(acst.rec);
+    as_on = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *async_off(PyObject *module, PyObject *unused) {
+    as_on = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *async_counts(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("(iK)", as_on, n_async);
+}
+
 #define SLOW() do { last_slow_line = __LINE__; goto slow; } while (0)
 
 static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
@@ -813,15 +1587,22 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         info = c->last_info;
         Py_INCREF(info);
     }
+    int is_async = 0;
+    PyObject *x_arg = NULL, *y_arg = NULL;   /* borrowed: the tensors (hazard detection) */
     if (c->a_n != Py_None) {
         PyObject *a = slot(args, nargs, kwnames, c->a_i, c->a_n, c->a_d);
         int t = a == Py_False || a == Py_None ? 0 : PyObject_IsTrue(a);
-        if (t != 0)
-            SLOW();
+        if (t != 0) {
+            /* async_op=True: recorded here too (as_issue) when the recorder allows it */
+            if (t != 1 || !as_usable(rec))
+                SLOW();
+            is_async = 1;
+        }
     }
     /* The tensor: count, dtype, device (bytes = count * itemsize, in the writer). */
     {
         PyObject *x = slot(args, nargs, kwnames, c->x_i, c->x_n, c->x_d);
+        x_arg = x;
         if (x == Py_None)
             SLOW();
         if (exact_tensor(x)) {
@@ -852,6 +1633,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             PyObject *y = slot(args, nargs, kwnames, c->y_i, c->y_n, c->y_d);
             if (y == Py_None)
                 SLOW();
+            y_arg = y;
             outb = PyObject_GetAttr(y, s_nbytes);
             if (outb == NULL)
                 SLOW();
@@ -952,6 +1734,11 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         r.dev = dev; Py_INCREF(dev);
         CLEAR_ERR();
         n_fast++;
+        if (is_async) {
+            /* An async op: its own path (the row, the pending-op registry, the completion). */
+            ret = as_issue(c, rec, &r, x_arg, y_arg, args, nargsf, kwnames);
+            goto done;
+        }
         /* In flight while the call runs (_inflight.json, final flush): a slot of its own. */
         int slot_i = -1;
         for (int i = 0; i < MAX_INPROG; i++) {
@@ -1084,14 +1871,6 @@ static PyObject *counts(PyObject *module, PyObject *unused) {
  * flight (rec._by_key empty) there is nothing to record: call the original at once;
  * otherwise the Python wrapper (`slow`) records the wait.
  * ------------------------------------------------------------------------------------- */
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *dict;
-    PyObject *orig, *slow, *recmod, *recmod_d;
-} WaitW;
-
-static PyObject *s_by_key;
 
 static PyObject *wait_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
@@ -1106,6 +1885,15 @@ static PyObject *wait_vectorcall(PyObject *self, PyObject *const *args, size_t n
         PyObject *bk = fast_attr(rec == cst.rec ? cst.rdict : NULL, rec, s_by_key);
         idle = bk != NULL && PyDict_Check(bk) && PyDict_GET_SIZE(bk) == 0;
         Py_XDECREF(bk);
+        CLEAR_ERR();
+    }
+    if (!idle && as_on) {
+        int handled = 0;
+        PyObject *res = as_wait(w, rec, args, nargsf, kwnames, &handled);
+        if (handled) {
+            Py_DECREF(rec);
+            return res;
+        }
         CLEAR_ERR();
     }
     Py_DECREF(rec);
@@ -1334,6 +2122,12 @@ static PyMethodDef methods[] = {
     {"set_tensor_api", set_tensor_api, METH_VARARGS, "set_tensor_api(numel, get_device, dtype_descriptor, exact_types)."},
     {"make_wait", make_wait, METH_VARARGS, "make_wait(orig_wait, python_wait, recorder_module)."},
     {"make_ctx", make_ctx, METH_VARARGS, "The per-wrapper context of call()."},
+    {"set_async", set_async, METH_VARARGS,
+     "set_async(PendingOp, track_work, record_error, KIND_OP, recorder_module, ncol): record "
+     "async calls in C too."},
+    {"async_off", async_off, METH_NOARGS, "Hand async calls to the Python wrapper again."},
+    {"async_counts", async_counts, METH_NOARGS,
+     "(async path on, async calls recorded in C)."},
     {"drain_columns", drain_columns, METH_NOARGS, "drain_columns() -> None or 19 column lists (F_* fields, t_return_ns)."},
     {"in_progress", in_progress, METH_VARARGS, "in_progress(take=False) -> [pre] of blocking calls in progress."},
     {"take_dropped", take_dropped, METH_NOARGS, "Calls not recorded since the last take (buffer full)."},
@@ -1350,7 +2144,7 @@ static struct PyModuleDef moddef = {
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
     if (PyType_Ready(&FastCtxType) < 0 || PyType_Ready(&WaitType) < 0 ||
-        PyType_Ready(&AroundType) < 0 ||
+        PyType_Ready(&AroundType) < 0 || PyType_Ready(&DoneType) < 0 ||
         PyType_Ready(&CountersType) < 0 || PyType_Ready(&OpIdsType) < 0)
         return NULL;
     INTERN(s_recorder, "_recorder"); INTERN(s_dict, "__dict__"); INTERN(s_depth, "depth");
@@ -1365,6 +2159,17 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_cap, "cap");
     INTERN(s_rank, "rank"); INTERN(s_by_key, "_by_key");
     INTERN(s_seq_slot, "seq_slot"); INTERN(s_seqs, "_seqs");
+    INTERN(s_get_future, "get_future"); INTERN(s_add_done_callback, "add_done_callback");
+    INTERN(s_acquire, "acquire"); INTERN(s_release, "release"); INTERN(s_notify, "_notify");
+    INTERN(s_wake, "wake"); INTERN(s_itemsize, "itemsize"); INTERN(s_dropped, "_dropped");
+    INTERN(s_by_storage, "_by_storage"); INTERN(s_pending, "_pending");
+    INTERN(s_ready, "_ready"); INTERN(s_pend_lock, "_pend_lock");
+    INTERN(s_listeners, "_listeners"); INTERN(s_blocking, "_blocking");
+    INTERN(s_config, "config"); INTERN(s_hazards, "hazards"); INTERN(s_off, "off");
+    INTERN(s_async_completion, "async_completion"); INTERN(s_wait_s, "wait");
+    INTERN(s_name_attr, "__name__"); INTERN(s_append_m, "append");
+    INTERN(s_how_callback, "callback"); INTERN(s_how_observed, "observed");
+    INTERN(s_how_wait, "wait"); INTERN(s_done, "done"); INTERN(s_is_completed, "is_completed");
     i_zero = PyLong_FromLong(0);
     i_one = PyLong_FromLong(1);
     if (i_zero == NULL || i_one == NULL)

@@ -233,6 +233,7 @@ def _start(cfg: Config) -> None:
     # One run directory per job (schema v2): jobs written under one output never mix.
     rec = _R.Recorder(cfg, rank, ws, backend=backend, run_dir=os.path.join(out, rid))
     rec.meta["run_id"] = rid
+    rec.store = shared  # on-demand windows agree on their first step through it (capture/window.py)
     rec.start_ns = time.time_ns()
     off, method, rtt = clock.measure(store, rank, ws, rec.now_ns, backend=backend)
     rec.meta.update(clock_offset_ns=off, clock_offset_method=method, clock_rtt_ns=rtt)
@@ -254,6 +255,9 @@ def _start(cfg: Config) -> None:
         except Exception as e:
             log.warn_once("device", "device timing unavailable", e)
     nvtx_ranges.install(cfg.nvtx)
+    from . import completion_hook
+
+    completion_hook.enable(cfg.completion_hook)
     ddp.install()
     funcol.install()
     wrappers.reset_caches()

@@ -218,15 +218,22 @@ def _make(api, orig, spec: FuncolSpec):
             log.warn_once(("funcol", api), f"cannot record funcol.{api}", e)
             return None
         W.tls.depth += 1   # the calls torch's function makes are not rows of their own
-        return rec, row, ts
+        hooked = W._CH.HOOKED and info.name in W._CH.HOOKED
+        lo = W._CH.seq_of(info.pg) if hooked else None
+        return rec, row, ts, info, hooked, lo
 
     def after(tok, ret, exc):
-        rec, row, ts = tok
+        rec, row, ts, info, hooked, lo = tok
         W.tls.depth -= 1
         if exc is not None:
             W._record_error(rec, row, rec.now_ns(), exc)
             return
         t1 = rec.now_ns()
+        if hooked:
+            try:
+                W._CH.claim(info.name, lo, W._CH.seq_of(info.pg), op, row)
+            except Exception:
+                pass
         try:
             row[I_T_RET] = t1
             elems = []

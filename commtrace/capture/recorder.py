@@ -33,6 +33,7 @@ import weakref
 from .. import __version__
 from ..config import Config, clock_skew_for
 from ..format import schema as S
+from . import completion_hook as _CH
 from . import log, nvtx_ranges
 from .sites import format_site
 
@@ -294,6 +295,21 @@ def _row_json(row) -> dict:
         d["site"] = format_site(d["site"])
     d["pending"] = True
     return d
+
+
+def _bounded(rec):
+    """The recorder's bounded-capture filter (capture/window.py), None when everything is
+    recorded; built on first use from the config."""
+    b = getattr(rec, "_bounded_cache", False)
+    if b is False:
+        try:
+            from . import window
+            b = window.Bounded.for_recorder(rec, COLUMNS)
+        except Exception as e:  # a bad option must not stop tracing: record everything
+            log.warn_once("window", "bounded capture options ignored", e)
+            b = None
+        rec._bounded_cache = b
+    return b
 
 
 class Recorder:
@@ -651,6 +667,10 @@ class Recorder:
         Device times are read first so that ops released now (at close, every pending op)
         still carry them."""
         self._poll_device()
+        if _CH._enabled or _CH.HOOKED:
+            _CH.scan()
+            if _CH._infos:
+                _CH.merge(self, final)
         now = self.now_ns()
         hold_ns = int(HOLD_FLUSHES * max(0.05, float(self.config.flush_interval)) * 1e9)
         polled = 0
@@ -794,9 +814,18 @@ class Recorder:
                         col.extend(more)
                 # Wrappers keep the call site as a raw (file, line) pair: format it here.
                 cols[I_SITE] = [format_site(v) for v in cols[I_SITE]]
-                table = W.rows_to_table_nopandas({c: list(cols[i]) for i, c in enumerate(COLUMNS)})
-                W.write_part(self.run_dir, self.rank, table, self._metadata(),
-                             index=_next_part_index())
+                bounded = _bounded(self)
+                counters = None
+                if bounded is not None:  # --steps / --schedule: ops outside become counters
+                    cols, counters = bounded.split(cols)
+                if cols[0]:
+                    table = W.rows_to_table_nopandas({c: list(cols[i]) for i, c in enumerate(COLUMNS)})
+                    path = W.write_part(self.run_dir, self.rank, table, self._metadata(),
+                                        index=_next_part_index())
+                    if bounded is not None:
+                        bounded.written(path, len(cols[0]), cols[I_STEP])
+                if counters:
+                    bounded.write_counters(self, counters)
                 self._wrote_part = True
             snap = {"rank": self.rank, "t_ns": self.now_ns(), "final": final,
                     "pid": self.meta.get("pid"), "host": self.meta.get("host"),
@@ -828,6 +857,7 @@ class Recorder:
             if t is not None and t is not threading.current_thread():
                 t.join(timeout=5.0)
             self.flush(final=True)
+            _CH.closing()
         finally:
             self._close_done = True
         crash = sys.modules.get(__package__ + ".crash")

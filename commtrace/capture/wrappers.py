@@ -29,6 +29,7 @@ import threading
 import weakref
 
 from ..format import schema as S
+from . import completion_hook as _CH
 from . import log, nvtx_ranges
 from . import recorder as _R
 from .api_table import API_TABLE, Reader, split_param, tensors_of
@@ -82,13 +83,16 @@ _WRAPPERS: dict[str, object] = {}
 
 
 class PgInfo:
-    __slots__ = ("name", "size", "ranks", "backend", "member", "pg", "idx", "seq_slot")
+    __slots__ = ("name", "size", "ranks", "backend", "member", "pg", "idx", "fidx", "seq_slot")
 
     def __init__(self, pg, name, size, ranks, backend, member):
         self.pg, self.name, self.size, self.ranks = pg, name, size, ranks
         self.backend, self.member = backend, member
         # Index of (name, size, backend) in recorder.PG_FACTS, for the fast path's records.
-        self.idx = _R.register_fact(_R.PG_FACTS, (name, size, backend)) if member else -1
+        self.fidx = _R.register_fact(_R.PG_FACTS, (name, size, backend)) if member else -1
+        # What the C fast path reads: None hands every call on this group to the Python path
+        # (a group with a completion hook: its calls claim the group's own seqs).
+        self.idx = self.fidx
         self.seq_slot = _R.seq_slot(name) if member else -1   # its seq counter
 
 
@@ -179,6 +183,12 @@ def pg_info(group) -> PgInfo | None:
             except Exception:
                 backend = None
         info = PgInfo(group, name, len(ranks) or group.size(), ranks, backend, True)
+        if _CH._enabled or _CH.HOOKED:
+            try:
+                if _CH.maybe_register(group, name, info.size, backend):
+                    info.idx = None
+            except Exception as e:
+                log.warn_once("completion-hook", "completion hook not registered", e)
         rec = _R.get_recorder()
         if rec is not None:
             rec._pg_ranks_extra[name] = ranks
@@ -348,7 +358,8 @@ def _track_work(rec, row, work, tensors, token):
         rec.wake()
         return p
     key = (row[8], row[I_API])
-    if key not in _nofuture:
+    wait_mode = getattr(rec.config, "async_completion", "callback") == "wait"
+    if not wait_mode and key not in _nofuture:
         get_future = getattr(work, "get_future", None)
         if get_future is None:
             # all_reduce_coalesced(async_op=True) returns the future itself.
@@ -386,8 +397,9 @@ def _track_work(rec, row, work, tensors, token):
                 log.warn_once("future-cb", "cannot attach a completion callback", e)
             attaching[0] = False
             return p
-    # No future: keep the Work alive (the backend holds the op anyway) and poll it; one look
-    # now, so that an op already complete at its return is not left to the next poll.
+    # No future (or --async-completion wait: no callback on the backend's thread): keep the
+    # Work alive (the backend holds the op anyway) and poll it; one look now, so that an op
+    # already complete at its return is not left to the next poll.
     try:
         done = work.is_completed()
     except Exception:
@@ -397,7 +409,10 @@ def _track_work(rec, row, work, tensors, token):
                         tensors=tensors, device_token=token)
     if done:
         rec.complete(p, t_seen, "observed")
-    rec.wake()
+    if not wait_mode:
+        # (--async-completion wait: no wake-up per op; the writer polls within 50 ms, and
+        # wait() completes the op)
+        rec.wake()
     return p
 
 
@@ -474,6 +489,9 @@ def _run(rec, reader: Reader, orig, args, kwargs, row, tensors, info):
     tls.depth += 1
     # In flight while the call runs: a rank stuck inside it lists it in _inflight.json.
     rec._blocking[row[I_OP_ID]] = row
+    hooked = _CH.HOOKED and info.name in _CH.HOOKED
+    if hooked:
+        lo = _CH.seq_of(info.pg)
     try:
         ret = orig(*args, **kwargs)
     except BaseException as e:
@@ -493,6 +511,11 @@ def _run(rec, reader: Reader, orig, args, kwargs, row, tensors, info):
         if nv:
             nvtx_ranges.pop()
     t1 = rec.now_ns()
+    if hooked:
+        try:
+            _CH.claim(info.name, lo, _CH.seq_of(info.pg), spec.op, row)
+        except Exception:
+            pass
     if not rec.end_blocking(row):
         return ret  # the final flush already wrote it as never completed
     try:
@@ -710,7 +733,7 @@ def make_wrapper(api: str, orig, spec):
                         r = _global(info, reader.arg(args, kwargs, root[0]),
                                     reader.arg(args, kwargs, root[1]))
                     s = rec.next_seq(info.name)
-                pre = (fact, info.idx, s, p, r, t0, rec.step,
+                pre = (fact, info.fidx, s, p, r, t0, rec.step,
                        _site(_getframe(1)) if rec.stack else None,
                        next(rec._op_ids), _get_ident(), st["api"], st["detail"],
                        c, dt, dev, b, ob, async_op)
@@ -720,7 +743,7 @@ def make_wrapper(api: str, orig, spec):
         if pre is None:
             return orig(*args, **kwargs)
         if is_object or async_op or nvtx_ranges.active or st["coalesce"] is not None \
-                or (rec.device_timer is not None and dev is not None
+                or info.idx is None or (rec.device_timer is not None and dev is not None
                     and dev.startswith("cuda")) or (is_recv and p is None):
             try:
                 row = expand(me, pre, None)
@@ -974,6 +997,16 @@ def _make_coalescing(orig):
         prev = tls.coalesce
         issued = tls.coalesce = []
         ok = False
+        hinfo = None
+        if _CH.HOOKED:
+            try:
+                hinfo = pg_info(group)
+                if hinfo is not None and hinfo.name in _CH.HOOKED:
+                    lo = _CH.seq_of(hinfo.pg)
+                else:
+                    hinfo = None
+            except Exception:
+                hinfo = None
         try:
             with orig(group, device, async_ops) as cm:
                 try:
@@ -983,6 +1016,11 @@ def _make_coalescing(orig):
             ok = True
         finally:
             tls.coalesce = prev
+            if hinfo is not None:   # the coalesced Work's own seq(s)
+                try:
+                    _CH.claim(hinfo.name, lo, _CH.seq_of(hinfo.pg), "coalesced")
+                except Exception:
+                    pass
             try:
                 _close_coalesced(rec, issued, cm if ok else None, async_ops)
             except Exception as e:
@@ -1046,6 +1084,7 @@ def install() -> bool:
         _dist = sys.modules.get("torch.distributed")
         if _cfast is not None:
             _set_tensor_api()
+            _set_async()
         targets = [c10d] + ([_dist] if _dist is not None else [])
         for name, spec in API_TABLE.items():
             w = _WRAPPERS.get(name)
@@ -1114,6 +1153,25 @@ def _set_tensor_api() -> None:
         _cfast.set_tensor_api(d["numel"], d["get_device"], d["dtype"], types)
     except Exception as e:
         log.warn_once("cfast-tensor", "C fast path: tensor accessors unavailable", e)
+
+
+def _set_async() -> None:
+    """Let the C fast path record async calls too (issue 20: no Python frame per op), unless
+    COMMTRACE_ASYNC_C=0. Its semantics are _run / _finish / _track_work / the wait() wrapper's
+    (it hands anything unusual to them)."""
+    import os
+
+    if not hasattr(_cfast, "set_async"):
+        return
+    if os.environ.get("COMMTRACE_ASYNC_C", "1") in ("0", ""):
+        _cfast.async_off()
+        return
+    try:
+        _cfast.set_async(_R.PendingOp, _track_work, _record_error, S.KIND_OP, _R,
+                         tuple(S.COLUMNS))
+    except Exception as e:
+        _cfast.async_off()
+        log.warn_once("cfast-async", "C async path unavailable; using the Python one", e)
 
 
 def install_late() -> None:

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("commtrace.cli.export", "Export a run to Perfetto/Chrome JSON, CSV or Parquet."),
     "diff": ("commtrace.cli.diff", "Compare two runs per op, size and finding."),
     "ls": ("commtrace.cli.ls", "List the runs under a directory and how each job ended."),
+    "trigger": ("commtrace.cli.trigger", "Make a running job record its next N steps exactly."),
 }
 
 

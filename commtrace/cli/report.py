@@ -17,6 +17,7 @@ Examples:
   commtrace report RUN --steps 100:200      # steps 100..199
   commtrace report RUN --busbw-ref 180      # what-if: every collective at 180 GB/s busbw
   commtrace report traces --run latest      # traces holds several runs (commtrace ls traces)
+  commtrace report RUN --memory-limit 4GB --temp-dir /scratch   # a 10^8-op run
 """
 
 #: Rows above which a progress bar is shown on stderr.
@@ -50,6 +51,16 @@ class _Bar:
             self.bar = None
 
 
+def _memory(value):
+    """Check a --memory-limit value (DuckDB syntax: a number and KB/MB/GB/TB, or KiB/MiB/GiB)."""
+    if value is None:
+        return None
+    import re
+    if not re.fullmatch(r"\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*", value, re.IGNORECASE):
+        raise UsageError(f"--memory-limit expects a size such as 4GB or 512MB, got {value!r}")
+    return value.strip()
+
+
 def _steps(value):
     if not value:
         return None
@@ -71,7 +82,12 @@ def _steps(value):
               help="What-if: every collective of a kind at this nccl-tests bus bandwidth (e.g. 180).")
 @click.option("--run", "run_id", default=None, metavar="ID|latest",
               help="When DIR holds several runs: the one to use (its id, or latest).")
-def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, run_id):
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="Memory for the query engine, e.g. 4GB (default: 40% of RAM, at most 4 GB); "
+                   "beyond it, work spills to --temp-dir.")
+@click.option("--temp-dir", default=None, type=click.Path(file_okay=False),
+              help="Where large runs are held and spill (default: $COMMTRACE_TMPDIR or the system's).")
+def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, run_id, memory_limit, temp_dir):
     """Analyse a run: who waited for whom, stragglers, overlap, bandwidth and findings.
 
     Exits 0 whenever a report was produced, whatever it found."""
@@ -80,7 +96,7 @@ def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, run_id):
     rng = _steps(steps)
     bar = _Bar(progress)
     try:
-        run = load(run_dir, progress=bar, run=run_id)
+        run = load(run_dir, progress=bar, run=run_id, memory_limit=_memory(memory_limit), temp_dir=temp_dir)
         bar("matching", 0.05)
         rep = run.report(top=top, rank=rank, steps=rng, progress=bar, busbw_ref=busbw_ref)
     finally:
@@ -281,8 +297,13 @@ def _render_hang(con, rep: dict) -> None:
             t.add_row(r, str(lc.get("op")), str(lc.get("pg")), str(lc.get("seq")), _short_site(lc.get("site"), 60))
         else:
             t.add_row(r, "none completed", "", "", "")
+    states = rep.get("rank_states") or {}
     for r in rep.get("missing_ranks") or []:
-        t.add_row(str(r), "no trace at all", "", "", "")
+        st = states.get(str(r)) or {}
+        what = {"crashed": f"crashed ({st.get('signal') or 'fatal signal'}) before its first flush",
+                "killed": "died before its first flush", "alive": "alive, nothing flushed yet",
+                "exception": "exited on an exception before its first flush"}.get(st.get("state"), "no trace at all")
+        t.add_row(str(r), what, "", "", "")
     con.print(t)
     for e in early:
         lo = e.get("last_op") or {}

@@ -24,6 +24,8 @@ Examples:
   commtrace run -- torchrun --nproc-per-node 8 train.py
   commtrace run -o traces/run1 -- torchrun --nproc-per-node 2 samples/ddp_mlp.py
   commtrace run --flush-interval 5 --no-stack -- python -m my_launcher train.py
+  commtrace run --steps 100:110 -- torchrun --nproc-per-node 8 train.py   (10 steps exactly)
+  commtrace run --schedule wait=50,active=5 --max-size 500MB -- torchrun ... train.py
   commtrace run -- bash launch.sh        (any command; Python ranks inside are traced)
 """
 
@@ -88,6 +90,18 @@ def _write_session(out: str, m: dict) -> None:
     W.write_manifest(out, m)
 
 
+def _check_bounded(steps, schedule, max_size) -> None:
+    """One-line usage errors for the bounded-capture options (capture/window.py)."""
+    from ..capture import window as WIN
+
+    for opt, fn, v in (("--steps", WIN.parse_steps, steps), ("--schedule", WIN.parse_schedule, schedule),
+                       ("--max-size", WIN.parse_size, max_size)):
+        try:
+            fn(v)
+        except ValueError as e:
+            raise UsageError(f"{opt}: {e}") from None
+
+
 @click.command(name="run", epilog=EPILOG,
                context_settings={"help_option_names": ["-h", "--help"],
                                  "ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -111,9 +125,32 @@ def _write_session(out: str, m: dict) -> None:
               show_default=True, help="Host-side hazard checks (use before wait, ...).")
 @click.option("--cuda-events/--no-cuda-events", default=True, show_default=True,
               help="Time ops on the GPU with CUDA events (NCCL).")
+@click.option("--async-completion", type=click.Choice(["callback", "wait"]), default="callback",
+              show_default=True, help="Completion time of async ops: the future's callback "
+              "(exact; takes the GIL on the backend's thread per op) or wait()/polling "
+              "(cheaper; late when an op is waited long after it completed).")
+@click.option("--writer-nice", type=click.IntRange(min=0, max=19), default=10, show_default=True,
+              metavar="N", help="Lower the trace writer thread's priority by N (Linux).")
+@click.option("--completion-hook/--no-completion-hook", default=False, show_default=True,
+              help="NCCL: record ops issued below Python (DDP's reducer, compiled graphs) from "
+              "ProcessGroup's completion hook, as rows with api=\"c++\" (needs "
+              "TORCH_NCCL_ENABLE_TIMING=1).")
+@click.option("--steps", "steps", default="", metavar="A:B",
+              help="Record ops of steps A..B-1 only (optimizer.step or mark_step); the other "
+              "steps keep one counter row per op kind (ops, bytes, blocked time).")
+@click.option("--schedule", default="", metavar="wait=W,active=A,repeat=R",
+              help="Like torch.profiler's schedule: record A steps after every W skipped, R "
+              "times (0: forever); counters for the others.")
+@click.option("--max-size", default="", metavar="SIZE",
+              help="Per rank, at most this much of op parts (e.g. 500MB): the oldest are "
+              "deleted (ring retention), rank=<r>/_retention.json says what was dropped.")
+@click.option("--on-demand", is_flag=True, default=False,
+              help="Record counters only until `commtrace trigger DIR --steps N` asks for N "
+              "steps op by op.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_on_hang,
-            hazards, cuda_events, cmd):
+            hazards, cuda_events, async_completion, writer_nice, completion_hook, steps,
+            schedule, max_size, on_demand, cmd):
     """Run CMD with tracing on in every rank; write the trace to one run directory.
 
     Options of commtrace run go before CMD (or before `--`); an unknown one is an error.
@@ -134,9 +171,13 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
         raise OutputError(f"cannot create the output directory {out}: {e.strerror}") from e
     if not os.access(out, os.W_OK):
         raise OutputError(f"output directory {out} is not writable")
+    _check_bounded(steps, schedule, max_size)
     config = Config(output=out, nvtx=nvtx, stack=stack, flush_interval=flush_interval,
                     buffer_ops=buffer_ops, hazards=hazards, hang_timeout=hang_timeout,
-                    dump_on_hang=dump_on_hang, cuda_events=cuda_events)
+                    dump_on_hang=dump_on_hang, cuda_events=cuda_events,
+                    async_completion=async_completion, writer_nice=writer_nice,
+                    completion_hook=completion_hook, steps=steps, schedule=schedule,
+                    max_size=max_size, on_demand=on_demand)
     from .. import __version__
 
     from ..format import runs as RUNS

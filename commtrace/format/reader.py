@@ -94,6 +94,8 @@ class RunFiles:
     conflict_ranks: set = field(default_factory=set)
     #: pending ops of the snapshots as a table (set by load_into_duckdb)
     snapshot: object = None
+    #: rank -> what --max-size ring retention deleted (its _retention.json "dropped")
+    retention: dict = field(default_factory=dict)
 
     @property
     def columns(self) -> set[str]:
@@ -209,6 +211,7 @@ def scan_run(path: str) -> RunFiles:
                     rf.inflight_mtime[int(snap.get("rank", rank))] = os.stat(ip).st_mtime
                 except (OSError, ValueError, TypeError) as e:
                     rf.warnings.append(f"skipped unreadable {_rel(path, ip)}: {e}")
+            _retention_warning(rf, full, rank)
             stacks = sorted(glob.glob(os.path.join(full, "stacks-*.txt")))
             if stacks:
                 rf.stacks[rank] = stacks
@@ -238,6 +241,24 @@ def scan_run(path: str) -> RunFiles:
     _merge_meta(rf)
     _check_rank_claims(rf)
     return rf
+
+
+def _retention_warning(rf: RunFiles, rank_dir: str, rank: int) -> None:
+    """A warning for the oldest parts that ``--max-size`` deleted (``_retention.json``,
+    capture/window.py): the run's first steps have counters but no op rows on that rank."""
+    p = os.path.join(rank_dir, "_retention.json")
+    if not os.path.exists(p):
+        return
+    try:
+        with open(p) as f:
+            d = json.load(f).get("dropped") or {}
+        rf.retention[rank] = d
+        steps = (f", steps {d.get('first_step')}..{d.get('last_step')}"
+                 if d.get("first_step") is not None else "")
+        rf.warnings.append(f"rank {rank}: --max-size deleted its {d.get('parts', 0)} oldest part(s) "
+                           f"({d.get('rows', 0)} rows{steps}): those ops are missing")
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        rf.warnings.append(f"unreadable {_rel(rf.path, p)}: {e}")
 
 
 def _check_rank_claims(rf: RunFiles) -> None:
@@ -314,7 +335,7 @@ def _select_list(columns: set[str], hive_rank: bool, names=None) -> str:
 RID_SQL = "(CAST(file_index AS BIGINT) << 32) | CAST(file_row_number AS BIGINT)"
 
 
-def _read_parts_sql(parts: list[PartInfo], names=None, rid: bool = False) -> str:
+def _read_parts_sql(parts: list[PartInfo], names=None, rid: bool = False, file_offset: int = 0) -> str:
     cols: set[str] = set()
     for p in parts:
         cols.update(p.columns)
@@ -324,11 +345,14 @@ def _read_parts_sql(parts: list[PartInfo], names=None, rid: bool = False) -> str
     # union_by_name only when the parts' schemas differ (older writers, extra columns): it costs.
     same = len({tuple(p.columns) for p in parts}) == 1
     src = f"read_parquet([{files}], union_by_name={'false' if same else 'true'}{', filename=true' if hive else ''})"
-    rid_sql = RID_SQL
+    # file_offset: the index of parts[0] in the run's part list, so that a run loaded in
+    # chunks of parts gets the row ids of a load in one piece.
+    off = f" + {int(file_offset)}" if file_offset else ""
+    rid_sql = f"(CAST(file_index{off} AS BIGINT) << 32) | CAST(file_row_number AS BIGINT)"
     if hive:
         src = (f"(SELECT *, CAST(regexp_extract(filename, 'rank=(-?[0-9]+)', 1) AS INTEGER) "
                f"AS __hive_rank, file_index AS __fi, file_row_number AS __frn FROM {src})")
-        rid_sql = "(CAST(__fi AS BIGINT) << 32) | CAST(__frn AS BIGINT)"
+        rid_sql = f"(CAST(__fi{off} AS BIGINT) << 32) | CAST(__frn AS BIGINT)"
     extra = f", {rid_sql} AS rid" if rid else ""
     return f"SELECT {_select_list(cols, hive, names)}{extra} FROM {src}"
 
@@ -377,10 +401,35 @@ def distinct_values(con, rf: RunFiles, column: str) -> list:
     return sorted(vals, key=str)
 
 
-def load_into_duckdb(con, rf: RunFiles, table: str = "raw", wrap=None, columns=None) -> None:
+def part_chunks(parts: list[PartInfo], chunk_rows: int | None) -> list[tuple[int, list[PartInfo]]]:
+    """Consecutive runs of `parts` holding at most `chunk_rows` rows each (one part at least),
+    cut at rank boundaries where possible; each with the index of its first part."""
+    if not chunk_rows or sum(p.num_rows for p in parts) <= chunk_rows:
+        return [(0, list(parts))] if parts else []
+    out: list[tuple[int, list[PartInfo]]] = []
+    start, cur, n = 0, [], 0
+    for i, p in enumerate(parts):
+        new_rank = not cur or p.rank != cur[-1].rank
+        if cur and n + p.num_rows > chunk_rows and new_rank:
+            out.append((start, cur))
+            start, cur, n = i, [], 0
+        cur.append(p)
+        n += p.num_rows
+    if cur:
+        out.append((start, cur))
+    return out
+
+
+def load_into_duckdb(con, rf: RunFiles, table: str = "raw", wrap=None, columns=None,
+                     chunk_rows: int | None = None, progress=None) -> None:
     """Create DuckDB table `table` holding every row of the run (unaligned clocks), the schema
     `columns` (default: all) present, plus `rid` (see RID_SQL), plus pending ops from the
     ``_inflight.json`` snapshots.
+
+    With `chunk_rows`, the parts are read in consecutive chunks of about that many rows (whole
+    ranks where possible), one INSERT each: the table ends up clustered by rank (so that a
+    filter on a range of ranks skips the rest) and the load never holds more than one chunk
+    in flight. `progress(fraction)` is told after each chunk.
 
     A part that DuckDB cannot decode (corrupt pages behind a valid footer) is found by reading
     each part with pyarrow, skipped with a warning naming it, and the load retried.
@@ -390,9 +439,18 @@ def load_into_duckdb(con, rf: RunFiles, table: str = "raw", wrap=None, columns=N
     wrap = wrap or (lambda q: q)
     names = list(columns or S.COLUMNS)
     parts = list(rf.parts)
+
+    def create(parts):
+        chunks = part_chunks(parts, chunk_rows)
+        for k, (off, ch) in enumerate(chunks):
+            q = wrap(_read_parts_sql(ch, names, rid=True, file_offset=off))
+            con.execute(f"CREATE OR REPLACE TABLE {table} AS {q}" if k == 0 else f"INSERT INTO {table} BY NAME {q}")
+            if progress and len(chunks) > 1:
+                progress((k + 1) / len(chunks))
+
     if parts:
         try:
-            con.execute(f"CREATE OR REPLACE TABLE {table} AS {wrap(_read_parts_sql(parts, names, rid=True))}")
+            create(parts)
         except Exception:  # duckdb raises its own exception family
             good = []
             for p in parts:
@@ -408,7 +466,7 @@ def load_into_duckdb(con, rf: RunFiles, table: str = "raw", wrap=None, columns=N
                 raise EmptyTraceError(f"{rf.path}: no readable trace part")
             parts = good
             if parts:
-                con.execute(f"CREATE OR REPLACE TABLE {table} AS {wrap(_read_parts_sql(parts, names, rid=True))}")
+                create(parts)
     if not parts:
         cols = ", ".join(f'CAST(NULL AS {duck_type(n)}) AS "{n}"' for n in names)
         con.execute(f"CREATE OR REPLACE TABLE {table} AS {wrap(f'SELECT {cols}, CAST(NULL AS BIGINT) AS rid LIMIT 0')}")

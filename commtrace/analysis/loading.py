@@ -1,0 +1,234 @@
+"""Loading a run into DuckDB: the one table ``t`` every analysis query reads.
+
+``t`` holds the rows of every rank with clocks aligned to rank 0 (metrics.md "Clock
+alignment"), completions filled where the host saw them, a ``step`` for each row and a
+collective key ``ckey`` (group index << 40 | seq). It is written in chunks of whole ranks, so
+that it is clustered by rank and the per-rank stages read a range of ranks without scanning the
+rest.
+
+Memory is bounded by design: above :data:`DISK_ROWS` rows the DuckDB database is a file in a
+private temporary directory (compressed column storage, about 35 bytes a row instead of 300
+in memory), DuckDB's ``memory_limit`` caps its buffers and ``temp_directory`` takes what
+spills; the directory is removed when the run is closed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+
+import numpy as np
+
+from ..errors import TraceFormatError
+from ..format import reader as R
+from ..format import schema as S
+from . import sql as Q
+
+#: Columns the analysis never reads: left in the Parquet parts and joined back by row id
+#: (`rid`) when ops() returns full rows, so that loading materialises less.
+LAZY_COLUMNS = ("api", "backend", "thread", "t_start_ns", "completion", "torch_seq")
+#: Read at load for derived values (completion fill, in-flight count), then dropped.
+LOAD_ONLY = ("device", "inflight_ids")
+LOAD_COLUMNS = [c for c in S.COLUMNS if c not in LAZY_COLUMNS]
+#: Runs with more rows than this are loaded into an on-disk database (compressed, spillable).
+DISK_ROWS = 200_000
+#: Rows per load chunk (whole ranks): bounds the memory of one INSERT.
+LOAD_CHUNK_ROWS = 1_000_000
+#: Default DuckDB memory limit: a fraction of the machine's memory, at most 4 GB.
+DEFAULT_MEMORY_FRACTION = 0.4
+DEFAULT_MEMORY_CAP = 4 << 30
+
+
+def default_memory_limit() -> str:
+    """DuckDB's memory limit when none is given: 40% of physical memory, at most 4 GB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    return f"{max(256 << 20, min(int(total * DEFAULT_MEMORY_FRACTION), DEFAULT_MEMORY_CAP)) >> 20}MB"
+
+
+def connect(rows: int, *, threads: int | None = None, memory_limit: str | None = None,
+            temp_dir: str | None = None):
+    """A DuckDB connection for a run of `rows` rows: in memory when small, else a database file
+    in a new temporary directory under `temp_dir` (default: $COMMTRACE_TMPDIR or the system's).
+    Returns (connection, directory or None); the directory is removed by :func:`close`."""
+    import duckdb
+
+    threads = threads or max(1, min(os.cpu_count() or 1, 8))
+    mem = memory_limit or os.environ.get("COMMTRACE_MEMORY_LIMIT") or default_memory_limit()
+    tmp = None
+    if rows > DISK_ROWS:
+        tmp = tempfile.mkdtemp(prefix="commtrace-", dir=temp_dir or os.environ.get("COMMTRACE_TMPDIR") or None)
+        con = duckdb.connect(os.path.join(tmp, "run.duckdb"), config={"threads": threads})
+        con.execute(f"SET temp_directory = {Q.quote(os.path.join(tmp, 'spill'))}")
+        # The database is thrown away: no checkpoint on close.
+        con.execute("PRAGMA disable_checkpoint_on_shutdown")
+    else:
+        con = duckdb.connect(config={"threads": threads})
+    con.execute("SET preserve_insertion_order = false")
+    con.execute(f"SET memory_limit = {Q.quote(mem)}")
+    return con, tmp
+
+
+def close(con, tmp: str | None) -> None:
+    """Close the connection and remove its temporary directory."""
+    try:
+        con.close()
+    except Exception:  # noqa: BLE001
+        pass
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def closer(owner, con, tmp: str | None):
+    """A callable that closes `con` and removes `tmp` once: called by Run.close(), or when
+    `owner` is garbage-collected, or at exit, whichever comes first."""
+    return weakref.finalize(owner, close, con, tmp)
+
+
+def offsets(meta: dict) -> list[tuple[int, int, int]]:
+    """(rank, clock offset ns, offset round trip ns) from the parts' metadata."""
+    out = []
+    for r, m in meta.items():
+        vals = []
+        for k in ("clock_offset_ns", "clock_rtt_ns"):
+            try:
+                vals.append(int(m.get(k) or 0))
+            except (TypeError, ValueError):
+                vals.append(0)
+        out.append((int(r), vals[0], vals[1]))
+    return out
+
+
+def align_sql(src: str, pgs=()) -> str:
+    """Apply each rank's clock offset (metrics.md "Clock alignment": offset = the rank's clock
+    minus rank 0's, so aligned = t - offset), and fill a completion the writer did not record
+    but the host saw: a waited op (wait() returned) or a blocking CPU op that returned without
+    error has completed by then."""
+    end_expr = ("coalesce(r.t_end_ns, CASE WHEN r.kind = 'op' AND r.error IS NULL THEN coalesce(r.t_wait_end_ns, "
+                "CASE WHEN NOT coalesce(r.async_op, false) AND coalesce(r.device, '') NOT LIKE 'cuda%' "
+                "THEN r.t_return_ns END) END)")
+    repl = ", ".join(f"{end_expr if c == 't_end_ns' else 'r.' + c} - coalesce(o.off, 0) AS {c}"
+                     for c in S.TIME_COLUMNS if c not in LAZY_COLUMNS)
+    repl += ", CAST(coalesce(r.inflight, len(r.inflight_ids)) AS INTEGER) AS inflight"
+    # ckey: one BIGINT per collective (pg index << 40 | seq), so that matching groups and joins
+    # on an integer instead of (VARCHAR, BIGINT); NULL on every other row.
+    ckey = (f"CASE WHEN r.kind = 'op' AND list_contains([{Q.COLLECTIVE_SQL[1:-1]}], r.op) AND r.seq IS NOT NULL "
+            f"AND r.pg IS NOT NULL THEN (CAST(list_position({Q.pg_list_sql(pgs)}, r.pg) AS BIGINT) << {Q.CKEY_SHIFT}) "
+            f"| r.seq END AS ckey")
+    return (f"SELECT r.* EXCLUDE ({', '.join(LOAD_ONLY)}) REPLACE ({repl}), {ckey} "
+            f"FROM ({src}) r LEFT JOIN offsets o ON o.rank = r.rank")
+
+
+def load_table(con, rf: R.RunFiles, path: str, progress=None) -> list:
+    """Create ``offsets`` and the aligned table ``t0`` (see the module doc); returns the group
+    names in load order (a collective key's group is its index there)."""
+    import duckdb
+
+    offs = offsets(rf.meta)
+    con.execute("CREATE OR REPLACE TABLE offsets (rank INTEGER, off BIGINT, rtt BIGINT)")
+    if offs:
+        con.executemany("INSERT INTO offsets VALUES (?, ?, ?)", offs)
+    try:
+        pgs = R.distinct_values(con, rf, "pg")
+        R.load_into_duckdb(con, rf, "t0", wrap=lambda q: align_sql(q, pgs), columns=LOAD_COLUMNS,
+                           chunk_rows=LOAD_CHUNK_ROWS,
+                           progress=(lambda f: progress("loading", 0.9 * f, rf.num_rows)) if progress else None)
+    except duckdb.Error as e:
+        raise TraceFormatError(f"{path}: cannot read trace: {str(e).splitlines()[0]}") from None
+    return list(pgs)
+
+
+def assign_steps(con, warnings: list[str]) -> None:
+    """Turn ``t0`` into ``t``, giving each row a step (metrics: per-step figures): the recorded
+    `step` column; else the latest step marker (kind="mark") at or before the row on its rank;
+    else iteration boundaries detected from the repeating op pattern of the lowest rank."""
+    n_step, n_mark = Q.rows(con, f"""
+        SELECT count(step) FILTER (WHERE kind = '{S.KIND_OP}'), count(*) FILTER (WHERE kind = '{S.KIND_MARK}')
+        FROM t0""").fetchone()
+    if n_step or not n_mark:
+        if n_step == 0:
+            _detect_steps(con, warnings)
+            return
+        con.execute("ALTER TABLE t0 RENAME TO t")
+        return
+    con.execute(f"""
+        CREATE OR REPLACE TABLE t AS
+        SELECT x.* REPLACE (coalesce(x.step, m.mstep) AS step)
+        FROM t0 x ASOF LEFT JOIN (
+            SELECT rank AS mrank, t_enqueue_ns AS mt, step AS mstep FROM t0
+            WHERE kind = '{S.KIND_MARK}' AND step IS NOT NULL) m
+          ON x.rank = m.mrank AND x.t_enqueue_ns >= m.mt""")
+    con.execute("DROP TABLE t0")
+
+
+def _detect_steps(con, warnings: list[str]) -> None:
+    lowest = Q.rows(con, "SELECT min(rank) FROM t0").fetchone()[0]
+    d = Q.numpy(con, f"""
+        SELECT op, coalesce(bytes, 0) AS b, t_enqueue_ns FROM t0
+        WHERE rank = ? AND kind = 'op' AND op IN {Q.COLLECTIVE_SQL} AND t_enqueue_ns IS NOT NULL
+        ORDER BY t_enqueue_ns""", [lowest])
+    period = None
+    n = len(d["t_enqueue_ns"])
+    if n >= 6:
+        sig = np.unique(np.char.add(np.asarray(d["op"], dtype=str),
+                                    np.asarray(d["b"]).astype(str)), return_inverse=True)[1]
+        ref = sig[n // 2]
+        cands = np.flatnonzero(sig == ref)
+        cands = np.unique(np.diff(cands))[:8]
+        for p in sorted(int(c) for c in cands if 0 < c <= n // 3):
+            if np.mean(sig[p:] == sig[:-p]) >= 0.9:
+                period = p
+                break
+    if period is None:
+        con.execute("ALTER TABLE t0 RENAME TO t")
+        return
+    # Boundary k: the enqueue of collective k*period on the lowest rank, mapped to every rank
+    # through the matching (pg, seq) of that collective on each rank.
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE __bounds AS
+        WITH ref AS (
+            SELECT pg, seq, (row_number() OVER (ORDER BY t_enqueue_ns) - 1) AS k FROM t0
+            WHERE rank = {int(lowest)} AND kind = 'op' AND op IN {Q.COLLECTIVE_SQL})
+        SELECT x.rank AS brank, x.t_enqueue_ns AS bt, CAST(ref.k // {period} AS BIGINT) AS bstep
+        FROM ref JOIN t0 x ON x.pg = ref.pg AND x.seq = ref.seq AND x.kind = 'op'
+        WHERE ref.k % {period} = 0""")
+    con.execute("""
+        CREATE OR REPLACE TABLE t AS
+        SELECT x.* REPLACE (coalesce(x.step, b.bstep, 0) AS step)
+        FROM t0 x ASOF LEFT JOIN __bounds b ON x.rank = b.brank AND x.t_enqueue_ns >= b.bt""")
+    con.execute("DROP TABLE t0")
+    con.execute("DROP TABLE __bounds")
+    warnings.append(f"no step markers: steps detected from a repeating pattern of {period} collectives")
+
+
+def run_info(con, rf: R.RunFiles, t: str = "t") -> dict:
+    """World size, traced ranks, time span and per-rank snapshot times of the loaded run."""
+    meta = rf.meta
+    info = Q.rows(con, f"""
+        SELECT min(t_enqueue_ns), max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)),
+               list(DISTINCT rank ORDER BY rank), max(rank),
+               max(pg_size) FILTER (WHERE pg IN ('0', 'default_pg', 'default'))
+        FROM {t}""").fetchone()
+    ranks = [int(r) for r in (info[2] or []) if r is not None]
+    ws = None
+    for src in (rf.manifest.get("world_size"),
+                max((m.get("world_size") or 0 for m in meta.values()), default=0) or None,
+                info[4]):
+        if src:
+            ws = int(src)
+            break
+    if ws is None:
+        ws = (max(ranks) + 1) if ranks else 0
+    ws = max(ws, (max(ranks) + 1) if ranks else 0)
+    offs = {r: o for r, o, _ in offsets(meta)}
+    snap = {}
+    for r, s in rf.inflight.items():
+        try:
+            snap[r] = int(s.get("t_ns")) - offs.get(r, 0)
+        except (TypeError, ValueError):
+            pass
+    return {"world_size": ws, "ranks": ranks, "t_min_ns": info[0], "t_max_ns": info[1], "snapshot_ns": snap}

@@ -1,0 +1,112 @@
+"""SQL building blocks shared by the analysis modules, and how to run a query on a connection.
+
+The op table of :mod:`commtrace.ops` is the one source of the op names, patterns and busbw
+factors: each constant below is derived from it. Nothing here knows about a loaded run; every
+function takes a DuckDB connection (or cursor) and returns Python rows, Arrow or numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from .. import ops as OPS
+
+#: SQL tuple of the collective op names: ``('all_reduce', ...)``.
+COLLECTIVE_SQL = "(" + ", ".join(f"'{o}'" for o in OPS.COLLECTIVE_OPS) + ")"
+#: Rooted collectives (late broadcast / early reduce patterns), as a comma list.
+ROOTED_SQL = ", ".join(f"'{n}'" for n, o in OPS.OPS.items() if o.pattern in (OPS.LATE_BROADCAST, OPS.EARLY_REDUCE))
+#: SQL expression: the wait-state pattern of column `op` (metrics.md "Wait states").
+PATTERN_SQL = "CASE op " + " ".join(
+    f"WHEN '{n}' THEN '{o.pattern}'" for n, o in OPS.OPS.items() if o.collective) + " ELSE 'nxn' END"
+#: Ops whose S is the per-rank size times n (metrics.md "Communication time and bandwidth").
+BYTES_X_N_SQL = "(" + ", ".join(f"'{n}'" for n, o in OPS.OPS.items() if o.size_rule == "bytes_x_n") + ")"
+#: Collective key: group index << CKEY_SHIFT | seq.
+CKEY_SHIFT = 40
+
+
+def factor_sql(op: str, n: str) -> str:
+    """busbw factor F of metrics.md ("Communication time and bandwidth") as SQL."""
+    ar = ", ".join(f"'{k}'" for k, o in OPS.OPS.items() if o.factor == "allreduce")
+    nm = ", ".join(f"'{k}'" for k, o in OPS.OPS.items() if o.factor == "nm1_n")
+    return (f"CASE WHEN {op} IN ({ar}) THEN 2.0 * ({n} - 1) / {n} "
+            f"WHEN {op} IN ({nm}) THEN ({n} - 1.0) / {n} ELSE 1.0 END")
+
+
+def quote(s) -> str:
+    """A SQL string literal."""
+    return "'" + str(s).replace("'", "''") + "'"
+
+
+def pg_list_sql(pgs) -> str:
+    """The load-time list of group names as a SQL VARCHAR[] literal (a key's group index)."""
+    return "[" + ", ".join(quote(p) for p in pgs) + "]::VARCHAR[]"
+
+
+def pg_of_ckey(expr: str, pgs) -> str:
+    """SQL: the group name of a collective key (its index in the load-time group list)."""
+    return f"list_extract({pg_list_sql(pgs)}, CAST({expr} >> {CKEY_SHIFT} AS INTEGER))"
+
+
+def rank_filter(ranks) -> str:
+    """SQL condition on `rank` for an iterable of ranks (or a (lo, hi) inclusive range)."""
+    if isinstance(ranks, range):
+        return f"rank BETWEEN {ranks.start} AND {ranks.stop - 1}"
+    rs = [int(r) for r in ranks]
+    return "rank IN (" + (", ".join(map(str, rs)) or "NULL") + ")"
+
+
+# ---------------------------------------------------------------------------- running queries
+class Rows:
+    """Fetched rows with the cursor methods the callers use."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def fetchall(self):
+        return self.rows
+
+    def fetchone(self):
+        return self.rows[0] if self.rows else None
+
+
+def rows(con, q: str, params=None) -> Rows:
+    """Run SQL and fetch every row (DuckDB refuses new work while a result is unfinished)."""
+    import duckdb
+
+    cur = con.execute(q, params or [])
+    try:
+        out = cur.fetchall()
+    except duckdb.Error:
+        out = []
+    return Rows(out)
+
+
+def arrow(con, q: str, params=None) -> pa.Table:
+    """Run SQL, return a pyarrow.Table."""
+    rel = con.sql(q, params=params) if params else con.sql(q)
+    return rel.to_arrow_table() if rel is not None else pa.table({})
+
+
+def numpy(con, q: str, params=None) -> dict[str, np.ndarray]:
+    """Run SQL, return its columns as numpy arrays (masked values left as stored)."""
+    rel = con.sql(q, params=params) if params else con.sql(q)
+    d = rel.fetchnumpy()
+    return {k: (np.ma.getdata(v) if isinstance(v, np.ma.MaskedArray) else np.asarray(v)) for k, v in d.items()}
+
+
+def np_array(a) -> pa.Array:
+    """Arrow array from a numpy array without pa.array(), which imports pandas (~0.8 s) on
+    first use; floats keep NaN, bools are bit-packed."""
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.bool_:
+        return pa.Array.from_buffers(pa.bool_(), len(a), [None, pa.py_buffer(np.packbits(a, bitorder="little"))])
+    types = {np.dtype(np.int64): pa.int64(), np.dtype(np.int32): pa.int32(), np.dtype(np.float64): pa.float64()}
+    if a.dtype not in types:
+        a = a.astype(np.float64 if a.dtype.kind == "f" else np.int64)
+    return pa.Array.from_buffers(types[a.dtype], len(a), [None, pa.py_buffer(a)])
+
+
+def np_table(cols: dict) -> pa.Table:
+    """Arrow table from a dict of numpy arrays (see np_array)."""
+    return pa.Table.from_arrays([np_array(np.asarray(v)) for v in cols.values()], names=list(cols))

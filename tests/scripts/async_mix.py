@@ -1,0 +1,45 @@
+"""Async ops of the shapes the C async path records (issue 20), for the test that the C and
+the Python paths write the same rows: every tensor collective with async_op=True and wait(),
+several in flight waited out of order, a host read before wait (a hazard row), Works dropped
+unwaited, and DDP's gradient all-reduce through commtrace's comm hook."""
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+t = torch.ones(16)
+for i in range(4):
+    dist.all_reduce(t, async_op=True).wait()
+    dist.broadcast(t, src=i % 2, async_op=True).wait()
+    dist.all_gather_into_tensor(torch.empty(32), t, async_op=True).wait()
+    dist.reduce_scatter_tensor(torch.empty(8), t, async_op=True).wait()
+    dist.all_to_all_single(torch.empty(16), t, async_op=True).wait()
+    dist.reduce(t, dst=i % 2, async_op=True).wait()
+# several in flight, waited in reverse order
+ts = [torch.full((8,), float(k)) for k in range(6)]
+ws = [dist.all_reduce(x, async_op=True) for x in ts]
+for w in reversed(ws):
+    w.wait()
+# a host read of a pending tensor (use before wait: a hazard row), then the wait
+x = torch.ones(4)
+w = dist.all_reduce(x, async_op=True)
+x.tolist()
+w.wait()
+# not waited: the Works are dropped at once (written when complete)
+for _ in range(3):
+    dist.all_reduce(torch.ones(3), async_op=True)
+# DDP's gradient all-reduce (commtrace's comm hook: api ddp_comm_hook, detail names the bucket)
+torch.manual_seed(0)
+m = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)))
+for step in range(3):
+    m(torch.ones(4, 8)).sum().backward()
+dist.barrier()
+from commtrace.capture import wrappers as W  # noqa: E402
+
+c = W._cfast
+n = c.async_counts()[1] if c is not None and hasattr(c, "async_counts") else 0
+print(f"rank{rank} async ops recorded in C: {n}", flush=True)
+dist.destroy_process_group()

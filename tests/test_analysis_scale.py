@@ -1,0 +1,130 @@
+"""Analysis at scale (issue 17): the chunked, on-disk, spillable paths give the same answers as
+the in-memory one-piece path; the generator streams in blocks without changing its output; the
+trace format's bytes per op; module structure (findings and report read Run's public tables,
+no import cycle)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import commtrace
+from commtrace.analysis import loading as L
+from commtrace.analysis import overlap as OV
+from commtrace.analysis.synth import synth_run
+
+from report_compare import assert_same
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("scale") / "run"
+    synth_run(str(d), ranks=6, ops=900, straggler=[(4, 3_000_000)], hazards=True,
+              init_stall_ns=40_000_000, late_send=[(1, 2_000_000)], parts_per_rank=3, seed=11)
+    return str(d)
+
+
+def _report(path, **kw):
+    run = commtrace.load(path, **kw)
+    try:
+        rep = run.report()
+        sub = run.report(steps=(2, 9))
+        extra = {"per_step": run.per_step().to_pylist(), "waits": run.waits().num_rows,
+                 "p2p": run.p2p().to_pylist(), "ops": run.ops().num_rows}
+    finally:
+        run.close()
+    for r in (rep, sub):
+        r.pop("path")
+    return rep, sub, extra
+
+
+def test_chunked_on_disk_load_gives_the_same_report(synth_dir, monkeypatch):
+    """The default (one chunk, in memory) and the large-run path (a database file, the load in
+    chunks of ranks, overlap by chunks of one rank, a tight memory limit) agree on every
+    number of the report, a step subset, per_step, waits and p2p pairs."""
+    ref = _report(synth_dir)
+    assert ref[0]["finding_counts"].get("straggler") == 1
+    monkeypatch.setattr(L, "DISK_ROWS", 0)
+    monkeypatch.setattr(L, "LOAD_CHUNK_ROWS", 1500)
+    monkeypatch.setattr(OV, "CHUNK_ROWS", 10)
+    seen = {}
+    real_close = L.close
+
+    def close(con, tmp):
+        seen["tmp"] = tmp
+        seen["existed"] = tmp is not None and os.path.isdir(tmp)
+        return real_close(con, tmp)
+
+    monkeypatch.setattr(L, "close", close)
+    got = _report(synth_dir, memory_limit="300MB")
+    assert_same(got, ref)
+    # the run lived in a private temporary directory, removed on close
+    assert seen["existed"] and not os.path.exists(seen["tmp"])
+
+
+def test_rank_chunks_cover_every_rank_once():
+    ranks = [0, 1, 2, 5, 6, 9]
+    ch = OV.rank_chunks(ranks, total_rows=600, chunk_rows=200)
+    assert len(ch) == 3
+    assert sorted(r for c in ch for r in ranks if r in c) == ranks
+
+
+def _rows(d):
+    t = pa.concat_tables([pq.read_table(f).replace_schema_metadata(None)
+                          for f in sorted(glob.glob(os.path.join(d, "rank=*", "*.parquet")))])
+    return sorted(t.to_pylist(), key=lambda r: (r["rank"], r["kind"], r["op_id"] or -1, r["t_enqueue_ns"] or 0))
+
+
+def test_generator_blocks_do_not_change_the_run(tmp_path, monkeypatch):
+    """The generator simulated in blocks of a few steps (spooled per group of 2 ranks) writes
+    the very rows of a one-block run, hang snapshots included; and its spool is gone
+    afterwards."""
+    from commtrace.analysis import synth
+
+    kw = dict(ranks=5, ops=400, skip=(3, 150), mismatch=[(1, 20)], skew=[(2, 40_000_000)],
+              hazards=True, seed=5)
+    a = synth_run(str(tmp_path / "one"), **kw)
+    monkeypatch.setattr(synth, "SPOOL_GROUP_ROWS", 2 * 460)
+    b = synth_run(str(tmp_path / "blocks"), block_ops=25, **kw)
+    assert a.rows == b.rows and a.planted == b.planted
+    assert _rows(tmp_path / "one") == _rows(tmp_path / "blocks")
+    for r in range(5):
+        p1 = tmp_path / "one" / f"rank={r}" / "_inflight.json"
+        p2 = tmp_path / "blocks" / f"rank={r}" / "_inflight.json"
+        assert p1.exists() == p2.exists()
+        if p1.exists():
+            assert json.loads(p1.read_text()) == json.loads(p2.read_text())
+    assert sorted(os.listdir(tmp_path / "blocks")) == ["_manifest.json"] + [f"rank={r}" for r in range(5)]
+
+
+def test_bytes_per_op_on_disk(tmp_path):
+    """The synthetic mix takes at most 30 bytes per op on disk (issue 17; 32 before the
+    timestamps, ids, seq and step were delta-encoded)."""
+    d = tmp_path / "run"
+    synth_run(str(d), ranks=16, ops=5000, seed=1)
+    size = sum(os.path.getsize(f) for f in glob.glob(str(d / "rank=*" / "*.parquet")))
+    assert size / (16 * 5000) <= 30.0, size / (16 * 5000)
+
+
+def test_findings_and_report_do_not_import_run():
+    """No import cycle: findings and report read a Run through its public tables only."""
+    code = ("import sys, commtrace.analysis.findings, commtrace.analysis.report; "
+            "print('commtrace.analysis.run' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    src = open(os.path.join(os.path.dirname(commtrace.__file__), "analysis", "findings.py")).read()
+    assert "run._" not in src
+
+
+def test_memory_limit_is_checked(capsys):
+    from commtrace.cli import main
+
+    assert main(["report", os.path.join(os.path.dirname(__file__), "data", "clean"), "--memory-limit", "lots"]) != 0
+    assert "--memory-limit" in capsys.readouterr().err

@@ -1,0 +1,84 @@
+"""The async path in C (issue 20): ops issued with async_op=True are recorded by
+commtrace/capture/_fastpath.c with no Python frame per op, and the rows are the Python path's.
+
+The equality test runs one real 2-rank gloo job twice -- C paths, and pure Python
+(COMMTRACE_PURE_PYTHON=1) -- and compares every row but times, ids and threads; the times are
+checked for order in each. (COMMTRACE_ASYNC_C=0 keeps the blocking C path and turns the async
+one off.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from commtrace.capture import wrappers as Wr
+from conftest import SCRIPTS, load_rows, run_traced, torchrun_cmd
+
+needs_c = pytest.mark.skipif(Wr._cfast is None or not hasattr(Wr._cfast, "set_async"),
+                             reason="the C fast path is not built here")
+
+# completion: "callback", "observed" or "wait" depends on which came first (a race by nature)
+VOLATILE = {"t_enqueue_ns", "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_ns", "op_id",
+            "ref_op_id", "thread", "inflight_ids", "inflight", "completion"}
+MODES = {"c": {}, "pure-python": {"COMMTRACE_PURE_PYTHON": "1"}}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = {}
+    for name, env in MODES.items():
+        d = tmp_path_factory.mktemp(f"async-{name}")
+        p = run_traced(d, torchrun_cmd(os.path.join(SCRIPTS, "async_mix.py")), env=env,
+                       timeout=240)
+        n_c = [int(x) for x in re.findall(r"async ops recorded in C: (\d+)", p.stdout)]
+        out[name] = (load_rows(d), n_c)
+    return out
+
+
+def _key(r):
+    return json.dumps(r, sort_keys=True, default=str)
+
+
+def _stable(rows):
+    out = []
+    for r in rows:
+        s = {k: v for k, v in r.items() if k not in VOLATILE}
+        # what the times say, not their values: completed, waited
+        s["has_t_end"] = r["t_end_ns"] is not None
+        s["has_t_wait"] = r["t_wait_ns"] is not None
+        out.append(s)
+    return sorted(out, key=_key)
+
+
+@needs_c
+def test_c_async_path_records_the_python_paths_rows(runs):
+    c_rows, n_c = runs["c"]
+    assert len(n_c) == 2 and min(n_c) >= 25, n_c   # most async ops took the C path
+    assert runs["pure-python"][1] == [0, 0]
+    ops = [r for r in c_rows if r["kind"] == "op" and r["async_op"]]
+    # 4 x 6 collectives + 6 + 1 + 3 all_reduces + DDP's (at least one bucket per step), per rank
+    assert sum(r["rank"] == 0 for r in ops) >= 4 * 6 + 6 + 1 + 3 + 3
+    assert {r["api"] for r in ops} >= {"all_reduce", "broadcast", "all_gather_into_tensor",
+                                       "reduce_scatter_tensor", "all_to_all_single", "reduce",
+                                       "ddp_comm_hook"}
+    assert any(r["kind"] == "hazard" for r in c_rows)
+    assert _stable(c_rows) == _stable(runs["pure-python"][0])
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_async_rows_times_in_order(runs, mode):
+    rows, _ = runs[mode]
+    ops = [r for r in rows if r["kind"] == "op" and r["async_op"]]
+    assert ops
+    for r in ops:
+        assert r.get("completion", "callback") in ("callback", "observed", "wait"), r
+        assert r["t_enqueue_ns"] <= r["t_return_ns"]
+        assert r["t_end_ns"] is not None and r["t_end_ns"] >= r["t_enqueue_ns"]
+        if r["t_wait_ns"] is not None:
+            assert r["t_return_ns"] <= r["t_wait_ns"] <= r["t_wait_end_ns"]
+            assert r["t_end_ns"] <= r["t_wait_end_ns"]   # completed by the time wait returned
+    waited = [r for r in ops if r["api"] != "ddp_comm_hook" and r["count"] != 3]
+    assert waited and all(r["t_wait_ns"] is not None for r in waited)

@@ -1,0 +1,302 @@
+"""The dashboard as a user meets it (issue 16), in Debian's Chromium through Playwright, on real
+traced 2-rank gloo runs of the samples: the overview's straggler card and its "show on
+timeline"; every number shown against `commtrace report --format json` on a run with findings
+and a run with p2p; a live job that hangs on purpose; and --compare of good vs bad overlap.
+One browser for the module; no console error and no warning may appear on any page."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import commtrace
+from conftest import ROOT, SAMPLES, clean_env, run_traced, torchrun_cmd
+
+CHROMIUM = "/usr/bin/chromium"
+ART = os.path.join(ROOT, "test-artifacts")
+FINDINGS = os.path.join(SAMPLES, "findings")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium")]
+GD = "document.querySelector('#timeline .js-plotly-plot')"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """sample name -> its traced run directory (made on first use, shared by the module)."""
+    base = tmp_path_factory.mktemp("dash-product")
+    made: dict[str, str] = {}
+
+    def get(name, script=None, *args):
+        if name not in made:
+            out = base / name
+            run_traced(str(out), torchrun_cmd(script or os.path.join(FINDINGS, f"{name}.py"), *args),
+                       opts=("--flush-interval", "0.5"), timeout=150)
+            made[name] = str(out)
+        return made[name]
+    return get
+
+
+class Page:
+    """A served dashboard and a page on it that records console errors and warnings."""
+
+    def __init__(self, browser, path, compare=None, viewport=(1280, 800)):
+        from commtrace.dashboard.app import build
+        from commtrace.dashboard.serve import Server
+        self.run = commtrace.load(path)
+        self.other = commtrace.load(compare) if compare else None
+        self.app = build(self.run, compare=self.other)
+        self.srv = Server(self.app)
+        self.page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+        self.console: list[str] = []
+        self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}")
+                     if m.type in ("error", "warning") else None)
+        self.page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
+        t = time.perf_counter()
+        self.page.goto(self.srv.url)
+        self.page.wait_for_selector("#overview-body .mantine-Paper-root", timeout=60_000)
+        self.first_paint_s = time.perf_counter() - t
+
+    def tab(self, label, selector):
+        for _ in range(3):
+            self.page.click(f"#tabs >> text={label}")
+            try:
+                self.page.wait_for_selector(selector, timeout=10_000)
+                return
+            except Exception:  # noqa: BLE001 (a late initial callback hid it on a loaded machine)
+                continue
+        self.page.wait_for_selector(selector, timeout=10_000)
+
+    def grid(self, id_) -> list[dict]:
+        """The cells of an AG Grid as shown (text), row by row in display order."""
+        self.page.wait_for_selector(f"#{id_} .ag-center-cols-container .ag-row", timeout=20_000)
+        return self.page.evaluate(f"""() => {{
+            const rows = Array.from(document.querySelectorAll('#{id_} .ag-center-cols-container .ag-row'));
+            rows.sort((a, b) => +a.getAttribute('row-index') - +b.getAttribute('row-index'));
+            return rows.map(r => Object.fromEntries(Array.from(r.querySelectorAll('.ag-cell'))
+                .map(c => [c.getAttribute('col-id'), c.innerText.trim()]))); }}""")
+
+    def close(self):
+        self.page.close()
+        self.srv.stop()
+        self.run.close()
+        if self.other is not None:
+            self.other.close()
+        assert self.console == [], self.console
+
+
+def _num(s):
+    return None if s in ("", "—") else float(s)
+
+
+def test_straggler_overview_card_and_show_on_timeline(browser, traced):
+    p = Page(browser, traced("straggler"))
+    try:
+        page = p.page
+        f = next(f for f in p.run.findings() if f.kind == "straggler")
+        card = page.locator(".finding-straggler")
+        assert card.count() == 1
+        assert card.get_attribute("data-rank") == "1" and f.rank == 1
+        text = card.inner_text()
+        from commtrace.analysis.catalogue import CATALOGUE
+        from commtrace.analysis.findings import fmt_ns
+        cost = f.cost_s if getattr(f, "cost_s", None) is not None else f.impact_ns / 1e9
+        assert f"{fmt_ns(cost * 1e9)} lost" in card.locator(".card-cost").inner_text()
+        if getattr(f, "gain_s", None) is not None:
+            assert card.locator(".card-gain").inner_text() == fmt_ns(f.gain_s * 1e9)
+        line = next(i for i, x in enumerate(open(os.path.join(FINDINGS, "straggler.py")), 1) if "all_reduce(" in x)
+        assert card.locator(".card-site").inner_text() == f.site and f.site.endswith(f"straggler.py:{line}")
+        fix = " ".join(card.locator(".card-fix").inner_text().split())
+        assert fix == "Fix: " + " ".join(CATALOGUE["straggler"].fix.replace("`", "").split())
+        assert "Straggler rank" in text and "rank 1 arrived last" in text
+        # the health strip flags rank 1
+        health = p.grid("ov-health-table")
+        assert [r["rank"] for r in health if r["flag"] == "straggler"] == ["1"]
+        os.makedirs(ART, exist_ok=True)
+        page.screenshot(path=f"{ART}/product-overview.png")
+        # "show on timeline": the timeline zoomed to the straggler's collectives, the first selected
+        t = time.perf_counter()
+        card.locator(".show-on-timeline").click()
+        page.wait_for_function(f"() => {{ const g = {GD}; return g && g.offsetParent !== null && "
+                               "g.data.some(t => t.name === 'selected'); }", timeout=20_000)
+        zoom_s = time.perf_counter() - t
+        from commtrace.analysis.overview import evidence
+        ev = evidence(p.run, f)
+        rng = page.evaluate(f"() => {GD}.layout.xaxis.range")
+        mode = page.evaluate(f"() => {GD}.layout.meta.mode")
+        t0 = (ev["t0_ns"] - p.run.t_min_ns) / 1e9
+        t1 = (ev["t1_ns"] - p.run.t_min_ns) / 1e9
+        assert rng[0] <= t0 < t1 <= rng[1] and rng[1] - rng[0] < (t1 - t0) * 1.5 + 1e-3 and mode == "exact"
+        info = page.inner_text("#selection-info")
+        assert f"seq {ev['seq']}" in info and "last rank 1" in info
+        page.wait_for_timeout(500)
+        page.screenshot(path=f"{ART}/product-timeline.png")
+        print(f"straggler: first paint {p.first_paint_s:.2f} s, show on timeline {zoom_s:.2f} s")
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("name", ["straggler", "pipeline"])
+def test_every_number_shown_equals_the_report(browser, traced, name):
+    """Per-rank wait, exposed and overlap ratio; bandwidth time, algbw and busbw; finding counts:
+    what the page shows against `commtrace report --format json` on the same directory."""
+    path = traced(name) if name != "pipeline" else traced("pipeline", os.path.join(SAMPLES, "pipeline.py"))
+    rep = subprocess.run([sys.executable, "-m", "commtrace", "report", path, "--format", "json"], env=clean_env(),
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    rep = json.loads(rep.stdout)
+    p = Page(browser, path)
+    try:
+        page = p.page
+        # overview: per-rank health table (4 decimals; overlap ratio 3)
+        pr = {r["rank"]: r for r in rep["per_rank"]}
+        shown = p.grid("ov-health-table")
+        assert [int(r["rank"]) for r in shown] == sorted(pr)
+        for r in shown:
+            want = pr[int(r["rank"])]
+            assert _num(r["wait_s"]) == pytest.approx(want["wait_s"], abs=5.1e-5)
+            assert _num(r["exposed_s"]) == pytest.approx(want["exposed_s"], abs=5.1e-5)
+            if want["overlap_ratio"] is None:
+                assert r["overlap_ratio"] == ""
+            else:
+                assert _num(r["overlap_ratio"]) == pytest.approx(want["overlap_ratio"], abs=5.1e-4)
+        # headline totals and finding counts
+        assert page.inner_text("#ov-findings") == str(sum(rep["finding_counts"].values()))
+        hint = page.locator("#ov-findings").locator("xpath=..").inner_text()
+        for kind, n in rep["finding_counts"].items():
+            assert f"{kind} {n}" in hint
+        exp_hint = page.locator("#ov-exposed").locator("xpath=..").inner_text()
+        assert f"{sum(r['exposed_s'] for r in rep['per_rank']):.4f} s over all ranks" in exp_hint
+        from commtrace.analysis.overview import TOP_CARDS
+        assert page.locator(".finding-card").count() == min(len({(f["kind"], f["rank"]) for f in rep["findings"]}), TOP_CARDS)
+        # findings page: one row per finding, in the report's order
+        p.tab("Findings", "#findings")
+        rows = p.grid("findings")
+        assert [r["kind"] for r in rows] == [f["kind"] for f in rep["findings"]]
+        # overlap page: the per-rank bars are per_rank's exposed and overlapped seconds
+        p.tab("Overlap", "#overlap-rank .main-svg")
+        bars = page.evaluate("() => { const g = document.querySelector('#overlap-rank .js-plotly-plot');"
+                             " return [Array.from(g._fullData[0].y), Array.from(g._fullData[1].y)]; }")
+        assert bars[0] == pytest.approx([r["exposed_s"] for r in rep["per_rank"]], abs=1e-9)
+        assert bars[1] == pytest.approx([r["overlapped_s"] for r in rep["per_rank"]], abs=1e-9)
+        # bandwidth page: nccl-tests table = collectives_summary (time is the mean t_comm, in us)
+        cs = rep["collectives_summary"]
+        if cs:
+            p.tab("Bandwidth", "#bw-table .ag-row")
+            shown = p.grid("bw-table")
+            assert len(shown) == len(cs)
+            want = {(r["pg"], r["op"], r["size_label"]): r for r in cs}
+            for r in shown:
+                w = want[(r["pg"], r["op"], r["size"])]
+                assert int(r["count"]) == w["count"]
+                assert _num(r["time_us"]) == pytest.approx(w["t_comm_s"] * 1e6, abs=0.051)
+                assert _num(r["algbw_gbps"]) == pytest.approx(w["algbw_gbps"], abs=5.1e-4)
+                assert _num(r["busbw_gbps"]) == pytest.approx(w["busbw_gbps"], abs=5.1e-4)
+        else:
+            p.tab("Bandwidth", "#bw-empty")
+        if name == "pipeline":
+            assert p.run.p2p().num_rows > 0
+            p.tab("Stalls", "#stalls-heatmap .main-svg")
+            assert page.locator("#late-pairs, #late-pairs-empty").count() == 1
+    finally:
+        p.close()
+
+
+@pytest.mark.slow
+def test_live_job_hang_banner_and_end(browser, tmp_path):
+    """A 2-rank job that hangs on purpose (samples/findings/hang.py: rank 1 never joins
+    all_reduce seq 9) under `commtrace run`; the dashboard opened while it runs shows each rank's
+    current op and names rank 1 within 10 s; once the job is killed the page says it ended."""
+    out = tmp_path / "hang"
+    cmd = [sys.executable, "-m", "commtrace", "run", "-o", str(out), "--flush-interval", "0.5", "--",
+           *torchrun_cmd(os.path.join(FINDINGS, "hang.py"))]
+    job = subprocess.Popen(cmd, env=clean_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = None
+    try:
+        t0 = time.time()
+        run_dir = None
+        while True:  # rank 0 stuck in seq 9 (both ranks' snapshots written)
+            assert time.time() - t0 < 120 and job.poll() is None, "the job did not reach its hang"
+            # the job's run directory: OUT/<run id>/ (trace schema v2), or OUT itself (v1)
+            for cand in [out, *sorted(out.glob("*/"))] if out.exists() else []:
+                try:
+                    s0 = json.load(open(cand / "rank=0" / "_inflight.json"))
+                    json.load(open(cand / "rank=1" / "_inflight.json"))
+                    if any(o.get("seq") == 9 for o in s0["ops"]):
+                        run_dir = cand
+                except (OSError, ValueError):
+                    pass
+            if run_dir is not None:
+                break
+            time.sleep(0.3)
+        p = Page(browser, str(out))
+        page = p.page
+        assert page.inner_text("#job-badge").lower() == "job running"
+        t = time.perf_counter()
+        page.wait_for_selector("#hang-banner", timeout=10_000)
+        page.wait_for_function("() => document.querySelector('#live-table .ag-row') !== null", timeout=10_000)
+        assert time.perf_counter() - t + p.first_paint_s <= 10.0
+        assert "rank 1 has not joined all_reduce seq 9 on pg 0" in page.inner_text("#hang-banner")
+        live = {r["rank"]: r for r in p.grid("live-table")}
+        assert live["0"]["now"] == "in all_reduce" and live["0"]["pg"] == "0" and live["0"]["seq"] == "9"
+        assert live["1"]["now"] == "no op in flight" and live["1"]["last completed"] == "all_reduce seq 8"
+        os.makedirs(ART, exist_ok=True)
+        page.screenshot(path=f"{ART}/product-live.png")
+        # the strip refreshes on its own: rank 0's time in the op grows
+        first = live["0"]["for"]
+        page.wait_for_function(f"() => {{ const c = document.querySelector('#live-table .ag-row[row-index=\"0\"] [col-id=\"for\"]');"
+                               f" return c && c.innerText.trim() !== {json.dumps(first)}; }}", timeout=10_000)
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=60)
+        page.wait_for_selector("#ended-banner", timeout=30_000)
+        assert "The job ended" in page.inner_text("#ended-banner")
+        page.wait_for_function("() => !document.querySelector('#job-badge').innerText.toLowerCase().includes('running')",
+                               timeout=20_000)
+        # the final analysis names the culprit on the overview
+        page.wait_for_selector(".finding-not_joined", timeout=20_000)
+        assert page.locator(".finding-not_joined").get_attribute("data-rank") == "1"
+    finally:
+        if job.poll() is None:  # commtrace run forwards SIGTERM to the launcher and its ranks
+            job.send_signal(signal.SIGTERM)
+            try:
+                job.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                job.kill()
+        if p is not None:
+            p.close()
+
+
+@pytest.mark.slow
+def test_compare_good_and_bad_overlap(browser, traced):
+    good, bad = traced("good_overlap"), traced("bad_overlap")
+    p = Page(browser, good, compare=bad)
+    try:
+        p.tab("Compare", "#cmp-totals .ag-row")
+        diff = p.app._commtrace_diff
+        rows = {r["figure"]: r for r in p.grid("cmp-totals")}
+        ex = diff["totals"]["exposed_s"]
+        assert _num(rows["exposed_s"]["a"]) == pytest.approx(ex["a"], abs=5.1e-5)
+        assert _num(rows["exposed_s"]["b"]) == pytest.approx(ex["b"], abs=5.1e-5)
+        assert _num(rows["exposed_s"]["delta"]) == pytest.approx(ex["b"] - ex["a"], abs=1.1e-4)
+        assert ex["b"] > ex["a"]  # bad overlap exposes more communication
+        # both overviews, side by side
+        assert p.page.inner_text("#ov-world-a") == p.page.inner_text("#ov-world-b") == "2"
+        assert p.page.locator("#view-compare .finding-wait_immediately").count() >= 1
+        os.makedirs(ART, exist_ok=True)
+        p.page.screenshot(path=f"{ART}/product-compare.png")
+    finally:
+        p.close()
