@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -152,3 +153,25 @@ def test_eager_calls_are_recorded_compiled_ones_are_not(aot_runs):
 @pytest.mark.parametrize("mode", ["c", "pure"])
 def test_eager_calls_recorded_every_case(full_runs, mode):
     _check_rows(full_runs["tmp"], mode)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_pytorch_inductor_cpu_check_passes_under_commtrace(tmp_path):
+    """PyTorch's CompileTestCPU check (fake backend, inductor with the Python and the C++
+    wrapper, AOTInductor), written anew in tests/scripts/inductor_cpu_fake.py: it failed under
+    commtrace with a KeyError on a guard of commtrace's recorder; now it passes, with the same
+    results as without commtrace."""
+    script = os.path.join(SCRIPTS, "inductor_cpu_fake.py")
+    plain = run_plain([sys.executable, script, str(tmp_path / "plain.json")], timeout=1400)
+    assert "OK" in plain.stdout
+    traced = run_plain([sys.executable, script, str(tmp_path / "traced.json"), "--commtrace",
+                        str(tmp_path / "trace")], timeout=1400)
+    assert "OK" in traced.stdout
+    want = json.load(open(tmp_path / "plain.json"))
+    got = json.load(open(tmp_path / "traced.json"))
+    assert got == want
+    assert set(got) == {"cpp_wrapper=False", "cpp_wrapper=True", "aoti", "eager"}
+    # the eager call at the end is recorded; the compiled ones are not
+    rows = [r for r in load_rows(str(tmp_path / "trace")) if r["kind"] == "op"]
+    assert [r["api"] for r in rows] == ["funcol.all_reduce"]

@@ -1,7 +1,8 @@
 """Every functional collective called eagerly once (2 ranks, gloo), each with a tensor of its own
 size, so that its row can be found in the trace. Writes OUT_JSON.<rank>: the calls made, in
 order, as [api, op, count, dtype] (the independent list the test compares the trace with),
-and the results' digest (identical with and without commtrace).
+and the results (identical with and without commtrace); then the warnings of
+warn_sites.py (deprecated names: their calls are made after the list above and are not in it).
 
 Usage: funcol_all.py OUT_JSON
 """
@@ -84,8 +85,11 @@ def main() -> int:
     res = fc.batch_p2p_ops_inplace(*ops, g)
     keep([r.wait() if hasattr(r, "wait") else r for r in res])
     dist.barrier()
+    import warn_sites   # next to this script
+
+    warns = warn_sites.record_sites()
     with open(f"{sys.argv[1]}.{rank}", "w") as f:
-        json.dump({"calls": calls, "outs": outs}, f)
+        json.dump({"calls": calls, "outs": outs, "warn": warns}, f)
     dist.destroy_process_group()
     return 0
 

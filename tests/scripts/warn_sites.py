@@ -1,6 +1,7 @@
 """Where torch's warnings point when raised inside a wrapped call (2 ranks, gloo). Each call
-below is on a line marked ``# WARN <name>``; writes OUT_JSON.<rank>: name -> [[file, line], ...]
-of the warnings it raised, and name -> the marked line.
+below is on a line marked ``# WARN <name>``; :func:`record_sites` returns name -> [[file, line],
+...] of the warnings it raised, and name -> the marked line (funcol_all.py runs it; alone, the
+script writes them to OUT_JSON.<rank>).
 
 Usage: warn_sites.py OUT_JSON
 """
@@ -16,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 
-def main() -> int:
-    dist.init_process_group("gloo")
+def record_sites() -> dict:
+    """The warnings of the marked calls (the group exists): {"got": ..., "marks": ...}."""
     import torch.distributed._functional_collectives as fc
 
     g = dist.group.WORLD
@@ -44,8 +45,14 @@ def main() -> int:
         for i, line in enumerate(f, 1):
             if "# WARN " in line and "split" not in line and "marked" not in line:
                 marks[line.split("# WARN ")[1].strip()] = i
+    return {"got": got, "marks": marks}
+
+
+def main() -> int:
+    dist.init_process_group("gloo")
+    res = record_sites()
     with open(f"{sys.argv[1]}.{dist.get_rank()}", "w") as f:
-        json.dump({"got": got, "marks": marks}, f)
+        json.dump(res, f)
     dist.destroy_process_group()
     return 0
 
