@@ -65,15 +65,23 @@ _dispatch_map = None   # Dynamo's id -> builder table, once Dynamo is imported
 _finder = None
 
 
-def mark(wrapper, orig=None):
+def mark(wrapper, orig=None, owner=None):
     """Tell Dynamo to trace `orig` (default: the wrapper's recorded original) wherever it meets
-    `wrapper`. Never raises; returns `wrapper`."""
+    `wrapper`, installed as an attribute of `owner`. Never raises; returns `wrapper`."""
+    import types
+
     if type(wrapper).__name__ == "instancemethod":
         # A C++-style method (Work.wait): Dynamo handles it as it handles torch's own.
         return wrapper
     try:
         if orig is None:
             orig = getattr(wrapper, ORIGINAL_ATTR)
+        if isinstance(owner, type) and not isinstance(orig, types.FunctionType):
+            # A method of a C++ class (the host-read methods of torch.Tensor patched while an
+            # async op is pending): Dynamo handles tensors' methods itself and, would it look
+            # at this one, would find a function in a skipped directory (a graph break)
+            # rather than trace commtrace's code; "inline a C method" has no meaning to it.
+            return wrapper
         if not _python_rewrite_key(wrapper):
             setattr(wrapper, INLINE_ATTR, orig)
     except Exception as e:

@@ -40,7 +40,7 @@ def patch(owner, name: str, new) -> bool:
         # Under torch.compile, Dynamo traces the original, never the wrapper (compile.py).
         from . import compile as _compile
 
-        _compile.mark(new)
+        _compile.mark(new, owner=owner)
     return True
 
 
