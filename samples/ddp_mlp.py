@@ -1,11 +1,13 @@
 """DDP training of a small MLP on random data: a plain torch script (no commtrace import).
 
-    torchrun --nproc-per-node 2 samples/ddp_mlp.py [--steps 12] [--backend gloo|nccl]
+    torchrun --nproc-per-node 2 samples/ddp_mlp.py [--steps 20] [--backend gloo|nccl]
     commtrace run -- torchrun --nproc-per-node 2 samples/ddp_mlp.py
 
 With ``bucket_cap_mb=1`` DDP splits the ~1.6 MB of gradients into buckets, and rebuilds them
-after the first step (so the number of gradient all-reduces is not buckets x steps). Rank 1 does
-a little extra work per step, so it arrives late at the all-reduces: a mild straggler.
+after the first step (so the number of gradient all-reduces is not buckets x steps). The last
+rank sleeps ``--straggler-ms`` (40 ms) before each step's forward, so it arrives last at every
+step's gradient all-reduces while the others wait for it: a planted straggler, which
+`commtrace report` finds (the demo's finding; ``--straggler-ms 0`` gives a clean run).
 """
 
 import argparse
@@ -53,12 +55,12 @@ def train_step(state, step):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
-    ap.add_argument("--straggler-ms", type=float, default=2.0,
-                    help="extra sleep of the last rank per step")
+    ap.add_argument("--straggler-ms", type=float, default=40.0,
+                    help="extra sleep of the last rank per step (the planted straggler)")
     return ap.parse_args(argv)
 
 

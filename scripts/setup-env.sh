@@ -1,14 +1,37 @@
 #!/usr/bin/env bash
-# Create (or reuse) ./.venv with commtrace and its dependencies. Sourced by demo.sh and test.sh.
-# torch is pinned to the CPU build that lies on this machine's disk (a loose pin would download
-# a multi-GB CUDA build). Override with COMMTRACE_TORCH="torch==X" where needed.
+# Create (or reuse) ./.venv with commtrace (editable) and its dependencies. Sourced by demo.sh
+# and test.sh. Prints one line per stage; pip's own output goes to .venv/setup.log and is shown
+# only when a stage fails.
+#   COMMTRACE_TORCH="torch==X"   torch to install (default torch==2.13.0, from your pip index:
+#                                PyPI's Linux default is the CUDA build, several GB)
+#   COMMTRACE_TORCH_INDEX=URL    index for torch only, e.g. https://download.pytorch.org/whl/cpu
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-python3}
+_setup_t0=$SECONDS
+_say() { printf '[setup] %s\n' "$*"; }
 if [ ! -x .venv/bin/python ]; then
+  _say "creating .venv with $("$PY" --version 2>&1)"
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-python -m pip install -q "${COMMTRACE_TORCH:-torch==2.13.0}"
-python -m pip install -q -e ".[test]${COMMTRACE_EXTRAS:-}"
+SETUP_LOG=.venv/setup.log
+: >"$SETUP_LOG"
+_quiet() {  # run a pip command with its output in $SETUP_LOG; on failure show its end and stop
+  if ! "$@" >>"$SETUP_LOG" 2>&1; then
+    printf '[setup] failed: %s\n' "$*" >&2
+    grep -v "is ignored: it is neither a file nor a directory" "$SETUP_LOG" | tail -25 >&2
+    return 1
+  fi
+}
+python -m pip install -q --upgrade pip >>"$SETUP_LOG" 2>&1 || true
+_torch=${COMMTRACE_TORCH:-torch==2.13.0}
+if python -c "import sys, importlib.metadata as m; v = m.version('torch'); want = sys.argv[1].partition('==')[2]; sys.exit(0 if want and v.split('+')[0] == want else 1)" "$_torch" 2>/dev/null; then
+  _say "$_torch already installed"
+else
+  _say "installing $_torch${COMMTRACE_TORCH_INDEX:+ from $COMMTRACE_TORCH_INDEX} (the first time: a few minutes)"
+  _quiet python -m pip install -q "$_torch" ${COMMTRACE_TORCH_INDEX:+--index-url "$COMMTRACE_TORCH_INDEX"}
+fi
+_say "installing commtrace (editable) and its test dependencies"
+_quiet python -m pip install -q -e ".[test]${COMMTRACE_EXTRAS:-}"
+_say "ready in $((SECONDS - _setup_t0)) s: .venv (in your shell: . .venv/bin/activate)"

@@ -238,6 +238,13 @@ def test_ctrl_c_is_interrupted(tmp_path):
     finally:
         if p.poll() is None:
             _end(p, out)
+    # Ctrl-C: the shell's exit code, and the user's interrupt shows no commtrace frame (the
+    # recorder's SIGINT handler flushed before the KeyboardInterrupt; issue 14).
+    text = "".join(log)
+    assert p.returncode == 130, (p.returncode, text[-3000:])
+    assert "KeyboardInterrupt" in text and "runs_loop.py" in text, text[-3000:]
+    own = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "commtrace") + os.sep
+    assert not [ln for ln in text.splitlines() if 'File "' in ln and own in ln], text[-3000:]
     rep = _report(out)
     assert rep["job"]["state"] == "interrupted" and rep["job"]["signal"] == "SIGINT", rep["job"]
     assert rep["ops"] > 2 and "rank_crashed" not in _kinds(rep)

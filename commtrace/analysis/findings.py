@@ -83,11 +83,13 @@ class Finding:
 
 
 def fmt_ns(ns) -> str:
-    """Human duration: 1.23 s, 20.1 ms, 350 us, 800 ns."""
+    """Human duration: 1,234 s, 1.23 s, 20.1 ms, 350 us, 800 ns."""
     if ns is None:
         return "?"
     ns = float(ns)
     a = abs(ns)
+    if a >= 999.5e9:
+        return f"{ns / 1e9:,.0f} s"
     if a >= 1e9:
         return f"{ns / 1e9:.3g} s"
     if a >= 1e6:
@@ -174,16 +176,29 @@ def straggler(run) -> list[Finding]:
             SELECT mode(op), mode(site), count(DISTINCT pg), min(pg), min(first_enter_ns), max(last_enter_ns)
             FROM {c} WHERE last_rank = ? AND complete AND NOT first_of_pg AND n_ranks >= 2""", [r]).fetchone()
         total = int(s["total_late_ns"] or 0)
+        # What the others waited for it, rank by rank: their wait states (the per-rank table's
+        # `wait`) at the collectives it arrived last at, so that the message's figures are the
+        # tables' figures.
+        w = run._ensure_waits()
+        caused = [int(v or 0) for (v,) in run._sql(f"""
+            SELECT sum(w.wait_ns) FROM {w} w JOIN {c} k ON k.ckey = w.ckey
+            WHERE k.last_rank = ? AND w.rank <> ? AND k.complete AND NOT k.first_of_pg AND k.n_ranks >= 2
+            GROUP BY w.rank""", [r, r]).fetchall()]
+        each_lo, each_hi = (min(caused), max(caused)) if caused else (0, 0)
+        each = fmt_ns(each_hi) if fmt_ns(each_lo) == fmt_ns(each_hi) else f"{fmt_ns(each_lo)} to {fmt_ns(each_hi)}"
         out.append(Finding(
             kind="straggler", severity="warning", rank=r, pg=row[3] if row[2] == 1 else None,
             op=row[0], site=row[1], t_ns=_i(row[4]), t_end_ns=_i(row[5]), impact_ns=total,
             evidence={"last_count": last, "n_collectives": n, "share": share,
                       "expected_share": exp_share, "z": z, "mean_late_ns": mean_late,
                       "total_late_ns": total, "typical_late_ns": typical,
-                      "clock_uncertainty_ns": unc, "z_steps": z_steps},
-            message=(f"rank {r} arrived last at {last} of {n} collectives ({share:.0%}; "
+                      "clock_uncertainty_ns": unc, "z_steps": z_steps,
+                      "caused_wait_ns": sum(caused), "caused_wait_ranks": len(caused),
+                      "caused_wait_min_ns": each_lo, "caused_wait_max_ns": each_hi},
+            message=(f"rank {r} arrived last at {last:,} of {n:,} collectives ({share:.0%}; "
                      f"{exp_share:.0%} expected by chance), on average {fmt_ns(mean_late)} after the "
-                     f"next-latest rank; the others waited {fmt_ns(total)} in all for it"
+                     f"next-latest rank; at those the other {len(caused):,} rank(s) waited {each} each for it "
+                     f"({fmt_ns(sum(caused))} in all)"
                      + (f" (mostly {row[0]} at {row[1]})" if row[1] else ""))))
     return out
 

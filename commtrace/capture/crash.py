@@ -42,7 +42,53 @@ def _error_text(exc) -> str:
     return f"{type(exc).__name__}: {msg}"[:300] if msg else type(exc).__name__
 
 
+#: commtrace's package directory: frames from files under it are ours.
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _without_own_frames(tb):
+    """The traceback `tb` minus commtrace's own frames (the SIGINT handler that flushed before
+    the user's KeyboardInterrupt was raised, a wrapper it passed through), or `tb` itself when
+    nothing else would be left."""
+    kept = []
+    t = tb
+    while t is not None:
+        if not t.tb_frame.f_code.co_filename.startswith(_OWN_DIR):
+            kept.append(t)
+        t = t.tb_next
+    if not kept or len(kept) == _tb_len(tb):
+        return tb
+    for a, b in zip(kept, kept[1:]):
+        a.tb_next = b
+    kept[-1].tb_next = None
+    return kept[0]
+
+
+def _tb_len(tb) -> int:
+    n = 0
+    while tb is not None:
+        n, tb = n + 1, tb.tb_next
+    return n
+
+
+def _strip_interrupt(value, tb):
+    """A user's Ctrl-C is not commtrace's doing: its printed traceback (and those of the
+    exceptions it interrupted) shows no commtrace frame."""
+    try:
+        tb = _without_own_frames(tb)
+        seen, e = {id(value)}, value.__context__
+        while e is not None and id(e) not in seen:
+            seen.add(id(e))
+            e.__traceback__ = _without_own_frames(e.__traceback__)
+            e = e.__cause__ or e.__context__
+    except Exception:
+        pass
+    return tb
+
+
 def _excepthook(etype, value, tb):
+    if isinstance(etype, type) and issubclass(etype, KeyboardInterrupt):
+        tb = _strip_interrupt(value, tb)
     rec = _state.get("rec")
     if rec is not None:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -14,6 +15,7 @@ Examples:
   commtrace report commtrace-traces/<run>
   commtrace report RUN --format json > report.json
   commtrace report RUN --top 20 --rank 3
+  commtrace report RUN --all-ranks          # every rank in the per-rank table
   commtrace report RUN --steps 100:200      # steps 100..199
   commtrace report RUN --busbw-ref 180      # what-if: every collective at 180 GB/s busbw
   commtrace report traces --run latest      # traces holds several runs (commtrace ls traces)
@@ -74,7 +76,9 @@ def _steps(value):
 @click.command("report", epilog=EPILOG)
 @click.argument("run_dir", metavar="DIR", type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--top", type=click.IntRange(0), default=10, show_default=True, help="Rows in the top tables.")
+@click.option("--top", type=click.IntRange(0), default=10, show_default=True,
+              help="Rows in the top tables; the per-rank table shows the N ranks that waited most.")
+@click.option("--all-ranks", is_flag=True, help="Every rank in the per-rank table (default: the top N by wait).")
 @click.option("--rank", type=int, default=None, help="Focus per-rank rows and findings on this rank.")
 @click.option("--steps", default=None, metavar="A:B", help="Only steps A..B-1.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: on large runs).")
@@ -82,12 +86,15 @@ def _steps(value):
               help="What-if: every collective of a kind at this nccl-tests bus bandwidth (e.g. 180).")
 @click.option("--run", "run_id", default=None, metavar="ID|latest",
               help="When DIR holds several runs: the one to use (its id, or latest).")
+@click.option("--what-if/--no-what-if", "what_if", default=None,
+              help="Root cause (delay costs), critical path and what-if by replay "
+                   "(default: on up to 250,000 ops).")
 @click.option("--memory-limit", default=None, metavar="SIZE",
               help="Memory for the query engine, e.g. 4GB (default: 40% of RAM, at most 4 GB); "
                    "beyond it, work spills to --temp-dir.")
 @click.option("--temp-dir", default=None, type=click.Path(file_okay=False),
               help="Where large runs are held and spill (default: $COMMTRACE_TMPDIR or the system's).")
-def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, run_id, memory_limit, temp_dir):
+def command(run_dir, fmt, top, all_ranks, rank, steps, progress, busbw_ref, run_id, memory_limit, temp_dir, what_if):
     """Analyse a run: who waited for whom, stragglers, overlap, bandwidth and findings.
 
     Exits 0 whenever a report was produced, whatever it found."""
@@ -98,53 +105,144 @@ def command(run_dir, fmt, top, rank, steps, progress, busbw_ref, run_id, memory_
     try:
         run = load(run_dir, progress=bar, run=run_id, memory_limit=_memory(memory_limit), temp_dir=temp_dir)
         bar("matching", 0.05)
-        rep = run.report(top=top, rank=rank, steps=rng, progress=bar, busbw_ref=busbw_ref)
+        rep = run.report(top=top, rank=rank, steps=rng, progress=bar, busbw_ref=busbw_ref, what_if=what_if)
     finally:
         bar.close()
     if fmt == "json":
         click.echo(json.dumps(rep, indent=1, default=str))
     else:
-        render(rep, top=top)
+        render(rep, top=top, all_ranks=all_ranks)
     run.close()
     return 0
 
 
 def _s(v, unit="s"):
+    """One number format for the report (the findings' messages use the same, fmt_ns): durations
+    to 3 significant digits (1.23 s, 20.1 ms, 350 us), thousands separators from 1,000 s on;
+    other numbers to 3 significant digits, never in e-notation."""
     if v is None:
         return "-"
     v = float(v)
     if unit == "s":
-        a = abs(v)
-        if a >= 1:
-            return f"{v:.3f} s"
-        if a >= 1e-3:
-            return f"{v * 1e3:.2f} ms"
-        if a > 0:
-            return f"{v * 1e6:.1f} us"
+        if v == 0:
+            return "0"
+        from ..analysis.findings import fmt_ns
+
+        return fmt_ns(v * 1e9)
+    return _num(v)
+
+
+def _num(v) -> str:
+    """3 significant digits without e-notation (12,300, 0.526, 0.0000097 -> <0.001)."""
+    if v is None:
+        return "-"
+    v = float(v)
+    a = abs(v)
+    if a == 0:
         return "0"
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a < 0.001:
+        return "<0.001" if v > 0 else ">-0.001"
     return f"{v:.3g}"
 
 
-def _short_site(site, n: int = 40) -> str:
+def _list(items, none="none") -> str:
+    """A human-readable list: 'a, b and c'."""
+    items = [str(x) for x in items or []]
+    if not items:
+        return none
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _site(site, width: int | None = None) -> str:
+    """A call site `path:line` for the terminal: relative to the working directory when inside
+    it, and shortened from the left to `width` (with a leading '…') without ever losing the file
+    name or its `:line`."""
     if not site:
         return ""
-    return site if len(site) <= n else "..." + site[-(n - 3):]
+    site = str(site)
+    path, sep, line = site.rpartition(":")
+    if not sep or not line.isdigit():
+        path, line = site, ""
+    try:
+        cwd = os.getcwd()
+        if os.path.isabs(path) and path.startswith(cwd.rstrip(os.sep) + os.sep):
+            path = os.path.relpath(path, cwd)
+    except OSError:
+        pass
+    full = path + (f":{line}" if line else "")
+    if width is None or len(full) <= width:
+        return full
+    tail = os.path.basename(path) + (f":{line}" if line else "")
+    if width - 1 <= len(tail):
+        return tail
+    cut = full[-(width - 1):]
+    slash = cut.find(os.sep)
+    if 0 <= slash < len(cut) - len(tail):  # cut at a directory boundary where one is in reach
+        cut = cut[slash:]
+    return "…" + cut
 
 
-def render(rep: dict, top: int = 10, console=None) -> None:
-    """Print the report dict as a readable terminal report (rich)."""
+
+
+def _rel_sites(text: str) -> str:
+    """`text` with the paths inside the working directory written relative to it (as `_site`)."""
+    try:
+        cwd = os.getcwd().rstrip(os.sep) + os.sep
+    except OSError:
+        return text
+    return text.replace(cwd, "") if cwd != os.sep else text
+
+
+def _fit_sites(con, make_table, sites, floor: int = 12):
+    """`make_table(shown_sites)` with each site shortened from the left (`_site`) just enough for
+    the table to fit the console's width; the sites keep their `:line` at any width."""
+    from rich.measure import Measurement
+
+    width = max((len(_site(x)) for x in sites), default=0)
+    table = make_table([_site(x) for x in sites])
+    for _ in range(8):
+        need = Measurement.get(con, con.options.update_width(100_000), table).maximum
+        if need <= con.width or width <= floor:
+            break
+        width = max(floor, width - (need - con.width))
+        table = make_table([_site(x, width) for x in sites])
+    if Measurement.get(con, con.options.update_width(100_000), table).maximum > con.width:
+        # Even file:line does not fit: fold the site over two lines rather than cut it.
+        for c in table.columns:
+            if c.header == "site":
+                c.no_wrap, c.overflow = False, "fold"
+    return table
+
+
+def _console():
+    """The report's console: the terminal's width; in a pipe, $COLUMNS or 120."""
     from rich.console import Console
+
+    width = None
+    if not sys.stdout.isatty():
+        try:
+            width = int(os.environ.get("COLUMNS", "")) or None
+        except ValueError:
+            width = None
+        width = width or 120
+    return Console(highlight=False, soft_wrap=False, width=width)
+
+
+def render(rep: dict, top: int = 10, console=None, all_ranks: bool = False) -> None:
+    """Print the report dict as a readable terminal report (rich). The per-rank table shows the
+    `top` ranks that waited most (all of them with `all_ranks`, or when they are no more)."""
     from rich.table import Table
     from rich.text import Text
 
-    con = console or Console(highlight=False, soft_wrap=False,
-                             width=None if sys.stdout.isatty() else 110)
+    con = console or _console()
     sev_style = {"error": "bold red", "warning": "yellow", "info": "cyan"}
     con.rule(f"[bold]commtrace report[/bold]  {rep.get('path', '')}")
     miss = rep.get("missing_ranks") or []
     early = [e["rank"] for e in rep.get("ended_early") or []]
     con.print(f"world size {rep['world_size']}, {len(rep['ranks'])} rank(s) traced"
-              + (f", [red]missing {miss}[/red]" if miss else "")
+              + (f", [red]missing rank(s) {_list(miss)}[/red]" if miss else "")
               + (f", [red]ended early: rank(s) {', '.join(map(str, early))}[/red]" if early else "")
               + f"; {rep['ops']:,} ops, {rep.get('collectives', 0):,} collectives over {_s(rep.get('duration_s'))}"
               + (f"; steps {rep['steps'][0]}:{rep['steps'][1]}" if rep.get("steps") else ""))
@@ -157,25 +255,34 @@ def render(rep: dict, top: int = 10, console=None) -> None:
         con.print(f"[{style}]{describe(job)}[/{style}]" if style else describe(job))
     ck = rep.get("clock") or {}
     if ck:
-        con.print(f"clock: offsets applied {ck.get('methods') or ['none recorded']}, "
+        con.print(f"clock: offsets applied: {_list(ck.get('methods'), 'none recorded')}; "
                   f"{ck.get('violations', 0)} violation(s) in {ck.get('matched', 0)} matched collectives")
     for w in rep.get("warnings") or []:
         con.print(f"[yellow]warning:[/yellow] {w}")
     counts = rep.get("finding_counts") or {}
-    con.print("findings: " + (", ".join(f"{k} x{v}" for k, v in counts.items()) or "[green]none[/green]"))
+    con.print("findings: " + (", ".join(f"{k} x{v:,}" for k, v in counts.items()) or "[green]none[/green]"))
 
-    t = Table(title="Per rank", title_justify="left", show_edge=False)
-    for col in ("rank", "ops", "blocked", "in flight", "exposed", "overlap", "wait", "last arrivals"):
-        t.add_column(col, justify="right", no_wrap=True)
     pr = rep.get("per_rank") or []
     worst = max((r.get("wait_s") or 0 for r in pr), default=0)
-    for r in pr[: max(top, 1) * 8] if len(pr) > 64 else pr:
+    shown = pr
+    if not all_ranks and len(pr) > max(top, 1):
+        shown = sorted(pr, key=lambda r: (-(r.get("wait_s") or 0), r["rank"]))[: max(top, 1)]
+    title = "Per rank" if len(shown) == len(pr) else f"Per rank: the {len(shown)} of {len(pr):,} that waited most"
+    t = Table(title=title, title_justify="left", show_edge=False)
+    for col in ("rank", "ops", "blocked", "in flight", "exposed", "overlap", "wait", "last arrivals"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for r in shown:
         style = "bold" if worst and (r.get("wait_s") or 0) == worst else None
         ov = r.get("overlap_ratio")
         t.add_row(str(r["rank"]), f"{r['ops']:,}", _s(r.get("blocked_s")), _s(r.get("inflight_s")),
                   _s(r.get("exposed_s")), "-" if ov is None else f"{ov:.0%}", _s(r.get("wait_s")),
                   f"{r.get('straggler_share', 0):.0%}", style=style)
     con.print(t)
+    if len(shown) < len(pr):
+        rest = [r for r in pr if r not in shown]
+        waits = [r.get("wait_s") or 0 for r in rest]
+        con.print(f"... and {len(rest):,} more rank(s), waiting {_s(min(waits))} to {_s(max(waits))} each "
+                  "(--all-ranks shows them)")
 
     cs = rep.get("collectives_summary") or []
     if cs:
@@ -184,19 +291,25 @@ def render(rep: dict, top: int = 10, console=None) -> None:
             t.add_column(col, justify="right" if col not in ("pg", "op") else "left")
         for r in sorted(cs, key=lambda r: -(r.get("count") or 0))[: max(top, 1) * 2]:
             t.add_row(str(r["pg"]), r["op"], r.get("size_label") or str(r.get("size_bucket")), f"{r['count']:,}",
-                      _s(r.get("t_comm_s")), _s(r.get("busbw_gbps"), ""))
+                      _s(r.get("t_comm_s")), _num(r.get("busbw_gbps")))
         con.print(t)
 
     tc = [r for r in rep.get("top_collectives") or [] if (r.get("total_wait_s") or 0) > 0]
     if tc and top:
-        t = Table(title=f"Top {min(top, len(tc))} collectives by wait time (exposed to the waiting ranks)",
-                  title_justify="left", show_edge=False)
-        for col in ("pg", "seq", "op", "step", "total wait", "arrival skew", "last rank", "site"):
-            t.add_column(col, justify="left" if col in ("op", "site", "pg") else "right")
-        for r in tc[:top]:
-            t.add_row(str(r["pg"]), str(r["seq"]), r["op"], str(r.get("step")), _s(r.get("total_wait_s")),
-                      _s(r.get("arrival_skew_s")), str(r.get("last_rank")), _short_site(r.get("site")))
-        con.print(t)
+        rows = tc[:top]
+
+        def table(sites):
+            t = Table(title=f"Top {len(rows)} collectives by wait time (exposed to the waiting ranks)",
+                      title_justify="left", show_edge=False)
+            for col in ("pg", "seq", "op", "step", "wait", "skew", "last", "site"):
+                t.add_column(col, justify="left" if col in ("op", "site", "pg") else "right", no_wrap=True)
+            for r, site in zip(rows, sites):
+                t.add_row(str(r["pg"]), str(r["seq"]), r["op"], str(r.get("step")), _s(r.get("total_wait_s")),
+                          _s(r.get("arrival_skew_s")), str(r.get("last_rank")), site)
+            return t
+
+        con.print(_fit_sites(con, table, [r.get("site") for r in rows]))
+        con.print("  wait: total over the waiting ranks; skew: first to last arrival; last: the rank that arrived last")
 
     _render_hang(con, rep)
 
@@ -220,12 +333,12 @@ def render(rep: dict, top: int = 10, console=None) -> None:
         if where:
             head.append("  " + ", ".join(where))
         if f.get("site"):
-            head.append(f"  at {f['site']}", style="magenta")
+            head.append(f"  at {_site(f['site'])}", style="magenta")
         con.print(head)
-        con.print(Text("        " + f["message"]))
+        con.print(Text("        " + _rel_sites(f["message"])))
         rc = f.get("root_cause") or {}
         if rc.get("text"):
-            con.print(Text("        " + rc["text"], style="green"))
+            con.print(Text("        " + _rel_sites(rc["text"]), style="green"))
     if len(fs) > max(top, 1) * 3:
         con.print(f"... {len(fs) - max(top, 1) * 3} more (use --top or --format json)")
 
@@ -247,10 +360,11 @@ def _render_what_if(con, rep: dict, top: int) -> None:
     if dl and top:
         t = Table(title="Root causes: delays and the waiting they caused", title_justify="left", show_edge=False)
         for col in ("rank", "step", "before", "after", "delay", "direct cost", "propagated", "if fixed, saves"):
-            t.add_column(col, justify="left" if col in ("before", "after") else "right")
+            t.add_column(col, justify="left" if col in ("before", "after") else "right",
+                         overflow="fold" if col in ("before", "after") else "ellipsis")
         for d in dl[:top]:
-            before = (d.get("op") or "") + (f" at {_short_site(d.get('site'), 30)}" if d.get("site") else "")
-            after = (d.get("prev_op") or "") + (f" at {_short_site(d.get('prev_site'), 30)}" if d.get("prev_site") else "")
+            before = (d.get("op") or "") + (f" at {_site(d.get('site'), 30)}" if d.get("site") else "")
+            after = (d.get("prev_op") or "") + (f" at {_site(d.get('prev_site'), 30)}" if d.get("prev_site") else "")
             t.add_row(str(d["rank"]), str(d.get("step")), before, after, _s(d.get("delay_s")),
                       _s(d.get("direct_cost_s")), _s(d.get("propagated_cost_s")), _s(d.get("gain_s")))
         con.print(t)
@@ -294,7 +408,7 @@ def _render_hang(con, rep: dict) -> None:
     for r in sorted(set(map(str, rep.get("ranks") or [])) | set(last), key=lambda x: int(x)):
         lc = last.get(r) or last.get(int(r)) if isinstance(last, dict) else None
         if lc:
-            t.add_row(r, str(lc.get("op")), str(lc.get("pg")), str(lc.get("seq")), _short_site(lc.get("site"), 60))
+            t.add_row(r, str(lc.get("op")), str(lc.get("pg")), str(lc.get("seq")), _site(lc.get("site"), 60))
         else:
             t.add_row(r, "none completed", "", "", "")
     states = rep.get("rank_states") or {}
@@ -309,7 +423,7 @@ def _render_hang(con, rep: dict) -> None:
         lo = e.get("last_op") or {}
         when = f" {_s(e['last_t_s'])} into the run" if e.get("last_t_s") is not None else ""
         last_op = (f"; last op issued: {lo.get('op')} seq {lo.get('seq')} on pg {lo.get('pg')}"
-                   + (f" at {_short_site(lo.get('site'), 60)}" if lo.get("site") else "")
+                   + (f" at {_site(lo.get('site'), 60)}" if lo.get("site") else "")
                    + ("" if lo.get("t_end_ns") is not None else " (never completed)")) if lo else ""
         con.print(f"[red]rank {e['rank']} ended early[/red] (last sign of life{when}): "
                   f"{e.get('reason')}{last_op}", soft_wrap=True)

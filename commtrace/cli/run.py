@@ -235,8 +235,9 @@ def _no_such_option(arg: str) -> None:
 
 
 def run_child(cmd: list[str], env: dict[str, str], signals: list | None = None) -> int:
-    """Run `cmd` in its own process group, forward SIGINT/SIGTERM to it once, return its exit
-    code (128 + signal number when a signal ended it). The names of the signals forwarded are
+    """Run `cmd` in its own process group, forward SIGINT/SIGTERM to it, return its exit code:
+    128 + the signal's number when a signal ended it, or when one was forwarded (Ctrl-C: 130)
+    and it then failed. The names of the signals forwarded are
     appended to `signals`."""
     try:
         child = subprocess.Popen(cmd, env=env, preexec_fn=os.setpgrp)
@@ -247,7 +248,10 @@ def run_child(cmd: list[str], env: dict[str, str], signals: list | None = None) 
         click.echo(f"commtrace: error: cannot execute: {cmd[0]}", err=True)
         return 126
 
+    forwarded = []
+
     def forward(signum, frame):
+        forwarded.append(signum)
         if signals is not None:
             try:
                 signals.append(signal.Signals(signum).name)
@@ -273,4 +277,8 @@ def run_child(cmd: list[str], env: dict[str, str], signals: list | None = None) 
             signal.signal(sig, h)
     if rc < 0:
         return 128 + (-rc)
+    if rc != 0 and forwarded:
+        # Interrupted (Ctrl-C) or terminated: the shell's convention, 128 + the signal, whatever
+        # the launcher made of it (torchrun exits 1 after shutting its workers down on SIGINT).
+        return 128 + int(forwarded[0])
     return rc

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 
 import pyarrow as pa
@@ -17,9 +16,17 @@ def rank_dir(run_dir: str, rank: int) -> str:
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    """Write `text` to `path` atomically (temp file + rename in the same directory)."""
+    """Write `text` to `path` atomically (temp file + rename in the same directory). The file
+    gets the user's umask (0644 under umask 022), as any file the user writes: a run directory
+    shared with the team must be readable by it (mkstemp's 0600 was not)."""
     d = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    while True:
+        tmp = os.path.join(d, f".tmp-{os.getpid()}-{os.urandom(4).hex()}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            break
+        except FileExistsError:
+            continue
 
     def write():
         with os.fdopen(fd, "w") as f:
