@@ -65,7 +65,7 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
     from .rootcause import AUTO_MAX_OPS, DISABLED
     skipped = None
     if what_if is None:
-        n_op = run._sql(f"SELECT count(*) FROM {run._t} WHERE kind = 'op'").fetchone()[0]
+        n_op = run.sql(f"SELECT count(*) FROM {run.table('ops')} WHERE kind = 'op'").fetchone()[0]
         what_if = n_op <= AUTO_MAX_OPS
         if not what_if:
             skipped = (f"root cause and what-if skipped on {n_op:,} ops (more than {AUTO_MAX_OPS:,}): "
