@@ -99,7 +99,7 @@ def _step_spans(run) -> dict:
         SELECT rank, step, t0, coalesce(lead(t0) OVER (PARTITION BY rank ORDER BY step), t_last) - t0
         FROM (SELECT rank, step, min(t_enqueue_ns) AS t0,
                      max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)) AS t_last
-              FROM {run._t} WHERE step IS NOT NULL GROUP BY rank, step)""").fetchall()
+              FROM {run._t} WHERE step IS NOT NULL AND t_enqueue_ns IS NOT NULL GROUP BY rank, step)""").fetchall()
     return {(int(r), int(s)): (int(t0), max(int(d or 0), 0)) for r, s, t0, d in rows}
 
 
