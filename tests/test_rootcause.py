@@ -212,3 +212,36 @@ def test_c_and_numpy_replays_agree(fixture, request):
     b = RP.replay(m, scs, keep_events=True, engine="c")
     assert a.ev_rel == pytest.approx(b.ev_rel, abs=1e-3)
     assert list(a.t_end) == pytest.approx(list(b.t_end), abs=1e-3)
+
+
+def test_no_what_if_leaves_the_sections_out(tpdp, capsys):
+    assert main(["report", tpdp.path, "--no-what-if", "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["what_if"] is None and rep["critical_path"] is None
+    assert all(f.get("gain_s") is None for f in rep["findings"])
+
+
+def test_large_runs_skip_what_if_unless_asked(tmp_path, monkeypatch, capsys):
+    out = str(tmp_path / "small")
+    synth_layout(out, "tpdp", tp=2, dp=2, steps=3, delays=[(1, 1, DELTA)])
+    monkeypatch.setattr(RC, "AUTO_MAX_OPS", 10)
+    assert main(["report", out, "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["what_if"] is None and any("root cause and what-if skipped" in w for w in rep["warnings"])
+    assert main(["report", out, "--format", "json", "--what-if"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["what_if"]["delays"][0]["rank"] == 1
+
+
+def test_synth_cli_layouts(tmp_path, capsys):
+    out = str(tmp_path / "pipe")
+    assert main(["synth", out, "--layout", "pipeline", "--stages", "4", "--steps", "3", "--microbatches", "2",
+                 "--delay", "1:1:20ms"]) == 0
+    top = D.delays(commtrace.load(out)).to_pylist()[0]
+    assert (top["rank"], top["step"], top["op"]) == (1, 1, "send")
+    assert top["direct_cost_s"] == pytest.approx(0.020, rel=0.01)
+    assert top["propagated_cost_s"] == pytest.approx(0.020, rel=0.01)   # stage 3 waits for stage 2
+    capsys.readouterr()
+    assert main(["synth", str(tmp_path / "x"), "--layout", "tpdp", "--delay", "1:2:5ms:dq"]) != 0
+    err = capsys.readouterr().err
+    assert "--delay expects" in err and "Traceback" not in err

@@ -62,6 +62,7 @@ def attribute(m: Model) -> dict:
     lo = np.searchsorted(keys, k_s, "left")
     hi = np.searchsorted(keys, k_e, "left")
     W = cum[hi] - cum[lo]
+    del keys, cum, k_s, k_e
     # work in the interval: the gaps (time outside any traced call) of the rank's events that
     # start in (sync, enter]; time inside calls is waiting (W) or the transfers themselves
     erk = m.ev_rank.astype(np.int64) << _SHIFT
@@ -71,6 +72,7 @@ def attribute(m: Model) -> dict:
     gpos = np.where(m.ev_first, 0.0, np.maximum(m.ev_gap, 0.0))
     cg = np.r_[0.0, np.cumsum(gpos)]
     comp = cg[s_hi] - cg[s_lo]
+    del ekeys, erk
     d = d_slot
     exc_c = np.maximum(0.0, comp[d] - comp)
     exc_w = np.maximum(0.0, W[d] - W)

@@ -82,7 +82,8 @@ def launcher_ended(rf) -> bool:
 def rank_states(rf, world_size: int | None = None, now_s: float | None = None) -> dict[int, dict]:
     """rank -> {"state": ..., "signal", "error", "exit_code", "snapshot_age_s", "crash_file"}
     for every rank of the run (see the module docstring for the states)."""
-    now_s = time.time() if now_s is None else now_s
+    if now_s is None:  # the snapshots' age when they were read
+        now_s = getattr(rf, "scan_time", None) or time.time()
     ended = launcher_ended(rf)
     ranks = set(rf.rank_dirs) | set(rf.meta) | set(rf.inflight) | set(rf.crash)
     if world_size:

@@ -45,7 +45,7 @@ def _rows(table) -> list[dict]:
 
 
 def build_report(run, top: int = 10, rank: int | None = None, steps=None, progress=None,
-                 busbw_ref: float | None = None) -> dict:
+                 busbw_ref: float | None = None, what_if: bool | None = None) -> dict:
     """Assemble the report of `run` (optionally restricted to `steps` = (a, b), half-open, and
     focused on `rank`). `progress(stage, fraction)` is called between stages."""
     def tick(stage, frac):
@@ -62,7 +62,19 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
     per_rank = run.per_rank()
     tick("per step", 0.55)
     tick("root cause and what-if", 0.65)
-    what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
+    from .rootcause import AUTO_MAX_OPS, DISABLED
+    skipped = None
+    if what_if is None:
+        n_op = run.sql(f"SELECT count(*) FROM {run.table('ops')} WHERE kind = 'op'").fetchone()[0]
+        what_if = n_op <= AUTO_MAX_OPS
+        if not what_if:
+            skipped = (f"root cause and what-if skipped on {n_op:,} ops (more than {AUTO_MAX_OPS:,}): "
+                       "add --what-if for them (docs/performance.md: about +4 s CPU and +0.6 GB per million ops)")
+    if what_if:
+        what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
+    else:
+        DISABLED.add(run)
+        what_if, crit, rc_error = None, None, skipped
     tick("findings", 0.7)
     findings = run.findings()
     tick("summaries", 0.9)

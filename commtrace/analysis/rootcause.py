@@ -6,7 +6,7 @@ sections and the findings' `cost_s`, `gain_s` and `root_cause` (docs/findings.md
 
 from __future__ import annotations
 
-import numpy as np
+import weakref
 
 from . import critical_path as CP
 from . import delay as D
@@ -152,11 +152,19 @@ def rank_gain(run, rank: int) -> float:
     return g
 
 
+#: The report runs root cause and what-if by itself up to this many ops (`--what-if` forces
+#: them on larger runs: they cost about 4 s of CPU and 0.6 GB per million ops, more than the
+#: rest of the report; docs/performance.md).
+AUTO_MAX_OPS = 250_000
+#: Runs whose report was asked without root cause and what-if (`report --no-what-if`).
+DISABLED: "weakref.WeakSet" = weakref.WeakSet()
+
+
 def annotate_findings(run, findings: list) -> list:
     """Give each finding `cost_s` (delay costs of its late rank), `gain_s` (the replay's
     saving if that rank were as fast as the median rank) and `root_cause` (the rank's costliest
     delay); order by `gain_s` (largest first), findings without one after, in their order."""
-    if not findings:
+    if not findings or run in DISABLED:
         return findings
     need = [f for f in findings if f.kind in RANK_KINDS and f.rank is not None]
     if not need:

@@ -562,11 +562,14 @@ class Run:
             (m.get("run_id") for m in self.meta.values() if m.get("run_id")), None)
 
     def report(self, top: int = 10, rank: int | None = None, steps=None, progress=None,
-               busbw_ref: float | None = None) -> dict:
+               busbw_ref: float | None = None, what_if: bool | None = None) -> dict:
         """The `commtrace report --format json` dict (public contract, docs/report.md).
-        `busbw_ref` (GB/s) adds a what-if per collective op kind at that bus bandwidth."""
+        `busbw_ref` (GB/s) adds a what-if per collective op kind at that bus bandwidth;
+        `what_if=False` leaves out root cause, critical path and what-if (null sections); None
+        (default): on up to `rootcause.AUTO_MAX_OPS` ops."""
         from .report import build_report
-        return build_report(self, top=top, rank=rank, steps=steps, progress=progress, busbw_ref=busbw_ref)
+        return build_report(self, top=top, rank=rank, steps=steps, progress=progress, busbw_ref=busbw_ref,
+                            what_if=what_if)
 
     def close(self) -> None:
         """Release the DuckDB connection and remove the run's temporary files."""

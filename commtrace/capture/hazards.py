@@ -331,7 +331,9 @@ def _on_pending(count=None) -> None:
             # may arrive out of order, but the last one to take our lock reads the final state.
             # (The recorder calls listeners without holding its own locks.)
             try:
-                n = len(rec.pending_ops())
+                # its length (pending_ops() copies the dict: this runs twice per async op
+                # in a loop that issues and waits one op at a time)
+                n = len(rec._pending)
             except Exception:
                 n = int(count or 0)
             if n > 0:

@@ -86,12 +86,15 @@ def _steps(value):
               help="What-if: every collective of a kind at this nccl-tests bus bandwidth (e.g. 180).")
 @click.option("--run", "run_id", default=None, metavar="ID|latest",
               help="When DIR holds several runs: the one to use (its id, or latest).")
+@click.option("--what-if/--no-what-if", "what_if", default=None,
+              help="Root cause (delay costs), critical path and what-if by replay "
+                   "(default: on up to 250,000 ops).")
 @click.option("--memory-limit", default=None, metavar="SIZE",
               help="Memory for the query engine, e.g. 4GB (default: 40% of RAM, at most 4 GB); "
                    "beyond it, work spills to --temp-dir.")
 @click.option("--temp-dir", default=None, type=click.Path(file_okay=False),
               help="Where large runs are held and spill (default: $COMMTRACE_TMPDIR or the system's).")
-def command(run_dir, fmt, top, all_ranks, rank, steps, progress, busbw_ref, run_id, memory_limit, temp_dir):
+def command(run_dir, fmt, top, all_ranks, rank, steps, progress, busbw_ref, run_id, memory_limit, temp_dir, what_if):
     """Analyse a run: who waited for whom, stragglers, overlap, bandwidth and findings.
 
     Exits 0 whenever a report was produced, whatever it found."""
@@ -102,7 +105,7 @@ def command(run_dir, fmt, top, all_ranks, rank, steps, progress, busbw_ref, run_
     try:
         run = load(run_dir, progress=bar, run=run_id, memory_limit=_memory(memory_limit), temp_dir=temp_dir)
         bar("matching", 0.05)
-        rep = run.report(top=top, rank=rank, steps=rng, progress=bar, busbw_ref=busbw_ref)
+        rep = run.report(top=top, rank=rank, steps=rng, progress=bar, busbw_ref=busbw_ref, what_if=what_if)
     finally:
         bar.close()
     if fmt == "json":

@@ -36,6 +36,7 @@ import glob
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,6 +87,9 @@ class RunFiles:
     warnings: list[str] = field(default_factory=list)
     #: rank -> modification time (s since the epoch) of its _inflight.json: how fresh it is
     inflight_mtime: dict[int, float] = field(default_factory=dict)
+    #: time.time() when the snapshots were read: their age is taken at this moment, not when
+    #: an analysis gets to it seconds later
+    scan_time: float | None = None
     #: rank -> non-empty _crash-<pid>.txt files (faulthandler's dump at a fatal signal)
     crash: dict[int, list[str]] = field(default_factory=dict)
     #: the manifest `commtrace run` wrote in the directory above (v2: exit code, signal)
@@ -163,7 +167,7 @@ def scan_run(path: str) -> RunFiles:
     path = os.fspath(path)
     if not os.path.exists(path):
         raise TraceFormatError(f"{path}: no such file or directory")
-    rf = RunFiles(path=os.path.abspath(path))
+    rf = RunFiles(path=os.path.abspath(path), scan_time=time.time())
     if os.path.isfile(path):
         if not path.endswith(".parquet"):
             raise TraceFormatError(f"{path}: not a commtrace run directory or Parquet trace")
