@@ -154,7 +154,9 @@ def health(run, findings=None) -> list[dict]:
     ``not_joined``, ...) or None."""
     findings = run.findings() if findings is None else findings
     flag: dict[int, str] = {}
-    for f in findings:  # sorted by severity: the first one naming a rank wins
+    from .findings import SEVERITY_ORDER
+    # by severity (the findings list itself is ordered by projected gain): the first naming a rank wins
+    for f in sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 9)):
         if f.rank is not None and int(f.rank) not in flag:
             flag[int(f.rank)] = f.kind
     return [{"rank": int(r["rank"]), "wait_s": r["wait_s"], "exposed_s": r["exposed_s"],

@@ -79,7 +79,18 @@ def _annotate(fn):
 def _install_dispatcher(ddp, orig_register, user_hook=None, user_state=None) -> bool:
     state = _HookState(ddp.process_group)
     state.user_hook, state.user_state = user_hook, user_state
-    orig_register(ddp, state, _dispatch)
+    if user_hook is None:
+        # No hook of the user's: register with the reducer only, as register_comm_hook does
+        # minus its bookkeeping, so that DDP reads as without commtrace: its logging data has
+        # no "comm_hook" and its hook list (which DDP's Python reducer under compiled autograd
+        # calls with other arguments) stays empty.
+        import torch.distributed as dist
+
+        _annotate(_dispatch)
+        ddp._check_comm_hook(_dispatch)
+        dist._register_comm_hook(ddp.reducer, state, _dispatch)
+    else:
+        orig_register(ddp, state, _dispatch)
     ddp.__dict__["_commtrace_hook_state"] = state
     if user_hook is not None:
         # Show the user's hook, not ours, in DDP's logging data and hook list.
