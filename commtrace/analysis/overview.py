@@ -99,7 +99,7 @@ def _step_spans(run):
         SELECT rank, step, t0, greatest(coalesce(lead(t0) OVER (PARTITION BY rank ORDER BY step), t_last) - t0, 0) AS t_ns
         FROM (SELECT rank, step, min(t_enqueue_ns) AS t0,
                      max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)) AS t_last
-              FROM {run._t} WHERE step IS NOT NULL GROUP BY rank, step)""")
+              FROM {run._t} WHERE step IS NOT NULL AND t_enqueue_ns IS NOT NULL GROUP BY rank, step)""")
 
 
 def _fractions(step_ns: float, exposed_s: float, wait_s: float) -> dict:
