@@ -99,7 +99,7 @@ def _step_spans(run):
         SELECT rank, step, t0, greatest(coalesce(lead(t0) OVER (PARTITION BY rank ORDER BY step), t_last) - t0, 0) AS t_ns
         FROM (SELECT rank, step, min(t_enqueue_ns) AS t0,
                      max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)) AS t_last
-              FROM {run._t} WHERE step IS NOT NULL GROUP BY rank, step)""")
+              FROM {run._t} WHERE step IS NOT NULL AND t_enqueue_ns IS NOT NULL GROUP BY rank, step)""")
 
 
 def _fractions(step_ns: float, exposed_s: float, wait_s: float) -> dict:
@@ -154,7 +154,9 @@ def health(run, findings=None) -> list[dict]:
     ``not_joined``, ...) or None."""
     findings = run.findings() if findings is None else findings
     flag: dict[int, str] = {}
-    for f in findings:  # sorted by severity: the first one naming a rank wins
+    from .findings import SEVERITY_ORDER
+    # by severity (the findings list itself is ordered by projected gain): the first naming a rank wins
+    for f in sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 9)):
         if f.rank is not None and int(f.rank) not in flag:
             flag[int(f.rank)] = f.kind
     return [{"rank": int(r["rank"]), "wait_s": r["wait_s"], "exposed_s": r["exposed_s"],

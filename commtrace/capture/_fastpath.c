@@ -839,6 +839,12 @@ static int as_cache(PyObject *rec) {
     return 0;
 }
 
+/* acst for `rec` again after a call that released the GIL (another thread may have cached
+ * another recorder meanwhile). 0: ok. */
+static inline int as_recache(PyObject *rec) {
+    return acst.rec == rec ? 0 : as_cache(rec);
+}
+
 static int as_usable(PyObject *rec) {
     return as_on && as_cache(rec) == 0 && acst.now_ok;
 }
@@ -1258,8 +1264,8 @@ static PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObje
     t_depth = 0;
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
-    int mine = 1;
-    if (listed) {   /* Recorder.end_blocking: False when a final flush already wrote it */
+    int mine = as_recache(rec) == 0;
+    if (mine && listed) {   /* Recorder.end_blocking: False when a final flush already wrote it */
         mine = PyDict_GetItemWithError(acst.blocking, opid) != NULL &&
                PyDict_DelItem(acst.blocking, opid) == 0;
         CLEAR_ERR();
@@ -1376,7 +1382,8 @@ static PyObject *as_wait(WaitW *w, PyObject *rec, PyObject *const *args, size_t 
             as_complete(row, t1, s_how_wait);
         pset(p, P_WAITED, Py_True);
         if (PyList_GET_ITEM(row, C_T_END) != Py_None) {
-            as_release(rec, p);
+            if (as_recache(rec) == 0)
+                as_release(rec, p);
         } else {
             PyObject *z = PyObject_CallMethodNoArgs(rec, s_wake);
             Py_XDECREF(z);
