@@ -195,6 +195,12 @@ def _per_op(blocks: int, fns: dict, t, rec, dist) -> dict:
             d = [(a - b) / 1000.0 for a, b in zip(data[name], data["untraced"])]
             out[f"{kind}_{name}_added_us"] = statistics.median(d)
             out[f"{kind}_{name}_added_ci95_us"] = _median_ci(d)
+        if "bare" in data and "commtrace" in data:
+            # commtrace against the bare two-clock wrapper, paired within each block (issue 20:
+            # within 1 us of that floor)
+            d = [(a - b) / 1000.0 for a, b in zip(data["commtrace"], data["bare"])]
+            out[f"{kind}_commtrace_minus_bare_us"] = statistics.median(d)
+            out[f"{kind}_commtrace_minus_bare_ci95_us"] = _median_ci(d)
     return out
 
 
@@ -278,6 +284,10 @@ def report(r: dict) -> list[str]:
             out.append(f"  {label:<34} "
                        f"{_fmt(p[f'wall_{name}_added_us'], p[f'wall_{name}_added_ci95_us']):>26} "
                        f"{_fmt(p[f'cpu_{name}_added_us'], p[f'cpu_{name}_added_ci95_us']):>26}")
+        if "cpu_commtrace_minus_bare_us" in p:
+            out.append(f"  {'commtrace - bare wrapper (paired)':<34} "
+                       f"{_fmt(p['wall_commtrace_minus_bare_us'], p['wall_commtrace_minus_bare_ci95_us']):>26} "
+                       f"{_fmt(p['cpu_commtrace_minus_bare_us'], p['cpu_commtrace_minus_bare_ci95_us']):>26}")
     # The verdict on the issue's target, on both clocks. At 2 ranks the wall time of an op is
     # mostly waiting for the other rank, so there the thread CPU time is the host's own work.
     for clock, name in (("wall", "wall time"), ("cpu", "thread CPU")):

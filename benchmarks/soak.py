@@ -155,7 +155,8 @@ def main(argv=None) -> int:
         n, nu = len(seqs), len(pc.unique(seqs))
         per_rank_ops[r] = n
         ok_ops &= n == a.ops and nu == a.ops
-    parts = glob.glob(os.path.join(trace, "rank=*", "*.parquet"))
+    # rank=<r>/ directly under the run directory, or under a run id (trace/<run>/rank=<r>/)
+    parts = glob.glob(os.path.join(trace, "**", "rank=*", "*.parquet"), recursive=True)
     disk = sum(os.path.getsize(p) for p in parts)
     bytes_per_op = disk / (2 * a.ops)
     rss_delta = {r: traced[r]["rss_peak_mb"] - plain[r]["rss_peak_mb"] for r in (0, 1)}

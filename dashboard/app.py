@@ -176,7 +176,8 @@ def overview_children(ov: dict, d: RunData | None, prefix: str = "show-finding",
     if job.get("end_ns") and job.get("start_ns"):
         end = f" after {(job['end_ns'] - job['start_ns']) / 1e9:.1f} s"
     top = dmc.Group([job_badge(job, id_=f"job-state{suffix}"),
-                     dmc.Text(f"{job['state']}{end}: {job.get('detail') or ''}", size="sm", c="dimmed")], gap="sm")
+                     dmc.Text(f"{job['state']}{end}" + (f": {job['detail']}" if job.get("detail") else ""),
+                              size="sm", c="dimmed")], gap="sm")
     stats = dmc.SimpleGrid(cols={"base": 2, "sm": 4, "lg": 8}, spacing="xs", children=[
         _stat("world size", str(h["world_size"]), f"ov-world{suffix}",
               hint=f"{h['ranks']} rank(s) traced" + (f", {len(h['missing_ranks'])} missing" if h["missing_ranks"] else "")),

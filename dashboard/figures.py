@@ -529,17 +529,25 @@ def health_figure(ov: dict) -> go.Figure:
     """Per rank: wait and exposed time (s), ranks named by a finding in red with the finding's
     kind under their label (the overview's `health`)."""
     h = ov["health"]
-    labels = [f"rank {r['rank']}" + (f"<br><b>{r['flag']}</b>" if r["flag"] else "") for r in h]
+    many = len(h) > 16
+    # few ranks: the finding under the label; many (labels turned upright): after it, in bold
+    labels = [f"rank {r['rank']}" + ((f" <b>{r['flag']}</b>" if many else f"<br><b>{r['flag']}</b>") if r["flag"] else "")
+              for r in h]
     wait = np.array([r["wait_s"] or 0.0 for r in h])
     exp = np.array([r["exposed_s"] or 0.0 for r in h])
     flagged = [bool(r["flag"]) for r in h]
     fig = go.Figure([
         go.Bar(x=labels, y=wait, name="wait (s)", marker=dict(color=["#d62728" if f else "#f4a582" for f in flagged]),
-               hovertemplate="%{x}: wait %{y:.4f} s<extra></extra>"),
+               hovertemplate="%{x}: wait %{y:.4f} s<extra></extra>", showlegend=False),
         go.Bar(x=labels, y=exp, name="exposed comm (s)", marker=dict(color=["#7f0000" if f else "#92c5de" for f in flagged]),
-               hovertemplate="%{x}: exposed comm %{y:.4f} s<extra></extra>")])
-    many = len(h) > 16
-    fig.update_layout(barmode="group", height=260, margin=margin(l=60, r=20, t=40, b=70 if not many else 60),
+               hovertemplate="%{x}: exposed comm %{y:.4f} s<extra></extra>", showlegend=False),
+        # the legend's swatches (a bar trace shows its first bar's colour, a flagged rank's maybe)
+        *[go.Scatter(x=[None], y=[None], mode="markers", name=n, marker=dict(symbol="square", size=11, color=c))
+          for n, c in (("wait (s)", "#f4a582"), ("exposed comm (s)", "#92c5de"),
+                       ("rank named by a finding (wait / exposed)", "#d62728"))]])
+    longest = max((len(f"rank {r['rank']} {r['flag'] or ''}") for r in h), default=6)
+    fig.update_layout(barmode="group", height=260 if not many else 200 + 6 * longest,
+                      margin=margin(l=60, r=20, t=40, b=70 if not many else 20 + 6 * longest),
                       legend=TOP_LEGEND, yaxis=dict(title="seconds"), plot_bgcolor="white",
                       xaxis=dict(tickangle=-90 if many else 0, showticklabels=True, tickfont=dict(size=9 if many else 12)))
     return fig

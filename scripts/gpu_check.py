@@ -618,12 +618,13 @@ def completion_hook_merge(tmp, timeout):
             .to_pylist() if r["kind"] == "op"]
     shim = sorted((r for r in rows if r["api"] != "c++"), key=lambda r: r["t_enqueue_ns"])
     cpp = sorted((r for r in rows if r["api"] == "c++"), key=lambda r: r["torch_seq"])
-    check("D wrapped ops carry NCCL's seq", [r["torch_seq"] for r in shim] == [1, 2, 3, 4, 5, 6, 10],
-          f"{[(r['api'], r['torch_seq']) for r in shim]}")
+    check("D wrapped ops carry NCCL's seq",
+          [(r["torch_seq"], r["seq"]) for r in shim] == [(k, k) for k in (1, 2, 3, 4, 5, 6, 10)],
+          f"{[(r['api'], r['torch_seq'], r['seq']) for r in shim]}")
     check("D ops below Python are c++ rows, no twin",
-          [(r["op"], r["torch_seq"], r["completion"]) for r in cpp]
-          == [("all_reduce", 7, "hook"), ("all_reduce", 8, "hook"), ("all_reduce", 9, "hook")],
-          f"{[(r['op'], r['torch_seq'], r['completion']) for r in cpp]}")
+          [(r["op"], r["torch_seq"], r["seq"], r["completion"]) for r in cpp]
+          == [("all_reduce", k, k, "hook") for k in (7, 8, 9)],
+          f"{[(r['op'], r['torch_seq'], r['seq'], r['completion']) for r in cpp]}")
     durs = [json.loads(r["detail"]).get("active_duration_ns") or 0 for r in cpp]
     check("D c++ rows have device durations and host times",
           len(cpp) == 3 and all(d > 0 for d in durs)

@@ -128,3 +128,4 @@ def test_memory_limit_is_checked(capsys):
 
     assert main(["report", os.path.join(os.path.dirname(__file__), "data", "clean"), "--memory-limit", "lots"]) != 0
     assert "--memory-limit" in capsys.readouterr().err
+

@@ -105,6 +105,9 @@ def test_max_size_ring_retention(tmp_path):
         assert max(x["step"] for x in mine) == 40
         assert min(x["step"] for x in mine) > dropped["last_step"] - 1
         assert len([x for x in mine if x["kind"] == "op"]) + dropped["rows"] >= total_ops
+        # the run's manifest says what was dropped, rank by rank
+        man = json.loads(open(os.path.join(d, "_manifest.json")).read())
+        assert man["retention"][str(r)] == dropped
     run = commtrace.load(d)
     try:
         assert any("--max-size" in w for w in run.warnings)

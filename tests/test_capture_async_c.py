@@ -82,3 +82,58 @@ def test_async_rows_times_in_order(runs, mode):
             assert r["t_end_ns"] <= r["t_wait_end_ns"]   # completed by the time wait returned
     waited = [r for r in ops if r["api"] != "ddp_comm_hook" and r["count"] != 3]
     assert waited and all(r["t_wait_ns"] is not None for r in waited)
+
+
+def test_async_completion_wait_attaches_no_callback(tmp_path, port):
+    """--async-completion wait (issue 20): no completion callback on the backend's thread;
+    t_end_ns comes from wait() ("wait") or a look at the Work ("observed"), never a callback,
+    on the C and the pure Python paths alike, with the same rows otherwise."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from conftest import clean_env
+
+    code = textwrap.dedent('''
+        import sys, torch, torch.distributed as dist, commtrace
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2],
+                                rank=0, world_size=1)
+        calls = []
+        Future = torch._C.Future   # what Work.get_future() returns
+        orig = Future.add_done_callback
+        def spy(self, fn):
+            calls.append(fn)
+            return orig(self, fn)
+        Future.add_done_callback = spy
+        orig_done = Future.done
+        def done_spy(self):   # the look before attaching (callback mode asks the future)
+            calls.append("done")
+            return orig_done(self)
+        Future.done = done_spy
+        with commtrace.trace(output=sys.argv[1], async_completion="wait"):
+            t = torch.ones(16)
+            for i in range(6):
+                dist.all_reduce(t, async_op=True).wait()
+                dist.broadcast(t, src=0, async_op=True).wait()
+        from commtrace.capture import wrappers as W
+        c = W._cfast
+        print("callbacks", len(calls), "async_c", c.async_counts()[1] if c is not None else 0)
+        dist.destroy_process_group()
+    ''')
+    out = {}
+    for i, mode in enumerate(("0", "1")):
+        d = tmp_path / f"pure{mode}"
+        p = subprocess.run([sys.executable, "-c", code, str(d), str(port + i)],
+                           env=clean_env({"COMMTRACE_PURE_PYTHON": mode}), capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        cb, n_c = (int(x) for x in p.stdout.split()[1::2])
+        assert cb == 0              # the future is not even asked (no callback attached)
+        assert (n_c >= 8) if (mode == "0" and Wr._cfast is not None) else n_c == 0
+        rows = [r for r in load_rows(d) if r["kind"] == "op"]
+        assert len(rows) == 12
+        for r in rows:
+            assert r["completion"] in ("wait", "observed"), r
+            assert r["t_end_ns"] <= r["t_wait_end_ns"]
+        out[mode] = _stable(rows)
+    assert out["0"] == out["1"]

@@ -231,3 +231,28 @@ def test_large_runs_skip_what_if_unless_asked(tmp_path, monkeypatch, capsys):
     assert main(["report", out, "--format", "json", "--what-if"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["what_if"]["delays"][0]["rank"] == 1
+
+
+def test_synth_cli_layouts(tmp_path, capsys):
+    out = str(tmp_path / "pipe")
+    assert main(["synth", out, "--layout", "pipeline", "--stages", "4", "--steps", "3", "--microbatches", "2",
+                 "--delay", "1:1:20ms"]) == 0
+    top = D.delays(commtrace.load(out)).to_pylist()[0]
+    assert (top["rank"], top["step"], top["op"]) == (1, 1, "send")
+    assert top["direct_cost_s"] == pytest.approx(0.020, rel=0.01)
+    assert top["propagated_cost_s"] == pytest.approx(0.020, rel=0.01)   # stage 3 waits for stage 2
+    capsys.readouterr()
+    assert main(["synth", str(tmp_path / "x"), "--layout", "tpdp", "--delay", "1:2:5ms:dq"]) != 0
+    err = capsys.readouterr().err
+    assert "--delay expects" in err and "Traceback" not in err
+
+
+def test_findings_skip_the_what_if_on_large_runs(monkeypatch):
+    import os
+    monkeypatch.setattr(RC, "AUTO_MAX_OPS", 10)
+    run = commtrace.load(os.path.join(os.path.dirname(__file__), "data", "straggler"))
+    st = [f for f in run.findings() if f.kind == "straggler"]
+    assert st and st[0].gain_s is None      # Run.findings() (the dashboard) does not pay for it
+    run2 = commtrace.load(os.path.join(os.path.dirname(__file__), "data", "straggler"))
+    rep = run2.report(what_if=True)
+    assert [f for f in rep["findings"] if f["kind"] == "straggler"][0]["gain_s"] > 0

@@ -57,3 +57,25 @@ def test_straggler_projected_gain_matches_the_run_without_it(tmp_path, nproc):
     assert f and f[0].rank == 1 and f[0].gain_s == pytest.approx(projected)
     assert f[0].root_cause["rank"] == 1 and f[0].root_cause["op"] == "all_reduce"
     assert f[0].root_cause["delay_s"] == pytest.approx(SLEEP_MS / 1e3, rel=0.5)
+
+
+@pytest.mark.parametrize("sample", ["ddp_mlp.py", "pipeline.py", "fsdp2.py"])
+def test_replay_reproduces_each_sample(tmp_path, sample):
+    """The replay of the unchanged sample reproduces its run and step times within 2% (by
+    construction it is exact up to rounding), and the report prints that error."""
+    out = tmp_path / "run"
+    run_traced(out, torchrun_cmd(os.path.join(SAMPLES, sample)), timeout=300)
+    run = commtrace.load(str(out))
+    rep = run.report(what_if=True)
+    wi = rep["what_if"]
+    assert wi["run_time_s"] > 0.05
+    assert abs(wi["replay_error"]) < 0.02
+    assert wi["max_step_error"] is None or wi["max_step_error"] < 0.02
+    cp = rep["critical_path"]
+    assert cp["length_s"] == pytest.approx(cp["run_time_s"], rel=1e-6)
+    from commtrace.cli.report import render
+    import io
+    from rich.console import Console
+    buf = io.StringIO()
+    render(rep, console=Console(file=buf, width=200))
+    assert "replay of the unchanged trace" in buf.getvalue() and "error +0.00%" in buf.getvalue()

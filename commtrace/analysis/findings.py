@@ -179,8 +179,8 @@ def straggler(run) -> list[Finding]:
         # What the others waited for it, rank by rank: their wait states (the per-rank table's
         # `wait`) at the collectives it arrived last at, so that the message's figures are the
         # tables' figures.
-        w = run._ensure_waits()
-        caused = [int(v or 0) for (v,) in run._sql(f"""
+        w = run.table("waits")
+        caused = [int(v or 0) for (v,) in run.sql(f"""
             SELECT sum(w.wait_ns) FROM {w} w JOIN {c} k ON k.ckey = w.ckey
             WHERE k.last_rank = ? AND w.rank <> ? AND k.complete AND NOT k.first_of_pg AND k.n_ranks >= 2
             GROUP BY w.rank""", [r, r]).fetchall()]

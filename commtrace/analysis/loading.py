@@ -103,24 +103,34 @@ def offsets(meta: dict) -> list[tuple[int, int, int]]:
     return out
 
 
-def align_sql(src: str, pgs=()) -> str:
+def align_sql(src: str, pgs=(), columns=None, rid: bool = True) -> str:
     """Apply each rank's clock offset (metrics.md "Clock alignment": offset = the rank's clock
     minus rank 0's, so aligned = t - offset), and fill a completion the writer did not record
     but the host saw: a waited op (wait() returned) or a blocking CPU op that returned without
-    error has completed by then."""
+    error has completed by then. `src` yields `columns` (default LOAD_COLUMNS) and, with `rid`,
+    the row id; the output drops LOAD_ONLY and adds `ckey`. Plain SQL that sqlglot carries to
+    Spark (the other engine, commtrace.analysis.spark)."""
     end_expr = ("coalesce(r.t_end_ns, CASE WHEN r.kind = 'op' AND r.error IS NULL THEN coalesce(r.t_wait_end_ns, "
                 "CASE WHEN NOT coalesce(r.async_op, false) AND coalesce(r.device, '') NOT LIKE 'cuda%' "
                 "THEN r.t_return_ns END) END)")
-    repl = ", ".join(f"{end_expr if c == 't_end_ns' else 'r.' + c} - coalesce(o.off, 0) AS {c}"
-                     for c in S.TIME_COLUMNS if c not in LAZY_COLUMNS)
-    repl += ", CAST(coalesce(r.inflight, len(r.inflight_ids)) AS INTEGER) AS inflight"
-    # ckey: one BIGINT per collective (pg index << 40 | seq), so that matching groups and joins
+    sel = []
+    for c in (columns or LOAD_COLUMNS):
+        if c in LOAD_ONLY:
+            continue
+        if c in S.TIME_COLUMNS and c not in LAZY_COLUMNS:
+            sel.append(f"{end_expr if c == 't_end_ns' else 'r.' + c} - coalesce(o.off, 0) AS {c}")
+        elif c == "inflight":
+            sel.append("CAST(coalesce(r.inflight, array_length(r.inflight_ids)) AS INTEGER) AS inflight")
+        else:
+            sel.append(f"r.{c}")
+    if rid:
+        sel.append("r.rid")
+    # ckey: one BIGINT per collective (pg index * 2^40 + seq), so that matching groups and joins
     # on an integer instead of (VARCHAR, BIGINT); NULL on every other row.
-    ckey = (f"CASE WHEN r.kind = 'op' AND list_contains([{Q.COLLECTIVE_SQL[1:-1]}], r.op) AND r.seq IS NOT NULL "
-            f"AND r.pg IS NOT NULL THEN (CAST(list_position({Q.pg_list_sql(pgs)}, r.pg) AS BIGINT) << {Q.CKEY_SHIFT}) "
-            f"| r.seq END AS ckey")
-    return (f"SELECT r.* EXCLUDE ({', '.join(LOAD_ONLY)}) REPLACE ({repl}), {ckey} "
-            f"FROM ({src}) r LEFT JOIN offsets o ON o.rank = r.rank")
+    sel.append(f"CASE WHEN r.kind = 'op' AND r.op IN {Q.COLLECTIVE_SQL} AND r.seq IS NOT NULL "
+               f"AND r.pg IS NOT NULL THEN CAST({Q.pg_index_sql('r.pg', pgs)} AS BIGINT) * {Q.CKEY_MUL} "
+               f"+ r.seq END AS ckey")
+    return f"SELECT {', '.join(sel)} FROM ({src}) r LEFT JOIN offsets o ON o.rank = r.rank"
 
 
 def load_table(con, rf: R.RunFiles, path: str, progress=None) -> list:

@@ -41,8 +41,9 @@ def collectives_sql(t: str, pgs, members_table: str) -> str:
                    max(CASE WHEN rank = root THEN t_end_ns END) AS root_leave_ns
             FROM {t} WHERE ckey IS NOT NULL AND op IN ({Q.ROOTED_SQL}) GROUP BY ckey),
         k AS (
-            SELECT k0.*, {Q.pg_of_ckey("k0.ckey", pgs)} AS pg, k0.ckey & {(1 << Q.CKEY_SHIFT) - 1} AS seq,
-                   rt.* EXCLUDE (ckey)
+            SELECT k0.*, {Q.pg_of_ckey("k0.ckey", pgs)} AS pg, {Q.seq_of_ckey("k0.ckey")} AS seq,
+                   rt.root, rt.root_enter_ns, rt.last_nonroot_enter_ns, rt.first_nonroot_leave_ns,
+                   rt.root_leave_ns
             FROM k0 LEFT JOIN rt ON rt.ckey = k0.ckey),
         c AS (
             SELECT k.*, coalesce(m.n_members, k.pg_size, k.n_ranks) AS n_expected,
@@ -76,24 +77,38 @@ def build_collectives(con, t: str, name: str, pgs, members: dict) -> None:
     con.execute(f"CREATE OR REPLACE TABLE {name} AS {collectives_sql(t, pgs, name + '_m')}")
 
 
+#: Columns of the collective table before finish_collectives, in order.
+COLLECTIVE_COLUMNS = (
+    "ckey", "pg", "seq", "op", "pattern", "pg_size", "n_ranks", "n_expected", "complete", "bytes", "t_comm_ns",
+    "first_enter_ns", "last_enter_ns", "first_leave_ns", "last_leave_ns", "arrival_skew_ns",
+    "completion_skew_ns", "last_rank", "last_late_ns", "root", "root_enter_ns", "last_nonroot_enter_ns",
+    "first_nonroot_leave_ns", "root_leave_ns", "step", "site", "first_of_pg", "first_on_pg", "differs",
+    "busbw_factor")
+_FINISH = {
+    "t_comm_ns": "CASE WHEN c.pattern <> 'nxn' AND u.tc > 0 THEN u.tc ELSE c.t_comm_ns END AS t_comm_ns",
+    "last_late_ns": "CASE WHEN u.ckey IS NULL THEN c.last_late_ns ELSE u.lead END AS last_late_ns"}
+
+
 def finish_collectives(con, name: str, waits: str) -> None:
     """Complete the collective table `name` from the wait table `waits`: for rooted patterns
     t_comm = min over the waiting ranks of (leave - enter - wait), which for N x N is exactly
     min_r leave_r - max_j enter_j (metrics.md), and for a broadcast whose root finished before a
     late receiver entered stays the transfer time itself; `last_late_ns`, the last arrival's
     lead over the second-latest one (straggler evidence); then algbw and busbw."""
-    con.execute(f"""
-        CREATE OR REPLACE TABLE {name} AS
+    con.execute(f"CREATE OR REPLACE TABLE {name} AS {finish_sql(name, waits)}")
+
+
+def finish_sql(name: str, waits: str) -> str:
+    """SELECT of finish_collectives over collective table `name`."""
+    return f"""
         WITH u AS (
             SELECT ckey, min(t_end_ns - t_enqueue_ns - wait_ns) FILTER (WHERE tc_role) AS tc,
                    min(lead_ns) FILTER (WHERE NOT is_last) AS lead
             FROM {waits} GROUP BY ckey),
         c AS (
-            SELECT c.* REPLACE (
-                       CASE WHEN c.pattern <> 'nxn' AND u.tc > 0 THEN u.tc ELSE c.t_comm_ns END AS t_comm_ns,
-                       CASE WHEN u.ckey IS NULL THEN c.last_late_ns ELSE u.lead END AS last_late_ns)
+            SELECT {", ".join(_FINISH.get(col, "c." + col) for col in COLLECTIVE_COLUMNS)}
             FROM {name} c LEFT JOIN u ON u.ckey = c.ckey)
-        SELECT *, bytes / t_comm_ns AS algbw_gbps, bytes / t_comm_ns * busbw_factor AS busbw_gbps FROM c""")
+        SELECT *, bytes / t_comm_ns AS algbw_gbps, bytes / t_comm_ns * busbw_factor AS busbw_gbps FROM c"""
 
 
 def waits_sql(t: str, coll: str) -> str:
@@ -125,17 +140,20 @@ def build_waits(con, t: str, coll: str, name: str) -> None:
     con.execute(f"CREATE OR REPLACE TABLE {name} AS {waits_sql(t, coll)}")
 
 
+_P2P_X = "pg, t_enqueue_ns, t_end_ns, bytes, async_op, site, step, block_ns, pair_seq"
+
+
 def p2p_sql(t: str) -> str:
     """SELECT of the matched point-to-point pairs (see build_p2p)."""
     return f"""
-        WITH x AS MATERIALIZED (
+        WITH x AS (
             SELECT pg, op, rank, peer, t_enqueue_ns, t_end_ns, bytes, async_op, site, step,
                    CASE WHEN coalesce(async_op, false) THEN t_wait_ns ELSE t_enqueue_ns END AS block_ns,
                    row_number() OVER (PARTITION BY pg, op, rank, peer ORDER BY t_enqueue_ns, op_id) AS pair_seq
             FROM {t}
             WHERE ckey IS NULL AND peer IS NOT NULL AND peer >= 0 AND kind = 'op' AND op IN ('send', 'recv')),
-        s AS (SELECT x.* EXCLUDE (op, rank, peer), rank AS src, peer AS dst FROM x WHERE op = 'send'),
-        r AS (SELECT x.* EXCLUDE (op, rank, peer), peer AS src, rank AS dst FROM x WHERE op = 'recv')
+        s AS (SELECT {_P2P_X}, rank AS src, peer AS dst FROM x WHERE op = 'send'),
+        r AS (SELECT {_P2P_X}, peer AS src, rank AS dst FROM x WHERE op = 'recv')
         SELECT coalesce(s.pg, r.pg) AS pg, coalesce(s.src, r.src) AS src, coalesce(s.dst, r.dst) AS dst,
                coalesce(s.pair_seq, r.pair_seq) AS pair_seq, coalesce(s.bytes, r.bytes) AS bytes,
                s.t_enqueue_ns AS send_enter_ns, s.t_end_ns AS send_leave_ns,
@@ -162,10 +180,10 @@ def build_p2p(con, t: str, name: str) -> None:
 def wait_rank_step_sql(waits: str, p2p: str) -> str:
     """SELECT of wait-state totals per (rank, step) (see build_wait_rank_step)."""
     return f"""
-        SELECT rank, coalesce(step, -9223372036854775807) AS step, sum(wait_ns)::BIGINT AS wait_ns,
-               sum(completion_wait_ns)::BIGINT AS completion_wait_ns,
-               sum(ls)::BIGINT AS late_sender_ns, sum(lr)::BIGINT AS late_receiver_ns,
-               sum(iw)::BIGINT AS init_wait_ns
+        SELECT rank, coalesce(step, -9223372036854775807) AS step, CAST(sum(wait_ns) AS BIGINT) AS wait_ns,
+               CAST(sum(completion_wait_ns) AS BIGINT) AS completion_wait_ns,
+               CAST(sum(ls) AS BIGINT) AS late_sender_ns, CAST(sum(lr) AS BIGINT) AS late_receiver_ns,
+               CAST(sum(iw) AS BIGINT) AS init_wait_ns
         FROM (
             SELECT rank, step, CASE WHEN first_of_pg THEN 0 ELSE wait_ns END AS wait_ns,
                    CASE WHEN first_of_pg THEN 0 ELSE completion_wait_ns END AS completion_wait_ns,

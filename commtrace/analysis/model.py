@@ -28,7 +28,6 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -165,41 +164,45 @@ def _build(run) -> Model:
                 tracemalloc.reset_peak()
             print(f"model {name}: {t - _T[0]:.3f} s{mem}")
             _T[0] = t
-    rows = run.ops(columns=ROW_COLUMNS)
+    ops_t = run.table("ops")
+    coll_t = run.table("collectives")
+    rows = run.arrow(f"""SELECT {', '.join(ROW_COLUMNS)}, rid AS orid FROM {ops_t}
+                         WHERE kind = 'op' ORDER BY rank, t_enqueue_ns""")
     tick("ops")
     n = rows.num_rows
-    rows = rows.append_column("rid", pa.array(np.arange(n, dtype=np.int64)))
-    coll = run.collectives().select(["pg", "seq", "complete", "bytes", "busbw_factor"])
-    con = duckdb.connect()
-    con.register("o", rows)
-    con.register("k", coll)
-    coll_list = ", ".join(f"'{o}'" for o in OPS.COLLECTIVE_OPS)
-    # One row per slot: (comm key, rid). Collectives: complete matched (pg, seq). P2P: the
-    # n-th send r->p matched with the n-th recv on p from r (metrics.md), both completed.
-    slots = con.sql(f"""
+    # One row per slot: (comm key, the run's row id). Collectives: complete matched (pg, seq),
+    # by the run's integer collective key. P2P: the n-th send r->p matched with the n-th recv
+    # on p from r (metrics.md), both completed.
+    slots = run.arrow(f"""
         WITH c AS (
-            SELECT 0 AS is_p2p, o.pg, o.seq, 0 AS src, 0 AS dst, o.rid, o.rank, o.t_enqueue_ns AS te,
+            SELECT 0 AS is_p2p, k.ckey, k.pg, k.seq, 0 AS src, 0 AS dst, o.rid, o.rank,
                    k.bytes AS cbytes, k.busbw_factor AS factor
-            FROM o JOIN k ON k.pg = o.pg AND k.seq = o.seq
-            WHERE o.op IN ({coll_list}) AND k.complete AND o.t_enqueue_ns IS NOT NULL
+            FROM {ops_t} o JOIN {coll_t} k ON k.ckey = o.ckey
+            WHERE o.kind = 'op' AND k.complete AND o.t_enqueue_ns IS NOT NULL
               AND o.t_end_ns IS NOT NULL AND o.t_return_ns IS NOT NULL),
         x AS (
-            SELECT rid, pg, op, rank, peer, t_enqueue_ns, bytes,
+            SELECT rid, pg, op, rank, peer, bytes,
                    row_number() OVER (PARTITION BY pg, op, rank, peer ORDER BY t_enqueue_ns, op_id) AS ps
-            FROM o WHERE op IN ('send', 'recv') AND peer IS NOT NULL AND peer >= 0
-              AND t_enqueue_ns IS NOT NULL AND t_end_ns IS NOT NULL AND t_return_ns IS NOT NULL),
+            FROM {ops_t} WHERE kind = 'op' AND ckey IS NULL AND op IN ('send', 'recv') AND peer IS NOT NULL
+              AND peer >= 0 AND t_enqueue_ns IS NOT NULL AND t_end_ns IS NOT NULL AND t_return_ns IS NOT NULL),
         s AS (SELECT * FROM x WHERE op = 'send'),
         r AS (SELECT * FROM x WHERE op = 'recv'),
         p AS (
             SELECT s.pg, s.ps, s.rank AS src, s.peer AS dst, s.rid AS srid, r.rid AS rrid,
-                   s.rank AS srank, r.rank AS rrank, s.t_enqueue_ns AS ste, r.t_enqueue_ns AS rte,
-                   coalesce(s.bytes, r.bytes) AS cbytes
+                   s.rank AS srank, r.rank AS rrank, coalesce(s.bytes, r.bytes) AS cbytes
             FROM s JOIN r ON s.pg = r.pg AND s.rank = r.peer AND s.peer = r.rank AND s.ps = r.ps)
-        SELECT is_p2p, pg, seq, src, dst, rid, rank, te, cbytes, factor FROM c
-        UNION ALL SELECT 1, pg, ps, src, dst, srid, srank, ste, cbytes, 1.0 FROM p
-        UNION ALL SELECT 1, pg, ps, src, dst, rrid, rrank, rte, cbytes, 1.0 FROM p
-        ORDER BY 1, 2, 4, 5, 3, 7""").to_arrow_table()
-    con.close()
+        SELECT * FROM (
+            SELECT is_p2p, ckey, pg, seq, src, dst, rid, rank, cbytes, factor FROM c
+            UNION ALL SELECT 1, NULL, pg, ps, src, dst, srid, srank, cbytes, 1.0 FROM p
+            UNION ALL SELECT 1, NULL, pg, ps, src, dst, rrid, rrank, cbytes, 1.0 FROM p)
+        ORDER BY is_p2p, ckey, pg, src, dst, seq, rank""")
+    # the run's row ids -> positions in `rows`
+    orid = _col(rows, "orid", dtype=np.int64)
+    oo = np.argsort(orid)
+    s_rid_run = _col(slots, "rid", dtype=np.int64)
+    j = np.clip(np.searchsorted(orid[oo], s_rid_run), 0, max(n - 1, 0))
+    s_rid_mapped = oo[j] if n else np.zeros(0, np.int64)
+    del orid, oo, j, s_rid_run
     tick("slots sql")
 
     rank_r = _col(rows, "rank", dtype=np.int64)
@@ -265,7 +268,7 @@ def _build(run) -> Model:
     ev_first[rank_lo] = True
 
     # ---- slots and communications
-    s_rid = _col(slots, "rid", dtype=np.int64)
+    s_rid = s_rid_mapped
     s_is_p2p = _col(slots, "is_p2p", dtype=np.int64).astype(bool)
     s_pgc, pg_vals = _dict_values(slots, "pg")
     s_seq = _col(slots, "seq", fill=-1, dtype=np.int64)

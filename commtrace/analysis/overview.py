@@ -54,15 +54,14 @@ def job_state(run, manifest: dict | None = None, snapshots: dict | None = None,
             "rank_exit_codes": j.get("rank_exit_codes") or []}
 
 
-def _step_spans(run) -> dict:
-    """(rank, step) -> step time (ns) on that rank: from the step's first event to the next
-    step's first event (the last step: to the rank's last event)."""
-    rows = run._sql(f"""
-        SELECT rank, step, t0, coalesce(lead(t0) OVER (PARTITION BY rank ORDER BY step), t_last) - t0
+def _step_spans(run):
+    """Arrow table (rank, step, t0, t_ns): the step time on that rank, from the step's first event
+    to the next step's first event (the last step: to the rank's last event)."""
+    return run._arrow(f"""
+        SELECT rank, step, t0, greatest(coalesce(lead(t0) OVER (PARTITION BY rank ORDER BY step), t_last) - t0, 0) AS t_ns
         FROM (SELECT rank, step, min(t_enqueue_ns) AS t0,
                      max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)) AS t_last
-              FROM {run._t} WHERE step IS NOT NULL GROUP BY rank, step)""").fetchall()
-    return {(int(r), int(s)): (int(t0), max(int(d or 0), 0)) for r, s, t0, d in rows}
+              FROM {run._t} WHERE step IS NOT NULL AND t_enqueue_ns IS NOT NULL GROUP BY rank, step)""")
 
 
 def _fractions(step_ns: float, exposed_s: float, wait_s: float) -> dict:
@@ -89,29 +88,24 @@ def headline(run) -> dict:
     whole = _fractions(t_span * max(len(pr), 1), tot["exposed_s"], tot["wait_s"])
     whole["overlap_ratio"] = tot["overlapped_s"] / tot["inflight_s"] if tot["inflight_s"] > 0 else None
     whole.update({k: tot[k] for k in tot})
-    spans = _step_spans(run)
-    acc: dict[int, dict] = {}
-    for r in run.per_step().to_pylist():
-        if r["step"] is None:
-            continue
-        s = int(r["step"])
-        a = acc.setdefault(s, {"t_ns": 0.0, "t0": None, "exposed_s": 0.0, "wait_s": 0.0, "inflight_s": 0.0,
-                               "overlapped_s": 0.0, "ranks": 0})
-        t0, d = spans.get((int(r["rank"]), s), (None, 0))
-        a["t_ns"] += d
-        if t0 is not None:
-            a["t0"] = t0 if a["t0"] is None else min(a["t0"], t0)
-        for k in ("exposed_s", "wait_s", "inflight_s", "overlapped_s"):
-            a[k] += float(r.get(k) or 0.0)
-        a["ranks"] += 1
+    # per step, summed over ranks (SQL over the two Arrow tables: thousands of steps x ranks)
+    import duckdb
+    con = duckdb.connect()
+    con.register("ps", run.per_step())
+    con.register("sp", _step_spans(run))
+    agg = con.sql("""
+        SELECT ps.step, sum(coalesce(sp.t_ns, 0))::DOUBLE AS t_ns, min(sp.t0) AS t0, count(*) AS ranks,
+               sum(coalesce(exposed_s, 0)) AS exposed_s, sum(coalesce(wait_s, 0)) AS wait_s,
+               sum(coalesce(inflight_s, 0)) AS inflight_s, sum(coalesce(overlapped_s, 0)) AS overlapped_s
+        FROM ps LEFT JOIN sp ON sp.rank = ps.rank AND sp.step = ps.step
+        WHERE ps.step IS NOT NULL GROUP BY ps.step ORDER BY ps.step""").fetchall()
+    con.close()
     steps = []
-    for s in sorted(acc):
-        a = acc[s]
-        f = _fractions(a["t_ns"], a["exposed_s"], a["wait_s"])
-        steps.append({"step": s, "t_s": (a["t0"] - run.t_min_ns) / 1e9 if a["t0"] is not None and run.t_min_ns is not None else None,
-                      "step_s": a["t_ns"] / 1e9 / max(a["ranks"], 1), **f,
-                      "overlap_ratio": a["overlapped_s"] / a["inflight_s"] if a["inflight_s"] > 0 else None,
-                      "exposed_s": a["exposed_s"], "wait_s": a["wait_s"]})
+    for s_, t_ns, t0, n, ex, w, inf, ov in agg:
+        f = _fractions(t_ns, ex, w)
+        steps.append({"step": int(s_), "t_s": (t0 - run.t_min_ns) / 1e9 if t0 is not None and run.t_min_ns is not None else None,
+                      "step_s": t_ns / 1e9 / max(n, 1), **f,
+                      "overlap_ratio": ov / inf if inf > 0 else None, "exposed_s": ex, "wait_s": w})
     return {"world_size": run.world_size, "ranks": len(run.ranks), "missing_ranks": list(run.missing_ranks),
             "duration_s": t_span / 1e9, "steps": len(steps), "run": whole, "per_step": steps}
 
@@ -122,7 +116,9 @@ def health(run, findings=None) -> list[dict]:
     ``not_joined``, ...) or None."""
     findings = run.findings() if findings is None else findings
     flag: dict[int, str] = {}
-    for f in findings:  # sorted by severity: the first one naming a rank wins
+    from .findings import SEVERITY_ORDER
+    # by severity (the findings list itself is ordered by projected gain): the first naming a rank wins
+    for f in sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 9)):
         if f.rank is not None and int(f.rank) not in flag:
             flag[int(f.rank)] = f.kind
     return [{"rank": int(r["rank"]), "wait_s": r["wait_s"], "exposed_s": r["exposed_s"],

@@ -38,6 +38,17 @@ def quote(s) -> str:
     return "'" + str(s).replace("'", "''") + "'"
 
 
+#: 2 ** CKEY_SHIFT: collective keys are built and split with arithmetic (portable SQL).
+CKEY_MUL = 1 << CKEY_SHIFT
+
+
+def pg_index_sql(expr: str, pgs) -> str:
+    """SQL: the 1-based index of group name `expr` in the load-time list (NULL when absent)."""
+    if not pgs:
+        return "CAST(NULL AS BIGINT)"
+    return "CASE " + expr + " " + " ".join(f"WHEN {quote(p)} THEN {i + 1}" for i, p in enumerate(pgs)) + " END"
+
+
 def pg_list_sql(pgs) -> str:
     """The load-time list of group names as a SQL VARCHAR[] literal (a key's group index)."""
     return "[" + ", ".join(quote(p) for p in pgs) + "]::VARCHAR[]"
@@ -45,7 +56,15 @@ def pg_list_sql(pgs) -> str:
 
 def pg_of_ckey(expr: str, pgs) -> str:
     """SQL: the group name of a collective key (its index in the load-time group list)."""
-    return f"list_extract({pg_list_sql(pgs)}, CAST({expr} >> {CKEY_SHIFT} AS INTEGER))"
+    if not pgs:
+        return "CAST(NULL AS VARCHAR)"
+    idx = f"CAST(floor({expr} / {CKEY_MUL}) AS BIGINT)"
+    return "CASE " + idx + " " + " ".join(f"WHEN {i + 1} THEN {quote(p)}" for i, p in enumerate(pgs)) + " END"
+
+
+def seq_of_ckey(expr: str) -> str:
+    """SQL: the seq of a collective key."""
+    return f"({expr} % {CKEY_MUL})"
 
 
 def rank_filter(ranks) -> str:

@@ -104,9 +104,9 @@ def parse_duration_ns(text: str) -> int:
 
 #: Op positions x ranks simulated per block: bounds the generator's memory (about 100 bytes per
 #: element at peak) whatever the size of the run.
-BLOCK_ELEMENTS = 2_000_000
+BLOCK_ELEMENTS = 1_000_000
 #: Rows of the whole run per group of ranks read back from the spool at once.
-SPOOL_GROUP_ROWS = 2_000_000
+SPOOL_GROUP_ROWS = 1_000_000
 
 
 def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=None, mismatch=(),

@@ -126,6 +126,21 @@ static PyGetSetDef ctx_getset[] = {
     {NULL},
 };
 
+/* A wrapper compares equal to (and hashes as) torch's function it wraps: code that looks the
+ * function up by value finds it under either, as torch.compile's collective rewrite does
+ * (`fn in (dist.all_reduce, ...)` with torch's function against the installed wrapper). */
+static PyObject *ctx_richcompare(PyObject *self, PyObject *other, int op) {
+    PyObject *orig = ((FastCtx *)self)->orig;
+    if ((op == Py_EQ || op == Py_NE) && orig != NULL && other == orig)
+        return PyBool_FromLong(op == Py_EQ);
+    Py_RETURN_NOTIMPLEMENTED;
+}
+
+static Py_hash_t ctx_hash(PyObject *self) {
+    PyObject *orig = ((FastCtx *)self)->orig;
+    return orig != NULL ? PyObject_Hash(orig) : _Py_HashPointer(self);
+}
+
 /* The wrapper itself: called like torch's function (vectorcall, no argument packing). */
 static PyTypeObject FastCtxType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -139,6 +154,8 @@ static PyTypeObject FastCtxType = {
     .tp_getattro = PyObject_GenericGetAttr,
     .tp_setattro = PyObject_GenericSetAttr,
     .tp_getset = ctx_getset,
+    .tp_richcompare = ctx_richcompare,
+    .tp_hash = ctx_hash,
     .tp_doc = "A torch.distributed function recorded by commtrace (see __wrapped__).",
 };
 
@@ -822,6 +839,12 @@ static int as_cache(PyObject *rec) {
     return 0;
 }
 
+/* acst for `rec` again after a call that released the GIL (another thread may have cached
+ * another recorder meanwhile). 0: ok. */
+static inline int as_recache(PyObject *rec) {
+    return acst.rec == rec ? 0 : as_cache(rec);
+}
+
 static int as_usable(PyObject *rec) {
     return as_on && as_cache(rec) == 0 && acst.now_ok;
 }
@@ -1241,8 +1264,8 @@ static PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObje
     t_depth = 0;
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
-    int mine = 1;
-    if (listed) {   /* Recorder.end_blocking: False when a final flush already wrote it */
+    int mine = as_recache(rec) == 0;
+    if (mine && listed) {   /* Recorder.end_blocking: False when a final flush already wrote it */
         mine = PyDict_GetItemWithError(acst.blocking, opid) != NULL &&
                PyDict_DelItem(acst.blocking, opid) == 0;
         CLEAR_ERR();
@@ -1359,7 +1382,8 @@ static PyObject *as_wait(WaitW *w, PyObject *rec, PyObject *const *args, size_t 
             as_complete(row, t1, s_how_wait);
         pset(p, P_WAITED, Py_True);
         if (PyList_GET_ITEM(row, C_T_END) != Py_None) {
-            as_release(rec, p);
+            if (as_recache(rec) == 0)
+                as_release(rec, p);
         } else {
             PyObject *z = PyObject_CallMethodNoArgs(rec, s_wake);
             Py_XDECREF(z);
@@ -1930,6 +1954,94 @@ static PyObject *make_wait(PyObject *module, PyObject *args) {
     return (PyObject *)w;
 }
 
+/* around(orig, before, after): a wrapper whose call of torch's function runs from C, so that a
+ * warning torch raises inside with `stacklevel` points at the user's line, not at commtrace's
+ * (a Python wrapper is one frame more). before(*args, **kwargs) -> token or None (None: just
+ * call orig); after(token, result, exception) runs once orig returned or raised. Neither may
+ * raise into the user's code: an error of theirs is cleared. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;
+    PyObject *orig, *before, *after;
+} AroundW;
+
+static PyObject *around_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                   PyObject *kwnames) {
+    AroundW *a = (AroundW *)self;
+    PyObject *tok = PyObject_Vectorcall(a->before, args, nargsf, kwnames);
+    if (tok == NULL) {
+        PyErr_Clear();
+        return PyObject_Vectorcall(a->orig, args, nargsf, kwnames);
+    }
+    if (tok == Py_None) {
+        Py_DECREF(tok);
+        return PyObject_Vectorcall(a->orig, args, nargsf, kwnames);
+    }
+    PyObject *ret = PyObject_Vectorcall(a->orig, args, nargsf, kwnames);
+    if (ret == NULL) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyErr_NormalizeException(&et, &ev, &tb);
+        PyObject *r = PyObject_CallFunctionObjArgs(a->after, tok, Py_None,
+                                                   ev ? ev : Py_None, NULL);
+        if (r == NULL)
+            PyErr_Clear();
+        Py_XDECREF(r);
+        Py_DECREF(tok);
+        PyErr_Restore(et, ev, tb);
+        return NULL;
+    }
+    PyObject *r = PyObject_CallFunctionObjArgs(a->after, tok, ret, Py_None, NULL);
+    if (r == NULL)
+        PyErr_Clear();
+    Py_XDECREF(r);
+    Py_DECREF(tok);
+    return ret;
+}
+
+static void around_dealloc(AroundW *a) {
+    Py_CLEAR(a->dict); Py_CLEAR(a->orig); Py_CLEAR(a->before); Py_CLEAR(a->after);
+    Py_TYPE(a)->tp_free((PyObject *)a);
+}
+
+static PyTypeObject AroundType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "commtrace.capture._fastpath.AroundWrapper",
+    .tp_basicsize = sizeof(AroundW),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_dealloc = (destructor)around_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(AroundW, vectorcall),
+    .tp_dictoffset = offsetof(AroundW, dict),
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_getset = ctx_getset,
+    .tp_doc = "A function recorded by commtrace around its call (see __wrapped__).",
+};
+
+static PyObject *around(PyObject *module, PyObject *args) {
+    PyObject *orig, *before, *after;
+    if (!PyArg_ParseTuple(args, "OOO", &orig, &before, &after))
+        return NULL;
+    AroundW *a = PyObject_New(AroundW, &AroundType);
+    if (a == NULL)
+        return NULL;
+    a->vectorcall = around_vectorcall;
+    a->dict = NULL;
+    a->orig = orig; Py_INCREF(orig);
+    a->before = before; Py_INCREF(before);
+    a->after = after; Py_INCREF(after);
+    return (PyObject *)a;
+}
+
+/* instancemethod(callable) -> the object pybind11 puts on a class for a C++ method (what
+ * torch's own Work.wait is). Dynamo recognises it as a method of a C++ class, exactly as it
+ * does torch's: a Work.wait replaced by one stays out of compiled graphs the same way. */
+static PyObject *instancemethod(PyObject *module, PyObject *fn) {
+    return PyInstanceMethod_New(fn);
+}
+
 /* depth() -> 1 while this thread is inside a call the C path is recording, else 0. */
 static PyObject *depth(PyObject *module, PyObject *unused) {
     return PyBool_FromLong(t_depth);
@@ -2011,6 +2123,8 @@ static PyMethodDef methods[] = {
     {"counts", counts, METH_NOARGS,
      "(calls recorded in C, calls handed to the Python wrapper, source line of the last)."},
     {"invalidate", invalidate, METH_NOARGS, "Forget cached process-group facts (and the groups)."},
+    {"instancemethod", instancemethod, METH_O, "Wrap a callable as a C++ class method."},
+    {"around", around, METH_VARARGS, "around(orig, before, after): call orig from C between them."},
     {"depth", depth, METH_NOARGS, "True while this thread is inside a call the C path records."},
     {"set_tensor_api", set_tensor_api, METH_VARARGS, "set_tensor_api(numel, get_device, dtype_descriptor, exact_types)."},
     {"make_wait", make_wait, METH_VARARGS, "make_wait(orig_wait, python_wait, recorder_module)."},
@@ -2037,7 +2151,7 @@ static struct PyModuleDef moddef = {
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
     if (PyType_Ready(&FastCtxType) < 0 || PyType_Ready(&WaitType) < 0 ||
-        PyType_Ready(&DoneType) < 0 ||
+        PyType_Ready(&AroundType) < 0 || PyType_Ready(&DoneType) < 0 ||
         PyType_Ready(&CountersType) < 0 || PyType_Ready(&OpIdsType) < 0)
         return NULL;
     INTERN(s_recorder, "_recorder"); INTERN(s_dict, "__dict__"); INTERN(s_depth, "depth");

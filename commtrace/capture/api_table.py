@@ -40,6 +40,7 @@ class ApiSpec:
     always_async: bool = False
     object: bool = False          # object collective: sizes come from inner tensor calls
     positional: tuple = ()        # parameter names, for C++ functions without a signature
+    sizes: str | None = None      # a dedicated size rule (wrappers._SIZE_RULES)
 
     @property
     def p2p(self) -> bool:
@@ -93,9 +94,13 @@ API_TABLE: dict[str, ApiSpec] = {
     "_broadcast_coalesced": ApiSpec("broadcast", ins="tensors*", outs="tensors*",
                                     root=("", "src"), group="process_group", async_param=None,
                                     positional=("process_group", "tensors", "buffer_size", "src")),
+    # Its sizes are those of its all_gather: one int64 per rank (the parameter count). The
+    # same C++ call then broadcasts 2 int64 per parameter dimension (shapes, strides) from
+    # rank 0, not a row of its own (docs/trace-format.md).
     "_verify_params_across_processes": ApiSpec("all_gather", group="process_group",
                                                async_param=None,
-                                               positional=("process_group", "params", "logger")),
+                                               positional=("process_group", "params", "logger"),
+                                               sizes="ddp_verify_params"),
 }
 
 #: Functions wrapped by dedicated code rather than through API_TABLE.
@@ -138,6 +143,70 @@ SKIPPED: dict[str, str] = {
 
 #: Name patterns of query/config functions that never communicate (prefix match).
 NON_COMMUNICATING_PREFIXES = ("get_", "is_", "set_", "supports_", "GroupName")
+
+#: Public classes of torch.distributed, with the reason commtrace does not wrap them.
+CLASS_REASONS: dict[str, str] = {
+    "ProcessGroup": "its methods (pg.allreduce(...)) are the backend's C++ entry points that "
+                    "the wrapped functions call; not wrapped: see PROCESS_GROUP_METHODS",
+    "ProcessGroupGloo": "a ProcessGroup backend (see ProcessGroup)",
+    "ProcessGroupNCCL": "a ProcessGroup backend (see ProcessGroup)",
+    "Work": "handle of an issued op; Work.wait is patched for t_wait_ns / t_wait_end_ns",
+    "P2POp": "describes a send/recv; it runs (and is recorded) in batch_isend_irecv",
+    "Backend": "backend names and registry; no communication",
+    "BackendConfig": "backend configuration; no communication",
+    "BuiltinCommHookType": "enum of DDP's C++ hooks (commtrace's DDP module handles them)",
+    "DebugLevel": "enum of debug levels",
+    "ReduceOp": "enum of reduction operators",
+    "GroupMember": "constants (WORLD, NON_GROUP_MEMBER)",
+    "group": "namespace holding the WORLD group",
+    "DeviceMesh": "creates groups (new_group / split_group); its collectives are the functional "
+                  "ones, wrapped",
+    "GradBucket": "DDP bucket handed to comm hooks; no communication",
+    "Logger": "DDP logging; no communication",
+    "Reducer": "DDP's C++ reducer: its gradient all-reduces bypass Python; recorded through "
+               "the DDP comm hook (commtrace/capture/ddp.py)",
+    "AsyncCollectiveTensor": "result of a functional collective; its wait is the wrapped "
+                             "wait_tensor",
+}
+
+#: ProcessGroup's public methods, none wrapped. They are the backend's C++ API that every
+#: wrapped torch.distributed function ends in: wrapping them would record each op twice (or
+#: need a depth check on every op), and the C++ callers (DDP's reducer, compiled graphs) do not
+#: go through the Python bindings anyway. A direct ``pg.allreduce([t])`` from Python (some
+#: libraries and PyTorch's own tests) is therefore not recorded (docs/faq.md). The coverage
+#: test fails when torch adds a method, so that this stays a decision.
+PROCESS_GROUP_METHODS = frozenset({
+    "abort", "all_gather_single", "all_gather_single_coalesced", "all_to_all_single",
+    "allgather", "allgather_coalesced", "allgather_into_tensor_coalesced", "allreduce",
+    "allreduce_coalesced", "alltoall", "alltoall_base", "barrier", "bound_device_id", "boxed",
+    "broadcast", "gather", "get_group_store", "group_desc", "group_name", "merge_remote_group",
+    "monitored_barrier", "name", "rank", "recv", "recv_anysource", "reduce", "reduce_scatter",
+    "reduce_scatter_single", "reduce_scatter_single_coalesced",
+    "reduce_scatter_tensor_coalesced", "scatter", "send", "set_timeout", "shutdown", "size",
+    "split_group", "unbox", "use_pg_for_symm_mem_rendezvous",
+})
+
+
+def c10d_reason(name: str, obj) -> str | None:
+    """Why public callable `name` (`obj`) of torch.distributed / distributed_c10d is fine as it
+    is: wrapped, or needs no wrapper. None: unaccounted for (tests/test_capture_coverage.py)."""
+    import inspect
+
+    if name in API_TABLE:
+        return "wrapped"
+    for d in (SPECIAL, SKIPPED, CLASS_REASONS):
+        if name in d:
+            return d[name]
+    if name.startswith(NON_COMMUNICATING_PREFIXES):
+        return "query or configuration function (name pattern)"
+    if inspect.isclass(obj):
+        if issubclass(obj, BaseException):
+            return "exception class"
+        if name.endswith("Options"):
+            return "options passed to a ProcessGroup method; no communication"
+        if any(c.__name__ == "Store" for c in obj.__mro__):
+            return "key-value store (rendezvous traffic, not a process-group op)"
+    return None
 
 
 def param_index(fn, spec: ApiSpec) -> dict[str, int]:

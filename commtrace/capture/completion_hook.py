@@ -12,8 +12,10 @@ are claimed by count. A record nobody claimed becomes a row of its own with ``ap
 op from ``op_type``, ``torch_seq`` = ``WorkInfo.seq``, ``t_enqueue_ns`` = ``time_started``
 (when the Work was created), ``t_end_ns`` = ``time_finished`` (when NCCL's watchdog saw it
 complete: an upper bound, ``completion="hook"``), ``detail`` with the device-measured
-``active_duration_ns``; no call site, sizes or dtype (WorkInfo has none), ``seq`` null (it is
-not in commtrace's own numbering).
+``active_duration_ns``; no call site, sizes or dtype (WorkInfo has none). On a hooked group the
+``seq`` of every collective, wrapped or not, is the group's own number (NCCL's
+``seqCollective_``, the same on every member), so that c++ rows match across ranks like the
+others; point-to-point rows keep commtrace's per-pair numbering.
 
 Opt-in (``Config.completion_hook``, ``COMMTRACE_COMPLETION_HOOK=1``): NCCL needs
 ``TORCH_NCCL_ENABLE_TIMING=1`` for it (it records CUDA events around every op), calls the
@@ -142,9 +144,17 @@ def claim(name: str, lo, hi, op: str, row=None) -> None:
         elif op in ("send", "recv"):
             _p2p[name] = _p2p.get(name, 0) + 1
     if row is not None and hi is not None:
-        from .recorder import I_TORCH_SEQ
+        from .recorder import I_SEQ, I_TORCH_SEQ
 
-        row[I_TORCH_SEQ] = hi
+        if lo is not None and op not in ("send", "recv"):
+            # On a hooked group a collective's seq is the group's own number (the same on
+            # every member): the c++ rows, numbered by NCCL, then match across ranks too. A
+            # call that moved no number (queued in a coalescing block, numbered when the
+            # block ends) has none: unmatched rather than matched against another op.
+            row[I_SEQ] = hi if hi > lo else None
+            row[I_TORCH_SEQ] = hi if hi > lo else None
+        else:
+            row[I_TORCH_SEQ] = hi
 
 
 def _ns(t):
@@ -225,6 +235,9 @@ def _row(rec, name, ot, seq, info) -> list:
         "kind": S.KIND_OP, "rank": rec.rank, "pg": name, "pg_size": size,
         "op": OP_OF.get(ot, ot.lower()), "api": "c++", "backend": backend,
         "t_enqueue_ns": t0, "t_end_ns": t1, "completion": "hook" if t1 is not None else None,
+        # collectives: NCCL's number is the group's seq on every member; p2p and coalesced
+        # Works are numbered apart (seqP2P_) or ambiguously: not matched
+        "seq": seq if ot not in P2P_TYPES and ot != "COALESCED" else None,
         "torch_seq": seq, "step": rec.step, "op_id": rec.new_op_id(),
         "detail": json.dumps({"op_type": ot, "active_duration_ns": dur}),
     }

@@ -40,6 +40,30 @@ class _HookState:
         self.user_state = None
 
 
+_default_hooks = None   # torch.distributed.algorithms.ddp_comm_hooks.default_hooks, once imported
+_bucket_detail: dict = {}   # bucket index -> its detail text (built once: this runs per bucket)
+
+
+def _allreduce_hook(process_group, bucket):
+    global _default_hooks
+    if _default_hooks is None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        _default_hooks = default_hooks
+    return _default_hooks.allreduce_hook(process_group, bucket)
+
+
+def _detail_of(bucket):
+    try:
+        i = int(bucket.index())
+    except Exception:
+        return None
+    d = _bucket_detail.get(i)
+    if d is None:
+        d = _bucket_detail[i] = json.dumps({"ddp_bucket": i})
+    return d
+
+
 def _dispatch(state: _HookState, bucket):
     """The one hook commtrace registers on a DDP model (see module docstring)."""
     hook = state.user_hook
@@ -47,21 +71,14 @@ def _dispatch(state: _HookState, bucket):
     if rec is None:
         if hook is not None:
             return hook(state.user_state, bucket)
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        return default_hooks.allreduce_hook(state.process_group, bucket)
+        return _allreduce_hook(state.process_group, bucket)
     prev_api, prev_detail = tls.api, tls.detail
-    try:
-        tls.detail = json.dumps({"ddp_bucket": int(bucket.index())})
-    except Exception:
-        tls.detail = None
+    tls.detail = _detail_of(bucket)
     try:
         if hook is not None:
             return hook(state.user_state, bucket)
         tls.api = "ddp_comm_hook"
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        return default_hooks.allreduce_hook(state.process_group, bucket)
+        return _allreduce_hook(state.process_group, bucket)
     finally:
         tls.api, tls.detail = prev_api, prev_detail
 
@@ -79,7 +96,18 @@ def _annotate(fn):
 def _install_dispatcher(ddp, orig_register, user_hook=None, user_state=None) -> bool:
     state = _HookState(ddp.process_group)
     state.user_hook, state.user_state = user_hook, user_state
-    orig_register(ddp, state, _dispatch)
+    if user_hook is None:
+        # No hook of the user's: register with the reducer only, as register_comm_hook does
+        # minus its bookkeeping, so that DDP reads as without commtrace: its logging data has
+        # no "comm_hook" and its hook list (which DDP's Python reducer under compiled autograd
+        # calls with other arguments) stays empty.
+        import torch.distributed as dist
+
+        _annotate(_dispatch)
+        ddp._check_comm_hook(_dispatch)
+        dist._register_comm_hook(ddp.reducer, state, _dispatch)
+    else:
+        orig_register(ddp, state, _dispatch)
     ddp.__dict__["_commtrace_hook_state"] = state
     if user_hook is not None:
         # Show the user's hook, not ours, in DDP's logging data and hook list.

@@ -12,33 +12,113 @@ from __future__ import annotations
 
 import functools
 import sys
+from dataclasses import dataclass
 
 from ..format import schema as S
 from . import log
 from . import recorder as _R
-from .recorder import (I_API, I_BYTES, I_COUNT, I_DEVICE, I_DTYPE, I_FIRST, I_OUT_BYTES, I_ROOT,
-                       I_SEQ, I_T_END, I_T_RET, I_T_WAIT, I_T_WAIT_END)
+from .recorder import (I_API, I_BYTES, I_COUNT, I_DEVICE, I_DTYPE, I_FIRST, I_OUT_BYTES, I_PEER,
+                       I_ROOT, I_SEQ, I_T_END, I_T_RET, I_T_WAIT, I_T_WAIT_END)
 from .registry import ORIGINAL_ATTR, original_of, patch, restore
 from . import wrappers as W
 
 MOD = "torch.distributed._functional_collectives"
 
-#: funcol function -> (canonical op, input param index, output size rule, root param name)
-#: out rule: "same" (= input bytes), "x_n" (input x group size), "div_n" (input / group size).
-FUNCOL_TABLE = {
-    "all_reduce": ("all_reduce", "same", None),
-    "all_reduce_coalesced": ("all_reduce", "same", None),
-    "all_gather_tensor": ("all_gather", "x_n", None),
-    "all_gather_tensor_autograd": ("all_gather", "x_n", None),
-    "all_gather_into_tensor_coalesced": ("all_gather", "x_n", None),
-    "reduce_scatter_tensor": ("reduce_scatter", "div_n", None),
-    "reduce_scatter_tensor_autograd": ("reduce_scatter", "div_n", None),
-    "reduce_scatter_tensor_coalesced": ("reduce_scatter", "div_n", None),
-    "all_to_all_single": ("all_to_all", "same", None),
-    "all_to_all_single_autograd": ("all_to_all", "same", None),
-    "broadcast": ("broadcast", "same", "src"),
-    "permute_tensor": ("all_to_all", "same", None),
+@dataclass(frozen=True)
+class FuncolSpec:
+    """How to read one functional collective."""
+
+    op: str                    # canonical op (commtrace.ops)
+    out: str = "same"          # out_bytes: "same" (= input bytes), "x_n" (x group size),
+    #                            "div_n" (/ group size)
+    ins: str = "self"          # parameter holding the input tensor (or list of tensors)
+    root: str | None = None    # root parameter (global rank)
+    peer: tuple = ()           # (global-rank param, group-rank param) of isend/irecv_inplace
+    group: str = "group"
+    group_tag: bool = True     # "tag" names the group (isend/irecv_inplace: a message tag)
+
+
+_AG = FuncolSpec("all_gather", "x_n")
+_RS = FuncolSpec("reduce_scatter", "div_n")
+_RSL = FuncolSpec("reduce_scatter", "div_n", ins="inputs")
+
+#: Every public function of ``torch.distributed._functional_collectives`` that issues a
+#: collective: wrapped (``api="funcol.<name>"``). The others are in FUNCOL_SKIPPED with the
+#: reason; tests/test_capture_coverage.py enumerates the module and fails on anything else.
+FUNCOL_TABLE: dict[str, FuncolSpec] = {
+    "all_reduce": FuncolSpec("all_reduce"),
+    "all_reduce_coalesced": FuncolSpec("all_reduce"),
+    "all_gather_single": _AG,
+    "all_gather_single_autograd": _AG,
+    "all_gather_single_coalesced": _AG,
+    "all_gather_tensor": _AG,
+    "all_gather_tensor_autograd": _AG,
+    "all_gather_into_tensor_coalesced": _AG,
+    "reduce_scatter_single": _RS,
+    "reduce_scatter_single_autograd": _RS,
+    "reduce_scatter_single_coalesced": _RSL,
+    "reduce_scatter_tensor": _RS,
+    "reduce_scatter_tensor_autograd": _RS,
+    "reduce_scatter_tensor_coalesced": _RSL,
+    "all_to_all_single": FuncolSpec("all_to_all"),
+    "all_to_all_single_autograd": FuncolSpec("all_to_all"),
+    "broadcast": FuncolSpec("broadcast", root="src"),
+    "permute_tensor": FuncolSpec("all_to_all"),
+    # In-place forms (what torch.compile rewrites dist.* collectives into; callable eagerly).
+    "all_reduce_inplace": FuncolSpec("all_reduce", ins="tensor"),
+    "all_gather_tensor_inplace": FuncolSpec("all_gather", "x_n", ins="input_tensor"),
+    "all_gather_inplace": FuncolSpec("all_gather", "x_n", ins="tensor"),
+    "reduce_scatter_tensor_inplace": FuncolSpec("reduce_scatter", "div_n", ins="input"),
+    "all_to_all_inplace": FuncolSpec("all_to_all", ins="input"),
+    "isend_inplace": FuncolSpec("send", ins="tensor", peer=("dst", "group_dst"),
+                                group_tag=False),
+    "irecv_inplace": FuncolSpec("recv", ins="tensor", peer=("src", "group_src"),
+                                group_tag=False),
 }
+
+#: Wrapped by dedicated code.
+FUNCOL_SPECIAL = {
+    "wait_tensor": "completion of the collective whose result it waits (t_wait_ns, t_end_ns)",
+    "batch_p2p_ops_inplace": "one row per send/recv of the batch (api="
+                             "'funcol.batch_p2p_ops_inplace')",
+}
+
+#: Public callables of the module that need no wrapper, with the reason.
+FUNCOL_SKIPPED = {
+    "allow_inflight_collective_as_graph_input_ctx": "context manager setting a flag; no "
+                                                    "communication",
+    "backend_impl": "leftover loop variable of the legacy op registration (an op kernel "
+                    "reached through torch.ops, not a Python entry point)",
+}
+#: Name patterns with the reason: autograd formulas run inside the autograd engine, which
+#: calls ``torch.ops._c10d_functional`` directly (not recorded, docs/faq.md); ``legacy_*`` are
+#: the c10d functions under another name (wrapped in torch.distributed).
+FUNCOL_SKIPPED_SUFFIXES = {
+    "_backward": "autograd backward formula: its collective is a torch.ops._c10d_functional "
+                 "call made by the autograd engine, not a Python entry point",
+    "_setup_context": "autograd context setup; no communication",
+}
+FUNCOL_SKIPPED_PREFIXES = {
+    "legacy_": "a torch.distributed function under another name (wrapped there)",
+}
+
+
+def funcol_reason(name: str) -> str | None:
+    """Why funcol's public callable `name` is fine as it is (wrapped, or needs no wrapper);
+    None: unaccounted for."""
+    if name in FUNCOL_TABLE:
+        return "wrapped"
+    for d in (FUNCOL_SPECIAL, FUNCOL_SKIPPED):
+        if name in d:
+            return d[name]
+    for suffix, why in FUNCOL_SKIPPED_SUFFIXES.items():
+        if name.endswith(suffix):
+            return why
+    for prefix, why in FUNCOL_SKIPPED_PREFIXES.items():
+        if name.startswith(prefix):
+            return why
+    return None
+
 
 _mod = None
 _pending_by_tensor: dict = {}
@@ -46,6 +126,8 @@ _name_cache: dict = {}
 
 
 def _group_info(group, tag):
+    if group is None:
+        return W.pg_info(None)   # the in-place forms default to the world group
     key = group if isinstance(group, str) else id(group)
     info = _name_cache.get(key)
     if info is not None and (isinstance(group, str) or info[0] is group):
@@ -59,28 +141,57 @@ def _group_info(group, tag):
     return pinfo
 
 
-def _make(api, orig, op, out_rule, root_param):
-    import inspect
+class _Args:
+    """Parameter lookup of one function, positions resolved once from its signature."""
 
+    def __init__(self, fn):
+        import inspect
+
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        self.idx = {p.name: i for i, p in enumerate(params)}
+        self.default = {p.name: p.default for p in params if p.default is not p.empty}
+
+    def get(self, args, kwargs, name):
+        i = self.idx.get(name)
+        if i is not None and i < len(args):
+            return args[i]
+        return kwargs.get(name, self.default.get(name))
+
+
+def _tracing() -> bool:
+    """funcol's own test for "traced, not run" (Dynamo, fake tensors, make_fx / export): its
+    calls then build a graph instead of communicating, and are not recorded."""
     try:
-        params = list(inspect.signature(orig).parameters)
-    except (TypeError, ValueError):
-        params = []
-    gi = params.index("group") if "group" in params else None
-    ti = params.index("tag") if "tag" in params else None
-    ri = params.index(root_param) if root_param and root_param in params else None
+        return bool(_mod._are_we_tracing())
+    except Exception:
+        return False
 
-    def wrapper(*args, **kwargs):
+
+def _make(api, orig, spec: FuncolSpec):
+    """The wrapper of one functional collective: ``before`` builds the row, torch's function
+    runs, ``after`` registers its completion. With the C extension the wrapper is a C object
+    (``_fastpath.around``) calling torch's function itself, so that the deprecation warnings of
+    the old names (``stacklevel=2``) point at the user's line; the Python fallback is one frame
+    more."""
+    a = _Args(orig)
+    op, out_rule = spec.op, spec.out
+
+    def before(*args, **kwargs):
         rec = _R._recorder
-        if rec is None or W.tls.depth or (W._cdepth is not None and W._cdepth()):
-            return orig(*args, **kwargs)
+        if rec is None or W.tls.depth or (W._cdepth is not None and W._cdepth()) or _tracing():
+            return None
         t0 = rec.now_ns()
         try:
-            group = args[gi] if gi is not None and gi < len(args) else kwargs.get("group")
-            tag = args[ti] if ti is not None and ti < len(args) else kwargs.get("tag", "")
+            group = a.get(args, kwargs, spec.group)
+            tag = a.get(args, kwargs, "tag") if spec.group_tag else ""
             info = _group_info(group, tag or "")
+            if info is None or not info.member:
+                return None
             row = W.new_row(rec, S.KIND_OP, info, op, "funcol." + api, True, t0)
-            x = args[0] if args else next(iter(kwargs.values()))
+            x = a.get(args, kwargs, spec.ins)
             ts = list(x) if isinstance(x, (list, tuple)) else [x]
             n, b = W._nbytes(ts)
             row[I_COUNT], row[I_BYTES] = n, b
@@ -88,25 +199,35 @@ def _make(api, orig, op, out_rule, root_param):
                 b // max(1, info.size) if out_rule == "div_n" else b)
             row[I_DTYPE] = W.dtype_name(ts[0].dtype)
             row[I_DEVICE] = str(ts[0].device)
-            if ri is not None:
-                src = args[ri] if ri < len(args) else kwargs.get(root_param)
+            if spec.root:
+                src = a.get(args, kwargs, spec.root)
                 row[I_ROOT] = int(src) if src is not None else None
-            s = rec.next_seq(info.name)
+            if spec.peer:
+                peer = a.get(args, kwargs, spec.peer[0])
+                gpeer = a.get(args, kwargs, spec.peer[1])
+                if gpeer is not None and gpeer != -1:
+                    peer = info.ranks[int(gpeer)]
+                peer = row[I_PEER] = int(peer)
+                me = rec.rank
+                s = rec.next_p2p_seq(info.name, me, peer) if op == "send" \
+                    else rec.next_p2p_seq(info.name, peer, me)
+            else:
+                s = rec.next_seq(info.name)
             row[I_SEQ], row[I_FIRST] = s, s == 0
         except Exception as e:
             log.warn_once(("funcol", api), f"cannot record funcol.{api}", e)
-            return orig(*args, **kwargs)
-        W.tls.depth += 1
+            return None
+        W.tls.depth += 1   # the calls torch's function makes are not rows of their own
         hooked = W._CH.HOOKED and info.name in W._CH.HOOKED
-        if hooked:
-            lo = W._CH.seq_of(info.pg)
-        try:
-            ret = orig(*args, **kwargs)
-        except BaseException as e:
-            W._record_error(rec, row, rec.now_ns(), e)
-            raise
-        finally:
-            W.tls.depth -= 1
+        lo = W._CH.seq_of(info.pg) if hooked else None
+        return rec, row, ts, info, hooked, lo
+
+    def after(tok, ret, exc):
+        rec, row, ts, info, hooked, lo = tok
+        W.tls.depth -= 1
+        if exc is not None:
+            W._record_error(rec, row, rec.now_ns(), exc)
+            return
         t1 = rec.now_ns()
         if hooked:
             try:
@@ -129,11 +250,103 @@ def _make(api, orig, op, out_rule, root_param):
                 rec.add_pending_tensors(row, elems, tensors=tuple(ts) + tuple(elems))
         except Exception as e:
             log.warn_once(("funcol-finish", api), f"cannot record funcol.{api}", e)
-        return ret
 
-    functools.update_wrapper(wrapper, orig)
+    wrapper = _around(orig, before, after)
+    try:
+        functools.update_wrapper(wrapper, orig)
+    except Exception:
+        pass
     setattr(wrapper, ORIGINAL_ATTR, orig)
     return wrapper
+
+
+def _around(orig, before, after):
+    try:
+        from . import _fastpath
+
+        return _fastpath.around(orig, before, after)
+    except (ImportError, AttributeError):
+        pass
+
+    def wrapper(*args, **kwargs):
+        tok = before(*args, **kwargs)
+        if tok is None:
+            return orig(*args, **kwargs)
+        try:
+            ret = orig(*args, **kwargs)
+        except BaseException as e:
+            after(tok, None, e)
+            raise
+        after(tok, ret, None)
+        return ret
+
+    return wrapper
+
+
+def _make_batch(orig):
+    """``batch_p2p_ops_inplace(op_list, peer_list, tag_list, tensors, group_name)``: one row per
+    send / recv, each completed by the wait on its own result."""
+    a = _Args(orig)
+
+    def batch_p2p_ops_inplace(*args, **kwargs):
+        rec = _R._recorder
+        if rec is None or W.tls.depth or (W._cdepth is not None and W._cdepth()) or _tracing():
+            return orig(*args, **kwargs)
+        t0 = rec.now_ns()
+        rows = []
+        try:
+            info = _group_info(a.get(args, kwargs, "group_name") or None, "")
+            if info is not None and info.member:
+                me = rec.rank
+                for kind, peer, t in zip(a.get(args, kwargs, "op_list"),
+                                         a.get(args, kwargs, "peer_list"),
+                                         a.get(args, kwargs, "tensors")):
+                    op = "send" if kind == "isend" else "recv"
+                    row = W.new_row(rec, S.KIND_OP, info, op, "funcol.batch_p2p_ops_inplace",
+                                    True, t0)
+                    row[I_COUNT], row[I_BYTES] = W._nbytes([t])
+                    row[I_OUT_BYTES] = row[I_BYTES] if op == "recv" else 0
+                    row[I_DTYPE] = W.dtype_name(t.dtype)
+                    row[I_DEVICE] = str(t.device)
+                    peer = row[I_PEER] = int(peer)
+                    s = rec.next_p2p_seq(info.name, me, peer) if op == "send" \
+                        else rec.next_p2p_seq(info.name, peer, me)
+                    row[I_SEQ], row[I_FIRST] = s, s == 0
+                    rows.append((row, t))
+        except Exception as e:
+            log.warn_once(("funcol", "batch"), "cannot record funcol.batch_p2p_ops_inplace", e)
+            rows = []
+        if not rows:
+            return orig(*args, **kwargs)
+        W.tls.depth += 1
+        try:
+            ret = orig(*args, **kwargs)
+        except BaseException as e:
+            t1 = rec.now_ns()
+            for row, _t in rows:
+                W._record_error(rec, row, t1, e)
+            raise
+        finally:
+            W.tls.depth -= 1
+        t1 = rec.now_ns()
+        try:
+            for (row, t), r in zip(rows, ret):
+                row[I_T_RET] = t1
+                e = getattr(r, "elem", None)
+                if e is None or getattr(r, "completed", False):
+                    row[I_T_END] = t1
+                    row[_R.I_COMPLETION] = "return"
+                    rec.append_row(row)
+                else:
+                    rec.add_pending_tensors(row, [e], tensors=(t, e))
+        except Exception as e:
+            log.warn_once(("funcol-finish", "batch"), "cannot record funcol.batch_p2p_ops_inplace",
+                          e)
+        return ret
+
+    functools.update_wrapper(batch_p2p_ops_inplace, orig)
+    setattr(batch_p2p_ops_inplace, ORIGINAL_ATTR, orig)
+    return batch_p2p_ops_inplace
 
 
 def _make_wait(orig):
@@ -178,11 +391,14 @@ def install() -> bool:
     except Exception as e:
         log.warn_once("funcol-import", "functional collectives not captured", e)
         return False
-    for name, (op, rule, root) in FUNCOL_TABLE.items():
+    for name, spec in FUNCOL_TABLE.items():
         f = getattr(_mod, name, None)
         if f is None or hasattr(f, ORIGINAL_ATTR):
             continue
-        patch(_mod, name, _make(name, original_of(f), op, rule, root))
+        patch(_mod, name, _make(name, original_of(f), spec))
+    f = getattr(_mod, "batch_p2p_ops_inplace", None)
+    if f is not None and not hasattr(f, ORIGINAL_ATTR):
+        patch(_mod, "batch_p2p_ops_inplace", _make_batch(f))
     f = getattr(_mod, "wait_tensor", None)
     if f is not None and not hasattr(f, ORIGINAL_ATTR):
         patch(_mod, "wait_tensor", _make_wait(f))

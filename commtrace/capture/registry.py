@@ -36,6 +36,22 @@ def patch(owner, name: str, new) -> bool:
         return False
     _ORIGINALS[key] = (owner, name, old, new)
     setattr(owner, name, new)
+    if is_wrapper(new):
+        # Under torch.compile, Dynamo traces the original, never the wrapper (compile.py).
+        from . import compile as _compile
+
+        _compile.mark(new, owner=owner)
+    return True
+
+
+def swap(owner, name: str, new) -> bool:
+    """Replace the wrapper installed at ``owner.name`` by `new` (another form of it), keeping
+    the original for :func:`restore`. Returns False when that attribute is not patched by us."""
+    entry = _ORIGINALS.get((id(owner), name))
+    if entry is None:
+        return False
+    _ORIGINALS[(id(owner), name)] = (entry[0], name, entry[2], new)
+    setattr(owner, name, new)
     return True
 
 
@@ -59,11 +75,16 @@ def restore(owner=None, name: str | None = None) -> int:
         if name is not None and nm != name:
             continue
         try:
-            if getattr(o, nm, None) is new:
+            cur = o.__dict__.get(nm) if isinstance(o, type) else getattr(o, nm, None)
+            if cur is new:
                 setattr(o, nm, old)
         except Exception:
             pass
         del _ORIGINALS[key]
+        if not any(e[3] is new for e in _ORIGINALS.values()):
+            from . import compile as _compile
+
+            _compile.unmark(new)
         n += 1
     return n
 

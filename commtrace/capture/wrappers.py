@@ -285,7 +285,11 @@ def _prepare(rec, reader: Reader, args, kwargs, t0):
     out_name, out_kind = split_param(spec.outs)
     ins = tensors_of(reader.arg(args, kwargs, in_name), in_kind) if in_name else []
     outs = tensors_of(reader.arg(args, kwargs, out_name), out_kind) if out_name else []
-    if ins or outs:
+    if spec.sizes:
+        c, b, ob, x, _ts = _SIZE_RULES[spec.sizes](reader)(args, kwargs, len(args))
+        row[I_COUNT], row[I_BYTES], row[I_OUT_BYTES] = c, b, ob
+        row[I_DTYPE], row[I_DEVICE] = dtype_name(x.dtype), device_name(x)
+    elif ins or outs:
         n, b = _nbytes(ins)
         row[I_COUNT] = n
         row[I_BYTES] = b
@@ -570,10 +574,27 @@ def _site(f):
     return site_of_frame(f)
 
 
+def _verify_params_sizes(reader: Reader):
+    """``_verify_params_across_processes(process_group, params, logger)``: its all_gather moves
+    one int64 per rank (the parameter count), on the parameters' device."""
+    def sizes(args, kwargs, n):
+        params = reader.arg(args, kwargs, "params")
+        pg = reader.arg(args, kwargs, "process_group")
+        torch = sys.modules["torch"]
+        x = torch.empty(1, dtype=torch.int64, device=params[0].device)
+        return 1, 8, 8 * pg.size(), x, ()
+    return sizes
+
+
+_SIZE_RULES = {"ddp_verify_params": _verify_params_sizes}
+
+
 def _sizes_fn(reader: Reader):
     """A function ``(args, kwargs, n) -> (count, bytes, out_bytes, first_tensor, tensors)``
     compiled for one API: positions resolved once, a single-tensor fast path (no lists)."""
     spec = reader.spec
+    if spec.sizes:
+        return _SIZE_RULES[spec.sizes](reader)
     in_name, in_kind = split_param(spec.ins)
     out_name, out_kind = split_param(spec.outs)
     i_i, i_n, i_d = reader.slot(in_name)
@@ -875,6 +896,29 @@ def _make_wait(orig_wait):
     return wait
 
 
+def instancemethod(fn):
+    """`fn` as an ``instancemethod``, the object pybind11 puts on a class for a C++ method
+    (torch's own ``Work.wait`` is one). Once Dynamo is imported, compile.py installs the
+    ``Work.wait`` wrapper this way, so that torch.compile treats it exactly as torch's instead of
+    tracing commtrace's code. Not before: a call through it creates a bound method each time
+    (about 0.1 us more per blocking op than the C wrapper's own method-descriptor call)."""
+    try:
+        from . import _fastpath
+
+        return _fastpath.instancemethod(fn)
+    except (ImportError, AttributeError):
+        pass
+    try:
+        import ctypes
+
+        new = ctypes.pythonapi.PyInstanceMethod_New
+        new.argtypes, new.restype = [ctypes.py_object], ctypes.py_object
+        return new(fn)
+    except Exception as e:
+        log.warn_once("instancemethod", "Work.wait installed as a plain function", e)
+        return fn
+
+
 # --------------------------------------------------------------------------------------------
 # destroy_process_group, batch_isend_irecv and _coalescing_manager
 # --------------------------------------------------------------------------------------------
@@ -1089,6 +1133,10 @@ def install() -> bool:
         except Exception as e:
             log.warn_once("work-wait", "cannot patch Work.wait; t_wait_ns will be null", e)
         _installed = True
+        from . import compile as _compile
+
+        _compile.install()
+        _compile.refresh_remaps()
         return True
 
 

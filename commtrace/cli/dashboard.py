@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import sys
 import threading
 import webbrowser
 
@@ -88,8 +89,13 @@ def command(run_dir, host, port, no_browser, compare_dir, run_id):
     try:
         serve_forever(app, host, port, on_ready=ready)
     except KeyboardInterrupt:
+        # Ctrl-C: leave now, with the shell's 130. Exiting normally would first wait for the
+        # app's background figure builds (non-daemon worker threads), which takes seconds to
+        # minutes on a large run or a loaded machine; a server has nothing left to write.
         click.echo("", err=True)
-        return 130
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     except OSError as e:
         raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     return 0

@@ -217,6 +217,8 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
         echo("commtrace: no process created a process group; nothing was traced.")
         return rc
     ranks = sorted({r for d in new for r in _ranks_written(d)})
+    for d in new:
+        _record_retention(d)
     RUNS.record_invocation(out, dict(id=inv_id, end_ns=time.time_ns(), exit_code=rc,
                                      signal=got_signals[0] if got_signals else None,
                                      runs=[os.path.basename(d) for d in new], ranks_written=ranks))
@@ -232,6 +234,39 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
     echo(f"  commtrace report {target}")
     echo(f"  commtrace dashboard {target}")
     return rc
+
+
+def _record_retention(run_dir: str) -> None:
+    """--max-size: put what each rank's ring retention deleted (its rank=<r>/_retention.json)
+    in the run's manifest under "retention" ({rank: dropped}), so that the manifest says what
+    was dropped. Nothing when no rank dropped anything."""
+    import glob
+    import json
+
+    from ..capture.window import RETENTION_NAME
+    from ..format import writer as W
+
+    dropped = {}
+    for p in sorted(glob.glob(os.path.join(run_dir, "rank=*", RETENTION_NAME))):
+        try:
+            with open(p) as f:
+                d = json.load(f)
+            dropped[str(d.get("rank", os.path.basename(os.path.dirname(p))[5:]))] = d.get("dropped")
+        except (OSError, ValueError, AttributeError):
+            continue
+    if not dropped:
+        return
+    mpath = os.path.join(run_dir, "_manifest.json")
+    try:
+        with open(mpath) as f:
+            m = json.load(f)
+    except (OSError, ValueError):
+        m = {}
+    m["retention"] = dropped
+    try:
+        W.atomic_write_text(mpath, json.dumps(m, indent=2, default=str))
+    except OSError:
+        pass
 
 
 def _no_such_option(arg: str) -> None:

@@ -13,6 +13,8 @@ Examples:
   commtrace synth /tmp/hang --ranks 4 --ops 500 --skip 2:40
   commtrace synth /tmp/bad --ranks 4 --ops 500 --mismatch 3:25 --skew 1:50ms
   commtrace report /tmp/slow
+  commtrace synth /tmp/tpdp --layout tpdp --tp 2 --dp 4 --steps 8 --delay 5:3:20ms
+  commtrace synth /tmp/pipe --layout pipeline --stages 4 --steps 4 --delay 1:2:20ms
 """
 
 
@@ -41,7 +43,20 @@ def _pair(value: str, opt: str, duration: bool):
 @click.option("--parts", type=click.IntRange(1), default=1, show_default=True, help="Parquet parts per rank.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", "-f", is_flag=True, help="Replace OUT if it exists.")
-def command(out, ranks, ops, straggler, late_send, skip, mismatch, skew, no_offsets, hazards, init_stall, parts, seed, force):
+@click.option("--layout", type=click.Choice(["tpdp", "pipeline"]), default=None,
+              help="Instead of the default loop: a TP x DP layout (TP all_reduce then DP all_reduce per "
+                   "step) or a pipeline (recv, work, isend per microbatch), for delay analysis and what-if.")
+@click.option("--tp", type=click.IntRange(1), default=2, show_default=True, help="--layout tpdp: TP group size.")
+@click.option("--dp", type=click.IntRange(1), default=2, show_default=True, help="--layout tpdp: DP group size.")
+@click.option("--stages", type=click.IntRange(2), default=4, show_default=True, help="--layout pipeline: stages.")
+@click.option("--steps", type=click.IntRange(1), default=8, show_default=True, help="--layout: steps.")
+@click.option("--microbatches", type=click.IntRange(1), default=4, show_default=True,
+              help="--layout pipeline: microbatches per step.")
+@click.option("--delay", "delays", multiple=True, metavar="R:STEP:DELAY[:WHERE]",
+              help="--layout: rank R works DELAY longer in STEP (tpdp: before its TP all_reduce, or WHERE=dp; "
+                   "pipeline: before its send of microbatch WHERE, default 0).")
+def command(out, ranks, ops, straggler, late_send, skip, mismatch, skew, no_offsets, hazards, init_stall, parts, seed,
+            force, layout, tp, dp, stages, steps, microbatches, delays):
     """Write a synthetic run in the public trace format, with planted anomalies.
 
     The run mixes broadcast, all_gather, async all_reduce buckets, reduce_scatter, isend/irecv
@@ -59,6 +74,34 @@ def command(out, ranks, ops, straggler, late_send, skip, mismatch, skew, no_offs
     except ValueError:
         raise UsageError(f"--init-stall expects a duration, got {init_stall!r}") from None
     t0 = time.perf_counter()
+    if layout:
+        from ..analysis.synth import synth_layout
+        plan = []
+        for d in delays:
+            parts_ = d.split(":")
+            try:
+                if len(parts_) not in (3, 4):
+                    raise ValueError
+                item = [int(parts_[0]), int(parts_[1]), parse_duration_ns(parts_[2])]
+                if len(parts_) == 4:
+                    item.append(parts_[3] if layout == "tpdp" else int(parts_[3]))
+                    if layout == "tpdp" and item[3] not in ("tp", "dp"):
+                        raise ValueError
+            except ValueError:
+                raise UsageError(f"--delay expects R:STEP:DELAY[:WHERE] (WHERE: tp or dp for tpdp, a microbatch "
+                                 f"for pipeline), got {d!r}") from None
+            plan.append(tuple(item))
+        try:
+            res = synth_layout(out, layout, tp=tp, dp=dp, stages=stages, steps=steps, microbatches=microbatches,
+                               delays=plan, seed=seed, command="commtrace " + " ".join(sys.argv[1:]))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        except OSError as e:
+            raise OutputError(f"cannot write {out}: {e}") from None
+        click.echo(f"wrote {res.world_size} ranks ({layout}, {res.rows} rows) to {out} "
+                   f"in {time.perf_counter() - t0:.1f} s", err=True)
+        click.echo(f"next: commtrace report {out}", err=True)
+        return 0
     try:
         res = synth_run(
             out, ranks=ranks, ops=ops,

@@ -3,6 +3,7 @@ process group and a registered one: prints one line of results per rank (the tes
 with and without commtrace) and, with --counts FILE, the ops issued, counted by this script."""
 
 import argparse
+import gc
 import json
 
 import torch
@@ -60,4 +61,8 @@ if args.counts:
     # 3 and 2 all_reduce on the two Python groups.
     with open(f"{args.counts}.{r}", "w") as f:
         json.dump({"world": {"all_reduce": 3, "all_gather": 1}, "py": [3, 2]}, f)
+# Nothing may hold a group past destroy_process_group(): a gloo group freed at interpreter
+# exit can end the process with "terminate called without an active exception".
+del out, mesh, dt, rep, a, b
+gc.collect()
 dist.destroy_process_group()

@@ -1,0 +1,88 @@
+"""What root cause, critical path and what-if (issue 18) add to `commtrace report`.
+
+    python benchmarks/rootcause.py                       # 64 ranks x 20,000 ops, 3 pairs
+    python benchmarks/rootcause.py --dir /tmp/b64 --keep # reuse / keep the synthetic run
+
+Synthesises the same run as benchmarks/analysis.py (`commtrace synth`, a planted straggler and
+host hazards) and times, in fresh processes and alternating, `commtrace report DIR --format
+json --no-what-if` (the baseline) and `... --what-if`, reading each child's wall time, CPU time
+and peak RSS. Prints the best of each side by side, the difference, and the load average. Then
+times the stages in one process (CPU time): model, delay analysis, critical path, replay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from analysis import _measured  # noqa: E402  (benchmarks/analysis.py)
+
+STAGES = r"""
+import sys, time
+import commtrace
+from commtrace.analysis import model as M, delay as D, critical_path as CP, rootcause as RC
+run = commtrace.load(sys.argv[1]); run.collectives(); run.waits()
+out = []
+for name, f in (("model", lambda: M.build_model(run)), ("delay analysis", lambda: D.attribution(run)),
+                ("critical path", lambda: CP.summary(run)), ("what-if replay", lambda: RC.what_if(run))):
+    t = time.process_time(); w = time.perf_counter(); f()
+    out.append(f"{name} {time.process_time() - t:.2f} s cpu / {time.perf_counter() - w:.2f} s wall")
+print("; ".join(out))
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=64)
+    ap.add_argument("--ops", type=int, default=20_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    tmp = None
+    path = a.dir
+    if path is None:
+        tmp = tempfile.mkdtemp(prefix="commtrace-bench-")
+        path = os.path.join(tmp, "run")
+    if not os.path.exists(os.path.join(path, "_manifest.json")):
+        from commtrace.analysis.synth import synth_run
+        synth_run(path, ranks=a.ranks, ops=a.ops, straggler=[(a.ranks // 3, 2_000_000)], hazards=True,
+                  init_stall_ns=50_000_000)
+    load0 = os.getloadavg()
+    cmd = [sys.executable, "-m", "commtrace", "report", path, "--format", "json", "--no-progress"]
+    try:
+        base, full = [], []
+        for _ in range(max(1, a.repeat)):
+            base.append(_measured(cmd + ["--no-what-if"])[:3])
+            full.append(_measured(cmd + ["--what-if"])[:3])
+        stages = subprocess.run([sys.executable, "-c", STAGES, path], capture_output=True, text=True,
+                                cwd=ROOT).stdout.strip().splitlines()
+        stages = stages[-1] if stages else "?"   # (DuckDB's own progress bar may precede it)
+    finally:
+        if tmp and not a.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    b, f = min(base), min(full)
+    print(f"{a.ranks} ranks x {a.ops} ops, best of {len(base)} (wall / cpu / peak RSS):")
+    print(f"  report --no-what-if: {b[0]:.2f} s / {b[1]:.2f} s / {max(x[2] for x in base):.0f} MB  "
+          f"(runs: {', '.join(f'{x[0]:.2f}' for x in base)} s)")
+    print(f"  report --what-if:    {f[0]:.2f} s / {f[1]:.2f} s / {max(x[2] for x in full):.0f} MB  "
+          f"(runs: {', '.join(f'{x[0]:.2f}' for x in full)} s)")
+    print(f"  added: {f[0] - b[0]:+.2f} s wall ({100 * (f[0] - b[0]) / b[0]:+.0f}%), "
+          f"{f[1] - b[1]:+.2f} s cpu ({100 * (f[1] - b[1]) / b[1]:+.0f}%)")
+    print(f"  stages (one process): {stages}")
+    print(f"machine: {os.cpu_count()} cpus, load average {load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

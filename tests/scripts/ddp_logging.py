@@ -1,0 +1,44 @@
+"""DDP as a user writes it, without a comm hook (2 ranks, gloo): a few steps, then what DDP says
+about itself. Writes OUT_JSON.<rank>: DDP's logging data (without the fields that are timings
+or addresses), its comm-hook list and the parameters after training.
+
+Usage: ddp_logging.py OUT_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+#: logging-data fields that differ between any two runs (times, rates, addresses, pids).
+VOLATILE = ("time", "rate", "avg_", "unused_parameter_size", "master_addr", "master_port")
+
+
+def main() -> int:
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 4)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step + dist.get_rank()))
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    data = model._get_ddp_logging_data()
+    kept = {k: v for k, v in data.items() if not any(p in k for p in VOLATILE)}
+    out = {"logging": kept, "comm_hook": data.get("comm_hook"),
+           "comm_hooks": len(model._comm_hooks),
+           "params": [p.detach().flatten().tolist() for p in model.parameters()]}
+    with open(f"{sys.argv[1]}.{dist.get_rank()}", "w") as f:
+        json.dump(out, f, sort_keys=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
