@@ -345,3 +345,20 @@ def test_three_rank_mismatch_never_blames_the_healthy_rank(tmp_path):
     assert txt.returncode == 0 and "collective_mismatch" in txt.stdout
     for healthy in (0, 2):  # no sentence blames a rank that passed the right size
         assert f"rank {healthy} passed 1024 elements (4.1 kB) where" not in " ".join(txt.stdout.split())
+
+
+@pytest.mark.parametrize("mode, status, exit_", [("caught", 0, {"how": "ok"}),
+                                                 ("top", 6, {"how": "exit", "exit_code": 6, "via": "sys.exit"})])
+def test_a_caught_sys_exit_is_not_the_exit_code(tmp_path, mode, status, exit_):
+    """A sys.exit(5) the script catches is not how the process ended: the exit flush says ok,
+    or the code of the sys.exit(6) that did end it."""
+    from conftest import free_port
+
+    out = tmp_path / "t"
+    p = run_traced(out, [sys.executable, os.path.join(SCRIPTS, "runs_exit_caught.py"), mode, str(free_port())],
+                   check=False, timeout=120)
+    assert p.returncode == status, p.stderr[-3000:]
+    (snap,) = glob.glob(str(out / "*" / "rank=0" / "_inflight.json"))
+    assert json.load(open(snap))["exit"] == exit_
+    job = _report(out)["job"]
+    assert job["state"] == ("completed" if status == 0 else "failed") and job["exit_code"] == status
