@@ -22,10 +22,11 @@
   keep the full traceback on the exception). ``sys.exit`` is wrapped: in the main thread, with
   n != 0, it notes n and the last instruction of every frame of its caller's stack, up to the
   outermost (the script's ``<module>``, runpy's ``_run_module_as_main``). At the exit flush, if
-  none of those frames moved on (a frame that caught the ``SystemExit`` ran its handler: its
-  last instruction changed), the exception unwound all of them and n is the process's exit
-  status, written as ``{"how": "exit", "exit_code": n, "via": "sys.exit"}``. A ``SystemExit``
-  caught on the way (pytest, ``multiprocessing``'s bootstrap, a ``try`` anywhere) is ignored.
+  each of those frames stopped at that call, or at the ``RERAISE`` that ends a ``finally:``, a
+  ``with`` block's exit or a non-matching ``except``, the exception unwound all of them and n is
+  the process's exit status, written as ``{"how": "exit", "exit_code": n, "via": "sys.exit"}``.
+  A ``SystemExit`` caught on the way (pytest, ``multiprocessing``'s bootstrap, a ``try``
+  anywhere) leaves its catcher running on past the handler, and is ignored.
 * **``os._exit(n)``** skips ``atexit``: ``os._exit`` is wrapped to write the exit flush with
   ``{"how": "exit", "exit_code": n, "via": "os._exit"}`` first, then exit as asked.
 
@@ -172,13 +173,24 @@ def exit_info() -> dict | None:
         if se is None:
             return None
         st, chain = se
-        # A frame that caught the SystemExit went on to its handler (its last instruction is
-        # no longer the call); one it unwound through stopped at the call for good.
-        if any(f.f_lasti != lasti for f, lasti in chain):
+        # A frame the SystemExit unwound through stopped at the call for good, or at the
+        # RERAISE that ends a `finally:`, a `with` block's exit or an `except` that did not
+        # match; a frame that caught it went on past its handler (elsewhere for good).
+        if any(f.f_lasti != lasti and not _at_reraise(f) for f, lasti in chain):
             return None
         return {"how": "exit", "exit_code": st, "via": "sys.exit"}
     except Exception:
         return None
+
+
+def _at_reraise(frame) -> bool:
+    """True when `frame` stopped at a RERAISE (an exception went on through it)."""
+    import dis
+
+    try:
+        return frame.f_code.co_code[frame.f_lasti] == dis.opmap.get("RERAISE", -1)
+    except (IndexError, AttributeError):
+        return False
 
 
 def _hook_exits() -> None:

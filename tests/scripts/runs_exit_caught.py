@@ -1,7 +1,8 @@
 """One rank (world size 1). A sys.exit(5) caught by the script never ends the process; then
-`top`: sys.exit(6) from a function, uncaught (exit status 6); `caught`: the script ends
-normally (exit status 0)."""
+`top`: sys.exit(6) from a function, through a `finally:` and a `with` block, uncaught (exit
+status 6); `caught`: the script ends normally (exit status 0)."""
 
+import contextlib
 import sys
 
 import torch
@@ -16,9 +17,13 @@ except SystemExit:
 
 
 def leave():
-    sys.exit(6)
+    try:
+        sys.exit(6)
+    finally:
+        torch.ones(1)  # cleanup that lets the SystemExit go on
 
 
 dist.all_reduce(torch.ones(4))
 if sys.argv[1] == "top":
-    leave()
+    with contextlib.nullcontext():
+        leave()
