@@ -90,11 +90,13 @@ def fmt_ns(ns) -> str:
     a = abs(ns)
     if a >= 999.5e9:
         return f"{ns / 1e9:,.0f} s"
-    if a >= 1e9:
+    # each unit from where 3 significant digits of the smaller one would round up to 1000
+    # (999.7 ms is "1 s", not "1e+03 ms")
+    if a >= 999.5e6:
         return f"{ns / 1e9:.3g} s"
-    if a >= 1e6:
+    if a >= 999.5e3:
         return f"{ns / 1e6:.3g} ms"
-    if a >= 1e3:
+    if a >= 999.5:
         return f"{ns / 1e3:.3g} us"
     return f"{ns:.0f} ns"
 
