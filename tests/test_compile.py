@@ -21,7 +21,7 @@ from conftest import SCRIPTS, load_rows, run_plain, run_traced, torchrun_cmd
 
 SCRIPT = os.path.join(SCRIPTS, "compile_cases.py")
 CASES = ("funcol_all", "funcol_autograd", "funcol_deprecated", "funcol_inplace", "c10d_inplace",
-         "p2p", "c10d_break")
+         "p2p", "c10d_break", "c10d_more", "torch_fails")
 #: One case per kind of entry point: functional collectives, the in-place c10d collectives
 #: Dynamo rewrites, point to point, collectives that break the graph.
 FAST_CASES = ("funcol_all", "c10d_inplace", "p2p", "c10d_break")
