@@ -282,7 +282,8 @@ def _no_such_option(arg: str) -> None:
 def run_child(cmd: list[str], env: dict[str, str], signals: list | None = None) -> int:
     """Run `cmd` in its own process group, forward SIGINT/SIGTERM to it, return its exit code:
     128 + the signal's number when a signal ended it, or when one was forwarded (Ctrl-C: 130)
-    and it then failed. The names of the signals forwarded are
+    and it then exited with the generic 1 (torchrun's answer to a forwarded signal); any other
+    code the child chose itself is returned as it is. The names of the signals forwarded are
     appended to `signals`."""
     try:
         child = subprocess.Popen(cmd, env=env, preexec_fn=os.setpgrp)
@@ -322,8 +323,10 @@ def run_child(cmd: list[str], env: dict[str, str], signals: list | None = None) 
             signal.signal(sig, h)
     if rc < 0:
         return 128 + (-rc)
-    if rc != 0 and forwarded:
-        # Interrupted (Ctrl-C) or terminated: the shell's convention, 128 + the signal, whatever
-        # the launcher made of it (torchrun exits 1 after shutting its workers down on SIGINT).
+    if rc == 1 and forwarded:
+        # Interrupted (Ctrl-C) or terminated: torchrun exits with the generic 1 after shutting its
+        # workers down on a forwarded SIGINT/SIGTERM, so use the shell's convention, 128 + the
+        # signal. Any other code is the child's own answer to the signal (a handler that calls
+        # sys.exit(7)) and is passed through unchanged.
         return 128 + int(forwarded[0])
     return rc
