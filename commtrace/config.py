@@ -50,6 +50,10 @@ class Config:
     #: Python become rows with api="c++" (needs TORCH_NCCL_ENABLE_TIMING=1; commtrace.capture.
     #: completion_hook). Off by default: torch runs the Python hook on NCCL's watchdog thread.
     completion_hook: bool = False
+    #: Id of the `commtrace run` invocation (set by it, not a flag): rank 0 writes it in its
+    #: run's manifest (``session``), which ties the run to its entry in the output directory's
+    #: manifest even when several invocations write under one -o at the same time.
+    session: str = ""
 
     def to_env(self) -> dict[str, str]:
         """Environment variables that carry this config to child processes."""

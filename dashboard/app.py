@@ -198,8 +198,9 @@ def overview_children(ov: dict, d: RunData | None, prefix: str = "show-finding",
                                         "out in this run (docs/findings.md lists every check).", f"no-findings{suffix}"))
     sf = F.steps_figure(ov)
     steps_block = (_graph(f"ov-steps-fig{suffix}", sf) if sf is not None else
-                   _empty("No steps: this run has no step markers (optimizer.step() or commtrace.mark_step()), "
-                          "so the fractions above are for the whole run.", f"no-steps{suffix}"))
+                   _empty("No per-step chart: this run has " + ("one step" if h["steps"] == 1 else "no step markers")
+                          + " (steps come from optimizer.step() or commtrace.mark_step()), so the fractions above "
+                          "are for the whole run.", f"no-steps{suffix}"))
     hf = F.health_figure(ov)
     health_rows = [{"rank": r["rank"], "wait_s": _r4(r["wait_s"]), "exposed_s": _r4(r["exposed_s"]),
                     "overlap_ratio": None if r["overlap_ratio"] is None else round(r["overlap_ratio"], 3),
@@ -275,9 +276,10 @@ def _lazy_content(d: RunData, tab: str):
     if tab == "overlap":
         f1, f2 = F.overlap_figures(d)
         kids = [_graph("overlap-rank", f1)]
-        kids.append(_graph("overlap-step", f2) if d.overview["headline"]["steps"] else
-                    _empty("No per-step chart: this run has no step markers (optimizer.step() or "
-                           "commtrace.mark_step()).", "overlap-no-steps"))
+        kids.append(_graph("overlap-step", f2) if d.overview["headline"]["steps"] >= 2 else
+                    _empty("No per-step chart: this run has " + ("one step" if d.overview["headline"]["steps"] == 1
+                                                                 else "no step markers")
+                           + " (steps come from optimizer.step() or commtrace.mark_step()).", "overlap-no-steps"))
         return kids
     if tab == "stalls":
         f1, f2, pairs = F.stalls_figures(d)

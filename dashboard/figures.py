@@ -379,7 +379,8 @@ def overlap_figures(d: RunData) -> tuple[go.Figure, go.Figure]:
     f2 = go.Figure([*stack, go.Scatter(x=steps, y=ratio, name="overlap ratio", yaxis="y2", mode="lines",
                                        line=dict(color="black", width=1))])
     f2.update_layout(barmode="stack", title="Per step: exposed vs overlapped communication, overlap ratio over the run",
-                     xaxis=dict(title="step"), yaxis=dict(title="seconds"),
+                     xaxis=dict(title="step", tickformat="d", **({"dtick": 1} if len(steps) <= 20 else {})),
+                     yaxis=dict(title="seconds"),
                      yaxis2=dict(title="overlap ratio", overlaying="y", side="right", showgrid=False, **RATIO_AXIS),
                      height=380, margin=margin(l=60, r=60, t=80, b=50), legend=TOP_LEGEND)
     return f1, f2
@@ -500,7 +501,7 @@ def steps_figure(ov: dict) -> go.Figure | None:
     """Per step: compute, exposed comm and wait as stacked fractions of the step time, and the
     overlap ratio (the overview's `headline.per_step`); None without steps."""
     st = ov["headline"]["per_step"]
-    if not st:
+    if len(st) < 2:  # one bar says nothing a trend could: the headline above says it
         return None
     x = np.array([r["step"] for r in st])
     many = len(st) > MAX_STEP_BARS

@@ -277,6 +277,7 @@ def test_calls_made_inside_a_c_path_call_are_not_rows(traced):
     assert len(rows) == 1 and rows[0]["seq"] == 0     # only the outer call, seq not shifted
 
 
+@pytest.mark.slow  # issue 14: main suite within 8 minutes; CI's slow stage runs it
 def test_destroyed_groups_are_not_kept_alive(tmp_path, port):
     """After destroy_process_group() commtrace holds no reference to the destroyed groups (C
     and pure-Python paths): holding one kept the group, its gloo threads and sockets alive until

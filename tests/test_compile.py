@@ -21,7 +21,7 @@ from conftest import SCRIPTS, load_rows, run_plain, run_traced, torchrun_cmd
 
 SCRIPT = os.path.join(SCRIPTS, "compile_cases.py")
 CASES = ("funcol_all", "funcol_autograd", "funcol_deprecated", "funcol_inplace", "c10d_inplace",
-         "p2p", "c10d_break")
+         "p2p", "c10d_break", "c10d_more", "torch_fails")
 #: One case per kind of entry point: functional collectives, the in-place c10d collectives
 #: Dynamo rewrites, point to point, collectives that break the graph.
 FAST_CASES = ("funcol_all", "c10d_inplace", "p2p", "c10d_break")
@@ -175,3 +175,20 @@ def test_pytorch_inductor_cpu_check_passes_under_commtrace(tmp_path):
     # the eager call at the end is recorded; the compiled ones are not
     rows = [r for r in load_rows(str(tmp_path / "trace")) if r["kind"] == "op"]
     assert [r["api"] for r in rows] == ["funcol.all_reduce"]
+
+
+@pytest.mark.slow
+def test_compiled_ddp_model_same_and_its_allreduces_recorded(tmp_path):
+    """``torch.compile(DDP(model))``: the same graphs, breaks and trained parameters with and
+    without commtrace, and DDP's gradient all-reduces (issued eagerly by its reducer through
+    commtrace's comm hook) in the trace: one per step and rank."""
+    script = os.path.join(SCRIPTS, "ddp_compile.py")
+    run_plain(torchrun_cmd(script, tmp_path / "plain"), timeout=600)
+    run_traced(tmp_path / "trace", torchrun_cmd(script, tmp_path / "traced"), timeout=600)
+    for rank in (0, 1):
+        want = json.load(open(f"{tmp_path / 'plain'}.{rank}"))
+        got = json.load(open(f"{tmp_path / 'traced'}.{rank}"))
+        assert got == want
+    rows = [r for r in load_rows(str(tmp_path / "trace")) if r["kind"] == "op"]
+    for rank in (0, 1):
+        assert len([r for r in rows if r["rank"] == rank and r["api"] == "ddp_comm_hook"]) == 3

@@ -301,7 +301,7 @@ def test_cli_serves_and_warns_on_public_host(tmp_path):
     finally:
         p.send_signal(signal.SIGINT)  # Ctrl-C
         try:
-            out, err = p.communicate(timeout=20)
+            out, err = p.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             p.kill()
             out, err = p.communicate()

@@ -13,8 +13,12 @@ import sys
 import threading
 import time
 
+import pytest
+
 from conftest import SCRIPTS, clean_env, run_path, torchrun_cmd
 from test_hang import _stacks, _wait_for
+
+pytestmark = pytest.mark.slow  # multi-process hang runs (issue 14: CI's slow stage)
 
 
 def _hang_line() -> int:

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # issue 14: main suite within 8 minutes; CI's slow stage runs it
 def test_overhead_benchmark_small_run(tmp_path):
     out = tmp_path / "o.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -58,3 +58,13 @@ def test_errors_are_one_line(capsys, tmp_path):
 def test_help_has_examples(capsys):
     assert main(["report", "--help"]) == 0
     assert capsys.readouterr().out.rstrip().splitlines()[-1].strip().startswith("commtrace report")
+
+
+def test_duration_format_never_uses_e_notation():
+    """One duration format for the report and the findings (fmt_ns): 3 significant digits, the
+    unit chosen after rounding (999.7 ms is 1 s, not '1e+03 ms'), thousands separators from
+    1,000 s on."""
+    from commtrace.analysis.findings import fmt_ns
+
+    got = [fmt_ns(v) for v in (45e6, 20.14e6, 350e3, 800, 999.4e6, 999.7e6, 999.7e3, 999.7, 1234.4e9)]
+    assert got == ["45 ms", "20.1 ms", "350 us", "800 ns", "999 ms", "1 s", "1 ms", "1 us", "1,234 s"]

@@ -15,7 +15,7 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import SCRIPTS, load_rows, run_plain, run_traced, torchrun_cmd
+from conftest import SCRIPTS, load_rows, run_path, run_plain, run_traced, torchrun_cmd
 
 SCRIPT = os.path.join(SCRIPTS, "robust_cases.py")
 #: fields that differ between any two runs (a pid) or that a known capture bug changes (below)
@@ -109,10 +109,13 @@ def test_threads_profiler_fork_and_reinit_rows(runs):
     assert sorted(r["rank"] for r in by[("broadcast", 16)]) == [0, 0, 1, 1]  # user wrapper after init
     reinit = by[("all_reduce", 7)]
     assert sorted(r["rank"] for r in reinit) == [0, 1] and all(r["t_end_ns"] is not None for r in reinit)
-    # the forked child wrote nothing: every part belongs to a rank's own process
+    # the forked child wrote nothing: every part belongs to a rank's own process (the parts lie
+    # in the job's run directory, OUT/<run-id>/rank=<r>/, since issue 15)
+    run_dir = run_path(d / "trace")
     for rank in (0, 1):
-        pids = {json.loads(pq.read_schema(f).metadata[b"commtrace.meta"])["pid"]
-                for f in glob.glob(str(d / "trace" / f"rank={rank}" / "*.parquet"))}
+        parts = glob.glob(os.path.join(run_dir, f"rank={rank}", "*.parquet"))
+        assert parts, run_dir
+        pids = {json.loads(pq.read_schema(f).metadata[b"commtrace.meta"])["pid"] for f in parts}
         assert len(pids) == 1 and res["traced"][rank]["child_pid"] not in pids
 
 

@@ -245,3 +245,14 @@ def test_synth_cli_layouts(tmp_path, capsys):
     assert main(["synth", str(tmp_path / "x"), "--layout", "tpdp", "--delay", "1:2:5ms:dq"]) != 0
     err = capsys.readouterr().err
     assert "--delay expects" in err and "Traceback" not in err
+
+
+def test_findings_skip_the_what_if_on_large_runs(monkeypatch):
+    import os
+    monkeypatch.setattr(RC, "AUTO_MAX_OPS", 10)
+    run = commtrace.load(os.path.join(os.path.dirname(__file__), "data", "straggler"))
+    st = [f for f in run.findings() if f.kind == "straggler"]
+    assert st and st[0].gain_s is None      # Run.findings() (the dashboard) does not pay for it
+    run2 = commtrace.load(os.path.join(os.path.dirname(__file__), "data", "straggler"))
+    rep = run2.report(what_if=True)
+    assert [f for f in rep["findings"] if f["kind"] == "straggler"][0]["gain_s"] > 0

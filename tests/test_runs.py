@@ -151,3 +151,98 @@ def test_two_writers_of_one_rank_warn_and_draw_no_cross_rank_finding(tmp_path):
                      or 3 in (f["evidence"].get("ranks") or []))]
     assert involved == []
     run.close()
+
+
+def test_live_poll_and_report_give_one_verdict(tmp_path):
+    """The dashboard's live poll (overview.job_state on what poll_run re-read) and the report
+    (Run.job on a fresh load) give the same job verdict at every stage of a job, from one
+    function (analysis/job.py), including a rank's own exit code (sys.exit(3))."""
+    from commtrace.analysis.overview import job_state as live_job
+    from commtrace.format.reader import poll_run
+
+    d = tmp_path / "run"
+    shutil.copytree(os.path.join(DATA, "clean"), d)
+    for r in range(4):
+        _snap(d, r)
+    loaded = commtrace.load(str(d))  # loaded while running; the live view polls from here on
+
+    def both():
+        live = live_job(loaded, poll=poll_run(str(d)))
+        run = commtrace.load(str(d))
+        try:
+            rep = run.job()
+        finally:
+            run.close()
+        assert (live["state"], live["failed_ranks"], live["exit_code"], live["signal"]) == \
+            (rep["state"], rep["failed_ranks"], rep["exit_code"], rep["signal"])
+        return rep
+
+    try:
+        assert both()["state"] == "running"
+        for r in (0, 2, 3):
+            _snap(d, r, final=True, exit={"how": "ok"})
+        _snap(d, 1, final=True, exit={"how": "exit", "exit_code": 3, "via": "sys.exit"})
+        job = both()
+        assert (job["state"], job["failed_ranks"], job["rank_exit_codes"]) == \
+            ("failed", [1], [{"rank": 1, "exit_code": 3}])
+        from commtrace.analysis.job import describe
+
+        assert describe(job) == "job: failed (exit code 3; rank 1 exited with code 3)"
+        assert live_job(loaded, poll=poll_run(str(d)))["detail"] == "exit code 3; rank 1 exited with code 3"
+        old = time.time() - 60
+        os.utime(_snap(d, 2, t_ns=int(old * 1e9)), (old, old))  # stale, no exit flush: killed
+        (d / "rank=3" / "_crash-9.txt").write_text("Fatal Python error: Aborted\n")
+        job = both()
+        assert (job["state"], job["failed_ranks"], job["signal"]) == ("failed", [1, 2, 3], "SIGABRT")
+    finally:
+        loaded.close()
+
+
+def _hammer(out, worker, n):
+    for k in range(n):
+        RUNS.record_invocation(out, {"id": f"w{worker}-{k}", "start_ns": k, "runs": []})
+        RUNS.record_invocation(out, {"id": f"w{worker}-{k}", "end_ns": 1, "exit_code": worker})
+
+
+def test_invocations_accumulate_under_a_lock(tmp_path):
+    """Six processes each add and then complete 15 invocations in one output directory's
+    manifest at the same time: none is lost, each keeps its own exit code; a manifest written
+    before `invocations` existed reads as one invocation; a run finds its own invocation by the
+    id in its manifest, else by the runs listed."""
+    import multiprocessing as mp
+
+    out = str(tmp_path / "D")
+    ctx = mp.get_context("spawn")
+    ps = [ctx.Process(target=_hammer, args=(out, w, 15)) for w in range(6)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join(120)
+        assert p.exitcode == 0
+    m = json.loads(open(os.path.join(out, S.MANIFEST_NAME)).read())
+    invs = {i["id"]: i for i in m["invocations"]}
+    assert len(invs) == 90 and m["kind"] == "session"
+    assert all(invs[f"w{w}-{k}"]["exit_code"] == w and invs[f"w{w}-{k}"]["end_ns"] == 1
+               for w in range(6) for k in range(15))
+    assert RUNS.forget_invocation(out, "w0-0")["invocations"][0]["id"] != "w0-0"
+    # a run's own invocation
+    RUNS.record_invocation(out, {"id": "A", "start_ns": 10, "command": ["a"], "end_ns": 20,
+                                 "exit_code": 0, "runs": ["r1"]})
+    RUNS.record_invocation(out, {"id": "B", "start_ns": 30, "command": ["b"], "runs": []})
+    for rid, own in (("r1", {}), ("r2", {"session": "B", "start_ns": 31}), ("r3", {"start_ns": 32})):
+        os.makedirs(os.path.join(out, rid))
+        if own:
+            json.dump(own, open(os.path.join(out, rid, S.MANIFEST_NAME), "w"))
+    assert RUNS.session_manifest(os.path.join(out, "r1"))["command"] == ["a"]
+    assert RUNS.session_manifest(os.path.join(out, "r2"))["command"] == ["b"]
+    assert RUNS.session_manifest(os.path.join(out, "r3"))["id"] == "B"  # older writer, B running
+    legacy = tmp_path / "L"
+    (legacy / "r9").mkdir(parents=True)
+    (legacy / S.MANIFEST_NAME).write_text(json.dumps({"kind": "session", "command": ["x"], "exit_code": 4,
+                                                      "end_ns": 5, "runs": ["r9"]}))
+    assert RUNS.session_manifest(str(legacy / "r9"))["exit_code"] == 4
+    RUNS.record_invocation(str(legacy), {"id": "new", "start_ns": 9, "runs": []})
+    m = json.loads((legacy / S.MANIFEST_NAME).read_text())
+    assert [i.get("exit_code") for i in m["invocations"]] == [4, None]
+    assert m["start_ns"] == 9 and "exit_code" not in m  # the top level: the latest invocation's
+    assert RUNS.session_manifest(str(legacy / "r9"))["exit_code"] == 4

@@ -7,7 +7,12 @@
   named on the true culprit, and ``job`` says failed with the exit code;
 * a live hang: the rank that sits in user code is ``not_joined`` (alive, not "killed or
   crashed"), with its innermost user frame, without anyone sending SIGUSR1;
-* Ctrl-C: ``job.state == "interrupted"``.
+* Ctrl-C: ``job.state == "interrupted"``;
+* two `commtrace run -o D` at the same time each keep their own entry (command, exit code) in
+  ``D/_manifest.json``, and a rank's own exit code (``sys.exit(3)``, ``os._exit(4)``) is in
+  ``job`` and the text;
+* 3 ranks, a real gloo size mismatch whose aborting rank wrote nothing of it: the culprit is
+  the true one or ambiguous, never the healthy rank.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import time
 
 import pytest
 
-from conftest import SCRIPTS, clean_env, run_plain, run_traced, torchrun_cmd
+from conftest import ROOT, SCRIPTS, clean_env, run_plain, run_traced, torchrun_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +100,7 @@ def test_two_jobs_under_one_output_are_two_runs(two_jobs):
             assert not [w for w in j["warnings"] if "written by" in w]
             assert j["job"] == {"state": "completed", "exit_code": j["job"]["exit_code"],
                                 "failed_ranks": [], "signal": None,
-                                "ranks_by_state": {"exited": [0, 1]}}
+                                "ranks_by_state": {"exited": [0, 1]}, "rank_exit_codes": []}
             got.add(j["ops"])
         assert got == counts
         latest = _report(out, "--run", "latest")
@@ -250,3 +255,110 @@ def test_ctrl_c_is_interrupted(tmp_path):
     assert rep["ops"] > 2 and "rank_crashed" not in _kinds(rep)
     txt = _ct("report", out)
     assert "job: interrupted" in txt.stdout
+
+
+@pytest.fixture(scope="module")
+def concurrent(tmp_path_factory):
+    """Two `commtrace run -o D` started together: a 2-rank job that completes (runs_job.py, 5
+    all_reduces) and a 3-rank job whose rank 1 calls sys.exit(3) and rank 2 os._exit(4)."""
+    d = tmp_path_factory.mktemp("conc") / "D"
+    cmds = {"job": torchrun_cmd(os.path.join(SCRIPTS, "runs_job.py"), 5, 64),
+            "exit": torchrun_cmd(os.path.join(SCRIPTS, "runs_exit.py"), nproc=3)}
+    ps = {k: subprocess.Popen([*CT, "run", "-o", str(d), "--", *c], env=clean_env(), cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+          for k, c in cmds.items()}
+    logs = {k: p.communicate(timeout=300)[0] for k, p in ps.items()}
+    return d, {k: p.returncode for k, p in ps.items()}, logs
+
+
+def test_concurrent_invocations_keep_their_own_entries(concurrent):
+    d, rc, logs = concurrent
+    assert rc == {"job": 0, "exit": 1}, logs
+    m = json.load(open(d / "_manifest.json"))
+    invs = {os.path.basename(i["command"][-1] if i["command"][-1].endswith(".py") else i["command"][-3]): i
+            for i in m["invocations"]}
+    assert sorted(invs) == ["runs_exit.py", "runs_job.py"] and m["kind"] == "session"
+    assert invs["runs_job.py"]["exit_code"] == 0 and invs["runs_exit.py"]["exit_code"] == 1
+    assert all(len(i["runs"]) == 1 and i["end_ns"] for i in invs.values())
+    p = _ct("ls", d, "--format", "json")
+    assert p.returncode == 0, p.stderr
+    runs = {os.path.basename(r["command"][0]): r for r in json.loads(p.stdout)}
+    assert sorted(runs) == ["runs_exit.py", "runs_job.py"]
+    for name, r in runs.items():
+        assert r["id"] == invs[name]["runs"][0] and r["launcher"]["id"] == invs[name]["id"]
+        assert r["job"]["exit_code"] == invs[name]["exit_code"] == r["launcher"]["exit_code"]
+    assert runs["runs_job.py"]["job"]["state"] == "completed" and runs["runs_job.py"]["world_size"] == 2
+    assert runs["runs_exit.py"]["job"]["state"] == "failed" and runs["runs_exit.py"]["world_size"] == 3
+    txt = subprocess.run([*CT, "ls", str(d)], env=clean_env(), cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert txt.returncode == 0, txt.stderr
+    rows = [ln for ln in txt.stdout.splitlines() if "runs_job.py" in ln or "runs_exit.py" in ln]
+    assert len(rows) == 2, txt.stdout
+    job_row = next(ln for ln in rows if "runs_job.py" in ln)
+    exit_row = next(ln for ln in rows if "runs_exit.py" in ln)
+    assert "tests/scripts/runs_job.py 5 64" in job_row and "completed (exit code 0)" in job_row
+    assert "failed (exit code 1;" in exit_row
+
+
+def test_a_ranks_own_exit_code_is_recorded(concurrent):
+    """rank 1: sys.exit(3), rank 2: os._exit(4), each in its exit flush; job.failed_ranks and the
+    text line name them with their codes."""
+    d, rc, logs = concurrent
+    run = next(r for r in glob.glob(str(d / "*" / "rank=2")))
+    rep = _report(os.path.dirname(run))
+    st = rep["rank_states"]
+    assert (st["1"]["state"], st["1"]["exit_code"], st["1"].get("via")) == ("exited", 3, "sys.exit"), st
+    assert (st["2"]["state"], st["2"]["exit_code"], st["2"].get("via")) == ("exited", 4, "os._exit"), st
+    job = rep["job"]
+    assert (job["state"], job["exit_code"], job["failed_ranks"]) == ("failed", 1, [1, 2])
+    assert job["rank_exit_codes"] == [{"rank": 1, "exit_code": 3}, {"rank": 2, "exit_code": 4}]
+    assert rep["ops"] >= 3 * 5  # 4 all_reduces and a barrier on each rank, all written
+    txt = _ct("report", os.path.dirname(run))
+    assert "job: failed (exit code 1; rank 1 exited with code 3; rank 2 exited with code 4)" in txt.stdout
+
+
+def test_three_rank_mismatch_never_blames_the_healthy_rank(tmp_path):
+    """3 ranks, rank 1 passes 2048 elements where ranks 0 and 2 pass 1024 (runs_abort.py): gloo
+    aborts one of the others in C++ (SIGABRT), typically before its call is written. The
+    mismatch then names rank 1, or, when the aborted rank's call is unknown and the two others
+    split 1 to 1, says the culprit is ambiguous: never rank 0 or 2."""
+    out = tmp_path / "t"
+    p = run_traced(out, torchrun_cmd(os.path.join(SCRIPTS, "runs_abort.py"), nproc=3), check=False,
+                   timeout=180)
+    assert p.returncode != 0 and "gloo::EnforceNotMet" in p.stderr, p.stderr[-3000:]
+    rep = _report(out)
+    crashed = [int(r) for r, s in rep["rank_states"].items() if s["state"] == "crashed"]
+    assert crashed and 1 not in crashed, rep["rank_states"]
+    mm = [f for f in rep["findings"] if f["kind"] == "collective_mismatch"]
+    assert len(mm) == 1 and (mm[0]["seq"], mm[0]["op"]) == (5, "all_reduce"), rep["findings"]
+    f = mm[0]
+    recorded = sorted(e["rank"] for e in f["evidence"]["entries"])
+    if len(recorded) == 2:  # the aborted rank's call was not written: 1 to 1
+        assert f["rank"] is None and f["evidence"]["ambiguous"] is True, f
+        assert f["evidence"]["culprits"] == [] and f["evidence"]["candidates"] == recorded
+        assert 1 in recorded and f["evidence"]["unrecorded"] == crashed
+        assert "ambiguous" in f["message"] and f"rank {crashed[0]} (crashed, SIGABRT)" in f["message"]
+    else:  # it was written: 2 to 1, rank 1 is the minority
+        assert f["rank"] == 1 and f["evidence"]["culprits"] == [1], f
+    assert f["rank"] in (1, None)
+    txt = _ct("report", out)
+    assert txt.returncode == 0 and "collective_mismatch" in txt.stdout
+    for healthy in (0, 2):  # no sentence blames a rank that passed the right size
+        assert f"rank {healthy} passed 1024 elements (4.1 kB) where" not in " ".join(txt.stdout.split())
+
+
+@pytest.mark.parametrize("mode, status, exit_", [("caught", 0, {"how": "ok"}),
+                                                 ("top", 6, {"how": "exit", "exit_code": 6, "via": "sys.exit"})])
+def test_a_caught_sys_exit_is_not_the_exit_code(tmp_path, mode, status, exit_):
+    """A sys.exit(5) the script catches is not how the process ended: the exit flush says ok,
+    or the code of the sys.exit(6) that did end it."""
+    from conftest import free_port
+
+    out = tmp_path / "t"
+    p = run_traced(out, [sys.executable, os.path.join(SCRIPTS, "runs_exit_caught.py"), mode, str(free_port())],
+                   check=False, timeout=120)
+    assert p.returncode == status, p.stderr[-3000:]
+    (snap,) = glob.glob(str(out / "*" / "rank=0" / "_inflight.json"))
+    assert json.load(open(snap))["exit"] == exit_
+    job = _report(out)["job"]
+    assert job["state"] == ("completed" if status == 0 else "failed") and job["exit_code"] == status

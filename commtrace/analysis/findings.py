@@ -90,11 +90,13 @@ def fmt_ns(ns) -> str:
     a = abs(ns)
     if a >= 999.5e9:
         return f"{ns / 1e9:,.0f} s"
-    if a >= 1e9:
+    # each unit from where 3 significant digits of the smaller one would round up to 1000
+    # (999.7 ms is "1 s", not "1e+03 ms")
+    if a >= 999.5e6:
         return f"{ns / 1e9:.3g} s"
-    if a >= 1e6:
+    if a >= 999.5e3:
         return f"{ns / 1e6:.3g} ms"
-    if a >= 1e3:
+    if a >= 999.5:
         return f"{ns / 1e3:.3g} us"
     return f"{ns:.0f} ns"
 
@@ -288,6 +290,8 @@ def collective_mismatch(run) -> list[Finding]:
         SELECT *, count(*) OVER (PARTITION BY pg) AS n_in_pg,
                row_number() OVER (PARTITION BY pg ORDER BY seq) AS k
         FROM bad ORDER BY pg, seq""").fetchall()
+    members_of = run.pg_members
+    states = run.rank_states() if hasattr(run, "rank_states") else {}
     for pg, seq, n_op, n_dtype, n_count, ag_bad, rs_bad, entries, n_in_pg, k in rows:
         if k > MAX_PER_GROUP:
             continue
@@ -300,6 +304,12 @@ def collective_mismatch(run) -> list[Finding]:
             field_, what = "count", ["size"]
         else:
             field_, what = None, ["output size"]
+        # members whose call is not in the trace (a rank that crashed before its rows were
+        # written): each could side with either value
+        unknown = sorted(set(int(m) for m in (members_of.get(pg) or [])) - {int(e["rank"]) for e in entries})
+        if field_ and _ambiguous(entries, field_, len(unknown)):
+            out.append(_ambiguous_mismatch(pg, seq, entries, field_, what[0], unknown, states, n_in_pg, k))
+            continue
         culprits = _minority(entries, field_) if field_ else [
             e["rank"] for e in entries
             if (e["op"] == "all_gather" and e["out_bytes"] is not None and e["bytes"] is not None
@@ -327,6 +337,62 @@ def collective_mismatch(run) -> list[Finding]:
                       "mismatched_in_pg": int(n_in_pg)},
             message=f"{what[0]} mismatch in {ref['op']} seq {seq} on pg {pg}: {detail}{extra}"))
     return out
+
+
+def _ambiguous(entries, field_, n_unknown: int) -> bool:
+    """True when the members whose call was not recorded (`n_unknown`) could make another
+    value the majority: the recorded calls' most common value leads the next by fewer than
+    `n_unknown` (a tie with any unknown member). Then no rank is named the culprit: on 3 ranks
+    where the rank that aborted on the mismatch wrote nothing, the other two split 1 to 1 and
+    the lowest rank is as likely right as wrong."""
+    if n_unknown <= 0:
+        return False
+    counts: dict = {}
+    for e in entries:
+        counts[e[field_]] = counts.get(e[field_], 0) + 1
+    top = sorted(counts.values(), reverse=True) + [0]
+    return top[0] - top[1] < n_unknown
+
+
+def _ambiguous_mismatch(pg, seq, entries, field_, what, unknown, states, n_in_pg, k) -> Finding:
+    """A collective_mismatch whose culprit cannot be told (:func:`_ambiguous`): rank None,
+    ``evidence.ambiguous``, the ranks on each side (``candidates``) and the members whose call
+    is unknown, with how their process ended."""
+    a = entries[0]
+    b = next(e for e in entries if e[field_] != a[field_])
+    # no "where": neither side is the reference
+    if field_ == "count":
+        detail = (f"rank {a['rank']} passed {a['count']} elements ({fmt_bytes(a['bytes'])}) and rank "
+                  f"{b['rank']} {b['count']} ({fmt_bytes(b['bytes'])})")
+    else:
+        detail = f"rank {a['rank']} called {a[field_]} and rank {b['rank']} {b[field_]}"
+    counts: dict = {}
+    for e in entries:
+        counts.setdefault(e[field_], []).append(int(e["rank"]))
+    split = " to ".join(str(len(v)) for v in sorted(counts.values(), key=len, reverse=True))
+
+    def how(r):
+        st = states.get(r) or {}
+        word = {"crashed": "crashed", "killed": "died", "exception": "exited on an exception",
+                "alive": "has not joined", "exited": "exited"}.get(st.get("state"), "left no record")
+        return f"rank {r} ({word}{', ' + st['signal'] if st.get('signal') and st.get('state') == 'crashed' else ''})"
+
+    extra = f"; {n_in_pg} mismatched collectives on pg {pg} in all" if k == 1 and n_in_pg > 1 else ""
+    ts = [e["t"] for e in entries if e["t"] is not None]
+    return Finding(
+        kind="collective_mismatch", severity="error", rank=None, pg=pg, seq=int(seq), op=a["op"],
+        site=a["site"], t_ns=_i(min(ts)) if ts else None, impact_ns=0,
+        evidence={"field": field_, "culprits": [], "ambiguous": True,
+                  "candidates": sorted(int(e["rank"]) for e in entries),
+                  "sides": {str(v): rs for v, rs in counts.items()},
+                  "unrecorded": [int(r) for r in unknown],
+                  "unrecorded_states": {str(r): (states.get(r) or {}).get("state") for r in unknown},
+                  "entries": [{kk: vv for kk, vv in e.items() if kk != "t"} for e in entries],
+                  "mismatched_in_pg": int(n_in_pg)},
+        message=(f"{what} mismatch in {a['op']} seq {seq} on pg {pg}: {detail}; which rank is wrong is "
+                 f"ambiguous: the recorded calls split {split} and "
+                 + ", ".join(how(r) for r in unknown)
+                 + f" did not record {'its' if len(unknown) == 1 else 'their'} call{extra}"))
 
 
 def _minority(entries, field_) -> list[int]:

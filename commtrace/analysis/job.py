@@ -9,7 +9,9 @@ that a rank is called alive, crashed or finished in one place.
 
 Rank states:
 
-``exited``       exit flush with ``exit.how == "ok"`` (a normal exit, ``sys.exit`` included);
+``exited``       exit flush with ``exit.how == "ok"`` (a normal exit) or ``"exit"`` (an
+                 uncaught ``sys.exit(n)`` or ``os._exit(n)``: ``exit_code`` n, a failure
+                 when n != 0);
 ``exception``    exit flush after an uncaught exception (``exit.error``);
 ``signalled``    exit flush on SIGTERM / SIGINT (``exit.signal``);
 ``crashed``      a crash file: a fatal signal (``signal``: SIGABRT, SIGSEGV, ...);
@@ -73,10 +75,62 @@ def _flush_s(rf, r: int) -> float:
     return DEFAULT_FLUSH_INTERVAL_S
 
 
+def launcher(rf) -> dict:
+    """What the `commtrace run` that wrote this run recorded (``command``, ``exit_code``,
+    ``signal``, ``end_ns``, ``runs``): since schema v2 the invocation in the manifest above the
+    run (:func:`commtrace.format.runs.session_manifest`); for version-1 traces the run's own
+    manifest, when `commtrace run` wrote its end there (it has ``end_ns``); else empty."""
+    if rf.session:
+        return rf.session
+    m = getattr(rf, "manifest", None) or {}
+    if not m.get("run_id") and m.get("end_ns") is not None:
+        return m
+    return {}
+
+
 def launcher_ended(rf) -> bool:
     """True when the `commtrace run` that wrote this run has finished (its session manifest
     has ``end_ns``)."""
-    return bool((rf.session or {}).get("end_ns"))
+    return bool(launcher(rf).get("end_ns"))
+
+
+def failed(state: dict) -> bool:
+    """A rank that failed: it crashed, was killed, ended on an uncaught exception, or exited
+    with a non-zero code."""
+    return state.get("state") in FAILED_STATES or (
+        state.get("state") == "exited" and state.get("exit_code") not in (None, 0))
+
+
+def from_poll(rf, poll: dict, now_s: float | None = None):
+    """`rf` (what a run was loaded from) with the newer facts a live view re-read
+    (:func:`commtrace.format.reader.poll_run`): snapshots and their modification times, crash
+    files, rank directories, the manifest and the launcher's record. A poll given as plain
+    dicts (``{"manifest": ..., "snapshots": ...}``) replaces what it names; a snapshot without
+    a modification time is aged by its own ``t_ns``. `now_s`: when it was read (default: its
+    ``scan_time``, else now). Pure: `rf` is not changed."""
+    import dataclasses
+
+    snaps = poll.get("snapshots")
+    kw = {"scan_time": now_s if now_s is not None else (poll.get("scan_time") or time.time())}
+    if snaps is not None:
+        kw["inflight"] = dict(snaps)
+        mt = poll.get("mtimes")
+        if mt is None:  # ages from the snapshots' own clocks
+            mt = {}
+            for r, sn in snaps.items():
+                try:
+                    mt[r] = int(sn.get("t_ns")) / 1e9
+                except (TypeError, ValueError):
+                    pass
+        kw["inflight_mtime"] = dict(mt)
+    for k in ("crash", "rank_dirs"):
+        if poll.get(k) is not None:
+            kw[k] = poll[k]
+    if poll.get("manifest"):  # an unreadable one (being replaced) keeps what was loaded
+        kw["manifest"] = dict(getattr(rf, "manifest", {}) or {}, **poll["manifest"])
+    if poll.get("session") is not None:
+        kw["session"] = dict(poll["session"])
+    return dataclasses.replace(rf, **kw)
 
 
 def rank_states(rf, world_size: int | None = None, now_s: float | None = None) -> dict[int, dict]:
@@ -108,8 +162,10 @@ def rank_states(rf, world_size: int | None = None, now_s: float | None = None) -
                 d.update(state="exception", error=ex.get("error"), exit_code=ex.get("exit_code"))
             elif how == "signal":
                 d.update(state="signalled", signal=ex.get("signal"), exit_code=ex.get("exit_code"))
-            else:
+            else:  # "ok", or "exit": sys.exit(n) / os._exit(n) (capture/crash.py)
                 d.update(state="exited", exit_code=ex.get("exit_code", 0 if how == "ok" else None))
+                if ex.get("via"):
+                    d["via"] = ex["via"]
         elif snap is not None:
             age = d["snapshot_age_s"]
             limit = FRESH_FLUSHES * _flush_s(rf, r) + FRESH_SLACK_S
@@ -139,25 +195,30 @@ def rank_states(rf, world_size: int | None = None, now_s: float | None = None) -
 def job_state(rf, world_size: int | None = None, states: dict | None = None,
               now_s: float | None = None) -> dict:
     """The report's ``job`` key: ``{"state": completed|failed|interrupted|running|unknown,
-    "exit_code": int|None, "failed_ranks": [...], "signal": str|None}``.
+    "exit_code": int|None, "failed_ranks": [...], "signal": str|None}``, with
+    ``ranks_by_state`` (state -> ranks) and ``rank_exit_codes`` (``[{"rank", "exit_code"}]``:
+    the ranks that exited with a non-zero code of their own, ``sys.exit(n)`` / ``os._exit(n)``).
 
     * running: some rank is alive and the launcher has not finished;
-    * interrupted: the launcher forwarded SIGINT/SIGTERM (Ctrl-C), or without a launcher, a rank
-      ended on SIGINT;
-    * failed: a rank crashed, was killed or ended on an uncaught exception, or the launcher
+    * interrupted: the launcher forwarded SIGINT/SIGTERM (Ctrl-C); or, before (or without) a
+      launcher's record, every rank ended and some on SIGINT/SIGTERM, none failed;
+    * failed: a rank crashed, was killed, ended on an uncaught exception or exited with a
+      non-zero code, or the launcher
       exited non-zero (its exit code is given when this run is its last job);
     * completed: every rank exited normally (and the launcher, if any, with 0);
     * unknown: nothing says (traces without snapshots)."""
     states = rank_states(rf, world_size, now_s) if states is None else states
-    sess = rf.session or {}
+    sess = launcher(rf)
     runs = sess.get("runs") or []
     rid = os.path.basename(rf.path.rstrip(os.sep))
     last_of_session = bool(sess) and (not runs or runs[-1] == rid)
     exit_code = sess.get("exit_code") if last_of_session else None
-    failed = sorted(r for r, s in states.items() if s["state"] in FAILED_STATES)
-    if exit_code is None and failed:
-        codes = [states[r].get("exit_code") for r in failed if states[r].get("exit_code")]
-        exit_code = codes[0] if codes else None
+    bad = sorted(r for r, s in states.items() if failed(s))
+    codes = [{"rank": r, "exit_code": int(states[r]["exit_code"])} for r in bad
+             if states[r]["state"] == "exited"]
+    if exit_code is None and bad:
+        known = [states[r].get("exit_code") for r in bad if states[r].get("exit_code")]
+        exit_code = known[0] if known else None
     sig = None
     alive = [r for r, s in states.items() if s["state"] == "alive"]
     if alive and not launcher_ended(rf):
@@ -165,14 +226,19 @@ def job_state(rf, world_size: int | None = None, states: dict | None = None,
         exit_code = None
     elif sess.get("signal") in ("SIGINT", "SIGTERM") and (last_of_session or not sess.get("end_ns")):
         state, sig = "interrupted", sess.get("signal")
-    elif not sess and any(s["state"] == "signalled" and s.get("signal") == "SIGINT" for s in states.values()):
-        state, sig = "interrupted", "SIGINT"
-    elif exit_code in INTERRUPT_CODES and not any(states[r]["state"] in ("crashed", "exception") for r in failed):
+    elif not launcher_ended(rf) and not bad and states and all(
+            s["state"] in ("exited", "signalled", "no_trace") for s in states.values()) and any(
+            s["state"] == "signalled" and s.get("signal") in ("SIGINT", "SIGTERM") for s in states.values()):
+        # every rank ended, some on SIGINT / SIGTERM, and no launcher recorded (yet) how it ended
+        state = "interrupted"
+        sig = next(s["signal"] for r, s in sorted(states.items())
+                   if s["state"] == "signalled" and s.get("signal") in ("SIGINT", "SIGTERM"))
+    elif exit_code in INTERRUPT_CODES and not any(states[r]["state"] in ("crashed", "exception") for r in bad):
         # the launcher's command ended on SIGINT / SIGTERM that someone sent it directly
         state, sig = "interrupted", INTERRUPT_CODES[exit_code]
-    elif failed or (exit_code not in (None, 0)):
+    elif bad or (exit_code not in (None, 0)):
         state = "failed"
-        sigs = [states[r]["signal"] for r in failed if states[r].get("signal")]
+        sigs = [states[r]["signal"] for r in bad if states[r].get("signal")]
         sig = sigs[0] if sigs else None
     elif states and all(s["state"] == "exited" for s in states.values() if s["state"] != "no_trace") \
             and any(s["state"] == "exited" for s in states.values()):
@@ -184,8 +250,8 @@ def job_state(rf, world_size: int | None = None, states: dict | None = None,
     by_state: dict[str, list[int]] = {}
     for r, s in sorted(states.items()):
         by_state.setdefault(s["state"], []).append(r)
-    return {"state": state, "exit_code": exit_code, "failed_ranks": failed, "signal": sig,
-            "ranks_by_state": by_state}
+    return {"state": state, "exit_code": exit_code, "failed_ranks": bad, "signal": sig,
+            "ranks_by_state": by_state, "rank_exit_codes": codes}
 
 
 _STATE_WORDS = {"crashed": "crashed", "killed": "died without an exit flush",
@@ -202,12 +268,20 @@ def describe(job: dict) -> str:
     if job.get("signal") and st == "interrupted":
         bits.append(str(job["signal"]))
     by = job.get("ranks_by_state") or {}
+    def who(rs):
+        return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))}"
+
     for k in ("crashed", "killed", "exception") if st != "running" else ("alive",):
         rs = by.get(k) or []
         if rs:
-            who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))}"
             extra = f", {job['signal']}" if k == "crashed" and job.get("signal") else ""
-            bits.append(f"{who} {_STATE_WORDS[k]}{extra}")
+            bits.append(f"{who(rs)} {_STATE_WORDS[k]}{extra}")
+    if st != "running":
+        by_code: dict[int, list[int]] = {}
+        for e in job.get("rank_exit_codes") or []:
+            by_code.setdefault(int(e["exit_code"]), []).append(int(e["rank"]))
+        for code, rs in sorted(by_code.items(), key=lambda kv: min(kv[1])):
+            bits.append(f"{who(sorted(rs))} exited with code {code}")
     if not by and job.get("failed_ranks"):
         bits.append(f"rank(s) {', '.join(map(str, job['failed_ranks']))} failed")
     return f"job: {st}" + (f" ({'; '.join(bits)})" if bits else "")

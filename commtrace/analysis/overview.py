@@ -17,79 +17,41 @@ import numpy as np
 from .. import ops as OPS
 from .catalogue import entry
 
-#: Exit codes of a job stopped on purpose (128 + SIGINT, 128 + SIGTERM): "interrupted".
-INTERRUPT_CODES = (130, 143)
-#: A snapshot older than this many flush intervals (+ slack) says nothing about a live rank.
-FRESH_FLUSHES = 3
-FRESH_SLACK_NS = 2_000_000_000
 #: A collective pending this long on some members while another member has not issued it is
 #: a hang in the making: the live view names the rank that has not joined.
 LIVE_STUCK_NS = 2_000_000_000
-#: After the ranks' exit flush, how long `commtrace run` may take to record the exit code.
-LAUNCHER_GRACE_NS = 30_000_000_000
 #: Findings shown as cards on the overview.
 TOP_CARDS = 5
 #: Collectives the "show on timeline" window of a straggler covers (its first late ones).
 STRAGGLER_WINDOW_COLLECTIVES = 3
 
 
-def _flush_ns(run) -> float:
-    vals = [float(m.get("flush_interval_s") or 0) for m in (run.meta or {}).values()]
-    vals = [v for v in vals if v > 0]
-    return (max(vals) if vals else 2.0) * 1e9
-
-
 def job_state(run, manifest: dict | None = None, snapshots: dict | None = None,
-              now_ns: int | None = None) -> dict:
-    """How the job ended, from what the run directory says: ``state`` is ``completed`` (the
-    launcher recorded exit code 0), ``interrupted`` (exit code 130 or 143: SIGINT / SIGTERM),
-    ``failed`` (any other exit code), ``running`` (no end recorded and a rank's snapshot is
-    fresh and not final) or ``unknown``; with ``exit_code``, ``start_ns``, ``end_ns`` and
-    ``detail`` (one line). `manifest` / `snapshots` default to what was loaded with the run."""
-    if manifest is None and snapshots is None and hasattr(run, "job"):
-        # What was loaded with the run: the report's `job` (analysis/job.py), one source.
-        from .job import describe
+              now_ns: int | None = None, poll: dict | None = None) -> dict:
+    """How the job ended (or that it runs): the report's ``job``
+    (:func:`commtrace.analysis.job.job_state`, the one source of the verdict) with ``start_ns``,
+    ``end_ns`` and ``detail`` (one line) for the overview. With no live data it is
+    :meth:`Run.job`; a live view passes what it re-read: `poll`
+    (:func:`commtrace.format.reader.poll_run`), or a `manifest` and `snapshots` alone, taken as
+    of `now_ns` (:func:`commtrace.analysis.job.from_poll`)."""
+    from . import job as J
 
-        j = run.job()
-        sess = getattr(run._files, "session", None) or {}
-        return {"state": j["state"], "exit_code": j["exit_code"],
-                "start_ns": run.manifest.get("start_ns") or sess.get("start_ns"),
-                "end_ns": sess.get("end_ns") or run.manifest.get("end_ns"),
-                "detail": describe(j)[len("job: "):].split(" (", 1)[-1].rstrip(")")
-                if "(" in describe(j) else "",
-                "failed_ranks": j["failed_ranks"], "signal": j["signal"]}
-    m = run.manifest if manifest is None else manifest
-    snaps = (getattr(run._files, "inflight", {}) or {}) if snapshots is None else snapshots
-    now = time.time_ns() if now_ns is None else now_ns
-    out = {"state": "unknown", "exit_code": m.get("exit_code"), "start_ns": m.get("start_ns"),
-           "end_ns": m.get("end_ns"), "detail": ""}
-    if m.get("end_ns") is not None:
-        rc = m.get("exit_code")
-        if rc == 0:
-            out["state"], out["detail"] = "completed", "exit code 0"
-        elif rc in INTERRUPT_CODES:
-            out["state"], out["detail"] = "interrupted", f"stopped by a signal (exit code {rc})"
-        else:
-            out["state"], out["detail"] = "failed", f"exit code {rc}"
-        return out
-    fresh = [r for r, s in snaps.items() if not s.get("final") and s.get("t_ns") is not None
-             and now - int(s["t_ns"]) <= FRESH_FLUSHES * _flush_ns(run) + FRESH_SLACK_NS]
-    if fresh:
-        out["state"] = "running"
-        out["detail"] = f"{len(fresh)} rank(s) wrote a snapshot in the last {FRESH_FLUSHES} flushes"
-    elif snaps and all(s.get("final") for s in snaps.values()):
-        newest = max(int(s.get("t_ns") or 0) for s in snaps.values())
-        if ("cwd" in m or m.get("run_id")) and now - newest <= LAUNCHER_GRACE_NS:
-            # `commtrace run` (which writes `cwd`; since schema v2 in the session manifest above
-            # the run, whose runs have a `run_id`) records the exit code once the launcher
-            # (torchrun) returns, a moment after the ranks' exit flush
-            out["state"] = "running"
-            out["detail"] = "every rank flushed at exit; waiting for the launcher's exit code"
-        else:
-            out["detail"] = "every rank flushed at exit, but no launcher recorded the exit code"
+    if poll is None and (manifest is not None or snapshots is not None):
+        poll = {"manifest": manifest or {}, "snapshots": snapshots or {}}
+    files = getattr(run, "_files", None)
+    if poll is None or files is None:
+        j = run.job()  # the same function, on what was loaded
     else:
-        out["detail"] = "no exit code recorded and no fresh snapshot (killed, or copied while running)"
-    return out
+        files = J.from_poll(files, poll, None if now_ns is None else now_ns / 1e9)
+        j = J.job_state(files, run.world_size)
+    sess = J.launcher(files) if files is not None else {}
+    line = J.describe(j)
+    return {"state": j["state"], "exit_code": j["exit_code"],
+            "start_ns": run.manifest.get("start_ns") or sess.get("start_ns"),
+            "end_ns": sess.get("end_ns") or run.manifest.get("end_ns"),
+            "detail": line[len("job: "):].split(" (", 1)[-1].rstrip(")") if "(" in line else "",
+            "failed_ranks": j["failed_ranks"], "signal": j["signal"],
+            "rank_exit_codes": j.get("rank_exit_codes") or []}
 
 
 def _step_spans(run):
@@ -306,4 +268,4 @@ def live_status(run, poll: dict, now_ns: int | None = None) -> dict:
                     "waiting": sorted(p["ranks"]), "for_s": waited / 1e9}
             break
     return {"ranks": ranks, "hang": hang,
-            "job": job_state(run, poll.get("manifest") or {}, snaps, now)}
+            "job": job_state(run, poll=poll, now_ns=None if now_ns is None else now)}

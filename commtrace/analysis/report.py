@@ -62,7 +62,7 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
     per_rank = run.per_rank()
     tick("per step", 0.55)
     tick("root cause and what-if", 0.65)
-    from .rootcause import AUTO_MAX_OPS, DISABLED
+    from .rootcause import AUTO_MAX_OPS, DISABLED, ENABLED
     skipped = None
     if what_if is None:
         n_op = run.sql(f"SELECT count(*) FROM {run.table('ops')} WHERE kind = 'op'").fetchone()[0]
@@ -71,6 +71,7 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
             skipped = (f"root cause and what-if skipped on {n_op:,} ops (more than {AUTO_MAX_OPS:,}): "
                        "add --what-if for them (docs/performance.md: about +4 s CPU and +0.6 GB per million ops)")
     if what_if:
+        ENABLED.add(run)
         what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
     else:
         DISABLED.add(run)

@@ -156,15 +156,31 @@ def rank_gain(run, rank: int) -> float:
 #: them on larger runs: they cost about 4 s of CPU and 0.6 GB per million ops, more than the
 #: rest of the report; docs/performance.md).
 AUTO_MAX_OPS = 250_000
-#: Runs whose report was asked without root cause and what-if (`report --no-what-if`).
+#: Runs whose report was asked without root cause and what-if (`report --no-what-if`), and
+#: runs where they were asked for whatever the size (`report --what-if`).
 DISABLED: "weakref.WeakSet" = weakref.WeakSet()
+ENABLED: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def wanted(run) -> bool:
+    """Whether `Run.findings()` should carry the what-if: asked for, or a run of at most
+    AUTO_MAX_OPS ops (the dashboard and the report share this rule)."""
+    if run in DISABLED:
+        return False
+    if run in ENABLED:
+        return True
+    try:
+        n = run.sql(f"SELECT count(*) FROM {run.table('ops')} WHERE kind = 'op'").fetchone()[0]
+    except Exception:  # noqa: BLE001
+        return False
+    return n <= AUTO_MAX_OPS
 
 
 def annotate_findings(run, findings: list) -> list:
     """Give each finding `cost_s` (delay costs of its late rank), `gain_s` (the replay's
     saving if that rank were as fast as the median rank) and `root_cause` (the rank's costliest
     delay); order by `gain_s` (largest first), findings without one after, in their order."""
-    if not findings or run in DISABLED:
+    if not findings or not wanted(run):
         return findings
     need = [f for f in findings if f.kind in RANK_KINDS and f.rank is not None]
     if not need:

@@ -36,7 +36,8 @@ def _option_names() -> set[str]:
     if _OPTION_NAMES is None:
         import dataclasses
 
-        _OPTION_NAMES = {f.name for f in dataclasses.fields(Config)}
+        # `session` is set by `commtrace run` for its own ranks, not a tracing option
+        _OPTION_NAMES = {f.name for f in dataclasses.fields(Config)} - {"session"}
     return _OPTION_NAMES
 
 
@@ -196,6 +197,8 @@ def _write_manifest(rec) -> None:
         pass
     m.setdefault("run_id", rec.meta.get("run_id"))
     m.setdefault("command", list(sys.argv))
+    if getattr(rec.config, "session", ""):
+        m.setdefault("session", rec.config.session)
     m.setdefault("start_ns", getattr(rec, "start_ns", None) or time.time_ns())
     m.setdefault("start_time", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     m["world_size"] = rec.world_size

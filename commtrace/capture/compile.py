@@ -179,14 +179,36 @@ def _on_dynamo(_module) -> None:
         _dispatch_map = table
         for w in _wrappers.values():
             _register(w)
+    _wait_as_instancemethod()
     try:
         # Frames of commtrace's own code that run while a compiled function runs (a wrapper
         # called eagerly at a graph break) are not compiled themselves: Dynamo would trace
         # the wrapper's body as a frame of its own, rewrite torch's call inside it and guard on
         # commtrace's state.
-        sys.modules["torch._dynamo.trace_rules"].add(__package__)
+        rules = sys.modules["torch._dynamo.trace_rules"]
+        if not getattr(rules, "_commtrace_skipped", False):
+            rules.add(__package__)
+            rules._commtrace_skipped = True
     except Exception as e:
         log.warn_once("compile-skip", "torch.compile may compile commtrace's frames", e)
+
+
+def _wait_as_instancemethod() -> None:
+    """Install the ``Work.wait`` wrapper as an ``instancemethod``, the kind of object torch's own
+    ``Work.wait`` is: Dynamo then treats both alike (a C object of another type would be
+    fetched unbound from the class and called without its ``self``)."""
+    try:
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        Work = getattr(c10d, "Work", None)
+        cur = Work.__dict__.get("wait") if Work is not None else None
+        if cur is None or type(cur).__name__ == "instancemethod" \
+                or not hasattr(cur, ORIGINAL_ATTR):
+            return
+        from . import registry, wrappers
+
+        registry.swap(Work, "wait", wrappers.instancemethod(cur))
+    except Exception as e:
+        log.warn_once("compile-wait", "torch.compile may trace commtrace's Work.wait", e)
 
 
 def _on_funcol(module) -> None:

@@ -831,7 +831,12 @@ class Recorder:
                     "pid": self.meta.get("pid"), "host": self.meta.get("host"),
                     "run_id": self.meta.get("run_id"),
                     "flush_interval_s": self.config.flush_interval, "ops": inflight}
+            if getattr(self.config, "session", ""):  # the `commtrace run` invocation
+                snap["session"] = self.config.session
             if final:
+                if self.exit_info is None:  # an uncaught sys.exit(n) (crash.py)
+                    crash = sys.modules.get(__package__ + ".crash")
+                    self.exit_info = crash.exit_info() if crash is not None else None
                 snap["exit"] = self.exit_info or {"how": "ok"}
             text = json.dumps(snap, default=str)
             if text != self._last_inflight_text or final:

@@ -44,6 +44,17 @@ def patch(owner, name: str, new) -> bool:
     return True
 
 
+def swap(owner, name: str, new) -> bool:
+    """Replace the wrapper installed at ``owner.name`` by `new` (another form of it), keeping
+    the original for :func:`restore`. Returns False when that attribute is not patched by us."""
+    entry = _ORIGINALS.get((id(owner), name))
+    if entry is None:
+        return False
+    _ORIGINALS[(id(owner), name)] = (entry[0], name, entry[2], new)
+    setattr(owner, name, new)
+    return True
+
+
 def patched(owner, name: str) -> bool:
     return (id(owner), name) in _ORIGINALS
 

@@ -25,9 +25,22 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def _short(arg) -> str:
+    """A command's argument as typed from here: an absolute path under the current directory
+    relative to it."""
+    a = str(arg)
+    if os.path.isabs(a):
+        rel = os.path.relpath(a)
+        if not rel.startswith(".."):
+            return rel
+    return a
+
+
 def list_runs(path: str) -> list[dict]:
     """One dict per run below `path`: id, path, start, command, world size, ranks present,
-    how the job ended (the report's ``job``), size on disk. Reads manifests, snapshots and
+    how the job ended (the report's ``job``: its own exit code, its ranks' own exit codes),
+    size on disk, and ``launcher``: the `commtrace run` invocation that wrote it (id, command,
+    exit code, signal) when known. Reads manifests, snapshots and
     Parquet footers only."""
     from ..analysis.job import job_state, rank_states
     from ..errors import TraceFormatError
@@ -47,6 +60,9 @@ def list_runs(path: str) -> list[dict]:
             entry["world_size"] = ws
             entry["ranks"] = sorted(set(rf.meta) | set(rf.inflight))
             entry["job"] = job_state(rf, ws, rank_states(rf, ws))
+            if rf.session:  # the `commtrace run` invocation that wrote it (its own entry)
+                entry["launcher"] = {k: rf.session.get(k) for k in
+                                     ("id", "command", "exit_code", "signal", "start_ns", "end_ns")}
             if entry["command"] is None and rf.session:
                 entry["command"] = rf.session.get("command")
         except TraceFormatError as e:
@@ -81,13 +97,14 @@ def command(path, fmt):
     con = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
     t = Table(title=f"{len(runs)} run(s) under {path}", title_justify="left", show_edge=False)
     for col in ("run", "start", "command", "world", "ranks", "job", "size"):
-        t.add_column(col, justify="right" if col in ("world", "size") else "left", no_wrap=col != "command")
+        t.add_column(col, justify="right" if col in ("world", "size") else "left",
+                     no_wrap=col not in ("command", "job"), min_width=24 if col == "command" else None)
     from ..analysis.job import describe
 
     for r in runs:
         start = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["start_ns"] / 1e9)) if r["start_ns"] else "-"
         cmd = r.get("command")
-        cmd = " ".join(map(str, cmd)) if isinstance(cmd, list) else (cmd or "-")
+        cmd = " ".join(map(_short, cmd)) if isinstance(cmd, list) else (cmd or "-")
         ranks = r["ranks"]
         rtxt = (f"{len(ranks)}" + (f" of {r['world_size']}" if r["world_size"] and r["world_size"] != len(ranks) else ""))
         t.add_row(r["label"], start, cmd[:60], str(r["world_size"] or "-"), rtxt,

@@ -370,7 +370,7 @@ def _render_what_if(con, rep: dict, top: int) -> None:
         con.print(t)
         for d in dl[: min(top, 3)]:
             if d.get("text"):
-                con.print(f"  {d['text']}" + (f" (rank {d['rank']}, step {d['step']})" if d.get("step") is not None else ""))
+                con.print(f"  {d['text']}" + (f" (step {d['step']})" if d.get("step") is not None else ""))
     cp = rep.get("critical_path") or {}
     pr = cp.get("per_rank") or []
     if pr:

@@ -84,12 +84,6 @@ def _runs_in(out: str) -> list[str]:
     return runs.find_runs(out, max_depth=1)
 
 
-def _write_session(out: str, m: dict) -> None:
-    from ..format import writer as W
-
-    W.write_manifest(out, m)
-
-
 def _check_bounded(steps, schedule, max_size) -> None:
     """One-line usage errors for the bounded-capture options (capture/window.py)."""
     from ..capture import window as WIN
@@ -172,12 +166,6 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
     if not os.access(out, os.W_OK):
         raise OutputError(f"output directory {out} is not writable")
     _check_bounded(steps, schedule, max_size)
-    config = Config(output=out, nvtx=nvtx, stack=stack, flush_interval=flush_interval,
-                    buffer_ops=buffer_ops, hazards=hazards, hang_timeout=hang_timeout,
-                    dump_on_hang=dump_on_hang, cuda_events=cuda_events,
-                    async_completion=async_completion, writer_nice=writer_nice,
-                    completion_hook=completion_hook, steps=steps, schedule=schedule,
-                    max_size=max_size, on_demand=on_demand)
     from .. import __version__
 
     from ..format import runs as RUNS
@@ -187,20 +175,43 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
                           "-o an empty or new directory, or a directory of runs")
     before = set(_runs_in(out))
     start_ns = time.time_ns()
-    # The output directory's manifest describes this invocation ("kind": "session"); each job
-    # it starts writes its own run directory OUT/<run-id>/ (docs/trace-format.md).
-    session = dict(kind="session", command=cmd, start_ns=start_ns,
-                   start_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), cwd=os.getcwd(),
-                   commtrace_version=__version__, runs=[])
-    _write_session(out, session)
+    inv_id = f"{start_ns:x}-{os.getpid()}"
+    config = Config(output=out, nvtx=nvtx, stack=stack, flush_interval=flush_interval,
+                    buffer_ops=buffer_ops, hazards=hazards, hang_timeout=hang_timeout,
+                    dump_on_hang=dump_on_hang, cuda_events=cuda_events,
+                    async_completion=async_completion, writer_nice=writer_nice,
+                    completion_hook=completion_hook, steps=steps, schedule=schedule,
+                    max_size=max_size, on_demand=on_demand, session=inv_id)
+    # The output directory's manifest lists the invocations of `commtrace run -o OUT`
+    # ("kind": "session", "invocations"), each with its command, exit code and runs; each job
+    # writes its own run directory OUT/<run-id>/, whose manifest names its invocation
+    # ("session"). Updated under a lock: invocations running at once keep each other's entry
+    # (docs/trace-format.md).
+    inv = dict(id=inv_id, command=cmd, start_ns=start_ns,
+               start_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), cwd=os.getcwd(),
+               commtrace_version=__version__, pid=os.getpid(), runs=[])
+    try:
+        RUNS.record_invocation(out, inv)
+    except OSError as e:
+        raise OutputError(f"cannot write the manifest in {out}: {e.strerror}") from e
     got_signals: list[str] = []
     rc = run_child(cmd, child_env(config), signals=got_signals)
-    new = [r for r in _runs_in(out) if r not in before]
+
+    def ours(d: str) -> bool:
+        # rank 0 names its invocation in the run's manifest; a rank launched by this
+        # invocation while rank 0 was another's (one job, two nodes' launchers) in its snapshot
+        sid = RUNS.read_manifest(d).get("session")
+        if sid == inv_id or (not sid and d not in before):
+            return True
+        return inv_id in RUNS.snapshot_sessions(d)
+
+    new = [r for r in _runs_in(out) if ours(r)]
     echo = lambda s: click.echo(s, err=True)  # noqa: E731
     if not new:
         try:
-            os.unlink(os.path.join(out, "_manifest.json"))
-            os.rmdir(out)
+            if RUNS.forget_invocation(out, inv_id) is None:
+                os.unlink(os.path.join(out, RUNS.SESSION_LOCK_NAME))
+                os.rmdir(out)
         except OSError:
             pass
         echo("commtrace: no process created a process group; nothing was traced.")
@@ -208,10 +219,9 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
     ranks = sorted({r for d in new for r in _ranks_written(d)})
     for d in new:
         _record_retention(d)
-    session.update(end_ns=time.time_ns(), exit_code=rc,
-                   signal=got_signals[0] if got_signals else None,
-                   runs=[os.path.basename(d) for d in new], ranks_written=ranks)
-    _write_session(out, session)
+    RUNS.record_invocation(out, dict(id=inv_id, end_ns=time.time_ns(), exit_code=rc,
+                                     signal=got_signals[0] if got_signals else None,
+                                     runs=[os.path.basename(d) for d in new], ranks_written=ranks))
     shown = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else out
     alone = len(_runs_in(out)) == 1
     for d in new:
@@ -272,7 +282,8 @@ def _no_such_option(arg: str) -> None:
 def run_child(cmd: list[str], env: dict[str, str], signals: list | None = None) -> int:
     """Run `cmd` in its own process group, forward SIGINT/SIGTERM to it, return its exit code:
     128 + the signal's number when a signal ended it, or when one was forwarded (Ctrl-C: 130)
-    and it then failed. The names of the signals forwarded are
+    and it then exited with the generic 1 (torchrun's answer to a forwarded signal); any other
+    code the child chose itself is returned as it is. The names of the signals forwarded are
     appended to `signals`."""
     try:
         child = subprocess.Popen(cmd, env=env, preexec_fn=os.setpgrp)
@@ -312,8 +323,10 @@ def run_child(cmd: list[str], env: dict[str, str], signals: list | None = None) 
             signal.signal(sig, h)
     if rc < 0:
         return 128 + (-rc)
-    if rc != 0 and forwarded:
-        # Interrupted (Ctrl-C) or terminated: the shell's convention, 128 + the signal, whatever
-        # the launcher made of it (torchrun exits 1 after shutting its workers down on SIGINT).
+    if rc == 1 and forwarded:
+        # Interrupted (Ctrl-C) or terminated: torchrun exits with the generic 1 after shutting its
+        # workers down on a forwarded SIGINT/SIGTERM, so use the shell's convention, 128 + the
+        # signal. Any other code is the child's own answer to the signal (a handler that calls
+        # sys.exit(7)) and is passed through unchanged.
         return 128 + int(forwarded[0])
     return rc

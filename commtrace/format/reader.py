@@ -32,6 +32,7 @@ was known alive).
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
 import os
@@ -522,10 +523,14 @@ def poll_run(path) -> dict:
     rank's ``_inflight.json`` snapshot, and a signature of the parts (count and newest mtime per
     rank directory) that changes when a rank writes a new part.
 
-    Returns ``{"manifest": dict, "snapshots": {rank: snapshot}, "parts": (n, newest_mtime_ns)}``;
-    unreadable files are skipped (a snapshot being replaced reads as the previous one next time)."""
+    Returns ``{"manifest": dict, "snapshots": {rank: snapshot}, "parts": (n, newest_mtime_ns),
+    "mtimes": {rank: snapshot mtime (s)}, "crash": {rank: [non-empty crash files]},
+    "rank_dirs": [ranks], "scan_time": time.time() of the read, "session": the launcher's
+    record (v2)}``, what :func:`commtrace.analysis.job.from_poll` takes; unreadable files are
+    skipped (a snapshot being replaced reads as the previous one next time)."""
     path = os.fspath(path)
-    out = {"manifest": {}, "snapshots": {}, "parts": (0, 0)}
+    out = {"manifest": {}, "snapshots": {}, "parts": (0, 0), "mtimes": {}, "crash": {},
+           "rank_dirs": [], "scan_time": time.time()}
     try:
         with open(os.path.join(path, S.MANIFEST_NAME)) as f:
             m = json.load(f)
@@ -542,19 +547,29 @@ def poll_run(path) -> dict:
         if not mm:
             continue
         full = os.path.join(path, entry)
+        rank = int(mm.group(1))
+        crash = []
         try:
             with os.scandir(full) as it:
                 for de in it:
                     if de.name.endswith(".parquet") and not de.name.startswith(("_", ".")):
                         n += 1
                         newest = max(newest, de.stat().st_mtime_ns)
+                    elif fnmatch.fnmatch(de.name, S.CRASH_GLOB) and de.stat().st_size > 0:
+                        crash.append(de.path)
         except OSError:
             continue
+        out["rank_dirs"].append(rank)
+        if crash:
+            out["crash"][rank] = sorted(crash)
         try:
-            with open(os.path.join(full, S.INFLIGHT_NAME)) as f:
+            ip = os.path.join(full, S.INFLIGHT_NAME)
+            with open(ip) as f:
                 snap = json.load(f)
             if isinstance(snap, dict) and isinstance(snap.get("ops", []), list):
-                out["snapshots"][int(snap.get("rank", mm.group(1)))] = snap
+                r = int(snap.get("rank", rank))
+                out["snapshots"][r] = snap
+                out["mtimes"][r] = os.stat(ip).st_mtime
         except (OSError, ValueError, TypeError):
             pass
     out["parts"] = (n, newest)

@@ -72,17 +72,120 @@ def read_manifest(run_dir: str) -> dict:
         return {}
 
 
+#: Lock file of the output directory's manifest (flock): `commtrace run -o D` invocations
+#: running at the same time each add their entry without losing the others'.
+SESSION_LOCK_NAME = "_manifest.lock"
+#: Fields of an invocation repeated at the top level of the output directory's manifest (those
+#: of the invocation started last), as schema v2 readers before ``invocations`` read them.
+_TOP_FIELDS = ("command", "start_ns", "start_time", "cwd", "commtrace_version", "end_ns",
+               "exit_code", "signal", "runs", "ranks_written")
+
+
+def invocations(m: dict) -> list[dict]:
+    """The `commtrace run` invocations an output directory's manifest records, oldest first:
+    its ``invocations`` list, or (written before it existed) the top-level fields as one."""
+    if m.get("kind") != "session":
+        return []
+    inv = m.get("invocations")
+    if isinstance(inv, list):
+        return [i for i in inv if isinstance(i, dict)]
+    return [{k: m[k] for k in _TOP_FIELDS if k in m}]
+
+
+def update_session(out: str, change) -> dict | None:
+    """Read, change and rewrite ``out/_manifest.json`` under an exclusive lock
+    (:data:`SESSION_LOCK_NAME`, ``flock``); the rewrite is atomic (a reader never sees half a
+    file). `change(invocations) -> invocations` gets the list of invocations (oldest first)
+    and returns the new one; an empty list removes the manifest. Returns the manifest written
+    (None when removed)."""
+    from . import writer as W
+
+    os.makedirs(out, exist_ok=True)
+    fd = os.open(os.path.join(out, SESSION_LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except ImportError:  # pragma: no cover (not POSIX: no lock)
+            pass
+        m = read_manifest(out)
+        invs = change([dict(i) for i in invocations(m)])
+        if not invs:
+            try:
+                os.unlink(os.path.join(out, S.MANIFEST_NAME))
+            except OSError:
+                pass
+            return None
+        latest = max(invs, key=lambda i: (i.get("start_ns") or 0))
+        new = {"kind": "session", **{k: latest[k] for k in _TOP_FIELDS if k in latest},
+               "invocations": invs}
+        W.write_manifest(out, new)
+        return new
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def record_invocation(out: str, inv: dict) -> dict | None:
+    """Add the invocation `inv` (its ``id`` names it) to ``out/_manifest.json``, or update the
+    one with that id (:func:`update_session`)."""
+    def change(invs):
+        for i in invs:
+            if i.get("id") == inv.get("id"):
+                i.update(inv)
+                return invs
+        return invs + [dict(inv)]
+    return update_session(out, change)
+
+
+def forget_invocation(out: str, inv_id: str) -> dict | None:
+    """Remove the invocation `inv_id` from ``out/_manifest.json`` (it traced nothing)."""
+    return update_session(out, lambda invs: [i for i in invs if i.get("id") != inv_id])
+
+
 def session_manifest(run_dir: str) -> dict:
-    """The manifest `commtrace run` wrote in the directory above a v2 run (its command, exit
-    code and signal), when this run is one of its ``runs``; else an empty dict."""
+    """What `commtrace run` recorded about the invocation that wrote the v2 run `run_dir`, from
+    the manifest of the directory above (``{"kind": "session", "command", "start_ns",
+    "end_ns", "exit_code", "signal", "runs", ...}``): the invocation whose id the run's own
+    manifest names (``session``), else the one listing the run in its ``runs``, else (a run of
+    an older writer) the latest invocation still running that started before the run; else
+    an empty dict."""
     parent = os.path.dirname(os.path.abspath(run_dir))
-    m = read_manifest(parent)
+    invs = invocations(read_manifest(parent))
+    if not invs:
+        return {}
+    own = read_manifest(run_dir)
     rid = os.path.basename(os.path.abspath(run_dir))
-    if m.get("kind") == "session" and rid in (m.get("runs") or []):
-        return m
-    if m.get("kind") == "session" and not m.get("end_ns"):
-        return m  # the launcher is still running: its list of runs is written at the end
-    return {}
+    sid = own.get("session")
+    found = None
+    if sid:
+        found = next((i for i in invs if i.get("id") == sid), None)
+    if found is None:
+        found = next((i for i in reversed(invs) if rid in (i.get("runs") or [])), None)
+    if found is None and not sid:
+        t0 = own.get("start_ns") or 0
+        live = [i for i in invs if not i.get("end_ns") and (not t0 or (i.get("start_ns") or 0) <= t0)]
+        found = live[-1] if live else None  # its list of runs is written at the end
+    return dict(found, kind="session") if found else {}
+
+
+def snapshot_sessions(run_dir: str) -> set[str]:
+    """The `commtrace run` invocation ids the ranks' snapshots of `run_dir` name."""
+    out = set()
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return out
+    for n in names:
+        if _RANK_DIR_RE.match(n):
+            try:
+                with open(os.path.join(run_dir, n, S.INFLIGHT_NAME)) as f:
+                    sid = json.load(f).get("session")
+                if sid:
+                    out.add(str(sid))
+            except (OSError, ValueError, AttributeError):
+                pass
+    return out
 
 
 def run_id(run_dir: str) -> str:

@@ -174,6 +174,37 @@ def main() -> int:
         w.wait()
         return z + 1
 
+    # -- the rest of the wrapped entry points. Dynamo 2.13 itself fails on this one without
+    #    fullgraph (InternalTorchDynamoError, UnsafeScriptObjectError in a resumed frame), with
+    #    or without commtrace: what is compared is that it fails the same way ------------------
+    def c10d_more(x):
+        y = x + 1
+        gl = [torch.empty(8) for _ in range(ws)] if rank == 0 else None
+        dist.gather(y, gl, dst=0)
+        sc = torch.empty(8)
+        dist.scatter(sc, [y, y * 2] if rank == 0 else None, src=0)
+        outs = [torch.empty(4) for _ in range(ws)]
+        dist.all_to_all(outs, list(y.chunk(ws)))
+        dist.monitored_barrier()
+        fc_t = funcol.wait_tensor(funcol.all_reduce(y[:5], "sum", group))  # run eagerly here
+        return sc + y + fc_t.sum() + outs[1].sum()
+
+    # -- where Dynamo 2.13 itself fails (InternalTorchDynamoError, UnsafeScriptObjectError on
+    #    the resumed frame), with or without commtrace: it must fail the same way ---------------
+    def torch_fails(x):
+        y = x + 1
+        a, b = y.clone(), y * 3
+        dist.all_reduce_coalesced([a, b])
+        if rank == 0:
+            dist.send(y, 1)
+        else:
+            dist.recv(y, 0)
+        objs = [None] * ws
+        dist.all_gather_object(objs, {"rank": rank})
+        lst = [y.clone()]
+        dist.broadcast_object_list(lst, src=0)
+        return y + a + b + lst[0] + float(len(objs))
+
     cases = {
         "funcol_all": (funcol_all, x0),
         "funcol_autograd": (funcol_autograd, x0),
@@ -182,6 +213,8 @@ def main() -> int:
         "c10d_inplace": (c10d_inplace, x0),
         "p2p": (p2p, x0),
         "c10d_break": (c10d_break, x0),
+        "c10d_more": (c10d_more, x0),
+        "torch_fails": (torch_fails, x0),
     }
     results = {}
     for backend in backends:

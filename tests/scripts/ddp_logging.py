@@ -1,6 +1,7 @@
 """DDP as a user writes it, without a comm hook (2 ranks, gloo): a few steps, then what DDP says
-about itself. Writes OUT_JSON.<rank>: DDP's logging data (without the fields that are timings
-or addresses), its comm-hook list and the parameters after training.
+about itself: its logging data (without the fields that are timings or addresses), its
+comm-hook list and the parameters after training. funcol_all.py runs it in its job; alone, the
+script writes them to OUT_JSON.<rank>.
 
 Usage: ddp_logging.py OUT_JSON
 """
@@ -18,8 +19,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 VOLATILE = ("time", "rate", "avg_", "unused_parameter_size", "master_addr", "master_port")
 
 
-def main() -> int:
-    dist.init_process_group("gloo")
+def train_and_describe() -> dict:
+    """3 steps of a small DDP model (the group exists), then DDP's description of itself."""
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
                                     torch.nn.Linear(32, 4)))
@@ -31,9 +32,14 @@ def main() -> int:
         opt.zero_grad()
     data = model._get_ddp_logging_data()
     kept = {k: v for k, v in data.items() if not any(p in k for p in VOLATILE)}
-    out = {"logging": kept, "comm_hook": data.get("comm_hook"),
-           "comm_hooks": len(model._comm_hooks),
-           "params": [p.detach().flatten().tolist() for p in model.parameters()]}
+    return {"logging": kept, "comm_hook": data.get("comm_hook"),
+            "comm_hooks": len(model._comm_hooks),
+            "params": [p.detach().flatten().tolist() for p in model.parameters()]}
+
+
+def main() -> int:
+    dist.init_process_group("gloo")
+    out = train_and_describe()
     with open(f"{sys.argv[1]}.{dist.get_rank()}", "w") as f:
         json.dump(out, f, sort_keys=True)
     dist.destroy_process_group()

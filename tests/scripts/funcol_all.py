@@ -2,7 +2,8 @@
 size, so that its row can be found in the trace. Writes OUT_JSON.<rank>: the calls made, in
 order, as [api, op, count, dtype] (the independent list the test compares the trace with),
 and the results (identical with and without commtrace); then the warnings of
-warn_sites.py (deprecated names: their calls are made after the list above and are not in it).
+warn_sites.py (deprecated names: their calls are made after the list above and are not in it)
+and what DDP says about itself after training (ddp_logging.py).
 
 Usage: funcol_all.py OUT_JSON
 """
@@ -88,8 +89,11 @@ def main() -> int:
     import warn_sites   # next to this script
 
     warns = warn_sites.record_sites()
+    import ddp_logging   # next to this script: DDP without a comm hook, in the same job
+
+    ddp = ddp_logging.train_and_describe()
     with open(f"{sys.argv[1]}.{rank}", "w") as f:
-        json.dump({"calls": calls, "outs": outs, "warn": warns}, f)
+        json.dump({"calls": calls, "outs": outs, "warn": warns, "ddp": ddp}, f)
     dist.destroy_process_group()
     return 0
 
