@@ -189,14 +189,16 @@ def test_c_path_hands_special_cases_to_python(traced):
 
     w = _wrap(all_reduce)
     fast0, slow0, _ = cfast.counts()
-    w(torch.ones(2), group=pg, async_op=True)   # async: the Python path (completion tracking)
+    w(torch.ones(2), group=pg, async_op=True)   # async: recorded in C too (issue 20)
     Wr.tls.depth = 1
     try:
         w(torch.ones(2), group=pg)              # nested inside a recorded call: not a row
     finally:
         Wr.tls.depth = 0
     fast1, slow1, _ = cfast.counts()
-    assert fast1 == fast0 and slow1 == slow0 + 2 and calls == [True, False]
+    c_async = bool(cfast.async_counts()[0]) if hasattr(cfast, "async_counts") else False
+    assert (fast1, slow1) == ((fast0 + 1, slow0 + 1) if c_async else (fast0, slow0 + 2))
+    assert calls == [True, False]
     rows = _rows(rec)
     assert len(rows) == 1 and rows[0]["async_op"] is True
 
