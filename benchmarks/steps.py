@@ -326,6 +326,9 @@ def report(r: dict) -> list[str]:
     if target is not None:
         verdict = (f"; target <= {100 * (target - 1):.0f}%: "
                    + ("met" if hi <= target else "NOT shown" if lo <= target else "missed"))
+        if hi < 1.0:
+            # tracing cannot make a step faster: noise, or a difference between the two copies
+            verdict += " (but traced ran faster than untraced: not resolved by this run)"
     per_op = r["added_us_per_op"]
     w = r["writer_cpu_us_per_op"]
     return [

@@ -239,3 +239,40 @@ def test_readme_snippet_runs_as_written(tmp_path):
     per = {s: sum(1 for r in ops if r["step"] == s) for s in steps}
     assert len(set(per[s] for s in steps if s > 0)) == 1, per  # one step per iteration, none merged
     assert "rank" in p.stdout  # it printed the per-rank rows
+
+
+@pytest.mark.slow
+def test_demo_script_runs_as_written(tmp_path):
+    """`bash scripts/demo.sh` as the README gives it (plus the dashboard options it passes on):
+    progress lines, no pip warnings, the report with the planted straggler, the dashboard's one
+    serving line, and Ctrl-C ending it with 130. Reuses ./.venv (set-up is the only slow part)."""
+    import signal
+    import time
+    import urllib.request
+
+    from conftest import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMMTRACE_", "VIRTUAL_ENV"))}
+    p = subprocess.Popen(["bash", "scripts/demo.sh", "--no-browser", "--port", str(port)], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    out = []
+    try:
+        end = time.monotonic() + 600
+        for line in p.stdout:
+            out.append(line)
+            if "serving on" in line or time.monotonic() > end:
+                break
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/_dash-layout", timeout=30).read()
+        assert b"straggler" in body
+        os.killpg(p.pid, signal.SIGINT)  # Ctrl-C in the demo's terminal
+        rest, _ = p.communicate(timeout=60)
+        out.append(rest)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    text = "".join(out)
+    assert "[setup] ready" in text and "is ignored" not in text and "WARNING: " not in text, text[-3000:]
+    assert "straggler  rank 1" in text and f"serving on http://127.0.0.1:{port}/, Ctrl-C to stop" in text, text[-3000:]
+    assert p.returncode == 130, (p.returncode, text[-2000:])
