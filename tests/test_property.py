@@ -160,6 +160,9 @@ _NULL_OP = {c: None for c in S.COLUMNS} | {"kind": "op", "rank": 0, "op": "all_r
 @example(({0: [dict(_NULL_OP, t_enqueue_ns=1, t_end_ns=2)]}, [0], True, [None]))       # one rank
 @example(({0: [dict(_NULL_OP, t_enqueue_ns=1, t_end_ns=2)], 1: [dict(_NULL_OP, rank=1)]},
           [None, None], True, [(True, 10**9, False), (False, None, True)]))  # a killed rank, null times
+@example(({0: [dict(_NULL_OP, op=None, pg=None, seq=None),                  # only a wait() interval,
+               dict(_NULL_OP, op=None, pg=None, seq=None, t_wait_ns=2, t_wait_end_ns=0)]},  # inverted,
+          [None], False, [None]))  # beyond the run's t_max_ns: the overlap ranked it past the last rank
 def test_analysis_never_crashes(spec):
     per_rank, offsets, manifest, snaps = spec
     d = tempfile.mkdtemp(prefix="ct-prop-an-")

@@ -219,7 +219,7 @@ def run_info(con, rf: R.RunFiles, t: str = "t") -> dict:
     """World size, traced ranks, time span and per-rank snapshot times of the loaded run."""
     meta = rf.meta
     info = Q.rows(con, f"""
-        SELECT min(t_enqueue_ns), max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)),
+        SELECT min(t_enqueue_ns), max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_ns, t_wait_end_ns)),
                list(DISTINCT rank ORDER BY rank), max(rank),
                max(pg_size) FILTER (WHERE pg IN ('0', 'default_pg', 'default'))
         FROM {t}""").fetchone()
