@@ -255,7 +255,8 @@ def test_demo_script_runs_as_written(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMMTRACE_", "VIRTUAL_ENV"))}
     p = subprocess.Popen(["bash", "scripts/demo.sh", "--no-browser", "--port", str(port)], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     out = []
     try:
         end = time.monotonic() + 600
