@@ -30,6 +30,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports free on 127.0.0.1 right now (held together while chosen; a test
+    that needs several must not use port + 1, which another job on the machine may hold)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def clean_env(extra: dict | None = None) -> dict:
     """The test process's environment without COMMTRACE_* settings, with the repo importable,
     one OpenMP thread per process (2-core machines) and unbuffered output."""

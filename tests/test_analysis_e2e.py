@@ -82,8 +82,14 @@ def test_use_before_wait_at_file_line(tmp_path):
 
 
 def test_clean_ddp_run_has_none(tmp_path):
-    run_traced(tmp_path / "t", torchrun_cmd(os.path.join(SAMPLES, "ddp_mlp.py"), "--steps", 40,
-                                            "--straggler-ms", 0), opts=("--flush-interval", "0.5"))
+    # Both ranks on one CPU, so that they share one run queue: on a loaded 2-core machine each
+    # rank sits in its own core's queue, and the busier one makes its rank a real straggler for
+    # tens of steps (seen at load 14: rank 1 last at 74 of 81 collectives, 9 ms late on average;
+    # pinned, four runs gave last-rank counts 36/43, 24/16, 40/39 and 20/20).
+    cpu = min(os.sched_getaffinity(0))
+    run_traced(tmp_path / "t", ["taskset", "-c", str(cpu),
+                                *torchrun_cmd(os.path.join(SAMPLES, "ddp_mlp.py"), "--steps", 40, "--straggler-ms", 0)],
+               opts=("--flush-interval", "0.5"))
     run = commtrace.load(str(tmp_path / "t"))
     assert not set(kinds(run)) & set(FIXED + ("not_completed", "clock_violation")), kinds(run)
     assert run.collectives().num_rows > 20 and not run.missing_ranks

@@ -15,7 +15,7 @@ import re
 import pytest
 
 from commtrace.capture import wrappers as Wr
-from conftest import SCRIPTS, load_rows, run_traced, torchrun_cmd
+from conftest import SCRIPTS, free_ports, load_rows, run_traced, torchrun_cmd
 
 needs_c = pytest.mark.skipif(Wr._cfast is None or not hasattr(Wr._cfast, "set_async"),
                              reason="the C fast path is not built here")
@@ -84,7 +84,7 @@ def test_async_rows_times_in_order(runs, mode):
     assert waited and all(r["t_wait_ns"] is not None for r in waited)
 
 
-def test_async_completion_wait_attaches_no_callback(tmp_path, port):
+def test_async_completion_wait_attaches_no_callback(tmp_path):
     """--async-completion wait (issue 20): no completion callback on the backend's thread;
     t_end_ns comes from wait() ("wait") or a look at the Work ("observed"), never a callback,
     on the C and the pure Python paths alike, with the same rows otherwise."""
@@ -121,9 +121,10 @@ def test_async_completion_wait_attaches_no_callback(tmp_path, port):
         dist.destroy_process_group()
     ''')
     out = {}
+    ports = free_ports(2)
     for i, mode in enumerate(("0", "1")):
         d = tmp_path / f"pure{mode}"
-        p = subprocess.run([sys.executable, "-c", code, str(d), str(port + i)],
+        p = subprocess.run([sys.executable, "-c", code, str(d), str(ports[i])],
                            env=clean_env({"COMMTRACE_PURE_PYTHON": mode}), capture_output=True,
                            text=True, timeout=120)
         assert p.returncode == 0, p.stderr[-2000:]

@@ -16,6 +16,7 @@ from commtrace.capture import recorder as R
 from commtrace.capture import wrappers as Wr
 from commtrace.capture.api_table import API_TABLE
 from commtrace.config import Config
+from conftest import free_ports
 
 cfast = Wr._cfast
 needs_c = pytest.mark.skipif(cfast is None, reason="the C fast path is not built here "
@@ -189,19 +190,21 @@ def test_c_path_hands_special_cases_to_python(traced):
 
     w = _wrap(all_reduce)
     fast0, slow0, _ = cfast.counts()
-    w(torch.ones(2), group=pg, async_op=True)   # async: the Python path (completion tracking)
+    w(torch.ones(2), group=pg, async_op=True)   # async: recorded in C too (issue 20)
     Wr.tls.depth = 1
     try:
         w(torch.ones(2), group=pg)              # nested inside a recorded call: not a row
     finally:
         Wr.tls.depth = 0
     fast1, slow1, _ = cfast.counts()
-    assert fast1 == fast0 and slow1 == slow0 + 2 and calls == [True, False]
+    c_async = bool(cfast.async_counts()[0]) if hasattr(cfast, "async_counts") else False
+    assert (fast1, slow1) == ((fast0 + 1, slow0 + 1) if c_async else (fast0, slow0 + 2))
+    assert calls == [True, False]
     rows = _rows(rec)
     assert len(rows) == 1 and rows[0]["async_op"] is True
 
 
-def test_c_and_python_paths_trace_a_real_gloo_job_identically(tmp_path, port):
+def test_c_and_python_paths_trace_a_real_gloo_job_identically(tmp_path):
     """Every kind of fast-path call on a real gloo group (world size 1), once with the C path
     and once with COMMTRACE_PURE_PYTHON=1: the same rows, but times, ids and threads."""
     import pyarrow.dataset as ds
@@ -230,10 +233,11 @@ def test_c_and_python_paths_trace_a_real_gloo_job_identically(tmp_path, port):
     ''')
     volatile = {"t_enqueue_ns", "t_return_ns", "t_end_ns", "op_id", "thread", "site"}
     out = {}
+    ports = free_ports(2)
     for mode in ("0", "1"):
         d = tmp_path / f"pure{mode}"
         env = dict(os.environ, COMMTRACE_PURE_PYTHON=mode)
-        p = subprocess.run([sys.executable, "-c", code, str(d), str(port + int(mode))],
+        p = subprocess.run([sys.executable, "-c", code, str(d), str(ports[int(mode)])],
                            env=env, capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr[-2000:]
         n_c = int(p.stdout.strip().splitlines()[-1])
@@ -278,7 +282,7 @@ def test_calls_made_inside_a_c_path_call_are_not_rows(traced):
 
 
 @pytest.mark.slow  # issue 14: main suite within 8 minutes; CI's slow stage runs it
-def test_destroyed_groups_are_not_kept_alive(tmp_path, port):
+def test_destroyed_groups_are_not_kept_alive(tmp_path):
     """After destroy_process_group() commtrace holds no reference to the destroyed groups (C
     and pure-Python paths): holding one kept the group, its gloo threads and sockets alive until
     the interpreter's finalisation, where a gloo thread needing the GIL aborted the process
@@ -306,11 +310,12 @@ def test_destroyed_groups_are_not_kept_alive(tmp_path, port):
         commtrace.disable()
         dist.destroy_process_group()
     ''')
+    ports = free_ports(4)
     for mode in ("0", "1"):
         d = tmp_path / f"pure{mode}"
         env = dict(os.environ, COMMTRACE_PURE_PYTHON=mode)
-        p = subprocess.run([sys.executable, "-c", code, str(d), str(port + 2 * int(mode)),
-                            str(port + 2 * int(mode) + 1)], env=env, capture_output=True, text=True, timeout=120)
+        p = subprocess.run([sys.executable, "-c", code, str(d), str(ports[2 * int(mode)]),
+                            str(ports[2 * int(mode) + 1])], env=env, capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr[-2000:]
         assert "alive 0" in p.stdout and "pg facts True" in p.stdout, p.stdout
         rows = [r for r in ds.dataset(str(d), partitioning="hive").to_table().to_pylist() if r["kind"] == "op"]

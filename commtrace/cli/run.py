@@ -285,16 +285,8 @@ def run_child(cmd: list[str], env: dict[str, str], signals: list | None = None) 
     and it then exited with the generic 1 (torchrun's answer to a forwarded signal); any other
     code the child chose itself is returned as it is. The names of the signals forwarded are
     appended to `signals`."""
-    try:
-        child = subprocess.Popen(cmd, env=env, preexec_fn=os.setpgrp)
-    except FileNotFoundError:
-        click.echo(f"commtrace: error: command not found: {cmd[0]}", err=True)
-        return 127
-    except PermissionError:
-        click.echo(f"commtrace: error: cannot execute: {cmd[0]}", err=True)
-        return 126
-
-    forwarded = []
+    forwarded, pending = [], []
+    child = None
 
     def forward(signum, frame):
         forwarded.append(signum)
@@ -303,14 +295,36 @@ def run_child(cmd: list[str], env: dict[str, str], signals: list | None = None) 
                 signals.append(signal.Signals(signum).name)
             except ValueError:
                 signals.append(str(signum))
+        if child is None:
+            pending.append(signum)
+            return
         try:
             child.send_signal(signum)
         except ProcessLookupError:
             pass
 
+    # The handlers go in before the child starts: a signal that arrives while Popen returns (a
+    # loaded machine can deschedule us there after the child is already running) is forwarded
+    # once the child exists, instead of killing commtrace run with the child left running.
     prev = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         prev[sig] = signal.signal(sig, forward)
+    try:
+        child = subprocess.Popen(cmd, env=env, preexec_fn=os.setpgrp)
+    except (FileNotFoundError, PermissionError) as e:
+        for sig, h in prev.items():
+            signal.signal(sig, h)
+        if isinstance(e, FileNotFoundError):
+            click.echo(f"commtrace: error: command not found: {cmd[0]}", err=True)
+            return 127
+        click.echo(f"commtrace: error: cannot execute: {cmd[0]}", err=True)
+        return 126
+    while pending:
+        try:
+            child.send_signal(pending.pop(0))
+        except ProcessLookupError:
+            pass
+
     try:
         while True:
             try:
