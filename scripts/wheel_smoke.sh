@@ -113,7 +113,8 @@ step "dashboard: start, fetch once, stop"
 import signal, socket, subprocess, sys, time, urllib.request
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 p = subprocess.Popen([sys.argv[1], "dashboard", "traces/a", "--port", str(port), "--no-browser"],
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
 body = None
 for _ in range(240):
     try:

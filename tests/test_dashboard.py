@@ -286,7 +286,10 @@ def test_cli_serves_and_warns_on_public_host(tmp_path):
     port = free_port()
     p = subprocess.Popen([sys.executable, "-m", "commtrace", "dashboard", path, "--port", str(port), "--no-browser",
                           "--host", "0.0.0.0"], env=clean_env(), cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         # as from a terminal: a pytest started as a background job of a
+                         # non-interactive shell passes SIGINT on ignored
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         body = None
         for _ in range(120):

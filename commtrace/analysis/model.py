@@ -38,6 +38,10 @@ _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 ROW_COLUMNS = ["rank", "op_id", "op", "pg", "seq", "peer", "async_op", "bytes", "pg_size", "t_enqueue_ns",
                "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_ns", "step", "site"]
 
+# Rows whose completion the user's program waits on in C++, where no wait() is recorded: DDP's
+# Reducer blocks on every bucket's future at the end of backward (finalize). See _implicit_waits.
+_IMPLICIT_WAIT_APIS = ("ddp_comm_hook",)
+
 
 @dataclass
 class Model:
@@ -213,6 +217,7 @@ def _build(run) -> Model:
     t_we = _col(rows, "t_wait_end_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
     step_r = _col(rows, "step", fill=-1, dtype=np.int64)
     NUL = np.iinfo(np.int64).min
+    _implicit_waits(_implicit_wait_rows(run, rows), rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL)
     have = np.concatenate([t_enq[t_enq != NUL], t_we[t_we != NUL]])
     base = int(have.min()) if len(have) else 0
 
@@ -432,6 +437,61 @@ def _build(run) -> Model:
         cm_lo=cm_lo, cm_hi=cm_hi, cm_T0=cm_T0, cm_last=cm_last.astype(np.int64), cm_is_p2p=cm_is_p2p,
         cm_op=cm_op, cm_pg=cm_pg, cm_seq=cm_seq, cm_bytes=cm_bytes, cm_factor=cm_factor, cm_tcomm=cm_tcomm,
         row_op=_Labels(rows.column("op")), row_site=_Labels(rows.column("site")), t_begin=t_begin, t_end=t_end_)
+
+
+def _implicit_wait_rows(run, rows) -> np.ndarray:
+    """Mask of `rows` whose API is one of `_IMPLICIT_WAIT_APIS` (read from the parts: `api` is
+    a lazy column)."""
+    n = rows.num_rows
+    if not n:
+        return np.zeros(0, bool)
+    names = ", ".join("'" + a + "'" for a in _IMPLICIT_WAIT_APIS)
+    try:
+        hit = run.lazy_columns(f"api IN ({names})", ["api"])
+    except Exception:  # a trace without the column: no implicit waits
+        return np.zeros(n, bool)
+    if not hit.num_rows:
+        return np.zeros(n, bool)
+    return np.isin(_col(rows, "orid", dtype=np.int64), hit.column("rid").to_numpy())
+
+
+def _implicit_waits(cand, rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL) -> None:
+    """Give the unwaited completions that the program blocks on in C++ a wait event, in place.
+
+    DDP's Reducer waits for every bucket's all_reduce at the end of backward, in C++, so the
+    trace has no wait() for them: without one, the time a rank sat blocked on a late peer would
+    count as its own compute gap, and the rank that waited would look like the delayed one.
+    For such a row j (an API of `_IMPLICIT_WAIT_APIS`, completed, no recorded wait) whose
+    completion falls after the return of call b (b >= j, the rank's last call before it) and
+    no later than the next call's start, the rank is taken as blocked from b's return until the
+    latest such completion: one wait event per gap, on the row that completed last. Completions
+    that arrive during a later call or before one returns need no wait. The replay of the
+    unchanged trace is unaffected (the wait releases at the measured completion)."""
+    n = len(rank_r)
+    if not n:
+        return
+    cand = cand & (t_w == NUL) & (t_end != NUL) & (t_ret != NUL) & (t_enq != NUL)
+    if not cand.any():
+        return
+    best = {}
+    ranks, lo = np.unique(rank_r, return_index=True)
+    hi = np.r_[lo[1:], n]
+    for a, b_ in zip(lo, hi):
+        enq = t_enq[a:b_]
+        js = np.flatnonzero(cand[a:b_])
+        if not len(js):
+            continue
+        # rows of a rank are in t_enqueue order: b = the last call that started before the end
+        bs = np.searchsorted(enq, t_end[a + js], side="left") - 1
+        for j, b in zip(js, bs):
+            if b < j or t_ret[a + b] >= t_end[a + j]:
+                continue  # completed inside a call (or before its own return): no block
+            cur = best.get(a + b)
+            if cur is None or t_end[a + j] > t_end[cur]:
+                best[a + b] = a + j
+    for b, j in best.items():
+        t_w[j] = t_ret[b]
+        t_we[j] = t_end[j]
 
 
 def _mix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
