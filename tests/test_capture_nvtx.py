@@ -68,10 +68,16 @@ def traced(tmp_path):
     rec = R.Recorder(Config(output=str(tmp_path), hazards="off"), rank=0, world_size=2,
                      start_thread=False)
     R._set_recorder(rec)
+    nofuture = set(Wr._nofuture)
     yield rec, pg
     R._set_recorder(None)
     rec.close()
     Wr._pg_cache.pop(pg, None)
+    # _Work (no future) marks ("gloo", "all_reduce") as future-less for the whole process: later
+    # tests' gloo all_reduce Works would get no completion callback (test_fidelity_completion's
+    # test_pending_then_done_is_callback failed after this file in the full suite)
+    Wr._nofuture.clear()
+    Wr._nofuture.update(nofuture)
 
 
 def _wrapper(calls):
