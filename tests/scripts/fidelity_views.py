@@ -5,6 +5,7 @@ with and without commtrace) and, with --counts FILE, the ops issued, counted by 
 import argparse
 import gc
 import json
+import os
 
 import torch
 import torch.distributed as dist
@@ -55,7 +56,9 @@ for _ in range(3):
 for _ in range(2):
     dist.all_reduce(y, group=b)
 out.append(y.clone())
-print("RESULT", r, json.dumps([t.tolist() for t in out]), flush=True)
+# one write(2) per line: print() writes its parts separately and the two ranks share the pipe
+# (seen interleaved: "RESULTRESULT 0  1[[...")
+os.write(1, f"RESULT {r} {json.dumps([t.tolist() for t in out])}\n".encode())
 if args.counts:
     # Issued on this rank: 4 funcol calls on the world group (3 + the DTensor redistribute),
     # 3 and 2 all_reduce on the two Python groups.
