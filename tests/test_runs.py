@@ -66,7 +66,7 @@ def test_version1_traces_still_load():
 
     clean = os.path.join(DATA, "clean")
     part = sorted(glob.glob(os.path.join(clean, "rank=0", "*.parquet")))[0]
-    assert pq.read_schema(part).metadata[S.META_SCHEMA_VERSION] == b"1" and S.SCHEMA_VERSION == 2
+    assert pq.read_schema(part).metadata[S.META_SCHEMA_VERSION] == b"1" and S.SCHEMA_VERSION == 3
     run = commtrace.load(clean)
     try:
         assert run.run_id is None and run.world_size == 4 and run.ranks == [0, 1, 2, 3]
