@@ -71,7 +71,7 @@ def test_version1_traces_still_load():
     try:
         assert run.run_id is None and run.world_size == 4 and run.ranks == [0, 1, 2, 3]
         rep = run.report()
-        assert rep["ops"] > 0 and rep["run_id"] is None and rep["trace_schema"] == 2
+        assert rep["ops"] > 0 and rep["run_id"] is None and rep["trace_schema"] == 3
         assert rep["job"]["state"] == "unknown" and rep["job"]["exit_code"] is None
     finally:
         run.close()

@@ -1848,8 +1848,13 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         if (is_async) {
             /* An async op: its own path (the row, the pending-op registry, the completion). */
             ret = as_issue(c, rec, &r, x_arg, y_arg, args, nargsf, kwnames);
-            if (ret != NULL && tkey != NULL)
+            if (tkey != NULL) {
+                /* a call that raised may still have issued its number */
+                PyObject *et, *ev, *etb;
+                PyErr_Fetch(&et, &ev, &etb);
                 tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq);
+                PyErr_Restore(et, ev, etb);
+            }
             goto done;
         }
         /* In flight while the call runs (_inflight.json, final flush): a slot of its own. */
@@ -1894,6 +1899,8 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             Py_XDECREF(pre);
             Py_XDECREF(t1o);
             rec_release(&r);
+            if (tkey != NULL)   /* a call that raised may still have issued its number */
+                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq);
         } else {
             buf_push(&r);      /* takes the references, or releases them when full */
             if (tkey != NULL)

@@ -227,6 +227,8 @@ def _make(api, orig, spec: FuncolSpec):
         W.tls.depth -= 1
         if exc is not None:
             W._record_error(rec, row, rec.now_ns(), exc)
+            if tlo is not None:
+                W._TS.after(rec, info, tlo, row[I_OP_ID], row[I_SEQ])
             return
         t1 = rec.now_ns()
         if hooked:

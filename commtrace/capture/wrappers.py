@@ -512,6 +512,8 @@ def _run(rec, reader: Reader, orig, args, kwargs, row, tensors, info):
         t1 = rec.now_ns()
         if rec.end_blocking(row):
             _record_error(rec, row, t1, e)
+        if tlo is not None:   # a call that raised may still have issued its number
+            _TS.after(rec, info, tlo, row[I_OP_ID], row[I_SEQ])
         if token is not None:
             try:
                 dt.abandon(token)
@@ -786,6 +788,8 @@ def make_wrapper(api: str, orig, spec):
             t1 = now()
             if blocking.pop(op_id, None) is not None:
                 _record_error(rec, expand(rec.rank, pre, None), t1, e)
+            if tseq:   # a call that raised may still have issued its number
+                _TS.after(rec, info, tlo, op_id, s, one=tone)
             raise
         finally:
             st["depth"] = 0
