@@ -47,7 +47,7 @@ _Rows = Q.Rows
 
 def load(path, *, threads: int | None = None, memory_limit: str | None = None, progress=None,
          run: str | None = None, temp_dir: str | None = None, engine: str = "duckdb",
-         spark_master: str | None = None) -> "Run":
+         spark_master: str | None = None, spark_parts_url: str | None = None) -> "Run":
     """Load a run directory (or one Parquet trace) for analysis.
 
     `path` may also be a directory of runs (the output of ``commtrace run -o``): with one run
@@ -61,7 +61,8 @@ def load(path, *, threads: int | None = None, memory_limit: str | None = None, p
     database file under `temp_dir` (default $COMMTRACE_TMPDIR or the system's temporary
     directory) and spill there, removed again by :meth:`Run.close`.
     `engine="spark"` runs the cross-rank stages on Spark (`spark_master`, default
-    $COMMTRACE_SPARK_MASTER or ``local[*]``): see :mod:`commtrace.analysis.spark`."""
+    $COMMTRACE_SPARK_MASTER or ``local[*]``; `spark_parts_url`, the run directory as the
+    executors read it): see :mod:`commtrace.analysis.spark`."""
     from ..format import runs as RUNS
 
     path = RUNS.resolve(path, run)

@@ -162,20 +162,24 @@ def session(master: str | None = None):
     active = SparkSession.getActiveSession()
     if active is not None and master is None:
         return active
-    master = master or os.environ.get("COMMTRACE_SPARK_MASTER") or DEFAULT_MASTER
+    master = master or os.environ.get("COMMTRACE_SPARK_MASTER")
+    # Under spark-submit (it starts the JVM and passes its gateway): its --master and --conf.
+    submitted = master is None and bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
+    if not submitted:
+        master = master or DEFAULT_MASTER
     conf = dict(BASE_CONF)
-    if master.startswith("local"):
+    if master and master.startswith("local"):
         conf.update(LOCAL_CONF)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         # The executors are threads of this machine: the overlap stage runs this interpreter.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    b = SparkSession.builder.master(master)
+    b = SparkSession.builder if submitted else SparkSession.builder.master(master)
     for k, v in conf.items():
         b = b.config(k, v)
     try:
         spark = b.getOrCreate()
     except Exception as e:  # noqa: BLE001 -- py4j / JVM start-up failures
-        raise SparkUnavailable(f"cannot start Spark on {master}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise SparkUnavailable(f"cannot start Spark on {master or 'the spark-submit master'}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
