@@ -160,7 +160,7 @@ def session(master: str | None = None):
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
-    if active is not None and master is None:
+    if active is not None:  # a session of this process (spark-submit's, a notebook's, the tests')
         return active
     master = master or os.environ.get("COMMTRACE_SPARK_MASTER")
     # Under spark-submit (it starts the JVM and passes its gateway): its --master and --conf.
