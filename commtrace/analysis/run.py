@@ -471,6 +471,44 @@ class Run:
                    {num('inflight_ns')} / 1e9 AS inflight_s
             FROM {self._t} WHERE kind = 'counter' GROUP BY step, op ORDER BY step, op""")
 
+    def unrecorded(self) -> list[dict]:
+        """Collectives a group issued that commtrace did not record (rows of kind ``gap``,
+        schema v3; docs/trace-format.md "Unrecorded collectives"), one entry per run of them,
+        merged over the ranks that saw the same run: `pg`, `count` (collectives), torch's
+        numbers `torch_seq_first` .. `torch_seq_last`, `ranks`, `at` ("op": found at the next
+        recorded op; "destroy" / "close": after the group's last one), `step`, and the recorded
+        ops around it on the first of those ranks, `after` / `before` = {`seq`, `op`, `site`}
+        (None at the start / end). Empty for a run recorded in full or a trace before v3."""
+        t = self._t
+        num = "CAST(regexp_extract(g.detail, '\"{}\": ?(-?[0-9]+)', 1) AS BIGINT)"
+        rows = self.sql(f"""
+            WITH g AS (
+                SELECT rank, pg, count AS n, step, ref_op_id, op_id_max,
+                       {num.format('torch_seq_first')} AS first, {num.format('torch_seq_last')} AS last,
+                       regexp_extract(g.detail, '"at": ?"([a-z]+)"', 1) AS at
+                FROM (SELECT *, coalesce(ref_op_id, 9223372036854775807) AS op_id_max FROM {t}
+                      WHERE kind = 'gap') g)
+            SELECT g.pg, g.n, g.first, g.last, g.at, g.step, g.rank,
+                   nx.seq, nx.op, nx.site,
+                   (SELECT struct_pack(seq := o.seq, op := o.op, site := o.site)
+                    FROM {t} o WHERE o.kind = 'op' AND o.rank = g.rank AND o.pg = g.pg
+                      AND o.op_id < g.op_id_max ORDER BY o.op_id DESC LIMIT 1) AS prev
+            FROM g LEFT JOIN {t} nx ON nx.kind = 'op' AND nx.rank = g.rank AND nx.op_id = g.ref_op_id
+            ORDER BY g.pg, g.first, g.rank""").fetchall()
+        out: dict = {}
+        for pg, n, first, last, at, step, rank, nseq, nop, nsite, prev in rows:
+            k = (pg, first, last, at)
+            e = out.get(k)
+            if e is None:
+                e = out[k] = {
+                    "pg": pg, "count": int(n), "torch_seq_first": first, "torch_seq_last": last,
+                    "ranks": [], "at": at, "step": step,
+                    "after": ({"seq": prev["seq"], "op": prev["op"], "site": prev["site"]}
+                              if prev else None),
+                    "before": ({"seq": nseq, "op": nop, "site": nsite} if nop is not None else None)}
+            e["ranks"].append(int(rank))
+        return list(out.values())
+
     # ------------------------------------------------------------------ stragglers
     def stragglers(self) -> pa.Table:
         """Straggler share per rank (metrics.md "Wait states"): over complete collectives with

@@ -230,6 +230,18 @@ def _console():
     return Console(highlight=False, soft_wrap=False, width=width)
 
 
+def describe_unrecorded(u: dict) -> str:
+    """One line for an entry of the report's `unrecorded` list."""
+    def op(o):
+        return f"seq {o['seq']} ({o['op']}{' at ' + o['site'] if o.get('site') else ''})"
+    a, b = u.get("after"), u.get("before")
+    where = (f"between {op(a)} and {op(b)}" if a and b else f"before {op(b)}" if b
+             else f"after {op(a)}, before the group ended" if a else "before the group ended")
+    return (f"{u['count']} collective(s) on group {u['pg']} not recorded on rank(s) "
+            f"{_list(u['ranks'])}, {where} (torch seq {u['torch_seq_first']}.."
+            f"{u['torch_seq_last']}): issued from C++, a compiled graph or an unwrapped function")
+
+
 def render(rep: dict, top: int = 10, console=None, all_ranks: bool = False) -> None:
     """Print the report dict as a readable terminal report (rich). The per-rank table shows the
     `top` ranks that waited most (all of them with `all_ranks`, or when they are no more)."""
@@ -259,6 +271,13 @@ def render(rep: dict, top: int = 10, console=None, all_ranks: bool = False) -> N
                   f"{ck.get('violations', 0)} violation(s) in {ck.get('matched', 0)} matched collectives")
     for w in rep.get("warnings") or []:
         con.print(f"[yellow]warning:[/yellow] {w}")
+    unrec = rep.get("unrecorded") or []
+    for u in unrec[:3]:
+        con.print(f"[yellow]unrecorded:[/yellow] {describe_unrecorded(u)}")
+    if len(unrec) > 3:
+        con.print(f"[yellow]unrecorded:[/yellow] {len(unrec) - 3:,} more run(s) of unrecorded "
+                  f"collectives, {sum(u['count'] for u in unrec[3:]):,} in all (--format json: "
+                  "`unrecorded`)")
     counts = rep.get("finding_counts") or {}
     con.print("findings: " + (", ".join(f"{k} x{v:,}" for k, v in counts.items()) or "[green]none[/green]"))
 
