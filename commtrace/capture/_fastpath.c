@@ -31,6 +31,7 @@ typedef struct {
     PyObject *last_info;
     int last_idx;
     Py_ssize_t last_slot;     /* its seq slot (recorder.seq_slot), -1: none */
+    int last_tseq;            /* its torch seq is read around calls (PgInfo.tseq) */
     unsigned long long last_gen;
     PyObject *orig;        /* torch's function */
     PyObject *slow;        /* the Python wrapper: slow(*args, **kwargs) */
@@ -64,7 +65,7 @@ static PyObject *s_recorder, *s_dict, *s_depth, *s_coalesce, *s_api, *s_detail,
     *s_default_pg, *s_member, *s_idx, *s_name, *s_ranks, *s_active, *s_device_timer, *s_now_ns,
     *s_numel, *s_dtype, *s_get_device, *s_nbytes, *s_seq, *s_p2p_seq, *s_step, *s_stack,
     *s_op_ids, *s_cap, *s_rank;
-static PyObject *s_seq_slot, *s_seqs;
+static PyObject *s_seq_slot, *s_seqs, *s_tseq, *s_tseqs, *s_get_tseq;
 static PyObject *i_zero, *i_one;   /* owned references to the ints 0 and 1 */
 /* Calls recorded here / handed to the Python wrapper, and the line of the last hand-over
  * (tests and benchmarks read them through counts()). */
@@ -238,8 +239,41 @@ static void counters_dealloc(Counters *k) {
     Py_TYPE(k)->tp_free((PyObject *)k);
 }
 
+/* The slot's value (0 when never set), and set it: the last torch seq recorded per group
+ * (recorder._tseqs, see torchseq.py) uses these. */
+static long long counters_get(Counters *k, Py_ssize_t slot) {
+    return slot >= 0 && slot < k->n ? k->v[slot] : 0;
+}
+
+static void counters_set(Counters *k, Py_ssize_t slot, long long v) {
+    if (counters_next(k, slot) >= 0)   /* grows the array to hold slot */
+        k->v[slot] = v;
+}
+
+static PyObject *counters_get_py(PyObject *self, PyObject *arg) {
+    Py_ssize_t slot = PyLong_AsSsize_t(arg);
+    if (slot == -1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLongLong(counters_get((Counters *)self, slot));
+}
+
+static PyObject *counters_set_py(PyObject *self, PyObject *args) {
+    Py_ssize_t slot;
+    long long v;
+    if (!PyArg_ParseTuple(args, "nL", &slot, &v))
+        return NULL;
+    if (slot < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad seq slot");
+        return NULL;
+    }
+    counters_set((Counters *)self, slot, v);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef counters_methods[] = {
     {"next", counters_next_py, METH_O, "next(slot) -> the slot's next value (0, 1, ...)."},
+    {"get", counters_get_py, METH_O, "get(slot) -> the slot's value (0 when never set)."},
+    {"set", counters_set_py, METH_VARARGS, "set(slot, value)."},
     {NULL},
 };
 
@@ -680,6 +714,7 @@ static struct {
     PyObject *seq, *p2p_seq, *op_ids, *rank;
     PyObject *rdict;          /* its __dict__: device_timer and step, read per call */
     PyObject *counters;       /* its _seqs (Counters), or NULL: the seq dict */
+    PyObject *tseqs;          /* its _tseqs (Counters): last torch seq per slot, or NULL */
     int stack, now_ok;
 } cst;
 
@@ -687,8 +722,12 @@ static int cache_recorder(FastCtx *c, PyObject *rec) {
     if (cst.rec == rec)
         return 0;
     Py_CLEAR(cst.rec); Py_CLEAR(cst.seq); Py_CLEAR(cst.p2p_seq); Py_CLEAR(cst.op_ids);
-    Py_CLEAR(cst.rank); Py_CLEAR(cst.rdict); Py_CLEAR(cst.counters);
+    Py_CLEAR(cst.rank); Py_CLEAR(cst.rdict); Py_CLEAR(cst.counters); Py_CLEAR(cst.tseqs);
     cst.rdict = dict_of(rec);
+    cst.tseqs = PyObject_GetAttr(rec, s_tseqs);
+    if (cst.tseqs != NULL && !PyObject_TypeCheck(cst.tseqs, &CountersType))
+        Py_CLEAR(cst.tseqs);
+    CLEAR_ERR();
     cst.counters = PyObject_GetAttr(rec, s_seqs);
     if (cst.counters != NULL && !PyObject_TypeCheck(cst.counters, &CountersType))
         Py_CLEAR(cst.counters);
@@ -718,6 +757,58 @@ static int cache_recorder(FastCtx *c, PyObject *rec) {
     cst.rec = rec;
     Py_INCREF(rec);
     return 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Collectives the group issued that no recorded call claims (torchseq.py): after a recorded
+ * call, torch's own per-group sequence number (ProcessGroup._get_sequence_number_for_group())
+ * is read once; a plain collective issues exactly one number, so it claimed (hi - 1, hi]. A
+ * point-to-point op (NCCL does not number them, gloo does) also reads the number before the
+ * call. Numbers between the last claimed one and this call's first are a gap: handed to
+ * torchseq.on_gap, rarely. Errors are cleared, never raised.
+ * ------------------------------------------------------------------------------------- */
+static PyObject *ts_gap;   /* torchseq.on_gap(rec, name, last, lo, op_id, seq), NULL: off */
+
+static long long tseq_read(PyObject *g) {
+    PyObject *v = PyObject_CallMethodNoArgs(g, s_get_tseq);
+    long long x = as_ll(v);
+    Py_XDECREF(v);
+    if (x == NONE_LL || x < 0) {
+        CLEAR_ERR();
+        return -1;
+    }
+    return x;
+}
+
+static void tseq_after(PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *name,
+                       long long lo, long long op_id, long long seq) {
+    if (ts_gap == NULL || cst.tseqs == NULL || slot < 0)
+        return;
+    long long hi = tseq_read(g);
+    if (hi < 0)
+        return;
+    if (lo < 0)
+        lo = hi - 1;
+    Counters *k = (Counters *)cst.tseqs;
+    long long last = counters_get(k, slot);
+    if (lo > last) {
+        PyObject *x = PyObject_CallFunction(ts_gap, "OOLLLL", rec, name, last, lo, op_id, seq);
+        Py_XDECREF(x);
+        CLEAR_ERR();
+    }
+    if (hi > last)
+        counters_set(k, slot, hi);
+}
+
+/* set_tseq(on_gap or None): turn the gap check on (off). */
+static PyObject *set_tseq(PyObject *module, PyObject *fn) {
+    if (fn == Py_None) {
+        Py_CLEAR(ts_gap);
+    } else {
+        Py_INCREF(fn);
+        Py_XSETREF(ts_gap, fn);
+    }
+    Py_RETURN_NONE;
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -1503,7 +1594,9 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     PyObject *count = NULL, *dtype = NULL, *dev = NULL, *outb = NULL, *peer = NULL,
              *root = NULL, *seq = NULL, *site = NULL, *op_id = NULL, *step = NULL,
              *ret = NULL;
-    long long t0, seq_v = -1;
+    PyObject *tkey = NULL, *tname = NULL;   /* torch seq check (tseq_after): group, name */
+    long long t0, seq_v = -1, tlo = -1;
+    Py_ssize_t tslot = -1;
 
     rec = fast_attr(c->recmod_d, c->recmod, s_recorder);
     if (rec == NULL)
@@ -1578,6 +1671,9 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
                 Py_XSETREF(c->last_info, inf);
                 PyObject *sl = PyObject_GetAttr(inf, s_seq_slot);
                 c->last_slot = sl != NULL && PyLong_Check(sl) ? PyLong_AsSsize_t(sl) : -1;
+                Py_XDECREF(sl);
+                sl = PyObject_GetAttr(inf, s_tseq);
+                c->last_tseq = sl == Py_True;
                 Py_XDECREF(sl);
                 CLEAR_ERR();
                 c->last_idx = (int)PyLong_AsLong(idx);
@@ -1740,9 +1836,24 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         r.dev = dev; Py_INCREF(dev);
         CLEAR_ERR();
         n_fast++;
+        long long t_opid = r.op_id, t_seq = r.seq;
+        if (ts_gap != NULL && c->last_tseq && c->last_key != NULL && c->last_name != NULL) {
+            tkey = c->last_key; Py_INCREF(tkey);
+            tname = c->last_name; Py_INCREF(tname);
+            tslot = c->last_slot;
+            if (c->has_peer && (tlo = tseq_read(tkey)) < 0)
+                Py_CLEAR(tkey);   /* unreadable: no check */
+        }
         if (is_async) {
             /* An async op: its own path (the row, the pending-op registry, the completion). */
             ret = as_issue(c, rec, &r, x_arg, y_arg, args, nargsf, kwnames);
+            if (tkey != NULL) {
+                /* a call that raised may still have issued its number */
+                PyObject *et, *ev, *etb;
+                PyErr_Fetch(&et, &ev, &etb);
+                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq);
+                PyErr_Restore(et, ev, etb);
+            }
             goto done;
         }
         /* In flight while the call runs (_inflight.json, final flush): a slot of its own. */
@@ -1787,8 +1898,12 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             Py_XDECREF(pre);
             Py_XDECREF(t1o);
             rec_release(&r);
+            if (tkey != NULL)   /* a call that raised may still have issued its number */
+                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq);
         } else {
             buf_push(&r);      /* takes the references, or releases them when full */
+            if (tkey != NULL)
+                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq);
         }
         CLEAR_ERR();   /* commtrace's own errors never reach the user */
         PyErr_Restore(et, ev, etb);
@@ -1802,7 +1917,8 @@ slow:
 done:
     Py_XDECREF(rec); Py_XDECREF(st); Py_XDECREF(info); Py_XDECREF(count); Py_XDECREF(dtype);
     Py_XDECREF(dev); Py_XDECREF(outb); Py_XDECREF(peer); Py_XDECREF(root); Py_XDECREF(seq);
-    Py_XDECREF(site); Py_XDECREF(op_id); Py_XDECREF(step);
+    Py_XDECREF(site); Py_XDECREF(op_id); Py_XDECREF(step); Py_XDECREF(tkey);
+    Py_XDECREF(tname);
     return ret;
 }
 
@@ -2120,6 +2236,8 @@ static PyMethodDef methods[] = {
      "set_async(PendingOp, track_work, record_error, KIND_OP, recorder_module, ncol): record "
      "async calls in C too."},
     {"async_off", async_off, METH_NOARGS, "Hand async calls to the Python wrapper again."},
+    {"set_tseq", set_tseq, METH_O,
+     "set_tseq(on_gap or None): check torch's per-group seq after each call (torchseq.py)."},
     {"async_counts", async_counts, METH_NOARGS,
      "(async path on, async calls recorded in C)."},
     {"drain_columns", drain_columns, METH_NOARGS, "drain_columns() -> None or 19 column lists (F_* fields, t_return_ns)."},
@@ -2152,7 +2270,8 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_op_ids, "_op_ids");
     INTERN(s_cap, "cap");
     INTERN(s_rank, "rank"); INTERN(s_by_key, "_by_key");
-    INTERN(s_seq_slot, "seq_slot"); INTERN(s_seqs, "_seqs");
+    INTERN(s_seq_slot, "seq_slot"); INTERN(s_seqs, "_seqs"); INTERN(s_tseq, "tseq");
+    INTERN(s_tseqs, "_tseqs"); INTERN(s_get_tseq, "_get_sequence_number_for_group");
     INTERN(s_get_future, "get_future"); INTERN(s_add_done_callback, "add_done_callback");
     INTERN(s_acquire, "acquire"); INTERN(s_release, "release"); INTERN(s_notify, "_notify");
     INTERN(s_wake, "wake"); INTERN(s_itemsize, "itemsize"); INTERN(s_dropped, "_dropped");
