@@ -31,7 +31,7 @@ PAGES = [("overview", "Overview"), ("timeline", "Timeline"), ("overlap", "Overla
 HIDDEN = {"height": 0, "overflow": "hidden"}
 #: Views whose content is sent the first time they are shown, then kept; their figures are built in
 #: a background thread when the app is created, so that showing one costs no server time.
-LAZY = ("overlap", "stalls", "bandwidth", "facts")
+LAZY = ("findings", "overlap", "stalls", "bandwidth", "facts")
 #: Columns of long text, wrapped in their cells.
 WRAP_FIELDS = ("message", "value", "site", "reason", "command")
 #: Tables of at most this many rows take the height of their rows.
@@ -65,7 +65,7 @@ def cartesian_bundle() -> str | None:
 def _graph(id_, fig, **kw):
     """A dcc.Graph whose height is fixed (the figure's), so that hiding its view resizes nothing."""
     h = fig.layout.height or 450
-    return dcc.Graph(id=id_, figure=fig, style={"height": f"{h}px"},
+    return dcc.Graph(id=id_, figure=F.fast_axes(fig), style={"height": f"{h}px"},
                      config={"displaylogo": False, **kw.pop("config", {})}, **kw)
 
 
@@ -334,6 +334,8 @@ def facts_children(d: RunData):
 
 def _lazy_content(d: RunData, tab: str):
     """The children of a lazily built view."""
+    if tab == "findings":
+        return _findings_view(d)
     if tab == "overlap":
         f1, f2 = F.overlap_figures(d)
         kids = [_graph("overlap-rank", f1)]
@@ -600,17 +602,22 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
                   Output("selected", "data"), Output("tabs", "value"), Output("mode-info", "children"),
                   Output("selection-info", "children"), Output("views-drawn", "data", allow_duplicate=True),
                   Input("timeline", "relayoutData"), Input("range", "value"), Input("reset", "n_clicks"),
-                  Input("findings", "cellClicked"), Input("timeline", "clickData"),
+                  Input({"type": "findings-grid", "i": ALL}, "cellClicked"), Input("timeline", "clickData"),
                   Input({"type": "show-finding", "i": ALL}, "n_clicks"),
                   State("window", "data"), State("selected", "data"), State("views-drawn", "data"),
                   State("theme-switch", "checked"), prevent_initial_call=True)
-    def timeline(relayout, rng, _reset, cell, click, shows, win, sel, drawn, dark=False):
+    def timeline(relayout, rng, _reset, cells, click, shows, win, sel, drawn, dark=False):
         trig = dash.ctx.triggered_id
+        if isinstance(trig, dict) and trig.get("type") == "findings-grid":  # a row of the findings table
+            cell = next((c for c in cells or [] if c), None)
+            if cell is None:
+                raise dash.exceptions.PreventUpdate
+            return update("findings.cellClicked", relayout, rng, cell, click, win, sel, drawn, dark)
         if isinstance(trig, dict):  # a card's "show on timeline"
             if not any(shows or []):
                 raise dash.exceptions.PreventUpdate
             return update("show-finding", relayout, rng, {"i": trig["i"]}, click, win, sel, drawn, dark)
-        return update(dash.ctx.triggered[0]["prop_id"], relayout, rng, cell, click, win, sel, drawn, dark)
+        return update(dash.ctx.triggered[0]["prop_id"], relayout, rng, None, click, win, sel, drawn, dark)
 
     def update(prop, relayout, rng, cell, click, win, sel, drawn=None, dark=False):
         """The timeline callback's outputs for the input `prop` ("timeline.relayoutData", ...)."""
@@ -799,7 +806,6 @@ def _page(d: RunData, other, diff, pages, running: bool, job: dict | None = None
             _legend(d)]),
         *[html.Div(id=f"view-{v}", style=HIDDEN) for v in LAZY],
         # Findings live in the layout (hidden unless their tab) so that their table can be an Input.
-        html.Div(id="view-findings", style=HIDDEN, children=_findings_view(d)),
         *([html.Div(id="view-compare", style=HIDDEN, children=compare_children(d, other, diff))] if other is not None else []),
     ]))
     return _themed_tree(lay, dark)
@@ -824,16 +830,18 @@ def _with_live(lay, st: dict):
 
 
 def _findings_view(d: RunData):
+    """The Findings page: a table of every finding (an AG Grid inside the div `#findings`; the
+    grid's own id is a pattern, {"type": "findings-grid"}, so that the timeline callback can take
+    its clicks while the page is not built yet: it is built the first time it is shown)."""
     rows = F.findings_rows(d)
-    # the grid is there even when empty: it is an input of the timeline callback
     return [dmc.Text("Click a finding to zoom the timeline to its evidence.", size="sm") if rows else
             _empty("No findings in this run: nothing stood out (docs/findings.md lists every check).", "findings-empty"),
-            _grid("findings", rows, [("severity", "severity", {"maxWidth": 110}), ("kind", "kind"), ("rank", "rank", {"maxWidth": 80}),
+            html.Div(id="findings", children=_grid({"type": "findings-grid", "i": 0}, rows, [("severity", "severity", {"maxWidth": 110}), ("kind", "kind"), ("rank", "rank", {"maxWidth": 80}),
                                      ("pg", "pg", {"maxWidth": 70}), ("seq", "seq", {"maxWidth": 80}), ("op", "op"),
                                      ("site", "site"), ("impact", "impact", {"maxWidth": 110}),
                                      ("message", "message", {"flex": 4, "minWidth": 300})],
                   getRowId="params.data.rid", height=min(60 + 60 * len(rows), 700),
-                  rowClassRules={f"sev-{k}": f"params.data.severity == '{k}'" for k in F.SEVERITY_COLOR})]
+                  rowClassRules={f"sev-{k}": f"params.data.severity == '{k}'" for k in F.SEVERITY_COLOR}))]
 
 
 def _live_status(d: RunData, poll: dict | None = None) -> dict:

@@ -168,6 +168,19 @@ def margin(l: int, r: int, t: int, b: int) -> dict:
     return dict(l=l, r=r, t=t, b=b, autoexpand=False)
 
 
+def fast_axes(fig: go.Figure) -> go.Figure:
+    """Every cartesian axis of `fig` (in place) without automargin and with tick labels allowed
+    past the plot: with fixed margins (`margin`) automargin's pushes are ignored anyway, but it
+    and the default "hide past div" measure every tick label's box at each drawing (most of the
+    overview's drawing time in the first page's profile). The margins are sized so that the
+    labels fit (tests/test_dashboard_layout.py checks every text lies inside its plot)."""
+    axes = [k for k in fig.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]
+    for ax in axes or ["xaxis", "yaxis"]:
+        fig.layout[ax].automargin = False
+        fig.layout[ax].ticklabeloverflow = "allow"
+    return fig
+
+
 def _r(x: np.ndarray, digits: int = 7) -> np.ndarray:
     """Times (s) rounded to 0.1 us: what any zoom can show, and shorter JSON."""
     return np.round(x, digits)
@@ -182,7 +195,7 @@ def _base_layout(fig: go.Figure, d: RunData, a: float, b: float, mode: str, crit
     else:
         tickvals, ticktext = [i * 3 + 1 for i in range(nr)], [f"rank {r}" for r in d.ranks]
     fig.update_layout(
-        height=max(360, min(1400, 60 + nr * 3 * (6 if nr > LABEL_SUBROWS_MAX else 22))),
+        height=_timeline_height(d),
         margin=margin(l=150, r=80, t=40, b=50),
         # ticklabeloverflow="allow": the default ("hide past div") measures every tick label at
         # each redraw, most of the redraw's time with a row per rank.
@@ -221,9 +234,17 @@ def timeline_figure(d: RunData, a: float | None = None, b: float | None = None,
 
 
 def empty_timeline(d: RunData) -> go.Figure:
-    """The timeline's axes without data (`layout.meta.mode` "none"): the first page is the
-    overview, and the timeline is drawn when first shown."""
-    return _base_layout(go.Figure(), d, 0.0, d.duration_s, "none")
+    """The timeline before it is first shown (`layout.meta.mode` "none"): no data and no axes,
+    at the timeline's height. The first page is the overview; the timeline is drawn when first
+    shown, and axes here would cost the first page their drawing (a tick label per sub-row)."""
+    return go.Figure(layout=dict(height=_timeline_height(d), margin=margin(l=150, r=80, t=40, b=50),
+                                 xaxis=dict(visible=False), yaxis=dict(visible=False),
+                                 meta={"mode": "none", "critical": "none"}, uirevision="timeline"))
+
+
+def _timeline_height(d: RunData) -> int:
+    nr = len(d.ranks)
+    return max(360, min(1400, 60 + nr * 3 * (6 if nr > LABEL_SUBROWS_MAX else 22)))
 
 
 def _bin_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:

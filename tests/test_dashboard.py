@@ -234,7 +234,7 @@ def test_app_callbacks_take_no_path_input(data):
     app = create_app(data)
     inputs = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb["inputs"]}
     assert inputs == {("tabs", "value"), ("timeline", "relayoutData"), ("range", "value"), ("reset", "n_clicks"),
-                      ("findings", "cellClicked"), ("timeline", "clickData"), ('{"i":["ALL"],"type":"show-finding"}', "n_clicks"),
+                      ('{"i":["ALL"],"type":"findings-grid"}', "cellClicked"), ("timeline", "clickData"), ('{"i":["ALL"],"type":"show-finding"}', "n_clicks"),
                       ("tick", "n_intervals"), ("theme-switch", "checked")}
     states = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb.get("state", [])}
     assert states == {("window", "data"), ("selected", "data"), ("views-drawn", "data"), ("gen", "data"),
