@@ -283,6 +283,15 @@ def _r4(v):
 
 
 # ---------------------------------------------------------------------------- other pages
+def _facts_table(id_, rows, head=("fact", "value")):
+    """A short two-column table of facts (a Mantine table: the Run page's short lists cost no grid
+    each; its long per-rank tables stay AG Grids)."""
+    return dmc.Table(id=id_, striped=True, withTableBorder=True, highlightOnHover=True, children=[
+        dmc.TableThead(dmc.TableTr([dmc.TableTh(head[0], w="25%"), dmc.TableTh(head[1])])),
+        dmc.TableTbody([dmc.TableTr([dmc.TableTd(str(r["fact"])), dmc.TableTd(str(r["value"]), style={"wordBreak": "break-word"})])
+                        for r in rows])])
+
+
 def facts_children(d: RunData):
     """Run facts as tables: job, hosts and versions per rank, NCCL / NVML facts when present,
     clock offsets and violations, ops by op, dropped rows, warnings."""
@@ -317,15 +326,16 @@ def facts_children(d: RunData):
     import numpy as np
     counts = np.bincount(o["op"][o["op"] >= 0], minlength=len(o["op_values"])) if len(o["op"]) else []
     op_rows = [{"op": o["op_values"][k], "calls": int(n)} for k, n in enumerate(counts) if n]
-    out = [dmc.Title("Job", order=4), _grid("facts-job", job_rows, [("fact", "fact"), ("value", "value", {"flex": 3})]),
+    out = [dmc.Title("Job", order=4), _facts_table("facts-job", job_rows),
            dmc.Title("Ranks: hosts, versions, clock offsets, dropped rows", order=4, mt="sm"),
            _grid("facts-ranks", rank_rows, [(k, k) for k in rank_rows[0]] if rank_rows else [("rank", "rank")])]
     out += [dmc.Title("NCCL / NVML / GPU facts", order=4, mt="sm"),
             _grid("facts-device", extra_rows, [("rank", "rank"), ("fact", "fact"), ("value", "value", {"flex": 3})])
             if extra_rows else _empty("None recorded: a CPU (gloo) run has no NCCL or NVML facts.")]
-    out += [dmc.Title("Clock alignment", order=4, mt="sm"), _grid("facts-clock", clock_rows, [("fact", "fact"), ("value", "value")]),
+    out += [dmc.Title("Clock alignment", order=4, mt="sm"), _facts_table("facts-clock", clock_rows),
             dmc.Title("Ops by op", order=4, mt="sm"),
-            _grid("facts-ops", op_rows, [("op", "op"), ("calls", "calls (all ranks)")]) if op_rows else _empty("No ops recorded.")]
+            _facts_table("facts-ops", [{"fact": r["op"], "value": r["calls"]} for r in op_rows], ("op", "calls (all ranks)"))
+            if op_rows else _empty("No ops recorded.")]
     warns = list(rep.get("warnings") or [])
     out += [dmc.Title("Warnings from loading", order=4, mt="sm"),
             dmc.List([dmc.ListItem(w) for w in warns]) if warns else _empty("None: every part read cleanly.")]
