@@ -397,8 +397,9 @@ def _print_callback_request(r) -> None:
     """BENCH_DEBUG: which input each callback request answers (and the zoom it carries)."""
     if "_dash-update-component" in r.url:
         body = json.loads(r.post_data or "{}")
-        print("req", body.get("changedPropIds"), [i.get("value") for i in body.get("inputs", [])
-                                                  if i.get("property") == "relayoutData"], file=sys.stderr)
+        ins = [i for i in body.get("inputs", []) if isinstance(i, dict)]  # a pattern input is a list
+        print("req", body.get("changedPropIds"), [i.get("value") for i in ins if i.get("id") == "zoom"],
+              file=sys.stderr)
 
 
 def _print_profile(profile: dict, name: str, top: int = 25) -> None:

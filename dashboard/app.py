@@ -164,6 +164,16 @@ function(dark, colors) {
 """ % THEME_COOKIE
 
 
+#: The timeline's relayoutData passed on (to the store "zoom", an input of the timeline callback)
+#: only when it changes the x range.
+ZOOM_JS = """
+function(r) {
+    if (r && Object.keys(r).some(k => k.startsWith('xaxis.range') || k === 'xaxis.autorange')) { return r; }
+    return window.dash_clientside.no_update;
+}
+"""
+
+
 def _request_dark() -> bool:
     """Whether the request asks for the dark theme (its cookie); False outside a request."""
     import flask
@@ -561,6 +571,10 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         return lay
 
     app.layout = page
+    # Only a zoom of the plot goes to the server: Plotly also reports an autosize (when the
+    # timeline is first shown, the page's scroll bar appears) and the theme toggle's re-colouring
+    # as relayoutData, and each cost a round trip beside the figure's.
+    app.clientside_callback(ZOOM_JS, Output("zoom", "data"), Input("timeline", "relayoutData"), prevent_initial_call=True)
     app.clientside_callback(THEME_JS, Output("provider", "forceColorScheme"), Input("theme-switch", "checked"),
                             State("theme-colors", "data"), prevent_initial_call=True)
     app._commtrace_page = page  # for tests
@@ -611,7 +625,7 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
     @app.callback(Output("timeline", "figure"), Output("range", "value"), Output("window", "data"),
                   Output("selected", "data"), Output("tabs", "value"), Output("mode-info", "children"),
                   Output("selection-info", "children"), Output("views-drawn", "data", allow_duplicate=True),
-                  Input("timeline", "relayoutData"), Input("range", "value"), Input("reset", "n_clicks"),
+                  Input("zoom", "data"), Input("range", "value"), Input("reset", "n_clicks"),
                   Input({"type": "findings-grid", "i": ALL}, "cellClicked"), Input("timeline", "clickData"),
                   Input({"type": "show-finding", "i": ALL}, "n_clicks"),
                   State("window", "data"), State("selected", "data"), State("views-drawn", "data"),
@@ -627,7 +641,10 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
             if not any(shows or []):
                 raise dash.exceptions.PreventUpdate
             return update("show-finding", relayout, rng, {"i": trig["i"]}, click, win, sel, drawn, dark)
-        return update(dash.ctx.triggered[0]["prop_id"], relayout, rng, None, click, win, sel, drawn, dark)
+        prop = dash.ctx.triggered[0]["prop_id"]
+        if prop == "zoom.data":  # the plot's zoom (relayoutData, filtered in the browser)
+            prop = "timeline.relayoutData"
+        return update(prop, relayout, rng, None, click, win, sel, drawn, dark)
 
     def update(prop, relayout, rng, cell, click, win, sel, drawn=None, dark=False):
         """The timeline callback's outputs for the input `prop` ("timeline.relayoutData", ...)."""
@@ -798,6 +815,7 @@ def _page(d: RunData, other, diff, pages, running: bool, job: dict | None = None
         dcc.Store(id="selected", data=None),
         dcc.Store(id="views-drawn", data=[]),
         dcc.Store(id="gen", data=0),
+        dcc.Store(id="zoom", data={}),
         dcc.Store(id="theme-colors", data=F.THEME_COLORS),
         dcc.Interval(id="tick", interval=LIVE_MS, disabled=not running),
         html.Div(id="view-overview", children=[
