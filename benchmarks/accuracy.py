@@ -55,17 +55,24 @@ def worker(args) -> None:
     for b in bufs:   # warm-up: connections, first-op set-up (not profiled)
         dist.all_reduce(b)
     dist.barrier()
+    now = time.time_ns
+    seen = []   # per iteration: (async, the time right after the call returned, done then)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for i in range(args.iters):
             b = bufs[i % len(bufs)]
             if i % 3 == 2:
                 dist.all_reduce(b)
+                seen.append((False, now(), True))
                 continue
             w = dist.all_reduce(b, async_op=True)
+            t = now()
+            seen.append((True, t, w.is_completed()))
             for _ in range((i * 7) % 5):   # host work while the op is in flight (or none)
                 a = torch.tanh(a @ a) * 0.5
             w.wait()
     prof.export_chrome_trace(os.path.join(args.out, f"kineto-{r}.json"))
+    with open(os.path.join(args.out, f"seen-{r}.json"), "w") as f:
+        json.dump(seen, f)
     dist.destroy_process_group()
 
 
@@ -111,7 +118,8 @@ def analyse(run_dir: str, kin_dir: str, ranks: int) -> dict:
 
     rows = ds.dataset(run_dir, format="parquet", partitioning="hive").to_table().to_pylist()
     out = {"call": [], "async": [], "async_callback": [], "async_observed": [], "async_wait": [],
-           "blocking": [], "observed_return_after_end": [], "unmatched": 0}
+           "blocking": [], "observed_return_after_end": [], "observed_after_return": [],
+           "unmatched": 0}
     for r in range(ranks):
         c10d, gloo = _events(os.path.join(kin_dir, f"kineto-{r}.json"))
         mine = sorted((x for x in rows if x["rank"] == r and x["kind"] == "op"
@@ -140,9 +148,43 @@ def analyse(run_dir: str, kin_dir: str, ranks: int) -> dict:
                 if how == "observed":
                     # how much of the error is the call's own return, after the op had ended
                     out["observed_return_after_end"].append(row["t_return_ns"] - g[1])
+                    out["observed_after_return"].append(row["t_end_ns"] - row["t_return_ns"])
             else:
                 out["blocking"].append(err)
     return out
+
+
+def analyse_plain(kin_dir: str, ranks: int) -> dict:
+    """The untraced job (same workload, same profiler): for each async op the worker found
+    complete right after its call returned, that moment minus the worker range's end. It is
+    the earliest any observer above torch's Python function could see such an op end: the
+    floor of commtrace's ``observed`` rows."""
+    out = {"async_done_at_return": [], "async": 0, "unmatched": 0}
+    for r in range(ranks):
+        _c10d, gloo = _events(os.path.join(kin_dir, f"kineto-{r}.json"))
+        with open(os.path.join(kin_dir, f"seen-{r}.json")) as f:
+            seen = json.load(f)
+        if len(seen) != len(gloo):
+            out["unmatched"] += abs(len(seen) - len(gloo))
+        for (is_async, t_ret, done), g in zip(seen, gloo):
+            if is_async:
+                out["async"] += 1
+                if done:
+                    out["async_done_at_return"].append(t_ret - g[1])
+    return out
+
+
+def _job(args, out: str, traced: bool) -> tuple:
+    """Run the 2-rank job (under commtrace run when `traced`); (completed process, wall s)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.abspath(__file__), "--worker", "--out", out, "--iters", str(args.iters)]
+    if traced:
+        cmd = [sys.executable, "-m", "commtrace", "run", "-o", os.path.join(out, "run"),
+               "--async-completion", args.async_completion, "--", *cmd]
+    t0 = time.time()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    return p, time.time() - t0
 
 
 def main(argv=None) -> int:
@@ -163,27 +205,29 @@ def main(argv=None) -> int:
         return 0
     tmp = tempfile.mkdtemp(prefix="commtrace-accuracy-")
     run_dir = os.path.join(tmp, "run")
+    plain_dir = os.path.join(tmp, "untraced")
+    os.makedirs(plain_dir)
     load0 = os.getloadavg()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "commtrace", "run", "-o", run_dir,
-           "--async-completion", args.async_completion, "--",
-           sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           os.path.abspath(__file__), "--worker", "--out", tmp, "--iters", str(args.iters)]
-    t0 = time.time()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    p, wall = _job(args, tmp, True)
     if p.returncode != 0:
         print(p.stdout[-2000:], p.stderr[-4000:], file=sys.stderr)
         print("accuracy: the traced job failed", file=sys.stderr)
         return 1
-    wall = time.time() - t0
+    q, wall_plain = _job(args, plain_dir, False)
+    if q.returncode != 0:
+        print(q.stdout[-2000:], q.stderr[-4000:], file=sys.stderr)
+        print("accuracy: the untraced job failed", file=sys.stderr)
+        return 1
     res = analyse(run_dir, tmp, 2)
+    base = analyse_plain(plain_dir, 2)
     load1 = os.getloadavg()
     try:
         up = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     except OSError:
         up = ""
     print(f"commtrace accuracy vs torch.profiler: 2 ranks gloo, {args.iters} iterations per rank, "
-          f"job {wall:.1f} s, --async-completion {args.async_completion}")
+          f"job {wall:.1f} s traced, {wall_plain:.1f} s untraced, --async-completion "
+          f"{args.async_completion}")
     print(f"load average before {load0[0]:.2f}, after {load1[0]:.2f}  ({up})")
     print("error = commtrace - profiler, in us (negative: commtrace earlier)")
     print(_line("call duration - c10d::allreduce_", res["call"]))
@@ -192,6 +236,10 @@ def main(argv=None) -> int:
     print(_line("  of which completion=observed", res["async_observed"]))
     print(_line("  of which completion=wait", res["async_wait"]))
     print(_line("    t_return - gloo worker end", res["observed_return_after_end"]))
+    print(_line("    t_end - t_return (commtrace)", res["observed_after_return"]))
+    print(f"  untraced job (same workload and profiler): {len(base['async_done_at_return'])} of "
+          f"{base['async']} async ops already complete when the call returned")
+    print(_line("    their return - gloo worker end", base["async_done_at_return"]))
     print(_line("blocking t_end - gloo worker end", res["blocking"]))
     print(f"  unmatched rows/events: {res['unmatched']}")
     absu = [abs(x) / 1000 for x in res["async"]]
@@ -203,7 +251,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"iters": args.iters, "load": [load0[0], load1[0]], "uptime": up,
-                       "errors_ns": res, "target_met": ok}, f)
+                       "errors_ns": res, "untraced_ns": base, "target_met": ok}, f)
     return 0
 
 

@@ -31,7 +31,7 @@ PAGES = [("overview", "Overview"), ("timeline", "Timeline"), ("overlap", "Overla
 HIDDEN = {"height": 0, "overflow": "hidden"}
 #: Views whose content is sent the first time they are shown, then kept; their figures are built in
 #: a background thread when the app is created, so that showing one costs no server time.
-LAZY = ("overlap", "stalls", "bandwidth", "facts")
+LAZY = ("findings", "overlap", "stalls", "bandwidth", "facts")
 #: Columns of long text, wrapped in their cells.
 WRAP_FIELDS = ("message", "value", "site", "reason", "command")
 #: Tables of at most this many rows take the height of their rows.
@@ -65,7 +65,7 @@ def cartesian_bundle() -> str | None:
 def _graph(id_, fig, **kw):
     """A dcc.Graph whose height is fixed (the figure's), so that hiding its view resizes nothing."""
     h = fig.layout.height or 450
-    return dcc.Graph(id=id_, figure=fig, style={"height": f"{h}px"},
+    return dcc.Graph(id=id_, figure=F.fast_axes(fig), style={"height": f"{h}px"},
                      config={"displaylogo": False, **kw.pop("config", {})}, **kw)
 
 
@@ -79,6 +79,13 @@ def _grid(id_, rows, columns, height=None, **kw):
         if c[0] in WRAP_FIELDS:  # long text: wrapped, the row as high as it needs (costly per row)
             d.update(wrapText=True, autoHeight=True, cellStyle={"lineHeight": "1.4", "paddingTop": "6px",
                                                                 "paddingBottom": "6px"})
+        else:
+            # at least as wide as its longest value (sized to fit, a column could cut "reduce_scatter")
+            longest = max((len(str(r.get(c[0], ""))) for r in rows[:2000]), default=0)
+            need = min(360, int(7.5 * longest) + 40)
+            d["minWidth"] = max(d.get("minWidth", 0), need)
+            if "maxWidth" in d:
+                d["maxWidth"] = max(d["maxWidth"], need)
         defs.append(d)
     # A short table takes the height of its rows (nothing clipped, no inner scroll bar); a long
     # one scrolls inside a fixed height (AG Grid draws only the rows in view).
@@ -124,6 +131,60 @@ def _stat(label, value, id_, color=None, hint=None):
 
 def _fmt_s(s) -> str:
     return "—" if s is None else fmt_ns(s * 1e9)
+
+
+#: The cookie that keeps the page's theme ("dark" / "light") between visits: the server reads it
+#: to send the page and its figures in that theme, so a dark page is dark from its first paint.
+THEME_COOKIE = "commtrace_theme"
+#: The theme toggle (clientside): sets the page's colour scheme and the cookie, and re-colours
+#: the plots already drawn with figures.THEME_COLORS (figures sent later come themed).
+THEME_JS = """
+function(dark, colors) {
+    const scheme = dark ? 'dark' : 'light';
+    document.cookie = '%s=' + scheme + '; path=/; max-age=31536000; SameSite=Lax';
+    const c = colors[scheme], other = colors[dark ? 'light' : 'dark'];
+    document.querySelectorAll('.js-plotly-plot').forEach(gd => {
+        const fl = gd._fullLayout;
+        if (!fl || !window.Plotly) { return; }
+        const u = Object.assign({}, c.layout);
+        Object.keys(fl).filter(k => /^[xy]axis[0-9]*$/.test(k)).forEach(ax => {
+            Object.entries(c.axis).forEach(([k, v]) => { u[ax + '.' + k] = v; });
+        });
+        window.Plotly.relayout(gd, u);
+        const ink = [], ring = [];
+        (gd.data || []).forEach((t, i) => {
+            if (t.line && t.line.color === other.ink) { ink.push(i); }
+            if (t.marker && t.marker.line && t.marker.line.color === other.ink) { ring.push(i); }
+        });
+        if (ink.length) { window.Plotly.restyle(gd, {'line.color': c.ink}, ink); }
+        if (ring.length) { window.Plotly.restyle(gd, {'marker.line.color': c.ink}, ring); }
+    });
+    return scheme;
+}
+""" % THEME_COOKIE
+
+
+def _request_dark() -> bool:
+    """Whether the request asks for the dark theme (its cookie); False outside a request."""
+    import flask
+    return flask.has_request_context() and flask.request.cookies.get(THEME_COOKIE) == "dark"
+
+
+def _themed_tree(node, dark: bool):
+    """`node` (a component, or a list of them) with every dcc.Graph's figure in the page's
+    theme, changed in place (figures.themed); light: unchanged."""
+    if not dark:
+        return node
+    if isinstance(node, (list, tuple)):
+        for n in node:
+            _themed_tree(n, dark)
+        return node
+    if isinstance(node, dcc.Graph) and hasattr(getattr(node, "figure", None), "update_layout"):
+        F.themed(node.figure, dark)  # the builders' go.Figure
+    kids = getattr(node, "children", None)
+    if kids is not None and not isinstance(kids, str):
+        _themed_tree(kids, dark)
+    return node
 
 
 # ---------------------------------------------------------------------------- overview
@@ -273,6 +334,8 @@ def facts_children(d: RunData):
 
 def _lazy_content(d: RunData, tab: str):
     """The children of a lazily built view."""
+    if tab == "findings":
+        return _findings_view(d)
     if tab == "overlap":
         f1, f2 = F.overlap_figures(d)
         kids = [_graph("overlap-rank", f1)]
@@ -386,20 +449,35 @@ def _mode_info(mode: str, a: float, b: float) -> str:
     return f"{'exact ops' if mode == 'exact' else 'level-of-detail bins'}: {a:.4f}–{b:.4f} s"
 
 
-def _legend():
+def _legend(d: RunData):
     """What the timeline's rows and colours mean (the op colours are fixed: commtrace.ops.OP_COLORS)."""
     from ..ops import OP_COLORS
     sw = [html.Span([html.Span(style={"display": "inline-block", "width": 12, "height": 12, "background": c,
                                       "marginRight": 4, "verticalAlign": "middle"}), op],
                     style={"marginRight": 10, "whiteSpace": "nowrap"}) for op, c in OP_COLORS.items()]
-    return html.Div(id="timeline-legend", style={"fontSize": 12, "color": "#444", "lineHeight": "1.8"}, children=[
+    return html.Div(id="timeline-legend", style={"fontSize": 12, "color": "var(--mantine-color-dimmed)", "lineHeight": "1.8"}, children=[
         html.Div([html.B("Rows per rank, top to bottom: "), "host-blocked (the call and wait()) · in-flight (enqueue to "
                   "completion) · wait / sync (wait states and synchronize()). Zoomed out, each cell is the busy "
                   "fraction of its time bin."]),
         html.Div([html.B("Op colours (the same in every run): "), *sw,
                   html.Span("▼ finding  ✕ hazard  ◆ synchronize()", style={"whiteSpace": "nowrap"})]),
+        html.Div(id="critical-legend", children=_critical_legend(d)),
         html.Div("Click an op to highlight the same collective (pg, seq) on every rank; drag on the plot or move the "
                  "range slider to zoom (each follows the other).")])
+
+
+def _critical_legend(d: RunData):
+    """What the critical path line is, or why it is not drawn."""
+    from .figures import CRITICAL_COLOR
+    if d.critical is None:
+        why = next((w for w in d.report.get("warnings", []) if "root cause" in w), "the report has no critical path")
+        return [html.B("Critical path: "), f"not drawn ({why})."]
+    cp = d.report["critical_path"]
+    return [html.Span(style={"display": "inline-block", "width": 18, "height": 3, "background": CRITICAL_COLOR,
+                             "marginRight": 4, "verticalAlign": "middle"}),
+            html.B("Critical path"), f" ({cp['segments']:,} segments, {cp['length_s']:.4f} s): the chain of compute gaps, "
+            "host time in calls and transfers that determines the run's end, drawn on the rank holding each segment "
+            "(docs/findings.md, \"Critical path\"). Hover a segment for its kind, op and length."]
 
 
 # ---------------------------------------------------------------------------- the app
@@ -409,12 +487,14 @@ _TICK_OUTPUTS = (Output("live-strip", "children"), Output("live-banner", "childr
                  Output("overview-body", "children"), Output("timeline", "figure", allow_duplicate=True),
                  Output("views-drawn", "data", allow_duplicate=True), Output("view-findings", "children"),
                  Output("run-summary", "children"), Output("range", "max"), Output("range", "step"))
-_TICK_INPUTS = (Input("tick", "n_intervals"), State("gen", "data"), State("window", "data"), State("selected", "data"))
+_TICK_INPUTS = (Input("tick", "n_intervals"), State("gen", "data"), State("window", "data"), State("selected", "data"),
+                State("theme-switch", "checked"))
 class _State:
     """The data the callbacks serve (swapped whole when a live run is reloaded)."""
 
     def __init__(self, d: RunData, views):
         self.d, self.views, self.gen = d, views, 0
+        self.dark_views: dict = {}  # (id of views, tab) -> the lazy view's content in the dark theme
         self.prev_duration = d.duration_s
 
 
@@ -459,24 +539,29 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         d = S.d
         st = _live_status(d) if live else None
         running = bool(st) and st["job"]["state"] == "running"
-        key = (S.gen, running)
+        dark = _request_dark()
+        key = (S.gen, running, dark)
         if key not in layouts:
-            layouts.clear()
-            layouts[key] = _page(d, other, diff, pages, running, st["job"] if st else None)
+            for k in [k for k in layouts if k[:2] != key[:2]]:
+                del layouts[k]
+            layouts[key] = _page(d, other, diff, pages, running, st["job"] if st else None, dark)
         lay = layouts[key]
         if running:  # the live parts of the moment
             lay = _with_live(lay, st)
         return lay
 
     app.layout = page
+    app.clientside_callback(THEME_JS, Output("provider", "forceColorScheme"), Input("theme-switch", "checked"),
+                            State("theme-colors", "data"), prevent_initial_call=True)
     app._commtrace_page = page  # for tests
     page()  # built now, not on the first request
 
     @app.callback(*[Output(f"view-{v}", "style") for v in views], *[Output(f"view-{v}", "children") for v in LAZY],
                   Output("timeline", "figure", allow_duplicate=True), Output("mode-info", "children", allow_duplicate=True),
                   Output("views-drawn", "data"), Input("tabs", "value"), State("views-drawn", "data"),
-                  State("window", "data"), State("selected", "data"), prevent_initial_call=True)
-    def show_view(tab, drawn, win=None, sel=None):
+                  State("window", "data"), State("selected", "data"), State("theme-switch", "checked"),
+                  prevent_initial_call=True)
+    def show_view(tab, drawn, win=None, sel=None, dark=False):
         """Show one view; build a lazy view's figures the first time only (then it is a style
         change). The timeline is drawn the first time it is shown, unless an action that showed
         it (a finding, a card) drew it already: the first page is the overview, and a plot drawn
@@ -486,16 +571,27 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         children = [dash.no_update] * len(LAZY)
         fig = mode = dash.no_update
         if tab in LAZY and tab not in drawn:
-            children[LAZY.index(tab)] = S.views[tab].result()
+            children[LAZY.index(tab)] = _lazy_themed(tab, bool(dark))
             drawn.append(tab)
         if tab == "timeline" and "timeline" not in drawn:
             d = S.d
             w = win or {"a": 0.0, "b": d.duration_s}
-            fig, _, mode, _ = draw(d, w, sel)
+            fig, _, mode, _ = draw(d, w, sel, dark)
             drawn.append("timeline")
         return (*styles, *children, fig, mode, drawn)
 
     app._commtrace_show_view = show_view  # for tests
+
+    def _lazy_themed(tab, dark):
+        """A lazy view's content in the theme (dark: a themed copy, made once per build)."""
+        kids = S.views[tab].result()
+        if not dark:
+            return kids
+        key = (id(S.views), tab)
+        if key not in S.dark_views:
+            import copy
+            S.dark_views[key] = _themed_tree(copy.deepcopy(kids), True)
+        return S.dark_views[key]
     no = dash.no_update
 
     # One callback for everything that changes the timeline: a zoom on the plot, the range slider,
@@ -506,19 +602,24 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
                   Output("selected", "data"), Output("tabs", "value"), Output("mode-info", "children"),
                   Output("selection-info", "children"), Output("views-drawn", "data", allow_duplicate=True),
                   Input("timeline", "relayoutData"), Input("range", "value"), Input("reset", "n_clicks"),
-                  Input("findings", "cellClicked"), Input("timeline", "clickData"),
+                  Input({"type": "findings-grid", "i": ALL}, "cellClicked"), Input("timeline", "clickData"),
                   Input({"type": "show-finding", "i": ALL}, "n_clicks"),
                   State("window", "data"), State("selected", "data"), State("views-drawn", "data"),
-                  prevent_initial_call=True)
-    def timeline(relayout, rng, _reset, cell, click, shows, win, sel, drawn):
+                  State("theme-switch", "checked"), prevent_initial_call=True)
+    def timeline(relayout, rng, _reset, cells, click, shows, win, sel, drawn, dark=False):
         trig = dash.ctx.triggered_id
+        if isinstance(trig, dict) and trig.get("type") == "findings-grid":  # a row of the findings table
+            cell = next((c for c in cells or [] if c), None)
+            if cell is None:
+                raise dash.exceptions.PreventUpdate
+            return update("findings.cellClicked", relayout, rng, cell, click, win, sel, drawn, dark)
         if isinstance(trig, dict):  # a card's "show on timeline"
             if not any(shows or []):
                 raise dash.exceptions.PreventUpdate
-            return update("show-finding", relayout, rng, {"i": trig["i"]}, click, win, sel, drawn)
-        return update(dash.ctx.triggered[0]["prop_id"], relayout, rng, cell, click, win, sel, drawn)
+            return update("show-finding", relayout, rng, {"i": trig["i"]}, click, win, sel, drawn, dark)
+        return update(dash.ctx.triggered[0]["prop_id"], relayout, rng, None, click, win, sel, drawn, dark)
 
-    def update(prop, relayout, rng, cell, click, win, sel, drawn=None):
+    def update(prop, relayout, rng, cell, click, win, sel, drawn=None, dark=False):
         """The timeline callback's outputs for the input `prop` ("timeline.relayoutData", ...)."""
         d = S.d
         win = win or {"a": 0.0, "b": d.duration_s}
@@ -527,7 +628,7 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
             raise dash.exceptions.PreventUpdate
         w = new_win or win
         s = sel if new_sel is no else new_sel
-        fig, slider, mode, info = draw(d, w, s)
+        fig, slider, mode, info = draw(d, w, s, dark)
         drawn = list(drawn or [])
         new_drawn = no if "timeline" in drawn else drawn + ["timeline"]
         return fig, slider, w, new_sel, tab, mode, info, new_drawn
@@ -580,9 +681,9 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
             return None
         return {"pg": d.o["pg_values"][pgc], "seq": seq}
 
-    def draw(d, win, sel):
+    def draw(d, win, sel, dark=False):
         """(figure, slider value, mode line, selection line) of a window and selection."""
-        fig = F.timeline_figure(d, win["a"], win["b"], sel)
+        fig = F.themed(F.timeline_figure(d, win["a"], win["b"], sel), bool(dark))
         a, b = fig.layout.xaxis.range
         # the slider's value on its own grid, so that it does not snap (and echo) it
         st = d.slider_step
@@ -630,7 +731,7 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
 
     app._commtrace_reload = reload
 
-    def tick(_n, gen, win, sel):
+    def tick(_n, gen, win, sel, dark=False):
         """Every LIVE_MS while the job runs: the live strip and banners from the latest snapshots;
         when a reload finished, the overview, the timeline (same zoom and selection) and the
         findings from the new data; when the job ended, a last reload and the refresh stops."""
@@ -647,11 +748,11 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         out_ov = out_fig = out_drawn = out_find = out_sum = out_max = out_step = no
         if fresh:
             out_max, out_step = d.duration_s, d.slider_step
-            out_ov = overview_children(d.overview, d)
+            out_ov = _themed_tree(overview_children(d.overview, d), bool(dark))
             w = win or {"a": 0.0, "b": d.duration_s}
             if w["b"] >= S.prev_duration - 1e-9:
                 w = {"a": w["a"], "b": d.duration_s}  # it showed the end of the run: follow it
-            out_fig = F.timeline_figure(d, w["a"], w["b"], sel)
+            out_fig = F.themed(F.timeline_figure(d, w["a"], w["b"], sel), bool(dark))
             out_drawn = []
             out_find = _findings_view(d)
             out_sum = f"world size {d.run.world_size} · {d.report['ops']:,} ops · {len(d.findings)} findings"
@@ -665,18 +766,19 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
     return app
 
 
-def _page(d: RunData, other, diff, pages, running: bool, job: dict | None = None):
+def _page(d: RunData, other, diff, pages, running: bool, job: dict | None = None, dark: bool = False):
     """The layout of the app for `d` (and the compare page with `other`); `job`: the job state
-    read just now (live), else the one loaded with the run."""
+    read just now (live), else the one loaded with the run; `dark`: in the dark theme."""
     first = F.empty_timeline(d)  # drawn when first shown (show_view)
     rep = d.report
     ov = d.overview if job is None else dict(d.overview, job=job)
     header = dmc.Group(justify="space-between", children=[
         dmc.Group([dmc.Title("commtrace", order=3), job_badge(ov["job"], "job-badge"),
                    dmc.Text(f"{d.run.path}", size="sm", c="dimmed", id="run-path")], gap="sm"),
-        dmc.Text(f"world size {d.run.world_size} · {rep['ops']:,} ops · {len(d.findings)} findings",
-                 size="sm", id="run-summary")])
-    return dmc.MantineProvider(children=html.Div(style={"margin": "6px 14px"}, children=[
+        dmc.Group([dmc.Text(f"world size {d.run.world_size} · {rep['ops']:,} ops · {len(d.findings)} findings",
+                            size="sm", id="run-summary"),
+                   dmc.Switch(id="theme-switch", label="dark", checked=dark, size="sm")], gap="lg")])
+    lay = dmc.MantineProvider(id="provider", forceColorScheme="dark" if dark else "light", children=html.Div(style={"margin": "6px 14px"}, children=[
         header,
         _partial_banner(d),
         html.Div(id="live-banner", children=[]),
@@ -686,6 +788,7 @@ def _page(d: RunData, other, diff, pages, running: bool, job: dict | None = None
         dcc.Store(id="selected", data=None),
         dcc.Store(id="views-drawn", data=[]),
         dcc.Store(id="gen", data=0),
+        dcc.Store(id="theme-colors", data=F.THEME_COLORS),
         dcc.Interval(id="tick", interval=LIVE_MS, disabled=not running),
         html.Div(id="view-overview", children=[
             html.Div(id="live-strip", children=[]),
@@ -700,12 +803,12 @@ def _page(d: RunData, other, diff, pages, running: bool, job: dict | None = None
                             marks=None, allowCross=False, tooltip={"placement": "bottom", "always_visible": False},
                             updatemode="mouseup", allow_direct_input=False),
             _graph("timeline", first, config={"scrollZoom": False}),
-            _legend()]),
+            _legend(d)]),
         *[html.Div(id=f"view-{v}", style=HIDDEN) for v in LAZY],
         # Findings live in the layout (hidden unless their tab) so that their table can be an Input.
-        html.Div(id="view-findings", style=HIDDEN, children=_findings_view(d)),
         *([html.Div(id="view-compare", style=HIDDEN, children=compare_children(d, other, diff))] if other is not None else []),
     ]))
+    return _themed_tree(lay, dark)
 
 
 def _with_live(lay, st: dict):
@@ -727,16 +830,18 @@ def _with_live(lay, st: dict):
 
 
 def _findings_view(d: RunData):
+    """The Findings page: a table of every finding (an AG Grid inside the div `#findings`; the
+    grid's own id is a pattern, {"type": "findings-grid"}, so that the timeline callback can take
+    its clicks while the page is not built yet: it is built the first time it is shown)."""
     rows = F.findings_rows(d)
-    # the grid is there even when empty: it is an input of the timeline callback
     return [dmc.Text("Click a finding to zoom the timeline to its evidence.", size="sm") if rows else
             _empty("No findings in this run: nothing stood out (docs/findings.md lists every check).", "findings-empty"),
-            _grid("findings", rows, [("severity", "severity", {"maxWidth": 110}), ("kind", "kind"), ("rank", "rank", {"maxWidth": 80}),
+            html.Div(id="findings", children=_grid({"type": "findings-grid", "i": 0}, rows, [("severity", "severity", {"maxWidth": 110}), ("kind", "kind"), ("rank", "rank", {"maxWidth": 80}),
                                      ("pg", "pg", {"maxWidth": 70}), ("seq", "seq", {"maxWidth": 80}), ("op", "op"),
                                      ("site", "site"), ("impact", "impact", {"maxWidth": 110}),
                                      ("message", "message", {"flex": 4, "minWidth": 300})],
                   getRowId="params.data.rid", height=min(60 + 60 * len(rows), 700),
-                  rowClassRules={f"sev-{k}": f"params.data.severity == '{k}'" for k in F.SEVERITY_COLOR})]
+                  rowClassRules={f"sev-{k}": f"params.data.severity == '{k}'" for k in F.SEVERITY_COLOR}))]
 
 
 def _live_status(d: RunData, poll: dict | None = None) -> dict:

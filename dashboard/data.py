@@ -92,6 +92,24 @@ class RunData:
         # from it or from the same cached analysis tables, so that they cannot disagree.
         self.report = build_report(run)
         self.overview = self.report["overview"]
+        self.critical = self._critical_arrays(run)
+
+    def _critical_arrays(self, run) -> dict | None:
+        """The critical path's segments (`commtrace.analysis.critical_path.segments`, the table
+        behind the report's `critical_path` section) with times relative (s) and the timeline
+        row of each; None when the report has no critical path (skipped on large runs, or the
+        analysis failed: the report's warnings say which)."""
+        if self.report.get("critical_path") is None:
+            return None
+        from ..analysis.rootcause import segments
+        t = segments(run)
+        rank = _col(t, "rank", np.int64, 0)
+        rows = np.array([self.row_of.get(int(r), -1) for r in rank.tolist()], np.int64)
+        return {"rank": rank, "row": rows,
+                "t0": (_col(t, "t0_ns", np.int64, 0) - self.t_min_ns) / NS,
+                "t1": (_col(t, "t1_ns", np.int64, 0) - self.t_min_ns) / NS,
+                "kind": t["kind"].to_pylist(), "op": t["op"].to_pylist(), "pg": t["pg"].to_pylist(),
+                "seq": t["seq"].to_pylist(), "step": t["step"].to_pylist()}
 
     def _ops_arrays(self, t: pa.Table) -> dict:
         """The columns the timeline draws, as numpy, times relative (s)."""

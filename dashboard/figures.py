@@ -29,6 +29,11 @@ MAX_STEP_BARS = 300
 MAX_SYNC_BANDS = 300
 #: Ranks up to which the timeline labels each sub-row (beyond, one label per rank).
 LABEL_SUBROWS_MAX = 16
+#: Critical-path segments in the window up to which each is drawn with its hover (beyond: the
+#: line reduced to its pixels).
+CRITICAL_EXACT_MAX = 3000
+#: The critical path's colour (none of the op colours).
+CRITICAL_COLOR = "#f0027f"
 #: Ratio axes: round ticks.
 RATIO_AXIS = dict(range=[0, 1], tickvals=[0, 0.25, 0.5, 0.75, 1], tickformat=".0%")
 
@@ -39,6 +44,43 @@ def op_color(name) -> str:
 SEVERITY_COLOR = {"error": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4"}
 #: A one-line legend between the title and the plot, inside a fixed top margin (see `margin`).
 TOP_LEGEND = dict(orientation="h", y=1.0, x=0, yanchor="bottom")
+
+
+#: The plots' colours per page theme (the page's toggle; Mantine's body and text colours), applied
+#: by the server to the figures it sends (`themed`) and by the browser to the plots already drawn
+#: when the toggle changes (`app.THEME_JS`): the same values both ways. Light is what the figures
+#: are built with (Plotly's default template, white backgrounds); dark figures also use Plotly's
+#: dark template.
+THEME_COLORS = {
+    "light": {"layout": {"paper_bgcolor": "white", "plot_bgcolor": "white", "font.color": "#2a3f5f"},
+              "axis": {"gridcolor": "white", "linecolor": "white", "zerolinecolor": "white"},  # Plotly's template
+              "ink": "black"},
+    "dark": {"layout": {"paper_bgcolor": "#242424", "plot_bgcolor": "#2e2e2e", "font.color": "#c9c9c9"},
+             "axis": {"gridcolor": "#3b3b3b", "linecolor": "#5c5f66", "zerolinecolor": "#424242"},
+             "ink": "#e9ecef"},
+}
+
+
+def themed(fig: go.Figure, dark: bool) -> go.Figure:
+    """`fig` in the page's dark theme (in place; a light figure is returned as built): Plotly's
+    dark template, the colours of :data:`THEME_COLORS`, and black lines and outlines (the
+    overlap ratio, the selection rings) drawn in the theme's ink."""
+    if not dark:
+        return fig
+    c = THEME_COLORS["dark"]
+    lay = {"template": "plotly_dark", "paper_bgcolor": c["layout"]["paper_bgcolor"],
+           "plot_bgcolor": c["layout"]["plot_bgcolor"], "font": {"color": c["layout"]["font.color"]}}
+    fig.update_layout(**lay)
+    axes = [k for k in fig.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))] or ["xaxis", "yaxis"]
+    fig.update_layout({ax: c["axis"] for ax in axes})
+    for t in fig.data:
+        line = getattr(t, "line", None)
+        if line is not None and getattr(line, "color", None) == "black":
+            t.line.color = c["ink"]
+        mk = getattr(t, "marker", None)
+        if mk is not None and getattr(mk, "line", None) is not None and mk.line.color == "black":
+            t.marker.line.color = c["ink"]
+    return fig
 
 
 def fmt_bytes(n) -> str:
@@ -126,12 +168,25 @@ def margin(l: int, r: int, t: int, b: int) -> dict:
     return dict(l=l, r=r, t=t, b=b, autoexpand=False)
 
 
+def fast_axes(fig: go.Figure) -> go.Figure:
+    """Every cartesian axis of `fig` (in place) without automargin and with tick labels allowed
+    past the plot: with fixed margins (`margin`) automargin's pushes are ignored anyway, but it
+    and the default "hide past div" measure every tick label's box at each drawing (most of the
+    overview's drawing time in the first page's profile). The margins are sized so that the
+    labels fit (tests/test_dashboard_layout.py checks every text lies inside its plot)."""
+    axes = [k for k in fig.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]
+    for ax in axes or ["xaxis", "yaxis"]:
+        fig.layout[ax].automargin = False
+        fig.layout[ax].ticklabeloverflow = "allow"
+    return fig
+
+
 def _r(x: np.ndarray, digits: int = 7) -> np.ndarray:
     """Times (s) rounded to 0.1 us: what any zoom can show, and shorter JSON."""
     return np.round(x, digits)
 
 
-def _base_layout(fig: go.Figure, d: RunData, a: float, b: float, mode: str) -> go.Figure:
+def _base_layout(fig: go.Figure, d: RunData, a: float, b: float, mode: str, critical: str = "none") -> go.Figure:
     nr = len(d.ranks)
     if nr <= LABEL_SUBROWS_MAX:
         # every sub-row labelled: "rank 0 host-blocked", "in-flight", "wait / sync"
@@ -140,7 +195,7 @@ def _base_layout(fig: go.Figure, d: RunData, a: float, b: float, mode: str) -> g
     else:
         tickvals, ticktext = [i * 3 + 1 for i in range(nr)], [f"rank {r}" for r in d.ranks]
     fig.update_layout(
-        height=max(360, min(1400, 60 + nr * 3 * (6 if nr > LABEL_SUBROWS_MAX else 22))),
+        height=_timeline_height(d),
         margin=margin(l=150, r=80, t=40, b=50),
         # ticklabeloverflow="allow": the default ("hide past div") measures every tick label at
         # each redraw, most of the redraw's time with a row per rank.
@@ -152,7 +207,7 @@ def _base_layout(fig: go.Figure, d: RunData, a: float, b: float, mode: str) -> g
                    ticklabeloverflow="allow", automargin=False),
         dragmode="zoom", hovermode="closest", legend=TOP_LEGEND,
         # meta holds no array: Plotly.react redraws everything when one in the layout changes
-        meta={"mode": mode}, plot_bgcolor="white", uirevision="timeline")
+        meta={"mode": mode, "critical": critical}, plot_bgcolor="white", uirevision="timeline")
     return fig
 
 
@@ -171,16 +226,25 @@ def timeline_figure(d: RunData, a: float | None = None, b: float | None = None,
         _exact_traces(fig, d, a, b)
     else:
         _bin_traces(fig, d, a, b)
+    crit = _critical_trace(fig, d, a, b)
     _findings_trace(fig, d, a, b)
     if selected and selected.get("pg") is not None and selected.get("seq") is not None:
         _selected_traces(fig, d, selected["pg"], int(selected["seq"]))
-    return _base_layout(fig, d, a, b, "exact" if exact else "bins")
+    return _base_layout(fig, d, a, b, "exact" if exact else "bins", crit)
 
 
 def empty_timeline(d: RunData) -> go.Figure:
-    """The timeline's axes without data (`layout.meta.mode` "none"): the first page is the
-    overview, and the timeline is drawn when first shown."""
-    return _base_layout(go.Figure(), d, 0.0, d.duration_s, "none")
+    """The timeline before it is first shown (`layout.meta.mode` "none"): no data and no axes,
+    at the timeline's height. The first page is the overview; the timeline is drawn when first
+    shown, and axes here would cost the first page their drawing (a tick label per sub-row)."""
+    return go.Figure(layout=dict(height=_timeline_height(d), margin=margin(l=150, r=80, t=40, b=50),
+                                 xaxis=dict(visible=False), yaxis=dict(visible=False),
+                                 meta={"mode": "none", "critical": "none"}, uirevision="timeline"))
+
+
+def _timeline_height(d: RunData) -> int:
+    nr = len(d.ranks)
+    return max(360, min(1400, 60 + nr * 3 * (6 if nr > LABEL_SUBROWS_MAX else 22)))
 
 
 def _bin_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
@@ -274,6 +338,78 @@ def _sync_traces(fig: go.Figure, d: RunData, a: float, b: float) -> None:
             text=[f"<b>hazard</b> {h['api_values'][h['api'][i]] if h['api'][i] >= 0 else ''} rank {h['rank'][i]}"
                   f"<br>site {h['site_values'][h['site'][i]] if h['site'][i] >= 0 else '—'}" for i in j.tolist()],
             hovertemplate="%{text}<extra></extra>"))
+
+
+def critical_in(d: RunData, a: float, b: float) -> np.ndarray:
+    """Indices of the critical path's segments that overlap [a, b] (s); they are in time order
+    and follow each other (each starts where the previous ended)."""
+    c = d.critical
+    if c is None or not len(c["t0"]):
+        return np.zeros(0, np.int64)
+    lo = np.searchsorted(c["t1"], a, "left")
+    hi = np.searchsorted(c["t0"], b, "right")
+    return np.arange(lo, max(lo, hi))
+
+
+def _critical_trace(fig: go.Figure, d: RunData, a: float, b: float) -> str:
+    """The critical path (`critical_path.segments`, as in the report) as one line on the rank
+    holding each segment (between its host-blocked and in-flight sub-rows), jumping between
+    ranks where the path does. Up to :data:`CRITICAL_EXACT_MAX` segments in the window: every
+    segment, with its kind, op and length on hover ("segments"); beyond, consecutive segments on
+    one rank are joined (the same line) and each pixel column keeps its first, last, top and
+    bottom points (the same pixels: "reduced"). Returns the mode drawn ("none": no segment in
+    the window; "skipped": the report has no critical path)."""
+    c = d.critical
+    if c is None:
+        return "skipped"
+    idx = critical_in(d, a, b)
+    idx = idx[c["row"][idx] >= 0]
+    if not len(idx):
+        return "none"
+    t0, t1 = c["t0"][idx], c["t1"][idx]
+    y = c["row"][idx] * 3.0 + 0.5  # between host-blocked and in-flight: clicks on ops still hit the ops
+    line = dict(color=CRITICAL_COLOR, width=3)
+    if len(idx) <= CRITICAL_EXACT_MAX:
+        text = []
+        for i in idx.tolist():
+            what = c["kind"][i]
+            if c["op"][i] is not None:
+                what += f" · {c['op'][i]} pg {c['pg'][i]} seq {c['seq'][i]}"
+            text.append(f"<b>critical path</b>: {what}<br>rank {c['rank'][i]}, {fmt_ns((c['t1'][i] - c['t0'][i]) * NS)}"
+                        f" ({c['t0'][i]:.6f}–{c['t1'][i]:.6f} s)"
+                        + (f"<br>step {c['step'][i]}" if c["step"][i] is not None else ""))
+        fig.add_trace(go.Scatter(x=np.c_[t0, t1].ravel(), y=np.repeat(y, 2), mode="lines", name="critical path",
+                                 line=line, text=np.repeat(np.array(text, dtype=object), 2),
+                                 hovertemplate="%{text}<extra></extra>"))
+        return "segments"
+    # join consecutive segments of one rank (the points between them lie on the line)
+    start = np.r_[True, y[1:] != y[:-1]]
+    end = np.r_[start[1:], True]
+    x = np.c_[t0[start], t1[end]].ravel()
+    yy = np.repeat(y[start], 2)
+    keep = _pixel_extremes(x, yy, a, b, 1600)
+    fig.add_trace(go.Scatter(x=_r(x[keep]), y=yy[keep], mode="lines", name="critical path", line=line,
+                             hoverinfo="skip"))
+    return "reduced"
+
+
+def _pixel_extremes(x: np.ndarray, y: np.ndarray, a: float, b: float, width: int) -> np.ndarray:
+    """Indices of the points of a line that draw the same pixels at `width` columns over [a, b]:
+    per column its first, last, lowest and highest point (M4 aggregation), in order."""
+    col = np.clip(((x - a) / max(b - a, 1e-12) * width).astype(np.int64), -1, width)
+    n = len(x)
+    order = np.arange(n)
+    brk = np.r_[True, col[1:] != col[:-1]]          # columns are visited in order: runs
+    run = np.cumsum(brk) - 1
+    first = np.flatnonzero(brk)
+    last = np.r_[first[1:] - 1, n - 1]
+    keep = np.zeros(n, bool)
+    keep[first] = keep[last] = True
+    # lowest and highest y of each run
+    o = np.lexsort((y, run))
+    keep[o[np.r_[first]]] = True                     # lexsort: runs in order, y ascending
+    keep[o[np.r_[last]]] = True
+    return order[keep]
 
 
 def _findings_trace(fig: go.Figure, d: RunData, a: float, b: float) -> None:

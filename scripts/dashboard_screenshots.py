@@ -1,9 +1,12 @@
-"""Refresh the screenshots of docs/dashboard.md (1280 x 800, Debian's Chromium through
-Playwright): the overview and the timeline of samples/findings/straggler.py, the live view of
-samples/findings/hang.py while it hangs, and --compare of good_overlap.py vs bad_overlap.py.
-Each sample really runs under `commtrace run` (2 ranks, gloo); about two minutes.
+"""Refresh the screenshots of docs/dashboard.md and docs/concepts.md (1280 x 800, Debian's
+Chromium through Playwright) from the current dashboard: the overview and the timeline of
+samples/findings/straggler.py, the live view of samples/findings/hang.py while it hangs,
+--compare of good_overlap.py vs bad_overlap.py, and for concepts.md a 2-rank DDP run
+(samples/ddp_mlp.py with a 15 ms straggler on rank 1): its timeline with a collective selected,
+its Overlap and its Stalls view. Each sample really runs under `commtrace run` (2 ranks, gloo);
+about three minutes.
 
-    python scripts/dashboard_screenshots.py [--out docs/img] [--keep DIR]
+    python scripts/dashboard_screenshots.py [--out docs/img] [--keep DIR] [--only dashboard|concepts]
 
 Fails (exit 1) when a page logs a console error or warning.
 """
@@ -31,18 +34,59 @@ def _env() -> dict:
     return env
 
 
-def _cmd(out: str, sample: str) -> list[str]:
+def _cmd(out: str, sample: str, *args) -> list[str]:
+    script = sample if sample.endswith(".py") else os.path.join(FINDINGS, f"{sample}.py")
     return [sys.executable, "-m", "commtrace", "run", "-o", out, "--flush-interval", "0.5", "--",
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            os.path.join(FINDINGS, f"{sample}.py")]
+            script, *map(str, args)]
 
 
-def traced(base: str, sample: str) -> str:
-    out = os.path.join(base, sample)
+def traced(base: str, sample: str, *args, name: str | None = None) -> str:
+    out = os.path.join(base, name or sample)
     if not os.path.exists(out):
-        subprocess.run(_cmd(out, sample), env=_env(), check=True, stdout=subprocess.DEVNULL,
+        subprocess.run(_cmd(out, sample, *args), env=_env(), check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, timeout=300)
     return out
+
+
+def _settled(page):
+    """No callback in flight, every plot drawn, two frames painted."""
+    page.wait_for_function("() => !document.querySelector('._dash-loading') && "
+                           "Array.from(document.querySelectorAll('.js-plotly-plot')).every(g => g._fullLayout)",
+                           timeout=30_000)
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    page.wait_for_timeout(500)
+
+
+def _tab(page, label, selector):
+    for _ in range(3):
+        page.click(f"#tabs >> text={label}")
+        try:
+            page.wait_for_selector(selector, state="visible", timeout=20_000)
+            break
+        except Exception:  # noqa: BLE001 - a click while the tabs re-rendered: again
+            continue
+    page.wait_for_selector(selector, state="visible", timeout=20_000)
+    _settled(page)
+
+
+def concepts(browser, base: str, out_dir: str) -> list[str]:
+    """docs/concepts.md: a DDP run's timeline with a collective selected (its first finding's
+    evidence), its Overlap and Stalls views."""
+    path = traced(base, os.path.join(ROOT, "samples", "ddp_mlp.py"), "--steps", 30, "--straggler-ms", 15, name="ddp")
+    s = Shot(browser, path)
+    _tab(s.page, "Findings", "#findings .ag-row")
+    s.page.locator("#findings .ag-row").first.click()
+    s.page.wait_for_function("() => { const g = document.querySelector('#timeline .js-plotly-plot'); "
+                             "return g && g.offsetParent !== null && g.data.some(t => t.name === 'selected'); }",
+                             timeout=30_000)
+    _settled(s.page)
+    s.page.screenshot(path=os.path.join(out_dir, "dashboard-ddp-selected.png"))
+    _tab(s.page, "Overlap", "#overlap-rank .main-svg .xtick")
+    s.page.screenshot(path=os.path.join(out_dir, "dashboard-overlap.png"))
+    _tab(s.page, "Stalls", "#stalls-heatmap .main-svg .xtick")
+    s.page.screenshot(path=os.path.join(out_dir, "dashboard-stalls.png"))
+    return s.close()
 
 
 class Shot:
@@ -74,6 +118,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "img"))
     ap.add_argument("--keep", default=None, help="keep (and reuse) the traced samples in this directory")
+    ap.add_argument("--only", choices=("dashboard", "concepts"), default=None,
+                    help="only the screenshots of docs/dashboard.md or of docs/concepts.md")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -83,6 +129,14 @@ def main() -> int:
     problems: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        names = []
+        if args.only != "dashboard":
+            problems += concepts(browser, base, args.out)
+            names += ["ddp-selected", "overlap", "stalls"]
+        if args.only == "concepts":
+            browser.close()
+            return _done(args.out, names, problems)
+        names += ["overview", "timeline", "live", "compare"]
         # overview and timeline: the straggler sample, its card's "show on timeline"
         s = Shot(browser, traced(base, "straggler"))
         s.page.wait_for_selector("#ov-health .main-svg .bars")
@@ -126,8 +180,12 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 job.kill()
         browser.close()
-    for name in ("overview", "timeline", "live", "compare"):
-        print(os.path.join(args.out, f"dashboard-{name}.png"))
+    return _done(args.out, names, problems)
+
+
+def _done(out_dir, names, problems) -> int:
+    for name in names:
+        print(os.path.join(out_dir, f"dashboard-{name}.png"))
     if problems:
         print("console errors or warnings:", *problems, sep="\n  ", file=sys.stderr)
         return 1

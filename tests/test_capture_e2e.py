@@ -106,7 +106,7 @@ def test_ddp_trace_reads_with_pyarrow_and_duckdb(ddp_run):
         m = meta[r]
         assert m["rank"] == r and m["world_size"] == 2 and m["backend"] == "gloo"
         assert m["pg_ranks"] == {"0": [0, 1]}
-        assert m["dropped_rows"] == 0 and m["schema_version"] == 2
+        assert m["dropped_rows"] == 0 and m["schema_version"] == 3
         assert m["run_id"] == man["run_id"]  # agreed across ranks
         # the ranks run without COMMTRACE_* settings: the C path whenever it is built
         built = importlib.util.find_spec("commtrace.capture._fastpath") is not None

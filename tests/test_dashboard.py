@@ -234,10 +234,11 @@ def test_app_callbacks_take_no_path_input(data):
     app = create_app(data)
     inputs = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb["inputs"]}
     assert inputs == {("tabs", "value"), ("timeline", "relayoutData"), ("range", "value"), ("reset", "n_clicks"),
-                      ("findings", "cellClicked"), ("timeline", "clickData"), ('{"i":["ALL"],"type":"show-finding"}', "n_clicks"),
-                      ("tick", "n_intervals")}
+                      ('{"i":["ALL"],"type":"findings-grid"}', "cellClicked"), ("timeline", "clickData"), ('{"i":["ALL"],"type":"show-finding"}', "n_clicks"),
+                      ("tick", "n_intervals"), ("theme-switch", "checked")}
     states = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb.get("state", [])}
-    assert states == {("window", "data"), ("selected", "data"), ("views-drawn", "data"), ("gen", "data")}
+    assert states == {("window", "data"), ("selected", "data"), ("views-drawn", "data"), ("gen", "data"),
+                      ("theme-switch", "checked"), ("theme-colors", "data")}
     assert "Location" not in json.dumps(app._commtrace_page().to_plotly_json(), default=str)
 
 
@@ -429,3 +430,65 @@ def test_page_loads_the_cartesian_bundle_of_the_installed_plotly_js(data, monkey
     assert cartesian_bundle() is None
     app = create_app(data)
     assert app._commtrace_plotly == "full" and not any("plotly-cartesian" in s for s in scripts(app))
+
+
+def test_timeline_draws_the_critical_path_of_the_analysis(data, tmp_path):
+    """The line drawn is `critical_path.segments(run)` computed on a fresh load of the same
+    directory: every segment in the window, on its rank's row, in time order; the legend's
+    figures are the report's `critical_path` section."""
+    from commtrace.analysis.critical_path import segments
+    from commtrace.dashboard import figures as F
+    from commtrace.dashboard.app import _critical_legend
+    fresh = commtrace.load(str(data.run.path))
+    try:
+        seg = segments(fresh).to_pydict()
+        rep_cp = fresh.report()["critical_path"]
+    finally:
+        fresh.close()
+    assert len(seg["rank"]) > 10 and len(set(seg["rank"])) >= 2
+    t0 = (np.array(seg["t0_ns"]) - data.t_min_ns) / 1e9
+    t1 = (np.array(seg["t1_ns"]) - data.t_min_ns) / 1e9
+    row = np.array([data.row_of[r] for r in seg["rank"]])
+    for a, b in [(0.0, data.duration_s), (data.duration_s * 0.3, data.duration_s * 0.35)]:
+        fig = F.timeline_figure(data, a, b)
+        (tr,) = [t for t in fig.data if t.name == "critical path"]
+        assert fig.layout.meta["critical"] == "segments"
+        want = np.flatnonzero((t1 >= a) & (t0 <= b))
+        x = np.asarray(tr.x, np.float64).reshape(-1, 2)
+        y = np.asarray(tr.y, np.float64).reshape(-1, 2)
+        np.testing.assert_allclose(x[:, 0], t0[want], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(x[:, 1], t1[want], rtol=0, atol=1e-12)
+        assert np.array_equal(y[:, 0], row[want] * 3 + 0.5) and np.array_equal(y[:, 1], y[:, 0])
+        kinds = [seg["kind"][i] for i in want]
+        assert [t.split(":", 1)[1].split(" ·")[0].split("<br>")[0].strip() for t in tr.text[::2]] == kinds
+    text = "".join(c if isinstance(c, str) else "".join(getattr(c, "children", "") or "") for c in _critical_legend(data))
+    assert f"{rep_cp['segments']:,} segments, {rep_cp['length_s']:.4f} s" in text
+    # above the per-segment budget: the same line, fewer points, nothing outside the segments
+    fig = F.timeline_figure(data)
+    old = F.CRITICAL_EXACT_MAX
+    try:
+        F.CRITICAL_EXACT_MAX = 5
+        red = F.timeline_figure(data)
+    finally:
+        F.CRITICAL_EXACT_MAX = old
+    assert red.layout.meta["critical"] == "reduced"
+    (tr,) = [t for t in red.data if t.name == "critical path"]
+    x, y = np.asarray(tr.x, np.float64), np.asarray(tr.y, np.float64)
+    assert len(x) < 2 * len(seg["rank"])
+    assert x[0] == pytest.approx(t0[0], abs=1e-7) and x[-1] == pytest.approx(t1[-1], abs=1e-7)
+    assert set(y.tolist()) == set((row * 3 + 0.5).tolist())
+
+
+def test_pixel_extremes_keep_every_column_first_last_top_and_bottom():
+    from commtrace.dashboard.figures import _pixel_extremes
+    rng = np.random.default_rng(3)
+    x = np.sort(rng.random(20000))
+    y = rng.integers(0, 64, len(x)).astype(np.float64)
+    keep = _pixel_extremes(x, y, 0.0, 1.0, 500)
+    assert np.all(np.diff(keep) > 0) and len(keep) <= 4 * 501
+    col = (x * 500).astype(int)
+    for c in np.unique(col)[::37]:
+        m = np.flatnonzero(col == c)
+        k = np.intersect1d(keep, m)
+        assert k[0] == m[0] and k[-1] == m[-1]
+        assert y[k].min() == y[m].min() and y[k].max() == y[m].max()

@@ -51,6 +51,21 @@ def traced(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def reports():
+    """run directory -> its `commtrace report --format json` (made once per directory)."""
+    made: dict[str, dict] = {}
+
+    def get(path):
+        if path not in made:
+            rep = subprocess.run([sys.executable, "-m", "commtrace", "report", path, "--format", "json"],
+                                 env=clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+            assert rep.returncode == 0, rep.stderr
+            made[path] = json.loads(rep.stdout)
+        return made[path]
+    return get
+
+
 class Page:
     """A served dashboard and a page on it that records console errors and warnings."""
 
@@ -158,14 +173,11 @@ def test_straggler_overview_card_and_show_on_timeline(straggler_page):
 
 
 @pytest.mark.parametrize("name", ["straggler", "pipeline"])
-def test_every_number_shown_equals_the_report(browser, traced, straggler_page, name):
+def test_every_number_shown_equals_the_report(browser, traced, reports, straggler_page, name):
     """Per-rank wait, exposed and overlap ratio; bandwidth time, algbw and busbw; finding counts:
     what the page shows against `commtrace report --format json` on the same directory."""
     path = traced(name) if name != "pipeline" else traced("pipeline", os.path.join(SAMPLES, "pipeline.py"))
-    rep = subprocess.run([sys.executable, "-m", "commtrace", "report", path, "--format", "json"], env=clean_env(),
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert rep.returncode == 0, rep.stderr
-    rep = json.loads(rep.stdout)
+    rep = reports(path)
     shared = name == "straggler"
     p = straggler_page if shared else Page(browser, path)
     try:
@@ -226,6 +238,47 @@ def test_every_number_shown_equals_the_report(browser, traced, straggler_page, n
     finally:
         if not shared:
             p.close()
+
+
+def test_critical_path_drawn_is_the_analysis_segments(straggler_page, traced, reports):
+    """The timeline's critical path line, as the browser holds it, is
+    `critical_path.segments(run)` of a fresh load of the directory, segment by segment on each
+    segment's rank; the legend's segment count and length are the report JSON's."""
+    p, page = straggler_page, straggler_page.page
+    path = traced("straggler")
+    p.tab("Timeline", "#timeline .main-svg")
+    page.click("#reset")
+    page.wait_for_function(f"() => {{ const g = {GD}; return g && g.layout.meta && g.layout.meta.mode !== 'none' && "
+                           "g.layout.meta.critical === 'segments' && g.layout.xaxis.range[0] <= 0 && "
+                           "g.data.some(t => t.name === 'critical path'); }", timeout=30_000)
+    drawn = page.evaluate(f"""() => {{ const g = {GD}; const t = g._fullData.find(t => t.name === 'critical path');
+        return {{x: Array.from(t.x), y: Array.from(t.y), range: g.layout.xaxis.range,
+                 ticks: Array.from(g.layout.yaxis.ticktext)}}; }}""")
+    from commtrace.analysis.critical_path import segments
+    fresh = commtrace.load(path)
+    try:
+        seg = segments(fresh).to_pydict()
+        t_min = fresh.t_min_ns
+        ranks = [int(r) for r in fresh.ranks]
+    finally:
+        fresh.close()
+    a, b = drawn["range"]
+    t0 = [(v - t_min) / 1e9 for v in seg["t0_ns"]]
+    t1 = [(v - t_min) / 1e9 for v in seg["t1_ns"]]
+    want = [i for i in range(len(t0)) if t1[i] >= a and t0[i] <= b]
+    assert len(want) == len(t0) > 20  # the whole run in view: every segment
+    assert len(drawn["x"]) == 2 * len(want)
+    for k, i in enumerate(want):
+        assert drawn["x"][2 * k] == pytest.approx(t0[i], abs=1e-9)
+        assert drawn["x"][2 * k + 1] == pytest.approx(t1[i], abs=1e-9)
+        assert drawn["y"][2 * k] == drawn["y"][2 * k + 1] == ranks.index(seg["rank"][i]) * 3 + 0.5
+    # the straggler (rank 1) holds part of the path: the line visits its row
+    assert 1 * 3 + 0.5 in drawn["y"]
+    cp = reports(path)["critical_path"]
+    assert cp["segments"] == len(t0)
+    legend = page.inner_text("#critical-legend")
+    assert f"{cp['segments']:,} segments, {cp['length_s']:.4f} s" in legend
+    assert p.console == [], p.console
 
 
 @pytest.mark.slow

@@ -66,12 +66,12 @@ def test_version1_traces_still_load():
 
     clean = os.path.join(DATA, "clean")
     part = sorted(glob.glob(os.path.join(clean, "rank=0", "*.parquet")))[0]
-    assert pq.read_schema(part).metadata[S.META_SCHEMA_VERSION] == b"1" and S.SCHEMA_VERSION == 2
+    assert pq.read_schema(part).metadata[S.META_SCHEMA_VERSION] == b"1" and S.SCHEMA_VERSION == 3
     run = commtrace.load(clean)
     try:
         assert run.run_id is None and run.world_size == 4 and run.ranks == [0, 1, 2, 3]
         rep = run.report()
-        assert rep["ops"] > 0 and rep["run_id"] is None and rep["trace_schema"] == 2
+        assert rep["ops"] > 0 and rep["run_id"] is None and rep["trace_schema"] == 3
         assert rep["job"]["state"] == "unknown" and rep["job"]["exit_code"] is None
     finally:
         run.close()

@@ -25,8 +25,11 @@ DEFAULT_FLUSH_INTERVAL_S = 2.0
 
 def _clean(v):
     """JSON-safe scalars: NaN/inf -> None, numpy -> python."""
-    if v is None:
-        return None
+    t = type(v)
+    if t is str or t is int or t is bool or v is None:
+        return v
+    if t is dict:
+        return {str(k): _clean(x) for k, x in v.items()}
     if hasattr(v, "item"):
         v = v.item()
     if isinstance(v, decimal.Decimal):
@@ -127,6 +130,9 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         "per_step": _rows(steps_summary),
         # bounded capture: per-step counters of the steps recorded without op rows
         "step_counters": _rows(run.step_counters()),
+        # collectives issued that no recorded call issued (C++, compiled graphs, torch's own
+        # unwrapped functions), from torch's per-group numbering (schema v3 gap rows)
+        "unrecorded": run.unrecorded(),
         "stragglers": stragglers,
         "clock": _clean(ck),
         "last_completed": {str(k): _clean(v) for k, v in run.last_completed().items()},

@@ -46,7 +46,8 @@ _Rows = Q.Rows
 
 
 def load(path, *, threads: int | None = None, memory_limit: str | None = None, progress=None,
-         run: str | None = None, temp_dir: str | None = None) -> "Run":
+         run: str | None = None, temp_dir: str | None = None, engine: str = "duckdb",
+         spark_master: str | None = None, spark_parts_url: str | None = None) -> "Run":
     """Load a run directory (or one Parquet trace) for analysis.
 
     `path` may also be a directory of runs (the output of ``commtrace run -o``): with one run
@@ -58,10 +59,19 @@ def load(path, *, threads: int | None = None, memory_limit: str | None = None, p
     `memory_limit` (DuckDB syntax, e.g. "4GB"; default 40% of memory, at most 4 GB, or
     $COMMTRACE_MEMORY_LIMIT) caps the query engine's memory; large runs are held in a
     database file under `temp_dir` (default $COMMTRACE_TMPDIR or the system's temporary
-    directory) and spill there, removed again by :meth:`Run.close`."""
+    directory) and spill there, removed again by :meth:`Run.close`.
+    `engine="spark"` runs the cross-rank stages on Spark (`spark_master`, default
+    $COMMTRACE_SPARK_MASTER or ``local[*]``; `spark_parts_url`, the run directory as the
+    executors read it): see :mod:`commtrace.analysis.spark`."""
     from ..format import runs as RUNS
 
     path = RUNS.resolve(path, run)
+    if engine == "spark":
+        from . import spark as SP
+        return SP.load(path, master=spark_master, threads=threads, memory_limit=memory_limit,
+                       progress=progress, temp_dir=temp_dir)
+    if engine != "duckdb":
+        raise CommtraceError(f"unknown analysis engine {engine!r} (duckdb or spark)")
     rf = R.scan_run(path)
     if progress:
         progress("loading", 0.0, rf.num_rows)
@@ -78,7 +88,7 @@ class Run:
     """A loaded run. See docs/dev/interfaces.md ("Analysis API") for the member contract."""
 
     def __init__(self, con, rf: R.RunFiles, *, _table: str | None = None, _parent: "Run | None" = None,
-                 _tmp: str | None = None):
+                 _tmp: str | None = None, _steps_done: bool = False):
         self._con = con
         self._files = rf
         self._lock = threading.RLock() if _parent is None else _parent._lock
@@ -95,7 +105,8 @@ class Run:
         if _parent is None:
             self._t = "t"
             with self._lock:
-                L.assign_steps(con, self.warnings)
+                if not _steps_done:  # another engine (analysis/spark.py) built `t` with its steps
+                    L.assign_steps(con, self.warnings)
                 self._info = L.run_info(con, rf, "t")
             self._closer = L.closer(self, con, _tmp)
         else:
@@ -470,6 +481,44 @@ class Run:
                    sum(bytes)::BIGINT AS bytes, {num('blocked_ns')} / 1e9 AS blocked_s,
                    {num('inflight_ns')} / 1e9 AS inflight_s
             FROM {self._t} WHERE kind = 'counter' GROUP BY step, op ORDER BY step, op""")
+
+    def unrecorded(self) -> list[dict]:
+        """Collectives a group issued that commtrace did not record (rows of kind ``gap``,
+        schema v3; docs/trace-format.md "Unrecorded collectives"), one entry per run of them,
+        merged over the ranks that saw the same run: `pg`, `count` (collectives), torch's
+        numbers `torch_seq_first` .. `torch_seq_last`, `ranks`, `at` ("op": found at the next
+        recorded op; "destroy" / "close": after the group's last one), `step`, and the recorded
+        ops around it on the first of those ranks, `after` / `before` = {`seq`, `op`, `site`}
+        (None at the start / end). Empty for a run recorded in full or a trace before v3."""
+        t = self._t
+        num = "CAST(regexp_extract(g.detail, '\"{}\": ?(-?[0-9]+)', 1) AS BIGINT)"
+        rows = self.sql(f"""
+            WITH g AS (
+                SELECT rank, pg, count AS n, step, ref_op_id, op_id_max,
+                       {num.format('torch_seq_first')} AS first, {num.format('torch_seq_last')} AS last,
+                       regexp_extract(g.detail, '"at": ?"([a-z]+)"', 1) AS at
+                FROM (SELECT *, coalesce(ref_op_id, 9223372036854775807) AS op_id_max FROM {t}
+                      WHERE kind = 'gap') g)
+            SELECT g.pg, g.n, g.first, g.last, g.at, g.step, g.rank,
+                   nx.seq, nx.op, nx.site,
+                   (SELECT struct_pack(seq := o.seq, op := o.op, site := o.site)
+                    FROM {t} o WHERE o.kind = 'op' AND o.rank = g.rank AND o.pg = g.pg
+                      AND o.op_id < g.op_id_max ORDER BY o.op_id DESC LIMIT 1) AS prev
+            FROM g LEFT JOIN {t} nx ON nx.kind = 'op' AND nx.rank = g.rank AND nx.op_id = g.ref_op_id
+            ORDER BY g.pg, g.first, g.rank""").fetchall()
+        out: dict = {}
+        for pg, n, first, last, at, step, rank, nseq, nop, nsite, prev in rows:
+            k = (pg, first, last, at)
+            e = out.get(k)
+            if e is None:
+                e = out[k] = {
+                    "pg": pg, "count": int(n), "torch_seq_first": first, "torch_seq_last": last,
+                    "ranks": [], "at": at, "step": step,
+                    "after": ({"seq": prev["seq"], "op": prev["op"], "site": prev["site"]}
+                              if prev else None),
+                    "before": ({"seq": nseq, "op": nop, "site": nsite} if nop is not None else None)}
+            e["ranks"].append(int(rank))
+        return list(out.values())
 
     # ------------------------------------------------------------------ stragglers
     def stragglers(self) -> pa.Table:

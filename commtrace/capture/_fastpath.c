@@ -31,6 +31,7 @@ typedef struct {
     PyObject *last_info;
     int last_idx;
     Py_ssize_t last_slot;     /* its seq slot (recorder.seq_slot), -1: none */
+    int last_tseq;            /* its torch seq is read around calls (PgInfo.tseq) */
     unsigned long long last_gen;
     PyObject *orig;        /* torch's function */
     PyObject *slow;        /* the Python wrapper: slow(*args, **kwargs) */
@@ -64,7 +65,7 @@ static PyObject *s_recorder, *s_dict, *s_depth, *s_coalesce, *s_api, *s_detail,
     *s_default_pg, *s_member, *s_idx, *s_name, *s_ranks, *s_active, *s_device_timer, *s_now_ns,
     *s_numel, *s_dtype, *s_get_device, *s_nbytes, *s_seq, *s_p2p_seq, *s_step, *s_stack,
     *s_op_ids, *s_cap, *s_rank;
-static PyObject *s_seq_slot, *s_seqs;
+static PyObject *s_seq_slot, *s_seqs, *s_tseq, *s_tseqs, *s_get_tseq;
 static PyObject *i_zero, *i_one;   /* owned references to the ints 0 and 1 */
 /* Calls recorded here / handed to the Python wrapper, and the line of the last hand-over
  * (tests and benchmarks read them through counts()). */
@@ -126,6 +127,17 @@ static PyGetSetDef ctx_getset[] = {
     {NULL},
 };
 
+/* The type slots of an object called through vectorcall (T: its struct, with a `vectorcall`
+ * member), and those of a wrapper (FastCtx, WaitW, AroundW: `vectorcall` then `dict`, the
+ * attributes functools.update_wrapper and registry.patch set, reached through ctx_getset). */
+#define VECTORCALL_SLOTS(T, dealloc)                                                        \
+    .tp_basicsize = sizeof(T), .tp_dealloc = (destructor)(dealloc),                         \
+    .tp_call = PyVectorcall_Call, .tp_vectorcall_offset = offsetof(T, vectorcall)
+#define WRAPPER_SLOTS(T, dealloc)                                                           \
+    VECTORCALL_SLOTS(T, dealloc), .tp_dictoffset = offsetof(T, dict),                       \
+    .tp_getattro = PyObject_GenericGetAttr, .tp_setattro = PyObject_GenericSetAttr,        \
+    .tp_getset = ctx_getset
+
 /* A wrapper compares equal to (and hashes as) torch's function it wraps: code that looks the
  * function up by value finds it under either, as torch.compile's collective rewrite does
  * (`fn in (dist.all_reduce, ...)` with torch's function against the installed wrapper). */
@@ -145,15 +157,8 @@ static Py_hash_t ctx_hash(PyObject *self) {
 static PyTypeObject FastCtxType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "commtrace.capture._fastpath.Wrapper",
-    .tp_basicsize = sizeof(FastCtx),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_dealloc = (destructor)ctx_dealloc,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(FastCtx, vectorcall),
-    .tp_dictoffset = offsetof(FastCtx, dict),
-    .tp_getattro = PyObject_GenericGetAttr,
-    .tp_setattro = PyObject_GenericSetAttr,
-    .tp_getset = ctx_getset,
+    WRAPPER_SLOTS(FastCtx, ctx_dealloc),
     .tp_richcompare = ctx_richcompare,
     .tp_hash = ctx_hash,
     .tp_doc = "A torch.distributed function recorded by commtrace (see __wrapped__).",
@@ -234,8 +239,41 @@ static void counters_dealloc(Counters *k) {
     Py_TYPE(k)->tp_free((PyObject *)k);
 }
 
+/* The slot's value (0 when never set), and set it: the last torch seq recorded per group
+ * (recorder._tseqs, see torchseq.py) uses these. */
+static long long counters_get(Counters *k, Py_ssize_t slot) {
+    return slot >= 0 && slot < k->n ? k->v[slot] : 0;
+}
+
+static void counters_set(Counters *k, Py_ssize_t slot, long long v) {
+    if (counters_next(k, slot) >= 0)   /* grows the array to hold slot */
+        k->v[slot] = v;
+}
+
+static PyObject *counters_get_py(PyObject *self, PyObject *arg) {
+    Py_ssize_t slot = PyLong_AsSsize_t(arg);
+    if (slot == -1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLongLong(counters_get((Counters *)self, slot));
+}
+
+static PyObject *counters_set_py(PyObject *self, PyObject *args) {
+    Py_ssize_t slot;
+    long long v;
+    if (!PyArg_ParseTuple(args, "nL", &slot, &v))
+        return NULL;
+    if (slot < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad seq slot");
+        return NULL;
+    }
+    counters_set((Counters *)self, slot, v);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef counters_methods[] = {
     {"next", counters_next_py, METH_O, "next(slot) -> the slot's next value (0, 1, ...)."},
+    {"get", counters_get_py, METH_O, "get(slot) -> the slot's value (0 when never set)."},
+    {"set", counters_set_py, METH_VARARGS, "set(slot, value)."},
     {NULL},
 };
 
@@ -676,6 +714,7 @@ static struct {
     PyObject *seq, *p2p_seq, *op_ids, *rank;
     PyObject *rdict;          /* its __dict__: device_timer and step, read per call */
     PyObject *counters;       /* its _seqs (Counters), or NULL: the seq dict */
+    PyObject *tseqs;          /* its _tseqs (Counters): last torch seq per slot, or NULL */
     int stack, now_ok;
 } cst;
 
@@ -683,8 +722,12 @@ static int cache_recorder(FastCtx *c, PyObject *rec) {
     if (cst.rec == rec)
         return 0;
     Py_CLEAR(cst.rec); Py_CLEAR(cst.seq); Py_CLEAR(cst.p2p_seq); Py_CLEAR(cst.op_ids);
-    Py_CLEAR(cst.rank); Py_CLEAR(cst.rdict); Py_CLEAR(cst.counters);
+    Py_CLEAR(cst.rank); Py_CLEAR(cst.rdict); Py_CLEAR(cst.counters); Py_CLEAR(cst.tseqs);
     cst.rdict = dict_of(rec);
+    cst.tseqs = PyObject_GetAttr(rec, s_tseqs);
+    if (cst.tseqs != NULL && !PyObject_TypeCheck(cst.tseqs, &CountersType))
+        Py_CLEAR(cst.tseqs);
+    CLEAR_ERR();
     cst.counters = PyObject_GetAttr(rec, s_seqs);
     if (cst.counters != NULL && !PyObject_TypeCheck(cst.counters, &CountersType))
         Py_CLEAR(cst.counters);
@@ -714,6 +757,58 @@ static int cache_recorder(FastCtx *c, PyObject *rec) {
     cst.rec = rec;
     Py_INCREF(rec);
     return 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Collectives the group issued that no recorded call claims (torchseq.py): after a recorded
+ * call, torch's own per-group sequence number (ProcessGroup._get_sequence_number_for_group())
+ * is read once; a plain collective issues exactly one number, so it claimed (hi - 1, hi]. A
+ * point-to-point op (NCCL does not number them, gloo does) also reads the number before the
+ * call. Numbers between the last claimed one and this call's first are a gap: handed to
+ * torchseq.on_gap, rarely. Errors are cleared, never raised.
+ * ------------------------------------------------------------------------------------- */
+static PyObject *ts_gap;   /* torchseq.on_gap(rec, name, last, lo, op_id, seq), NULL: off */
+
+static long long tseq_read(PyObject *g) {
+    PyObject *v = PyObject_CallMethodNoArgs(g, s_get_tseq);
+    long long x = as_ll(v);
+    Py_XDECREF(v);
+    if (x == NONE_LL || x < 0) {
+        CLEAR_ERR();
+        return -1;
+    }
+    return x;
+}
+
+static void tseq_after(PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *name,
+                       long long lo, long long op_id, long long seq) {
+    if (ts_gap == NULL || cst.tseqs == NULL || slot < 0)
+        return;
+    long long hi = tseq_read(g);
+    if (hi < 0)
+        return;
+    if (lo < 0)
+        lo = hi - 1;
+    Counters *k = (Counters *)cst.tseqs;
+    long long last = counters_get(k, slot);
+    if (lo > last) {
+        PyObject *x = PyObject_CallFunction(ts_gap, "OOLLLL", rec, name, last, lo, op_id, seq);
+        Py_XDECREF(x);
+        CLEAR_ERR();
+    }
+    if (hi > last)
+        counters_set(k, slot, hi);
+}
+
+/* set_tseq(on_gap or None): turn the gap check on (off). */
+static PyObject *set_tseq(PyObject *module, PyObject *fn) {
+    if (fn == Py_None) {
+        Py_CLEAR(ts_gap);
+    } else {
+        Py_INCREF(fn);
+        Py_XSETREF(ts_gap, fn);
+    }
+    Py_RETURN_NONE;
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -1004,11 +1099,8 @@ static void done_dealloc(DoneCB *d) {
 static PyTypeObject DoneType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "commtrace.capture._fastpath.Done",
-    .tp_basicsize = sizeof(DoneCB),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_dealloc = (destructor)done_dealloc,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(DoneCB, vectorcall),
+    VECTORCALL_SLOTS(DoneCB, done_dealloc),
     .tp_doc = "Completion callback of one async op recorded by commtrace.",
 };
 
@@ -1296,6 +1388,21 @@ static PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObje
 
 /* The Work.wait wrapper for an op tracked by this path or the Python one: *handled = 0 hands
  * the call to the Python wrapper (siblings, device timer, NVTX range, unusual objects). */
+/* A waited row's t_wait_ns (its first wait's start: set unless set already; `zero_unset`: a 0
+ * counts as unset, as after a failed wait in wrappers._make_wait) and t_wait_end_ns. */
+static void as_set_wait(PyObject *row, long long t0, PyObject *t1o, int zero_unset) {
+    PyObject *tw = PyList_GET_ITEM(row, C_T_WAIT);
+    if (tw == Py_None || (zero_unset && PyLong_Check(tw) && PyLong_AsLongLong(tw) == 0)) {
+        PyObject *t0o = PyLong_FromLongLong(t0);
+        if (t0o != NULL)
+            PyList_SetItem(row, C_T_WAIT, t0o);
+    }
+    if (t1o != NULL) {
+        Py_INCREF(t1o);
+        PyList_SetItem(row, C_T_WAIT_END, t1o);
+    }
+}
+
 static PyObject *as_wait(WaitW *w, PyObject *rec, PyObject *const *args, size_t nargsf,
                          PyObject *kwnames, int *handled) {
     *handled = 0;
@@ -1357,27 +1464,10 @@ static PyObject *as_wait(WaitW *w, PyObject *rec, PyObject *const *args, size_t 
             Py_XDECREF(tn);
         }
         CLEAR_ERR();
-        PyObject *tw = PyList_GET_ITEM(row, C_T_WAIT);
-        if (tw == Py_None || (PyLong_Check(tw) && PyLong_AsLongLong(tw) == 0)) {
-            PyObject *t0o = PyLong_FromLongLong(t0);
-            if (t0o != NULL)
-                PyList_SetItem(row, C_T_WAIT, t0o);
-        }
-        if (t1o != NULL) {
-            Py_INCREF(t1o);
-            PyList_SetItem(row, C_T_WAIT_END, t1o);
-        }
+        as_set_wait(row, t0, t1o, 1);
         pset(p, P_WAITED, Py_True);
     } else {
-        if (PyList_GET_ITEM(row, C_T_WAIT) == Py_None) {
-            PyObject *t0o = PyLong_FromLongLong(t0);
-            if (t0o != NULL)
-                PyList_SetItem(row, C_T_WAIT, t0o);
-        }
-        if (t1o != NULL) {
-            Py_INCREF(t1o);
-            PyList_SetItem(row, C_T_WAIT_END, t1o);
-        }
+        as_set_wait(row, t0, t1o, 0);
         if (r != Py_False)
             as_complete(row, t1, s_how_wait);
         pset(p, P_WAITED, Py_True);
@@ -1504,7 +1594,9 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     PyObject *count = NULL, *dtype = NULL, *dev = NULL, *outb = NULL, *peer = NULL,
              *root = NULL, *seq = NULL, *site = NULL, *op_id = NULL, *step = NULL,
              *ret = NULL;
-    long long t0, seq_v = -1;
+    PyObject *tkey = NULL, *tname = NULL;   /* torch seq check (tseq_after): group, name */
+    long long t0, seq_v = -1, tlo = -1;
+    Py_ssize_t tslot = -1;
 
     rec = fast_attr(c->recmod_d, c->recmod, s_recorder);
     if (rec == NULL)
@@ -1579,6 +1671,9 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
                 Py_XSETREF(c->last_info, inf);
                 PyObject *sl = PyObject_GetAttr(inf, s_seq_slot);
                 c->last_slot = sl != NULL && PyLong_Check(sl) ? PyLong_AsSsize_t(sl) : -1;
+                Py_XDECREF(sl);
+                sl = PyObject_GetAttr(inf, s_tseq);
+                c->last_tseq = sl == Py_True;
                 Py_XDECREF(sl);
                 CLEAR_ERR();
                 c->last_idx = (int)PyLong_AsLong(idx);
@@ -1741,9 +1836,24 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         r.dev = dev; Py_INCREF(dev);
         CLEAR_ERR();
         n_fast++;
+        long long t_opid = r.op_id, t_seq = r.seq;
+        if (ts_gap != NULL && c->last_tseq && c->last_key != NULL && c->last_name != NULL) {
+            tkey = c->last_key; Py_INCREF(tkey);
+            tname = c->last_name; Py_INCREF(tname);
+            tslot = c->last_slot;
+            if (c->has_peer && (tlo = tseq_read(tkey)) < 0)
+                Py_CLEAR(tkey);   /* unreadable: no check */
+        }
         if (is_async) {
             /* An async op: its own path (the row, the pending-op registry, the completion). */
             ret = as_issue(c, rec, &r, x_arg, y_arg, args, nargsf, kwnames);
+            if (tkey != NULL) {
+                /* a call that raised may still have issued its number */
+                PyObject *et, *ev, *etb;
+                PyErr_Fetch(&et, &ev, &etb);
+                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq);
+                PyErr_Restore(et, ev, etb);
+            }
             goto done;
         }
         /* In flight while the call runs (_inflight.json, final flush): a slot of its own. */
@@ -1788,8 +1898,12 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             Py_XDECREF(pre);
             Py_XDECREF(t1o);
             rec_release(&r);
+            if (tkey != NULL)   /* a call that raised may still have issued its number */
+                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq);
         } else {
             buf_push(&r);      /* takes the references, or releases them when full */
+            if (tkey != NULL)
+                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq);
         }
         CLEAR_ERR();   /* commtrace's own errors never reach the user */
         PyErr_Restore(et, ev, etb);
@@ -1803,7 +1917,8 @@ slow:
 done:
     Py_XDECREF(rec); Py_XDECREF(st); Py_XDECREF(info); Py_XDECREF(count); Py_XDECREF(dtype);
     Py_XDECREF(dev); Py_XDECREF(outb); Py_XDECREF(peer); Py_XDECREF(root); Py_XDECREF(seq);
-    Py_XDECREF(site); Py_XDECREF(op_id); Py_XDECREF(step);
+    Py_XDECREF(site); Py_XDECREF(op_id); Py_XDECREF(step); Py_XDECREF(tkey);
+    Py_XDECREF(tname);
     return ret;
 }
 
@@ -1924,33 +2039,39 @@ static void wait_dealloc(WaitW *w) {
 static PyTypeObject WaitType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "commtrace.capture._fastpath.WaitWrapper",
-    .tp_basicsize = sizeof(WaitW),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_dealloc = (destructor)wait_dealloc,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(WaitW, vectorcall),
-    .tp_dictoffset = offsetof(WaitW, dict),
-    .tp_getattro = PyObject_GenericGetAttr,
-    .tp_setattro = PyObject_GenericSetAttr,
-    .tp_getset = ctx_getset,
+    WRAPPER_SLOTS(WaitW, wait_dealloc),
     .tp_descr_get = wait_descr_get,
     .tp_doc = "Work.wait recorded by commtrace (see __wrapped__).",
 };
 
+/* A new wrapper object of `type` (a WaitW or an AroundW: vectorcall, dict, then `n` object
+ * members from the one at `first`), those members being the `n` arguments in `args`. */
+static PyObject *new_wrapper(PyTypeObject *type, vectorcallfunc vc, PyObject *args,
+                             size_t first, Py_ssize_t n) {
+    if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != n) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", type->tp_name, n);
+        return NULL;
+    }
+    PyObject *o = PyObject_New(PyObject, type);
+    if (o == NULL)
+        return NULL;
+    WaitW *head = (WaitW *)o;   /* the members every wrapper starts with */
+    head->vectorcall = vc;
+    head->dict = NULL;
+    PyObject **m = (PyObject **)((char *)o + first);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        m[i] = PyTuple_GET_ITEM(args, i);
+        Py_INCREF(m[i]);
+    }
+    return o;
+}
+
 /* make_wait(orig_wait, python_wait, recorder_module) */
 static PyObject *make_wait(PyObject *module, PyObject *args) {
-    PyObject *orig, *slow, *recmod;
-    if (!PyArg_ParseTuple(args, "OOO", &orig, &slow, &recmod))
-        return NULL;
-    WaitW *w = PyObject_New(WaitW, &WaitType);
-    if (w == NULL)
-        return NULL;
-    w->vectorcall = wait_vectorcall;
-    w->dict = NULL;
-    w->orig = orig; Py_INCREF(orig);
-    w->slow = slow; Py_INCREF(slow);
-    w->recmod = recmod; Py_INCREF(recmod);
-    w->recmod_d = dict_of(recmod);
+    WaitW *w = (WaitW *)new_wrapper(&WaitType, wait_vectorcall, args, offsetof(WaitW, orig), 3);
+    if (w != NULL)
+        w->recmod_d = dict_of(w->recmod);
     return (PyObject *)w;
 }
 
@@ -2008,31 +2129,13 @@ static void around_dealloc(AroundW *a) {
 static PyTypeObject AroundType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "commtrace.capture._fastpath.AroundWrapper",
-    .tp_basicsize = sizeof(AroundW),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_dealloc = (destructor)around_dealloc,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(AroundW, vectorcall),
-    .tp_dictoffset = offsetof(AroundW, dict),
-    .tp_getattro = PyObject_GenericGetAttr,
-    .tp_setattro = PyObject_GenericSetAttr,
-    .tp_getset = ctx_getset,
+    WRAPPER_SLOTS(AroundW, around_dealloc),
     .tp_doc = "A function recorded by commtrace around its call (see __wrapped__).",
 };
 
 static PyObject *around(PyObject *module, PyObject *args) {
-    PyObject *orig, *before, *after;
-    if (!PyArg_ParseTuple(args, "OOO", &orig, &before, &after))
-        return NULL;
-    AroundW *a = PyObject_New(AroundW, &AroundType);
-    if (a == NULL)
-        return NULL;
-    a->vectorcall = around_vectorcall;
-    a->dict = NULL;
-    a->orig = orig; Py_INCREF(orig);
-    a->before = before; Py_INCREF(before);
-    a->after = after; Py_INCREF(after);
-    return (PyObject *)a;
+    return new_wrapper(&AroundType, around_vectorcall, args, offsetof(AroundW, orig), 3);
 }
 
 /* instancemethod(callable) -> the object pybind11 puts on a class for a C++ method (what
@@ -2133,6 +2236,8 @@ static PyMethodDef methods[] = {
      "set_async(PendingOp, track_work, record_error, KIND_OP, recorder_module, ncol): record "
      "async calls in C too."},
     {"async_off", async_off, METH_NOARGS, "Hand async calls to the Python wrapper again."},
+    {"set_tseq", set_tseq, METH_O,
+     "set_tseq(on_gap or None): check torch's per-group seq after each call (torchseq.py)."},
     {"async_counts", async_counts, METH_NOARGS,
      "(async path on, async calls recorded in C)."},
     {"drain_columns", drain_columns, METH_NOARGS, "drain_columns() -> None or 19 column lists (F_* fields, t_return_ns)."},
@@ -2165,7 +2270,8 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_op_ids, "_op_ids");
     INTERN(s_cap, "cap");
     INTERN(s_rank, "rank"); INTERN(s_by_key, "_by_key");
-    INTERN(s_seq_slot, "seq_slot"); INTERN(s_seqs, "_seqs");
+    INTERN(s_seq_slot, "seq_slot"); INTERN(s_seqs, "_seqs"); INTERN(s_tseq, "tseq");
+    INTERN(s_tseqs, "_tseqs"); INTERN(s_get_tseq, "_get_sequence_number_for_group");
     INTERN(s_get_future, "get_future"); INTERN(s_add_done_callback, "add_done_callback");
     INTERN(s_acquire, "acquire"); INTERN(s_release, "release"); INTERN(s_notify, "_notify");
     INTERN(s_wake, "wake"); INTERN(s_itemsize, "itemsize"); INTERN(s_dropped, "_dropped");

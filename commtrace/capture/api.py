@@ -266,6 +266,7 @@ def _start(cfg: Config) -> None:
     wrappers.reset_caches()
     rec.step = 0
     _R._set_recorder(rec)
+    _install_torchseq(rec)
     steps.install()
     _install_optional(rec, cfg)
     rec.install_exit_handlers()
@@ -275,6 +276,19 @@ def _start(cfg: Config) -> None:
         crash.install(rec)
     except Exception as e:
         log.warn_once("crash", "crash dump unavailable", e)
+
+
+def _install_torchseq(rec) -> None:
+    """Unrecorded collectives (torchseq.py): groups that exist now start from their number now;
+    the C path checks the number after each call."""
+    try:
+        from . import torchseq
+
+        torchseq.baseline(rec)
+        if _R._cfast is not None and hasattr(_R._cfast, "set_tseq"):
+            _R._cfast.set_tseq(torchseq.on_gap)
+    except Exception as e:
+        log.warn_once("torchseq", "unrecorded-collective check unavailable", e)
 
 
 def _install_optional(rec, cfg) -> None:

@@ -18,7 +18,7 @@ from ..format import schema as S
 from . import log
 from . import recorder as _R
 from .recorder import (I_API, I_BYTES, I_COUNT, I_DEVICE, I_DTYPE, I_FIRST, I_OUT_BYTES, I_PEER,
-                       I_ROOT, I_SEQ, I_T_END, I_T_RET, I_T_WAIT, I_T_WAIT_END)
+                       I_OP_ID, I_ROOT, I_SEQ, I_T_END, I_T_RET, I_T_WAIT, I_T_WAIT_END)
 from .registry import ORIGINAL_ATTR, original_of, patch, restore
 from . import wrappers as W
 
@@ -220,13 +220,15 @@ def _make(api, orig, spec: FuncolSpec):
         W.tls.depth += 1   # the calls torch's function makes are not rows of their own
         hooked = W._CH.HOOKED and info.name in W._CH.HOOKED
         lo = W._CH.seq_of(info.pg) if hooked else None
-        return rec, row, ts, info, hooked, lo
+        return rec, row, ts, info, hooked, lo, W._TS.before(info)
 
     def after(tok, ret, exc):
-        rec, row, ts, info, hooked, lo = tok
+        rec, row, ts, info, hooked, lo, tlo = tok
         W.tls.depth -= 1
         if exc is not None:
             W._record_error(rec, row, rec.now_ns(), exc)
+            if tlo is not None:
+                W._TS.after(rec, info, tlo, row[I_OP_ID], row[I_SEQ])
             return
         t1 = rec.now_ns()
         if hooked:
@@ -234,6 +236,8 @@ def _make(api, orig, spec: FuncolSpec):
                 W._CH.claim(info.name, lo, W._CH.seq_of(info.pg), op, row)
             except Exception:
                 pass
+        if tlo is not None:
+            W._TS.after(rec, info, tlo, row[I_OP_ID], row[I_SEQ])
         try:
             row[I_T_RET] = t1
             elems = []

@@ -34,6 +34,7 @@ from .. import __version__
 from ..config import Config, clock_skew_for
 from ..format import schema as S
 from . import completion_hook as _CH
+from . import torchseq as _TS
 from . import log, nvtx_ranges
 from .sites import format_site
 
@@ -359,6 +360,9 @@ class Recorder:
         self.seq: dict = {}          # pg name -> next collective seq (without the C module)
         # With the C module: the counters by seq_slot(pg), shared with the C fast path.
         self._seqs = _cfast.Counters() if _cfast is not None else None
+        #: torch's own per-group sequence number last claimed by a recorded call, by seq slot
+        #: (shared with the C path): the gaps (torchseq.py).
+        self._tseqs = _TS.new_last()
         self.p2p_seq: dict = {}      # (pg, src, dst) -> next pair seq
         self._ready = collections.deque()
         self._pending: dict[int, PendingOp] = {}   # op_id -> PendingOp
@@ -494,6 +498,10 @@ class Recorder:
             self._dropped += 1
             return
         self._ready.append(row)
+
+    def append_gap(self, row) -> None:
+        """Queue a ``gap`` row (torchseq.py); kept whatever the window (like marks)."""
+        self.append_row(row)
 
     def add_pending(self, row, key_obj=None, work=None, strong=False, has_future=False,
                     tensors=(), device_token=None) -> PendingOp:
@@ -855,6 +863,11 @@ class Recorder:
         if self._closed:
             return
         self._closed = True
+        try:
+            # numbers issued after the last recorded op of each group still alive
+            _TS.check_end(self, None, "close")
+        except Exception:
+            pass
         try:
             self._stop.set()
             self._wake.set()

@@ -130,7 +130,7 @@ class Window:
         drop = []
         for i in range(n):
             k = kind[i]
-            if k == S.KIND_MARK or k == KIND_COUNTER or recorded(step[i]):
+            if k == S.KIND_MARK or k == KIND_COUNTER or k == S.KIND_GAP or recorded(step[i]):
                 keep.append(i)
             else:
                 drop.append(i)

@@ -30,6 +30,7 @@ import weakref
 
 from ..format import schema as S
 from . import completion_hook as _CH
+from . import torchseq as _TS
 from . import log, nvtx_ranges
 from . import recorder as _R
 from .api_table import API_TABLE, Reader, split_param, tensors_of
@@ -83,7 +84,8 @@ _WRAPPERS: dict[str, object] = {}
 
 
 class PgInfo:
-    __slots__ = ("name", "size", "ranks", "backend", "member", "pg", "idx", "fidx", "seq_slot")
+    __slots__ = ("name", "size", "ranks", "backend", "member", "pg", "idx", "fidx", "seq_slot",
+                 "tseq")
 
     def __init__(self, pg, name, size, ranks, backend, member):
         self.pg, self.name, self.size, self.ranks = pg, name, size, ranks
@@ -94,6 +96,8 @@ class PgInfo:
         # (a group with a completion hook: its calls claim the group's own seqs).
         self.idx = self.fidx
         self.seq_slot = _R.seq_slot(name) if member else -1   # its seq counter
+        # torch numbers this group's ops: unrecorded ones are found (torchseq.py)
+        self.tseq = member and _TS.read(pg) is not None
 
 
 _pg_cache: dict = {}
@@ -187,6 +191,7 @@ def pg_info(group) -> PgInfo | None:
             try:
                 if _CH.maybe_register(group, name, info.size, backend):
                     info.idx = None
+                    info.tseq = False   # its unrecorded ops are c++ rows of their own
             except Exception as e:
                 log.warn_once("completion-hook", "completion hook not registered", e)
         rec = _R.get_recorder()
@@ -194,6 +199,14 @@ def pg_info(group) -> PgInfo | None:
             rec._pg_ranks_extra[name] = ranks
     _pg_cache[group] = info
     return info
+
+
+def _pg_by_name(name):
+    """The cached PgInfo of the group named `name` (None: not cached)."""
+    for info in list(_pg_cache.values()):
+        if info.name == name:
+            return info
+    return None
 
 
 class _WorldShim:
@@ -492,12 +505,15 @@ def _run(rec, reader: Reader, orig, args, kwargs, row, tensors, info):
     hooked = _CH.HOOKED and info.name in _CH.HOOKED
     if hooked:
         lo = _CH.seq_of(info.pg)
+    tlo = _TS.read(info.pg) if info.tseq else None
     try:
         ret = orig(*args, **kwargs)
     except BaseException as e:
         t1 = rec.now_ns()
         if rec.end_blocking(row):
             _record_error(rec, row, t1, e)
+        if tlo is not None:   # a call that raised may still have issued its number
+            _TS.after(rec, info, tlo, row[I_OP_ID], row[I_SEQ])
         if token is not None:
             try:
                 dt.abandon(token)
@@ -516,6 +532,8 @@ def _run(rec, reader: Reader, orig, args, kwargs, row, tensors, info):
             _CH.claim(info.name, lo, _CH.seq_of(info.pg), spec.op, row)
         except Exception:
             pass
+    if tlo is not None:
+        _TS.after(rec, info, tlo, row[I_OP_ID], row[I_SEQ])
     if not rec.end_blocking(row):
         return ret  # the final flush already wrote it as never completed
     try:
@@ -668,6 +686,10 @@ def make_wrapper(api: str, orig, spec):
     barrier = op == "barrier"
     warn = log.warn_once
     fact = _R.register_fact(_R.FAST_SPECS, (op, api, inplace))
+    # One tensor argument in (and out): one collective, one torch seq (torchseq.py; the C
+    # path, which takes only these calls, assumes the same)
+    tone = not peer and (single or (bool(in_name) and in_kind == "" and bool(out_name)
+                                     and out_kind == ""))
     expand = _R.expand
     dev_names = _dev_names
     F_DEVICE = _R.F_DEVICE
@@ -755,6 +777,10 @@ def make_wrapper(api: str, orig, spec):
         blocking = rec._blocking
         op_id = pre[8]
         blocking[op_id] = pre   # in flight while the call runs (_inflight.json)
+        # torch's number: read after the call; before it too unless the call is one plain
+        # collective (send/recv: NCCL does not number them; lists: DDP's helpers issue several)
+        tseq = info.tseq
+        tlo = _TS.read(info.pg) if tseq and not tone else None
         st["depth"] = 1         # it was 0: inner wrapped calls are not rows of their own
         try:
             ret = orig(*args, **kwargs)
@@ -762,6 +788,8 @@ def make_wrapper(api: str, orig, spec):
             t1 = now()
             if blocking.pop(op_id, None) is not None:
                 _record_error(rec, expand(rec.rank, pre, None), t1, e)
+            if tseq:   # a call that raised may still have issued its number
+                _TS.after(rec, info, tlo, op_id, s, one=tone)
             raise
         finally:
             st["depth"] = 0
@@ -774,6 +802,8 @@ def make_wrapper(api: str, orig, spec):
                 q.append((pre, t1))
             else:
                 rec._dropped += 1
+        if tseq:
+            _TS.after(rec, info, tlo, op_id, s, one=tone)
         return ret
 
     inout = bool(in_name) and in_kind == "" and bool(out_name) and out_kind == "" \
@@ -931,9 +961,22 @@ def _make_destroy(orig):
     then needs the GIL ends the process with "terminate called without an active exception".
     No row: it is not an op. Groups still alive are looked up again at their next op."""
     def destroy_process_group(*args, **kwargs):
+        rec = _R._recorder
+        checked = []
+        if rec is not None:
+            try:   # what the group(s) issued after their last recorded op (torchseq.py)
+                g = args[0] if args else kwargs.get("group")
+                checked = _TS.check_end(rec, None if g is None else [pg_info(g)], "destroy")
+            except Exception:
+                checked = []
         try:
             return orig(*args, **kwargs)
         finally:
+            for info in checked or ():   # torch numbers a group created again from 0
+                try:
+                    rec._tseqs.set(info.seq_slot, 0)
+                except Exception:
+                    pass
             try:
                 reset_caches()
             except Exception as e:  # never raise into user code
@@ -1010,6 +1053,11 @@ def _make_coalescing(orig):
             except Exception:
                 hinfo = None
         try:
+            tinfo = pg_info(group)
+            tlo = _TS.before(tinfo)
+        except Exception:
+            tinfo = tlo = None
+        try:
             with orig(group, device, async_ops) as cm:
                 try:
                     yield cm
@@ -1018,6 +1066,8 @@ def _make_coalescing(orig):
             ok = True
         finally:
             tls.coalesce = prev
+            if tlo is not None:   # the block's own numbers (the coalesced Work)
+                _TS.after(rec, tinfo, tlo, None, None)
             if hinfo is not None:   # the coalesced Work's own seq(s)
                 try:
                     _CH.claim(hinfo.name, lo, _CH.seq_of(hinfo.pg), "coalesced")

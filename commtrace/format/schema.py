@@ -30,7 +30,9 @@ import pyarrow as pa
 #: v2: one run directory per job under the output directory, ``run_id`` in the metadata and the
 #: manifests, ``pid``/``host``/``exit`` in ``_inflight.json``, ``_crash-<pid>.txt``. Version-1
 #: traces (one run directory, no run id) are read as before.
-SCHEMA_VERSION = 2
+#: v3: rows of kind ``gap``: collectives torch numbered on a group that no recorded call issued
+#: (docs/trace-format.md "Unrecorded collectives"). A v2 trace has none: its gaps are unknown.
+SCHEMA_VERSION = 3
 
 MANIFEST_NAME = "_manifest.json"
 INFLIGHT_NAME = "_inflight.json"
@@ -53,6 +55,8 @@ KIND_OP = "op"
 KIND_SYNC = "sync"
 KIND_MARK = "mark"
 KIND_HAZARD = "hazard"
+#: Collectives a group issued on this rank that no recorded call issued (schema v3).
+KIND_GAP = "gap"
 
 #: Columns every trace must carry (the issue's contract); readers need nothing else.
 REQUIRED_FIELDS = [
