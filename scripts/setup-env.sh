@@ -32,6 +32,19 @@ else
   _say "installing $_torch${COMMTRACE_TORCH_INDEX:+ from $COMMTRACE_TORCH_INDEX} (the first time: a few minutes)"
   _quiet python -m pip install -q "$_torch" ${COMMTRACE_TORCH_INDEX:+--index-url "$COMMTRACE_TORCH_INDEX"}
 fi
-_say "installing commtrace (editable) and its test dependencies"
-_quiet python -m pip install -q -e ".[test]${COMMTRACE_EXTRAS:-}"
+# The Spark engine's tests (--engine spark) need a Java runtime: Debian's OpenJDK 17 when none.
+if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    _sudo=""; [ "$(id -u)" = 0 ] || _sudo="sudo -n"
+    _say "installing openjdk-17-jre-headless (java is missing; the Spark engine needs it)"
+    if ! { $_sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $_sudo apt-get install -y -qq \
+          --no-install-recommends openjdk-17-jre-headless; } >>"$SETUP_LOG" 2>&1; then
+      _say "could not install openjdk-17-jre-headless (see $SETUP_LOG): --engine spark will not run"
+    fi
+  else
+    _say "java is missing and apt-get is not here: install a Java 17 runtime for --engine spark"
+  fi
+fi
+_say "installing commtrace (editable) and its test dependencies (with the spark extra)"
+_quiet python -m pip install -q -e ".[test,spark]${COMMTRACE_EXTRAS:-}"
 _say "ready in $((SECONDS - _setup_t0)) s: .venv (in your shell: . .venv/bin/activate)"

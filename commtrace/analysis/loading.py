@@ -133,15 +133,20 @@ def align_sql(src: str, pgs=(), columns=None, rid: bool = True) -> str:
     return f"SELECT {', '.join(sel)} FROM ({src}) r LEFT JOIN offsets o ON o.rank = r.rank"
 
 
+def create_offsets(con, rf: R.RunFiles) -> None:
+    """DuckDB table ``offsets`` (rank, off, rtt): each rank's recorded clock offset."""
+    offs = offsets(rf.meta)
+    con.execute("CREATE OR REPLACE TABLE offsets (rank INTEGER, off BIGINT, rtt BIGINT)")
+    if offs:
+        con.executemany("INSERT INTO offsets VALUES (?, ?, ?)", offs)
+
+
 def load_table(con, rf: R.RunFiles, path: str, progress=None) -> list:
     """Create ``offsets`` and the aligned table ``t0`` (see the module doc); returns the group
     names in load order (a collective key's group is its index there)."""
     import duckdb
 
-    offs = offsets(rf.meta)
-    con.execute("CREATE OR REPLACE TABLE offsets (rank INTEGER, off BIGINT, rtt BIGINT)")
-    if offs:
-        con.executemany("INSERT INTO offsets VALUES (?, ?, ?)", offs)
+    create_offsets(con, rf)
     try:
         pgs = R.distinct_values(con, rf, "pg")
         R.load_into_duckdb(con, rf, "t0", wrap=lambda q: align_sql(q, pgs), columns=LOAD_COLUMNS,
@@ -156,9 +161,7 @@ def assign_steps(con, warnings: list[str]) -> None:
     """Turn ``t0`` into ``t``, giving each row a step (metrics: per-step figures): the recorded
     `step` column; else the latest step marker (kind="mark") at or before the row on its rank;
     else iteration boundaries detected from the repeating op pattern of the lowest rank."""
-    n_step, n_mark = Q.rows(con, f"""
-        SELECT count(step) FILTER (WHERE kind = '{S.KIND_OP}'), count(*) FILTER (WHERE kind = '{S.KIND_MARK}')
-        FROM t0""").fetchone()
+    n_step, n_mark = Q.rows(con, step_counts_sql("t0")).fetchone()
     if n_step or not n_mark:
         if n_step == 0:
             _detect_steps(con, warnings)
@@ -175,44 +178,70 @@ def assign_steps(con, warnings: list[str]) -> None:
     con.execute("DROP TABLE t0")
 
 
+def step_counts_sql(t0: str) -> str:
+    """SELECT of (ops with a recorded step, step markers) of op table `t0`: which way
+    :func:`assign_steps` gives rows their step (shared with the Spark engine)."""
+    return f"""
+        SELECT count(step) FILTER (WHERE kind = '{S.KIND_OP}'), count(*) FILTER (WHERE kind = '{S.KIND_MARK}')
+        FROM {t0}"""
+
+
+def lowest_rank_sql(t0: str, rank: int) -> str:
+    """SELECT of the collectives of `rank` in enqueue order, for :func:`detect_period`."""
+    return f"""
+        SELECT op, coalesce(bytes, 0) AS b, t_enqueue_ns FROM {t0}
+        WHERE rank = {int(rank)} AND kind = 'op' AND op IN {Q.COLLECTIVE_SQL} AND t_enqueue_ns IS NOT NULL
+        ORDER BY t_enqueue_ns"""
+
+
+def detect_period(d: dict) -> int | None:
+    """The period (in collectives) of the repeating (op, bytes) pattern of one rank's
+    collectives `d` (columns of :func:`lowest_rank_sql`), or None when there is none."""
+    n = len(d["t_enqueue_ns"])
+    if n < 6:
+        return None
+    sig = np.unique(np.char.add(np.asarray(d["op"], dtype=str),
+                                np.asarray(d["b"]).astype(str)), return_inverse=True)[1]
+    ref = sig[n // 2]
+    cands = np.flatnonzero(sig == ref)
+    cands = np.unique(np.diff(cands))[:8]
+    for p in sorted(int(c) for c in cands if 0 < c <= n // 3):
+        if np.mean(sig[p:] == sig[:-p]) >= 0.9:
+            return p
+    return None
+
+
+def bounds_sql(t0: str, lowest: int, period: int) -> str:
+    """SELECT of the step boundaries (brank, bt, bstep): boundary k is the enqueue of collective
+    k*period on the lowest rank, mapped to every rank through the matching (pg, seq) of that
+    collective on each rank."""
+    return f"""
+        WITH ref AS (
+            SELECT pg, seq, (row_number() OVER (ORDER BY t_enqueue_ns) - 1) AS k FROM {t0}
+            WHERE rank = {int(lowest)} AND kind = 'op' AND op IN {Q.COLLECTIVE_SQL})
+        SELECT x.rank AS brank, x.t_enqueue_ns AS bt, CAST(ref.k // {int(period)} AS BIGINT) AS bstep
+        FROM ref JOIN {t0} x ON x.pg = ref.pg AND x.seq = ref.seq AND x.kind = 'op'
+        WHERE ref.k % {int(period)} = 0"""
+
+
+def detected_warning(period: int) -> str:
+    return f"no step markers: steps detected from a repeating pattern of {period} collectives"
+
+
 def _detect_steps(con, warnings: list[str]) -> None:
     lowest = Q.rows(con, "SELECT min(rank) FROM t0").fetchone()[0]
-    d = Q.numpy(con, f"""
-        SELECT op, coalesce(bytes, 0) AS b, t_enqueue_ns FROM t0
-        WHERE rank = ? AND kind = 'op' AND op IN {Q.COLLECTIVE_SQL} AND t_enqueue_ns IS NOT NULL
-        ORDER BY t_enqueue_ns""", [lowest])
-    period = None
-    n = len(d["t_enqueue_ns"])
-    if n >= 6:
-        sig = np.unique(np.char.add(np.asarray(d["op"], dtype=str),
-                                    np.asarray(d["b"]).astype(str)), return_inverse=True)[1]
-        ref = sig[n // 2]
-        cands = np.flatnonzero(sig == ref)
-        cands = np.unique(np.diff(cands))[:8]
-        for p in sorted(int(c) for c in cands if 0 < c <= n // 3):
-            if np.mean(sig[p:] == sig[:-p]) >= 0.9:
-                period = p
-                break
+    period = detect_period(Q.numpy(con, lowest_rank_sql("t0", lowest))) if lowest is not None else None
     if period is None:
         con.execute("ALTER TABLE t0 RENAME TO t")
         return
-    # Boundary k: the enqueue of collective k*period on the lowest rank, mapped to every rank
-    # through the matching (pg, seq) of that collective on each rank.
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE __bounds AS
-        WITH ref AS (
-            SELECT pg, seq, (row_number() OVER (ORDER BY t_enqueue_ns) - 1) AS k FROM t0
-            WHERE rank = {int(lowest)} AND kind = 'op' AND op IN {Q.COLLECTIVE_SQL})
-        SELECT x.rank AS brank, x.t_enqueue_ns AS bt, CAST(ref.k // {period} AS BIGINT) AS bstep
-        FROM ref JOIN t0 x ON x.pg = ref.pg AND x.seq = ref.seq AND x.kind = 'op'
-        WHERE ref.k % {period} = 0""")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE __bounds AS {bounds_sql('t0', lowest, period)}")
     con.execute("""
         CREATE OR REPLACE TABLE t AS
         SELECT x.* REPLACE (coalesce(x.step, b.bstep, 0) AS step)
         FROM t0 x ASOF LEFT JOIN __bounds b ON x.rank = b.brank AND x.t_enqueue_ns >= b.bt""")
     con.execute("DROP TABLE t0")
     con.execute("DROP TABLE __bounds")
-    warnings.append(f"no step markers: steps detected from a repeating pattern of {period} collectives")
+    warnings.append(detected_warning(period))
 
 
 def run_info(con, rf: R.RunFiles, t: str = "t") -> dict:

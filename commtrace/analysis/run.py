@@ -46,7 +46,8 @@ _Rows = Q.Rows
 
 
 def load(path, *, threads: int | None = None, memory_limit: str | None = None, progress=None,
-         run: str | None = None, temp_dir: str | None = None) -> "Run":
+         run: str | None = None, temp_dir: str | None = None, engine: str = "duckdb",
+         spark_master: str | None = None, spark_parts_url: str | None = None) -> "Run":
     """Load a run directory (or one Parquet trace) for analysis.
 
     `path` may also be a directory of runs (the output of ``commtrace run -o``): with one run
@@ -58,10 +59,19 @@ def load(path, *, threads: int | None = None, memory_limit: str | None = None, p
     `memory_limit` (DuckDB syntax, e.g. "4GB"; default 40% of memory, at most 4 GB, or
     $COMMTRACE_MEMORY_LIMIT) caps the query engine's memory; large runs are held in a
     database file under `temp_dir` (default $COMMTRACE_TMPDIR or the system's temporary
-    directory) and spill there, removed again by :meth:`Run.close`."""
+    directory) and spill there, removed again by :meth:`Run.close`.
+    `engine="spark"` runs the cross-rank stages on Spark (`spark_master`, default
+    $COMMTRACE_SPARK_MASTER or ``local[*]``; `spark_parts_url`, the run directory as the
+    executors read it): see :mod:`commtrace.analysis.spark`."""
     from ..format import runs as RUNS
 
     path = RUNS.resolve(path, run)
+    if engine == "spark":
+        from . import spark as SP
+        return SP.load(path, master=spark_master, threads=threads, memory_limit=memory_limit,
+                       progress=progress, temp_dir=temp_dir)
+    if engine != "duckdb":
+        raise CommtraceError(f"unknown analysis engine {engine!r} (duckdb or spark)")
     rf = R.scan_run(path)
     if progress:
         progress("loading", 0.0, rf.num_rows)
@@ -78,7 +88,7 @@ class Run:
     """A loaded run. See docs/dev/interfaces.md ("Analysis API") for the member contract."""
 
     def __init__(self, con, rf: R.RunFiles, *, _table: str | None = None, _parent: "Run | None" = None,
-                 _tmp: str | None = None):
+                 _tmp: str | None = None, _steps_done: bool = False):
         self._con = con
         self._files = rf
         self._lock = threading.RLock() if _parent is None else _parent._lock
@@ -95,7 +105,8 @@ class Run:
         if _parent is None:
             self._t = "t"
             with self._lock:
-                L.assign_steps(con, self.warnings)
+                if not _steps_done:  # another engine (analysis/spark.py) built `t` with its steps
+                    L.assign_steps(con, self.warnings)
                 self._info = L.run_info(con, rf, "t")
             self._closer = L.closer(self, con, _tmp)
         else:

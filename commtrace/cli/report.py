@@ -20,6 +20,9 @@ Examples:
   commtrace report RUN --busbw-ref 180      # what-if: every collective at 180 GB/s busbw
   commtrace report traces --run latest      # traces holds several runs (commtrace ls traces)
   commtrace report RUN --memory-limit 4GB --temp-dir /scratch   # a 10^8-op run
+  commtrace report RUN --engine spark                  # cross-rank stages on Spark (local[*])
+  commtrace report RUN --engine spark --spark-master spark://head:7077 --temp-dir /shared/scratch
+  commtrace report /mnt/traces/run42 --engine spark --spark-parts-url s3a://bucket/traces/run42
 """
 
 #: Rows above which a progress bar is shown on stderr.
@@ -94,7 +97,17 @@ def _steps(value):
                    "beyond it, work spills to --temp-dir.")
 @click.option("--temp-dir", default=None, type=click.Path(file_okay=False),
               help="Where large runs are held and spill (default: $COMMTRACE_TMPDIR or the system's).")
-def command(run_dir, fmt, top, all_ranks, rank, steps, progress, busbw_ref, run_id, memory_limit, temp_dir, what_if):
+@click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True,
+              help="Where the cross-rank stages run (matching, wait states, p2p, per-rank and per-step "
+                   "figures): in-process DuckDB, or Spark (needs the spark extra and Java 17).")
+@click.option("--spark-master", default=None, metavar="URL",
+              help="With --engine spark: the Spark master (local[4], spark://host:7077, yarn, k8s://...; "
+                   "default $COMMTRACE_SPARK_MASTER or local[*]).")
+@click.option("--spark-parts-url", default=None, metavar="URL",
+              help="With --engine spark: the run directory as the executors read it (e.g. "
+                   "s3a://bucket/traces/run42) when DIR is a local mount or copy of it.")
+def command(run_dir, fmt, top, all_ranks, rank, steps, progress, busbw_ref, run_id, memory_limit, temp_dir, what_if,
+            engine, spark_master, spark_parts_url):
     """Analyse a run: who waited for whom, stragglers, overlap, bandwidth and findings.
 
     Exits 0 whenever a report was produced, whatever it found."""
@@ -103,7 +116,10 @@ def command(run_dir, fmt, top, all_ranks, rank, steps, progress, busbw_ref, run_
     rng = _steps(steps)
     bar = _Bar(progress)
     try:
-        run = load(run_dir, progress=bar, run=run_id, memory_limit=_memory(memory_limit), temp_dir=temp_dir)
+        if engine != "spark" and (spark_master or spark_parts_url):
+            raise UsageError("--spark-master and --spark-parts-url need --engine spark")
+        run = load(run_dir, progress=bar, run=run_id, memory_limit=_memory(memory_limit), temp_dir=temp_dir,
+                   engine=engine, spark_master=spark_master, spark_parts_url=spark_parts_url)
         bar("matching", 0.05)
         rep = run.report(top=top, rank=rank, steps=rng, progress=bar, busbw_ref=busbw_ref, what_if=what_if)
     finally:

@@ -478,16 +478,23 @@ def load_into_duckdb(con, rf: RunFiles, table: str = "raw", wrap=None, columns=N
     rf.snapshot = _snapshot_table(rf)
     if rf.snapshot is not None:
         con.register("__snapshot", rf.snapshot)
-        s_names = ", ".join(f's."{n}"' for n in names + ["rid"])
-        sel = f"""
-            SELECT {s_names} FROM __snapshot s
-            WHERE NOT EXISTS (
-                SELECT 1 FROM {table} t WHERE t.rank = s.rank AND t.kind = s.kind AND (
-                    (s.op_id IS NOT NULL AND t.op_id = s.op_id) OR
-                    (s.op_id IS NULL AND t.pg IS NOT DISTINCT FROM s.pg
-                     AND t.seq IS NOT DISTINCT FROM s.seq AND t.op IS NOT DISTINCT FROM s.op)))"""
+        sel = snapshot_rows_sql(table, names)
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM ({wrap(sel)})")
         con.unregister("__snapshot")
+
+
+def snapshot_rows_sql(table: str, names, snapshot: str = "__snapshot") -> str:
+    """SELECT of the snapshot ops (table `snapshot`, columns `names` + rid) that have no row in
+    `table` (same rank and op_id; or, without op_id, same rank, pg, seq and op): the pending
+    ops added to a run (shared with the Spark engine)."""
+    s_names = ", ".join(f's."{n}"' for n in list(names) + ["rid"])
+    return f"""
+        SELECT {s_names} FROM {snapshot} s
+        WHERE NOT EXISTS (
+            SELECT 1 FROM {table} t WHERE t.rank = s.rank AND t.kind = s.kind AND (
+                (s.op_id IS NOT NULL AND t.op_id = s.op_id) OR
+                (s.op_id IS NULL AND t.pg IS NOT DISTINCT FROM s.pg
+                 AND t.seq IS NOT DISTINCT FROM s.seq AND t.op IS NOT DISTINCT FROM s.op)))"""
 
 
 def select_parts_sql(rf: RunFiles, columns) -> str | None:
