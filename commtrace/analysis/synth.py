@@ -106,7 +106,7 @@ def parse_duration_ns(text: str) -> int:
 #: element at peak) whatever the size of the run.
 BLOCK_ELEMENTS = 1_000_000
 #: Rows of the whole run per group of ranks read back from the spool at once.
-SPOOL_GROUP_ROWS = 1_000_000
+SPOOL_GROUP_ROWS = 250_000
 
 
 def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=None, mismatch=(),
@@ -546,7 +546,9 @@ class _Spool:
             import pyarrow.ipc as ipc
             p = f"{b}.{kind}"
             if p not in self.readers and os.path.exists(p):
-                self.readers[p] = ipc.open_file(pa.memory_map(p))
+                # read, not memory-mapped: mapped pages of every block would stay resident
+                # (counted in RSS and the memory cgroup) as the groups are read one by one
+                self.readers[p] = ipc.open_file(pa.OSFile(p))
             if p in self.readers:
                 parts.append(pa.Table.from_batches([self.readers[p].get_batch(gi)]))
         parts = [t for t in parts if t.num_rows]
