@@ -1,6 +1,6 @@
 """How close commtrace's times are to torch.profiler's, op by op (2 ranks, gloo).
 
-    python benchmarks/accuracy.py                      # ~40 s: 2 ranks, 300 iterations each
+    python benchmarks/accuracy.py                      # ~80 s: 2 ranks, 300 iterations each, traced and untraced
     python benchmarks/accuracy.py --iters 600 --json out.json
 
 One job runs under ``commtrace run`` and, inside each rank, under ``torch.profiler`` at the
