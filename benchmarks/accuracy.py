@@ -20,6 +20,11 @@ Kineto's ``baseTimeNanoseconds + ts * 1000`` is on the same epoch clock as commt
   obtained (``completion`` column: ``callback`` or ``observed``, docs/trace-format.md);
 - blocking completion: ``t_end_ns`` (the return) minus the worker range's end.
 
+Then the same job runs again without commtrace (same profiler): for each async op the worker
+found complete right after its call returned, that moment minus the worker range's end, the
+floor of commtrace's ``observed`` rows (no observer above torch's Python function can see
+such an op end earlier).
+
 gloo runs a future's callbacks before it closes the worker range, so a callback lands a few
 tens of us *before* the range's end: negative errors are expected there. Target (issue 13):
 |async t_end error| <= 100 us at p99.
