@@ -149,3 +149,22 @@ def test_ddp_reducer_collectives_counted_and_placed_against_the_profiler(tmp_pat
         assert (prev["api"], nxt["api"], nxt["step"]) == ("ddp_comm_hook", "ddp_comm_hook", 1)
         # placed right: every uncovered range lies between the two recorded ops around the gap
         assert all(prev["t_end_ns"] <= e[1] and e[2] <= nxt["t_enqueue_ns"] for e in uncovered)
+
+
+def test_gap_rows_are_kept_outside_a_steps_window():
+    """A --steps window writes counters for the ops of other steps; a gap row is always kept
+    (the unrecorded collectives of a step outside the window are still reported)."""
+    from commtrace.capture.window import KIND_COUNTER, Window, parse_steps
+    from commtrace.format import schema as S
+
+    w = Window(parse_steps("5:6"), None)
+    rows = [dict.fromkeys(S.COLUMNS) for _ in range(3)]
+    for r, (kind, step, op) in zip(rows, [("op", 1, "all_reduce"), ("gap", 1, None),
+                                          ("op", 5, "all_reduce")]):
+        r.update(kind=kind, step=step, op=op, rank=0, pg="0", t_enqueue_ns=1, t_return_ns=2,
+                 count=2 if kind == "gap" else 4)
+    cols = [[r[c] for r in rows] for c in S.COLUMNS]
+    kept, counters = w.split(cols, list(S.COLUMNS))
+    k = S.COLUMNS.index("kind")
+    assert kept[k] == ["gap", "op"] and kept[S.COLUMNS.index("count")] == [2, 4]
+    assert counters[k] == [KIND_COUNTER]   # the dropped op of step 1 as a counter
