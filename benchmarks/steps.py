@@ -188,6 +188,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         times = {m: [] for m in MODES}
         cpus_s = {m: [] for m in MODES}   # the process's CPU time (all its threads) per step
         sync_cpu = 0.0
+        n_sync = 0
         interval = max(0.05, float(rec.config.flush_interval))
         since = 0.0   # traced time since the last flush
         windows = []
@@ -222,6 +223,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                         s0 = time.thread_time()
                         rec.flush()
                         sync_cpu += time.thread_time() - s0
+                        n_sync += 1
                         since = 0.0
                     t1, c1 = pc(), cpu()
                     windows.append((w0, w1))
@@ -239,7 +241,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         dist.barrier()
         dist.destroy_process_group()
         q.put({"rank": rank, "times": times, "cpu": cpus_s, "windows": windows,
-               "sync_cpu_s": sync_cpu, "cpus": cpus,
+               "sync_cpu_s": sync_cpu, "sync_flushes": n_sync, "cpus": cpus,
                "writer_cpu_s": (w_cpu - w_cpu0) if w_cpu is not None and w_cpu0 is not None
                else None, "final_flush_cpu_s": final_cpu, "writer_nice": nice,
                "writer_nice_added": nice_added})
@@ -332,6 +334,11 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int, timeout: f
         "ops_per_step_per_rank": per_step,
         "added_us_per_op": (total - 1.0) * u_ms * 1e3 / per_step if per_step else None,
         "writer_cpu_us_per_op": sum(cpu) / n_ops * 1e6 if n_ops else None,
+        # its parts: the writer thread's CPU, the flushes of traced rounds (count, CPU), the last
+        "writer_thread_cpu_s": [r.get("writer_cpu_s") for r in res],
+        "sync_flushes": [r.get("sync_flushes") for r in res],
+        "sync_flush_cpu_s": [r.get("sync_cpu_s") for r in res],
+        "final_flush_cpu_s": [r.get("final_flush_cpu_s") for r in res],
         "writer_nice": [r.get("writer_nice") for r in res],
         "writer_nice_added": [r.get("writer_nice_added") for r in res],
         "load_start": load_of(up0), "load_end": load_of(up1), "uptime_start": up0, "uptime_end": up1,
