@@ -1,6 +1,6 @@
 """How close commtrace's times are to torch.profiler's, op by op (2 ranks, gloo).
 
-    python benchmarks/accuracy.py                      # ~40 s: 2 ranks, 300 iterations each
+    python benchmarks/accuracy.py                      # ~80 s: 2 ranks, 300 iterations each, traced and untraced
     python benchmarks/accuracy.py --iters 600 --json out.json
 
 One job runs under ``commtrace run`` and, inside each rank, under ``torch.profiler`` at the
@@ -19,6 +19,11 @@ Kineto's ``baseTimeNanoseconds + ts * 1000`` is on the same epoch clock as commt
 - async completion: ``t_end_ns`` minus the worker range's end, split by how ``t_end_ns`` was
   obtained (``completion`` column: ``callback`` or ``observed``, docs/trace-format.md);
 - blocking completion: ``t_end_ns`` (the return) minus the worker range's end.
+
+Then the same job runs again without commtrace (same profiler): for each async op the worker
+found complete right after its call returned, that moment minus the worker range's end, the
+floor of commtrace's ``observed`` rows (no observer above torch's Python function can see
+such an op end earlier).
 
 gloo runs a future's callbacks before it closes the worker range, so a callback lands a few
 tens of us *before* the range's end: negative errors are expected there. Target (issue 13):

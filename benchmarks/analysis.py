@@ -10,7 +10,10 @@ reduce_scatter, broadcast, isend/irecv pairs, step markers, a planted straggler 
 hazards) unless it is already in --dir, then runs `commtrace report DIR --format json` in a
 fresh process (imports included) and reads its wall time, CPU time and peak RSS (ru_maxrss of
 the child). The largest case runs once (it takes minutes), the others --repeat times (best
-wall, highest RSS). Also printed: the generator's time and peak RSS, the bytes per op on disk,
+wall, highest RSS). The 102 M case runs, generator and report, inside a memory cgroup of
+--memory-cap (6 GB: a cgroup v1 or v2 memory controller writable here, as root in a
+container; else the cap is not enforced and the table says so), with the query engine's
+`--memory-limit` at 4 GB. Also printed: the generator's time and peak RSS, the bytes per op on disk,
 the load average before and after (`uptime`), and the targets of issue 17:
 
     64 x 20,000     1.28 M ops   <= 3 s wall, <= 500 MB peak
@@ -40,9 +43,59 @@ MEMORY_LIMITS = {"2048x50000": "4GB"}
 LARGE_OPS = 50_000_000
 
 
-def _measured(argv: list[str]) -> tuple[float, float, float, str]:
-    """Run `argv` under a fresh wrapper so that its peak RSS is its own."""
-    wrapper = ("import json, resource, subprocess, sys, time\n"
+def make_cgroup(limit_bytes: int) -> tuple[str | None, str]:
+    """A new memory cgroup capped at `limit_bytes` (v1 `memory.limit_in_bytes` or v2
+    `memory.max`), or (None, why not)."""
+    name = f"commtrace-bench-{os.getpid()}"
+    why = "no memory cgroup on this machine"
+    for root, limit_file, probe in (("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.limit_in_bytes"),
+                                    ("/sys/fs/cgroup", "memory.max", "cgroup.controllers")):
+        if not os.path.exists(os.path.join(root, probe)):
+            continue
+        path = os.path.join(root, name)
+        try:
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, limit_file), "w") as f:
+                f.write(str(int(limit_bytes)))
+            return path, f"cgroup {path} ({limit_file} {limit_bytes >> 20} MB)"
+        except OSError as e:
+            remove_cgroup(path)
+            why = f"no writable memory cgroup ({e.strerror})"
+    return None, why
+
+
+def cgroup_peak(path: str) -> tuple[int | None, int | None]:
+    """(peak bytes charged, times the OOM killer ran) of a cgroup made by make_cgroup."""
+    def read(name):
+        try:
+            with open(os.path.join(path, name)) as f:
+                return f.read()
+        except OSError:
+            return None
+    peak = read("memory.max_usage_in_bytes") or read("memory.peak")
+    oom = None
+    ev = read("memory.oom_control") or read("memory.events") or ""
+    for line in ev.splitlines():
+        k, _, v = line.partition(" ")
+        if k in ("oom_kill", "oom"):
+            oom = (oom or 0) + int(v)
+    return (int(peak) if peak else None), oom
+
+
+def remove_cgroup(path: str | None) -> None:
+    if path:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+
+
+def _measured(argv: list[str], cgroup: str | None = None) -> tuple[float, float, float, str]:
+    """Run `argv` under a fresh wrapper so that its peak RSS is its own (inside memory cgroup
+    `cgroup` when given: the wrapper joins it before starting the child)."""
+    join = (f"open({os.path.join(cgroup, 'cgroup.procs')!r}, 'w').write(str(__import__('os').getpid()))\n"
+            if cgroup else "")
+    wrapper = ("import json, resource, subprocess, sys, time\n" + join +
                "t0 = time.perf_counter(); p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, text=True)\n"
                "w = time.perf_counter() - t0; u = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
                "print(json.dumps({'rc': p.returncode, 'wall': w, 'cpu': u.ru_utime + u.ru_stime,"
@@ -69,6 +122,8 @@ def main() -> int:
     ap.add_argument("--dir", default=None, help="directory of the synthetic runs (kept with --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic runs")
     ap.add_argument("--nice", type=int, default=0, help="niceness of the child processes")
+    ap.add_argument("--memory-cap", type=float, default=6.0,
+                    help="GB: memory cgroup of the cases that have a DuckDB memory limit (the 102 M case)")
     a = ap.parse_args()
 
     base = a.dir or tempfile.mkdtemp(prefix="commtrace-bench-")
@@ -81,11 +136,16 @@ def main() -> int:
             ranks, ops = (int(x) for x in case.lower().split("x"))
             path = os.path.join(base, f"r{ranks}x{ops}")
             gen = None
+            cg, cap = None, "-"
+            if case in MEMORY_LIMITS and a.memory_cap:
+                cg, cap = make_cgroup(int(a.memory_cap * (1 << 30)))
+                print(f"{case}: memory cap {a.memory_cap:g} GB: {cap if cg else 'NOT enforced, ' + cap}", flush=True)
+                cap = f"{a.memory_cap:g} GB cgroup" if cg else "not enforced"
             if not os.path.exists(os.path.join(path, "_manifest.json")):
                 code = ("from commtrace.analysis.synth import synth_run\n"
                         f"synth_run({path!r}, ranks={ranks}, ops={ops}, straggler=[({ranks // 3}, 2_000_000)], "
                         "hazards=True, init_stall_ns=50_000_000)\n")
-                gen = _measured(pre + [sys.executable, "-c", code])
+                gen = _measured(pre + [sys.executable, "-c", code], cg)
                 print(f"synth {case}: {gen[0]:.1f} s wall, peak RSS {gen[2]:.0f} MB", flush=True)
             total_ops = ranks * ops
             cmd = pre + [sys.executable, "-m", "commtrace", "report", path, "--format", "json", "--no-progress"]
@@ -93,11 +153,17 @@ def main() -> int:
                 cmd += ["--memory-limit", MEMORY_LIMITS[case]]
             n = 1 if total_ops >= LARGE_OPS else max(1, a.repeat)
             runs = []
-            for _ in range(n):
-                runs.append(_measured(cmd))
-                print(f"report {case}: {runs[-1][0]:.2f} s wall, {runs[-1][1]:.2f} s cpu, "
-                      f"{runs[-1][2]:.0f} MB peak (load {os.getloadavg()[0]:.1f})", flush=True)
-            rows.append((case, total_ops, _size(path), gen, runs))
+            try:
+                for _ in range(n):
+                    runs.append(_measured(cmd, cg))
+                    print(f"report {case}: {runs[-1][0]:.2f} s wall, {runs[-1][1]:.2f} s cpu, "
+                          f"{runs[-1][2]:.0f} MB peak (load {os.getloadavg()[0]:.1f})", flush=True)
+                if cg:
+                    peak, oom = cgroup_peak(cg)
+                    cap += f" (charged peak {peak / (1 << 30):.2f} GB incl. page cache, OOM kills {oom})" if peak else ""
+            finally:
+                remove_cgroup(cg)
+            rows.append((case, total_ops, _size(path), gen, runs, cap))
     finally:
         if not a.keep and a.dir is None:
             shutil.rmtree(base, ignore_errors=True)
@@ -105,9 +171,10 @@ def main() -> int:
     print()
     print(f"machine: {os.cpu_count()} cpus; load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
           f"after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    hdr = ("case", "ops", "B/op", "synth s", "synth MB", "report wall s (runs)", "cpu s", "peak MB", "target", "met")
+    hdr = ("case", "ops", "B/op", "synth s", "synth MB", "report wall s (runs)", "cpu s", "peak MB", "memory cap",
+           "target", "met")
     print(" | ".join(hdr))
-    for case, total_ops, size, gen, runs in rows:
+    for case, total_ops, size, gen, runs, cap in rows:
         best = min(r[0] for r in runs)
         peak = max(r[2] for r in runs)
         cpu = min(r[1] for r in runs)
@@ -116,8 +183,11 @@ def main() -> int:
         print(" | ".join([
             case, f"{total_ops / 1e6:.2f}M", f"{size / total_ops:.1f}",
             "-" if gen is None else f"{gen[0]:.0f}", "-" if gen is None else f"{gen[2]:.0f}",
-            f"{best:.2f} ({', '.join(f'{r[0]:.2f}' for r in runs)})", f"{cpu:.1f}", f"{peak:.0f}",
+            f"{best:.2f} ({', '.join(f'{r[0]:.2f}' for r in runs)})", f"{cpu:.1f}", f"{peak:.0f}", cap,
             "-" if tw is None else f"<= {tw:g} s, <= {tm} MB", met]))
+    if max(load0[0], os.getloadavg()[0]) > (os.cpu_count() or 1):
+        print(f"note: the load average exceeded the {os.cpu_count()} CPUs: the wall times include waiting for "
+              "other processes; the CPU time (user + sys of the report process) is the figure to compare")
     return 0
 
 

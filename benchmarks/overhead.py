@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from common import c_fast_path, free_port, median_ci, thread_cpu_ns
+
 
 def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
     import torch
@@ -43,29 +45,39 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
     tmp = tempfile.mkdtemp(prefix="commtrace-bench-")
     commtrace.enable(output=tmp, stack=True, nvtx=True)
     rec = R.get_recorder()
-    wrapped = dist.all_reduce
-    original = registry.original_of(wrapped)
+    ct_all_reduce = dist.all_reduce
+    torch_all_reduce = registry.original_of(ct_all_reduce)
+    # Each mode on a group of its own. torch numbers each group's collectives, and an untraced
+    # op between two traced ones on one group is a collective the trace did not record: since
+    # commtrace reads torch's numbers it writes a `gap` row for it (about 10 us), which the
+    # interleaved per-op blocks would otherwise pay at every traced op.
+    ranks = list(range(world))
+    g_traced, g_untraced = dist.new_group(ranks), dist.new_group(ranks)
     if args.async_op:
         # the op is an async all_reduce and its wait(), through the same function per mode
-        ct_all_reduce, torch_all_reduce = wrapped, original
-
         def wrapped(x):
-            ct_all_reduce(x, async_op=True).wait()
+            ct_all_reduce(x, group=g_traced, async_op=True).wait()
 
         def original(x):
-            torch_all_reduce(x, async_op=True).wait()
+            torch_all_reduce(x, group=g_untraced, async_op=True).wait()
+    else:
+        def wrapped(x):
+            ct_all_reduce(x, group=g_traced)
+
+        def original(x):
+            torch_all_reduce(x, group=g_untraced)
     t = torch.ones(args.numel)
     k = args.ops
 
     cpu_of = {}
 
     def loop(fn):
-        c0 = _thread_cpu_ns()
+        c0 = thread_cpu_ns()
         t0 = time.perf_counter_ns()
         for _ in range(k):
             fn(t)
         wall = (time.perf_counter_ns() - t0) / k / 1000.0  # us per op
-        cpu_of[fn] = (_thread_cpu_ns() - c0) / k / 1000.0
+        cpu_of[fn] = (thread_cpu_ns() - c0) / k / 1000.0
         return wall
 
     def untraced():
@@ -135,15 +147,20 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
         **{key.replace("_added_us", "_added_iqr_us"): _iqr(diffs[key])
            for key in ("commtrace_added_us", "profiler_added_us", "cpu_commtrace_added_us",
                        "cpu_profiler_added_us")},
-        "ci95": {key: _median_ci(d) for key, d in diffs.items()},
+        "ci95": {key: median_ci(d) for key, d in diffs.items()},
         "per_op": per_op,
         "rows_recorded": None,
-        "c_fast_path": _c_fast_path(),
+        "c_fast_path": c_fast_path(),
     }
     try:
         import pyarrow.dataset as ds
 
-        out["rows_recorded"] = ds.dataset(tmp, partitioning="hive").count_rows()
+        kinds = ds.dataset(tmp, partitioning="hive").to_table(columns=["kind"])["kind"].to_pylist()
+        out["rows_recorded"] = len(kinds)
+        out["op_rows_recorded"] = kinds.count("op")
+        # unrecorded collectives (schema v3): the untraced modes' group, and the barriers of
+        # the rounds (issued with the recorder off) before the per-op blocks' barrier
+        out["gap_rows_recorded"] = kinds.count("gap")
     except Exception:
         pass
     dist.destroy_process_group()
@@ -170,7 +187,7 @@ def _per_op(blocks: int, fns: dict, t, rec, dist) -> dict:
     rng = random.Random(20261201)
     cpu = {n: [] for n in names}
     wall = {n: [] for n in names}
-    tcpu, pc = _thread_cpu_ns, time.perf_counter_ns
+    tcpu, pc = thread_cpu_ns, time.perf_counter_ns
     for _ in range(200):  # warm-up
         for name in names:
             fns[name](t)
@@ -194,35 +211,14 @@ def _per_op(blocks: int, fns: dict, t, rec, dist) -> dict:
         for name in names[1:]:
             d = [(a - b) / 1000.0 for a, b in zip(data[name], data["untraced"])]
             out[f"{kind}_{name}_added_us"] = statistics.median(d)
-            out[f"{kind}_{name}_added_ci95_us"] = _median_ci(d)
+            out[f"{kind}_{name}_added_ci95_us"] = median_ci(d)
         if "bare" in data and "commtrace" in data:
             # commtrace against the bare two-clock wrapper, paired within each block (issue 20:
             # within 1 us of that floor)
             d = [(a - b) / 1000.0 for a, b in zip(data["commtrace"], data["bare"])]
             out[f"{kind}_commtrace_minus_bare_us"] = statistics.median(d)
-            out[f"{kind}_commtrace_minus_bare_ci95_us"] = _median_ci(d)
+            out[f"{kind}_commtrace_minus_bare_ci95_us"] = median_ci(d)
     return out
-
-
-def _median_ci(xs) -> list:
-    """Distribution-free 95% confidence interval of the median (binomial order statistics)."""
-    s = sorted(xs)
-    n = len(s)
-    half = 1.96 * (n ** 0.5) / 2
-    lo = max(0, int(n / 2 - half))
-    hi = min(n - 1, int(n / 2 + half + 1))
-    return [s[lo], s[hi]]
-
-
-def _thread_cpu_ns() -> int:
-    """CPU time of the calling thread (user + system), ns."""
-    return time.clock_gettime_ns(time.CLOCK_THREAD_CPUTIME_ID)
-
-
-def _c_fast_path() -> bool:
-    from commtrace.capture import wrappers
-
-    return getattr(wrappers, "_cfast", None) is not None
 
 
 def _iqr(xs):
@@ -235,12 +231,7 @@ def _worker(rank, world, init, args, q):
 
 
 def run(world: int, args) -> dict:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    init = f"tcp://127.0.0.1:{port}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     if world == 1:
         return _bench(0, 1, init, args)
     import torch.multiprocessing as mp

@@ -1,6 +1,6 @@
 """Step time of real training loops, traced against untraced, in one run (issue 20).
 
-    python benchmarks/steps.py                          # every workload, ~4 minutes on 2 cores
+    python benchmarks/steps.py                          # every workload, ~3 minutes on 2 cores
     python benchmarks/steps.py --workloads ddp async_loop --rounds 60 --json steps.json
 
 What users see is the time of a training step, not the cost of one op. Each workload runs on
@@ -16,24 +16,39 @@ What users see is the time of a training step, not the cost of one op. Each work
 
 Method (the machine is shared and noisy): tracing is on in both ranks (``commtrace.enable()``
 before the process group exists, with `commtrace run`'s defaults: call sites, hazard
-detection, 2 s flushes, the writer thread at nice +10). Each rank holds two copies of the
-workload: one built and warmed up with tracing off (for DDP: a model without commtrace's comm
-hook, DDP's C++ all-reduce), one with tracing on. Rounds of K steps alternate between them,
-untraced then traced or the other way round (the order alternates), with a barrier before each
-round, so a drift of the machine moves both rounds of a pair. During an untraced round the
-recorder is off and its write lock is held. By default (``--writer sync``) the traced rounds
-write their rows themselves, on the training thread and inside their time: a part at the end
-of the round in which a flush interval (2 s) of traced time has passed, and one at the end of
-the last traced round. The writer's work (Parquet encoding) is thus charged in full to the
-traced rounds, as if it took all its CPU from training (an upper bound: the writer thread, at a
-lower priority, takes it from idle time where there is some). ``--writer async`` leaves the flushes to the writer thread (``--flush-interval``
-2 s), whose work then lands in traced rounds or between rounds. The figure is the ratio of the total traced
-to the total untraced step time (each round's mean step time, both ranks' means averaged),
-with a 95% percentile-bootstrap interval over the pairs (distribution-free); the flushes land in
-a few rounds, so a median of per-pair ratios (printed too, with its binomial interval, as
-benchmarks/overhead.py computes it) would leave them out. With every figure: the load average (``uptime``) at the
-start and end of the workload and the untraced baseline. The writer's CPU per op: the writer
-thread's CPU time over the rounds plus the final flush, per op recorded in traced rounds.
+detection, 2 s flushes). Three modes: "untraced" (a copy of the workload built, warmed up
+and run with tracing off), "traced" (the same copy run with tracing on; for DDP a second copy
+built with tracing on, since commtrace's comm hook replaces DDP's C++ all-reduce, the untraced
+copy keeping the latter) and "control", a second untraced copy. Two copies of one workload in
+one process do not run equally fast (memory placement): in runs of this benchmark two
+untraced copies of the FSDP2 sample differed by up to 15%, with intervals that excluded 1,
+which is why traced runs on the untraced copy wherever it can and why control / untraced is
+printed. Each set of rounds runs K steps of each mode, in an order that rotates (each mode
+first, second and last in turn), with a barrier before each round; rounds are short (50-80 ms
+here) so that a change of the machine's load moves the three rounds of a set alike. During an
+untraced or control round the recorder is off and its write lock is held. By default
+(``--writer sync``) the traced rounds write their rows themselves, on the training thread and
+inside their time: a part at the end of the round in which a flush interval (2 s) of traced
+time has passed, and one at the end of the last traced round. The writer's work (Parquet
+encoding) is thus charged in full to the traced rounds (an upper bound). ``--writer async``
+leaves the flushes to the writer thread, whose work then lands in traced rounds or between
+rounds.
+
+Figures, each with a 95% percentile-bootstrap interval over the sets (distribution-free):
+- traced / untraced: the ratio of the total traced to the total untraced step time (each
+  round's mean step time, both ranks' means averaged); a median of per-set ratios would skip
+  the few rounds that write a part (it is printed too, with its binomial interval);
+- control / untraced, the same ratio between the two untraced copies: 1 up to the resolution
+  this run has on this machine now (and any difference between two copies of one workload);
+  a traced / untraced interval is only as good as this one;
+- the process CPU time per step (all threads of the rank: training, gloo's, the writer),
+  traced / untraced and control / untraced: less sensitive to other jobs than wall time;
+- the load average (``uptime``) at the start and end of each workload, the untraced baseline,
+  and the writer's CPU per op (its thread's CPU time over the rounds plus the flushes written
+  by traced rounds, per op recorded in traced rounds).
+
+``--pin one`` puts both ranks (and every thread they start) on the first CPU, ``--pin each``
+rank r on CPU r; ``--pin none`` (the default) leaves placement to the scheduler.
 """
 
 from __future__ import annotations
@@ -42,19 +57,24 @@ import argparse
 import importlib.util
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+from common import bootstrap_ratio_ci, free_port, load_of, median_ci, thread_cpu_s, uptime
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: workload -> (warm-up steps, steps per round) by default: rounds of 0.1-0.4 s here
-DEFAULTS = {"ddp": (10, 40), "fsdp2": (4, 10), "pipeline": (5, 30), "async_loop": (20, 100),
-            "soak": (2, 4)}
+#: workload -> (warm-up steps, steps per round) by default: rounds of 50-80 ms here, short
+#: enough that a change of the machine's load moves the three rounds of a set alike
+DEFAULTS = {"ddp": (10, 8), "fsdp2": (4, 2), "pipeline": (5, 3), "async_loop": (20, 25),
+            "soak": (2, 1)}
 WORKLOADS = list(DEFAULTS)
+ROUNDS = 90
+#: workloads whose traced copy must be built with tracing on (DDP: commtrace's comm hook)
+SEPARATE_COPY = ("ddp",)
+PIN = "none"
 TARGET_RATIO = 1.02   # issue 20: DDP, FSDP2 and pipeline traced <= 2% over untraced (upper bound)
 SOAK_TARGET = 1.05    # the soak's tight loop: <= +5%
 
@@ -100,13 +120,6 @@ def _build(workload: str, rank: int, world: int):
     raise ValueError(f"unknown workload {workload!r}")
 
 
-def _thread_cpu_s(thread) -> float | None:
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-    except Exception:
-        return None
-
-
 def _nice_of(thread):
     try:
         return os.getpriority(os.PRIO_PROCESS, thread.native_id)
@@ -114,8 +127,28 @@ def _nice_of(thread):
         return None
 
 
-def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q) -> None:
-    """One rank (a forked child): puts its round times and writer figures on `q`."""
+MODES = ("untraced", "traced", "control")
+
+
+def _pin(rank: int, how: str) -> list | None:
+    """Pin this rank (and the threads it starts: gloo's, the writer) to CPUs; the CPUs."""
+    if how == "none" or not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    mine = {cpus[0]} if how == "one" else {cpus[rank % len(cpus)]}
+    os.sched_setaffinity(0, mine)
+    return sorted(mine)
+
+
+def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin="none") -> None:
+    """One rank (a forked child): puts its round times and writer figures on `q`.
+
+    Modes: "untraced" (a copy of the workload built, warmed up and run with the recorder off),
+    "traced" (run with the recorder on: the same copy, except for DDP, whose traced copy is
+    built with the recorder on so that it gets commtrace's comm hook) and "control", a second
+    untraced copy: control / untraced is what the comparison of two copies gives with no
+    tracing at all (this run's resolution, and the difference between two copies)."""
+    same_copy = workload not in SEPARATE_COPY
     try:
         import threading
 
@@ -125,6 +158,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q) -> N
         import commtrace
         from commtrace.capture import recorder as R
 
+        cpus = _pin(rank, pin)
         torch.set_num_threads(1)
         commtrace.enable(output=out)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -132,61 +166,73 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q) -> N
         rec = R.get_recorder()
         if rec is None:
             raise RuntimeError("tracing did not start")
-        # the untraced copy: built and warmed up with the recorder off (DDP: no comm hook)
-        R._set_recorder(None)
-        st_u, step_u = _build(workload, rank, world)
-        for i in range(warmup):
-            step_u(st_u, i)
-        R._set_recorder(rec)
-        st_t, step_t = _build(workload, rank, world)
-        for i in range(warmup):
-            step_t(st_t, i)
+        copies = {}
+        for mode in ("untraced", "traced", "control"):
+            if mode == "traced" and same_copy:
+                # the untraced copy, with the recorder on: no difference between two copies
+                # of the workload enters the comparison (wrappers with the recorder off call
+                # torch's function at once: about 0.1 us per op)
+                copies[mode] = copies["untraced"]
+                continue
+            R._set_recorder(rec if mode == "traced" else None)
+            st, fn = _build(workload, rank, world)
+            for i in range(warmup):
+                fn(st, i)
+            copies[mode] = (st, fn)
         writer = next((t for t in threading.enumerate() if t.name == "commtrace-writer"), None)
         R._set_recorder(None)
         dist.barrier()
         rec.flush()   # the warm-ups' rows written now: the writer's CPU below is the rounds'
-        w_cpu0 = _thread_cpu_s(writer) if writer is not None else None
-        pc = time.perf_counter
-        times = {"untraced": [], "traced": []}
+        w_cpu0 = thread_cpu_s(writer) if writer is not None else None
+        pc, cpu = time.perf_counter, time.process_time
+        times = {m: [] for m in MODES}
+        cpus_s = {m: [] for m in MODES}   # the process's CPU time (all its threads) per step
         sync_cpu = 0.0
+        n_sync = 0
         interval = max(0.05, float(rec.config.flush_interval))
         since = 0.0   # traced time since the last flush
         windows = []
         lock = rec._write_lock
         for r in range(rounds):
-            order = ("untraced", "traced") if r % 2 == 0 else ("traced", "untraced")
+            k = r % len(MODES)
+            order = MODES[k:] + MODES[:k]   # each mode first, second and last in turn
             for mode in order:
+                st, fn = copies[mode]
                 R._set_recorder(None)
                 dist.barrier()
-                if mode == "untraced":
+                if mode != "traced":
                     lock.acquire()   # no flush during an untraced round (it waits for a traced one)
                     try:
-                        t0 = pc()
+                        c0, t0 = cpu(), pc()
                         for i in range(steps):
-                            step_u(st_u, i)
-                        times[mode].append((pc() - t0) / steps)
+                            fn(st, i)
+                        t1, c1 = pc(), cpu()
                     finally:
                         lock.release()
                 else:
                     R._set_recorder(rec)
                     w0 = time.time_ns()
-                    t0 = pc()
+                    c0, t0 = cpu(), pc()
                     for i in range(steps):
-                        step_t(st_t, i)
+                        fn(st, i)
                     w1 = time.time_ns()
                     since += pc() - t0
                     if sync and (since >= interval or r == rounds - 1):
                         # a part per flush interval of traced time, and the last round's, all
                         # written inside a traced round's time (on the training thread)
-                        c0 = time.thread_time()
+                        s0 = time.thread_time()
                         rec.flush()
-                        sync_cpu += time.thread_time() - c0
+                        sync_cpu += time.thread_time() - s0
+                        n_sync += 1
                         since = 0.0
-                    times[mode].append((pc() - t0) / steps)
+                    t1, c1 = pc(), cpu()
                     windows.append((w0, w1))
                     R._set_recorder(None)
-        w_cpu = _thread_cpu_s(writer) if writer is not None else None
+                times[mode].append((t1 - t0) / steps)
+                cpus_s[mode].append((c1 - c0) / steps)
+        w_cpu = thread_cpu_s(writer) if writer is not None else None
         nice = _nice_of(writer)
+        nice_added = None if nice is None else nice - os.getpriority(os.PRIO_PROCESS, 0)
         c0 = time.thread_time()
         rec.flush()   # what the rounds left queued, written on this thread (counted below)
         final_cpu = time.thread_time() - c0
@@ -194,18 +240,14 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q) -> N
         commtrace.disable()
         dist.barrier()
         dist.destroy_process_group()
-        q.put({"rank": rank, "times": times, "windows": windows, "sync_cpu_s": sync_cpu,
+        q.put({"rank": rank, "times": times, "cpu": cpus_s, "windows": windows,
+               "sync_cpu_s": sync_cpu, "sync_flushes": n_sync, "cpus": cpus,
                "writer_cpu_s": (w_cpu - w_cpu0) if w_cpu is not None and w_cpu0 is not None
-               else None, "final_flush_cpu_s": final_cpu, "writer_nice": nice})
+               else None, "final_flush_cpu_s": final_cpu, "writer_nice": nice,
+               "writer_nice_added": nice_added})
     except BaseException as e:  # the parent reports it
         q.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
         raise
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ops_in_windows(out: str, res: list) -> int:
@@ -224,54 +266,20 @@ def _ops_in_windows(out: str, res: list) -> int:
     return n
 
 
-def _median_ci(xs) -> list:
-    """Distribution-free 95% confidence interval of the median (binomial order statistics)."""
-    s = sorted(xs)
-    n = len(s)
-    half = 1.96 * (n ** 0.5) / 2
-    lo = max(0, int(n / 2 - half))
-    hi = min(n - 1, int(n / 2 + half + 1))
-    return [s[lo], s[hi]]
-
-
-def _bootstrap_ci(traced: list, untraced: list, n: int = 5000) -> list:
-    """95% percentile-bootstrap interval of sum(traced) / sum(untraced), resampling pairs."""
-    import random
-
-    rng = random.Random(20261201)
-    k = len(traced)
-    stats = []
-    for _ in range(n):
-        idx = [rng.randrange(k) for _ in range(k)]
-        stats.append(sum(traced[i] for i in idx) / sum(untraced[i] for i in idx))
-    stats.sort()
-    return [stats[int(0.025 * n)], stats[min(n - 1, int(0.975 * n))]]
-
-
-def _uptime() -> str:
-    try:
-        return time.strftime("%H:%M:%S UTC", time.gmtime()) + ", " + subprocess.run(
-            ["uptime"], capture_output=True, text=True, timeout=5).stdout.strip().split(",  ", 1)[-1]
-    except Exception:
-        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _load(text: str) -> str:
-    return text.rsplit("load average:", 1)[-1].strip()
-
-
 def run_workload(workload: str, rounds: int, warmup: int, steps: int, timeout: float,
-                 sync: bool = True) -> dict:
-    """One 2-rank job of `rounds` untraced/traced round pairs; the paired ratios and figures."""
+                 sync: bool = True, pin: str = "none") -> dict:
+    """One 2-rank job of `rounds` sets of rounds (untraced, traced, control); the paired ratios
+    and figures."""
     import multiprocessing as mp
     import shutil
 
-    up0 = _uptime()
+    up0 = uptime()
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     out = tempfile.mkdtemp(prefix="commtrace-steps-")
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, workload, out, warmup, steps, rounds, sync, q))
+    port = free_port()
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, workload, out, warmup, steps, rounds, sync, q,
+                                                     pin))
              for r in range(2)]
     for p in procs:
         p.start()
@@ -287,33 +295,53 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int, timeout: f
     errs = [r["error"] for r in res if "error" in r]
     if errs:
         raise RuntimeError(f"{workload}: {errs[0]}")
-    up1 = _uptime()
+    up1 = uptime()
     res.sort(key=lambda r: r["rank"])
     n_ops = _ops_in_windows(out, res)
     shutil.rmtree(out, ignore_errors=True)
     per = {m: [statistics.mean(r["times"][m][i] for r in res) for i in range(rounds)]
-           for m in ("untraced", "traced")}
+           for m in MODES}
+    pcpu = {m: [statistics.mean(r["cpu"][m][i] for r in res) for i in range(rounds)]
+            for m in MODES}
     ratios = [t / u for t, u in zip(per["traced"], per["untraced"])]
     med = statistics.median(ratios)
     # The figure: total traced over total untraced time (the writer's flushes land in a few
     # rounds, which a median of per-pair ratios would skip), CI by resampling the pairs.
     total = sum(per["traced"]) / sum(per["untraced"])
-    total_ci = _bootstrap_ci(per["traced"], per["untraced"])
+    total_ci = bootstrap_ratio_ci(per["traced"], per["untraced"])
     u_ms = statistics.median(per["untraced"]) * 1e3
     per_step = n_ops / (len(res) * rounds * steps)
     cpu = [(r.get("writer_cpu_s") or 0.0) + r.get("final_flush_cpu_s", 0.0)
            + r.get("sync_cpu_s", 0.0) for r in res]
     return {
-        "workload": workload, "rounds": rounds, "writer": "sync" if sync else "async", "warmup_steps": warmup, "steps_per_round": steps,
+        "workload": workload, "rounds": rounds, "writer": "sync" if sync else "async",
+        "warmup_steps": warmup, "steps_per_round": steps, "pin": pin,
+        "cpus": [r.get("cpus") for r in res],
         "untraced_step_ms": u_ms, "traced_step_ms": statistics.median(per["traced"]) * 1e3,
+        "control_step_ms": statistics.median(per["control"]) * 1e3,
         "ratio": total, "ratio_ci95": total_ci,
-        "median_ratio": med, "median_ratio_ci95": _median_ci(ratios), "ratios": ratios,
+        "median_ratio": med, "median_ratio_ci95": median_ci(ratios), "ratios": ratios,
+        # the same comparison between two untraced copies: 1 up to this run's resolution
+        "control_ratio": sum(per["control"]) / sum(per["untraced"]),
+        "control_ratio_ci95": bootstrap_ratio_ci(per["control"], per["untraced"]),
+        # the process's CPU time (training, backend and writer threads) per step, both ranks
+        "untraced_cpu_ms": sum(pcpu["untraced"]) / rounds * 1e3,
+        "cpu_ratio": sum(pcpu["traced"]) / sum(pcpu["untraced"]),
+        "cpu_ratio_ci95": bootstrap_ratio_ci(pcpu["traced"], pcpu["untraced"]),
+        "control_cpu_ratio": sum(pcpu["control"]) / sum(pcpu["untraced"]),
+        "control_cpu_ratio_ci95": bootstrap_ratio_ci(pcpu["control"], pcpu["untraced"]),
         "added_us_per_step": (total - 1.0) * u_ms * 1e3,
         "ops_per_step_per_rank": per_step,
         "added_us_per_op": (total - 1.0) * u_ms * 1e3 / per_step if per_step else None,
         "writer_cpu_us_per_op": sum(cpu) / n_ops * 1e6 if n_ops else None,
+        # its parts: the writer thread's CPU, the flushes of traced rounds (count, CPU), the last
+        "writer_thread_cpu_s": [r.get("writer_cpu_s") for r in res],
+        "sync_flushes": [r.get("sync_flushes") for r in res],
+        "sync_flush_cpu_s": [r.get("sync_cpu_s") for r in res],
+        "final_flush_cpu_s": [r.get("final_flush_cpu_s") for r in res],
         "writer_nice": [r.get("writer_nice") for r in res],
-        "load_start": _load(up0), "load_end": _load(up1), "uptime_start": up0, "uptime_end": up1,
+        "writer_nice_added": [r.get("writer_nice_added") for r in res],
+        "load_start": load_of(up0), "load_end": load_of(up1), "uptime_start": up0, "uptime_end": up1,
     }
 
 
@@ -331,16 +359,25 @@ def report(r: dict) -> list[str]:
             verdict += " (but traced ran faster than untraced: not resolved by this run)"
     per_op = r["added_us_per_op"]
     w = r["writer_cpu_us_per_op"]
+    clo, chi = r["control_ratio_ci95"]
+    plo, phi = r["cpu_ratio_ci95"]
+    qlo, qhi = r["control_cpu_ratio_ci95"]
     return [
-        f"{r['workload']}: {r['rounds']} pairs of rounds x {r['steps_per_round']} steps "
-        f"(2 ranks, gloo, rows written by "
-        f"{'the traced rounds' if r['writer'] == 'sync' else 'the writer thread'}), "
-        f"load average {r['load_start']} -> {r['load_end']}",
-        f"  untraced step {r['untraced_step_ms']:.3f} ms, traced {r['traced_step_ms']:.3f} ms "
-        f"(medians of the rounds); {r['ops_per_step_per_rank']:.1f} ops per step per rank",
+        f"{r['workload']}: {r['rounds']} sets of rounds x {r['steps_per_round']} steps "
+        f"(untraced, traced, control; 2 ranks, gloo, rows written by "
+        f"{'the traced rounds' if r['writer'] == 'sync' else 'the writer thread'}; pinned: "
+        f"{r['pin']}), load average {r['load_start']} -> {r['load_end']}",
+        f"  untraced step {r['untraced_step_ms']:.3f} ms, traced {r['traced_step_ms']:.3f} ms, "
+        f"control {r['control_step_ms']:.3f} ms (medians of the rounds); "
+        f"{r['ops_per_step_per_rank']:.1f} ops per step per rank",
         f"  traced / untraced step time: {r['ratio']:.4f} [95% CI {lo:.4f}, {hi:.4f}] "
         f"({100 * (r['ratio'] - 1):+.2f}%, {r['added_us_per_step']:+.1f} us per step"
         + (f", {per_op:+.1f} us per op" if per_op is not None else "") + ")" + verdict,
+        f"  control / untraced step time (two untraced copies: this run's resolution): "
+        f"{r['control_ratio']:.4f} [95% CI {clo:.4f}, {chi:.4f}]",
+        f"  process CPU per step (all threads): untraced {r['untraced_cpu_ms']:.3f} ms; traced / "
+        f"untraced {r['cpu_ratio']:.4f} [95% CI {plo:.4f}, {phi:.4f}]; control / untraced "
+        f"{r['control_cpu_ratio']:.4f} [{qlo:.4f}, {qhi:.4f}]",
         f"  (median of the per-pair ratios {r['median_ratio']:.4f} [95% CI "
         f"{r['median_ratio_ci95'][0]:.4f}, {r['median_ratio_ci95'][1]:.4f}])",
         "  writer thread CPU per op: " + (f"{w:.2f} us" if w is not None else "n/a")
@@ -359,8 +396,9 @@ def main(argv=None) -> int:
         "  COMMTRACE_WRITER_NICE=0 python benchmarks/steps.py --workloads soak\n"
         "  COMMTRACE_PURE_PYTHON=1 python benchmarks/steps.py --workloads async_loop")
     ap.add_argument("--workloads", nargs="*", default=WORKLOADS, choices=WORKLOADS)
-    ap.add_argument("--rounds", type=int, default=30,
-                    help="pairs of rounds (untraced, traced) per workload (default 30)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS,
+                    help=f"sets of rounds (untraced, traced, control) per workload (default "
+                    f"{ROUNDS})")
     ap.add_argument("--steps", type=int, default=None,
                     help="steps per round (default: by workload)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps of each copy")
@@ -369,6 +407,9 @@ def main(argv=None) -> int:
                     help="sync (default, an upper bound): each traced round ends with a flush "
                     "of its rows on the training thread, inside the round's time; async: the "
                     "writer thread flushes on its own schedule (held off during untraced rounds)")
+    ap.add_argument("--pin", choices=["none", "one", "each"], default=PIN,
+                    help="CPU affinity of the ranks (and their threads): none, one (both ranks on "
+                    "the first CPU), each (rank r on CPU r)" + f" (default {PIN})")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args(argv)
     if a.rounds < 1:
@@ -382,12 +423,12 @@ def main(argv=None) -> int:
     from commtrace.capture import wrappers
 
     print(f"steps: torch {torch.__version__}, C fast path "
-          f"{'on' if wrappers._cfast is not None else 'OFF'}; {_uptime()}", flush=True)
+          f"{'on' if wrappers._cfast is not None else 'OFF'}; {uptime()}", flush=True)
     results = []
     for w in a.workloads:
         dw, ds_ = DEFAULTS[w]
         r = run_workload(w, a.rounds, a.warmup if a.warmup is not None else dw, a.steps or ds_,
-                         a.timeout, a.writer == "sync")
+                         a.timeout, a.writer == "sync", a.pin)
         r["c_fast_path"] = wrappers._cfast is not None
         results.append(r)
         print("\n".join(report(r)), flush=True)

@@ -164,6 +164,16 @@ function(dark, colors) {
 """ % THEME_COOKIE
 
 
+#: The timeline's relayoutData passed on (to the store "zoom", an input of the timeline callback)
+#: only when it changes the x range.
+ZOOM_JS = """
+function(r) {
+    if (r && Object.keys(r).some(k => k.startsWith('xaxis.range') || k === 'xaxis.autorange')) { return r; }
+    return window.dash_clientside.no_update;
+}
+"""
+
+
 def _request_dark() -> bool:
     """Whether the request asks for the dark theme (its cookie); False outside a request."""
     import flask
@@ -272,9 +282,9 @@ def overview_children(ov: dict, d: RunData | None, prefix: str = "show-finding",
         dmc.Title("Time per step: compute, exposed communication, wait", order=4, mt="sm"), steps_block,
         dmc.Title("Per-rank health", order=4, mt="sm"),
         _graph(f"ov-health{suffix}", hf),
-        _grid(f"ov-health-table{suffix}", health_rows,
-              [("rank", "rank"), ("wait_s", "wait (s)"), ("exposed_s", "exposed comm (s)"),
-               ("overlap_ratio", "overlap ratio"), ("flag", "finding")], height=min(40 + 42 * len(health_rows), 300)),
+        _plain_table(f"ov-health-table{suffix}", health_rows,
+                     [("rank", "rank"), ("wait_s", "wait (s)"), ("exposed_s", "exposed comm (s)"),
+                      ("overlap_ratio", "overlap ratio"), ("flag", "finding")], height=300),
     ]
 
 
@@ -283,6 +293,30 @@ def _r4(v):
 
 
 # ---------------------------------------------------------------------------- other pages
+def _plain_table(id_, rows, columns, height=None):
+    """A table of `rows` (dicts) with `columns` = [(field, header)] as a Mantine table: each cell
+    has the class `col-<field>`; with `height`, a longer table scrolls inside it (sticky header).
+    The overview uses it for its per-rank health table: the first page then initialises no AG
+    Grid (nor loads its 0.9 MB chunk), which cost it 0.2-0.6 s."""
+    table = dmc.Table(id=id_, striped=True, highlightOnHover=True, withTableBorder=True, stickyHeader=True,
+                      children=[dmc.TableThead(dmc.TableTr([dmc.TableTh(h, className=f"col-{f}") for f, h in columns])),
+                                dmc.TableTbody([dmc.TableTr([dmc.TableTd("" if r.get(f) is None else str(r.get(f)),
+                                                                         className=f"col-{f}") for f, _ in columns])
+                                                for r in rows])])
+    if height is None or len(rows) <= AUTO_HEIGHT_ROWS:
+        return table
+    return dmc.TableScrollContainer(table, minWidth=400, maxHeight=height, type="native")
+
+
+def _facts_table(id_, rows, head=("fact", "value")):
+    """A short two-column table of facts (a Mantine table: the Run page's short lists cost no grid
+    each; its long per-rank tables stay AG Grids)."""
+    return dmc.Table(id=id_, striped=True, withTableBorder=True, highlightOnHover=True, children=[
+        dmc.TableThead(dmc.TableTr([dmc.TableTh(head[0], w="25%"), dmc.TableTh(head[1])])),
+        dmc.TableTbody([dmc.TableTr([dmc.TableTd(str(r["fact"])), dmc.TableTd(str(r["value"]), style={"wordBreak": "break-word"})])
+                        for r in rows])])
+
+
 def facts_children(d: RunData):
     """Run facts as tables: job, hosts and versions per rank, NCCL / NVML facts when present,
     clock offsets and violations, ops by op, dropped rows, warnings."""
@@ -317,15 +351,16 @@ def facts_children(d: RunData):
     import numpy as np
     counts = np.bincount(o["op"][o["op"] >= 0], minlength=len(o["op_values"])) if len(o["op"]) else []
     op_rows = [{"op": o["op_values"][k], "calls": int(n)} for k, n in enumerate(counts) if n]
-    out = [dmc.Title("Job", order=4), _grid("facts-job", job_rows, [("fact", "fact"), ("value", "value", {"flex": 3})]),
+    out = [dmc.Title("Job", order=4), _facts_table("facts-job", job_rows),
            dmc.Title("Ranks: hosts, versions, clock offsets, dropped rows", order=4, mt="sm"),
            _grid("facts-ranks", rank_rows, [(k, k) for k in rank_rows[0]] if rank_rows else [("rank", "rank")])]
     out += [dmc.Title("NCCL / NVML / GPU facts", order=4, mt="sm"),
             _grid("facts-device", extra_rows, [("rank", "rank"), ("fact", "fact"), ("value", "value", {"flex": 3})])
             if extra_rows else _empty("None recorded: a CPU (gloo) run has no NCCL or NVML facts.")]
-    out += [dmc.Title("Clock alignment", order=4, mt="sm"), _grid("facts-clock", clock_rows, [("fact", "fact"), ("value", "value")]),
+    out += [dmc.Title("Clock alignment", order=4, mt="sm"), _facts_table("facts-clock", clock_rows),
             dmc.Title("Ops by op", order=4, mt="sm"),
-            _grid("facts-ops", op_rows, [("op", "op"), ("calls", "calls (all ranks)")]) if op_rows else _empty("No ops recorded.")]
+            _facts_table("facts-ops", [{"fact": r["op"], "value": r["calls"]} for r in op_rows], ("op", "calls (all ranks)"))
+            if op_rows else _empty("No ops recorded.")]
     warns = list(rep.get("warnings") or [])
     out += [dmc.Title("Warnings from loading", order=4, mt="sm"),
             dmc.List([dmc.ListItem(w) for w in warns]) if warns else _empty("None: every part read cleanly.")]
@@ -551,6 +586,10 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         return lay
 
     app.layout = page
+    # Only a zoom of the plot goes to the server: Plotly also reports an autosize (when the
+    # timeline is first shown, the page's scroll bar appears) and the theme toggle's re-colouring
+    # as relayoutData, and each cost a round trip beside the figure's.
+    app.clientside_callback(ZOOM_JS, Output("zoom", "data"), Input("timeline", "relayoutData"), prevent_initial_call=True)
     app.clientside_callback(THEME_JS, Output("provider", "forceColorScheme"), Input("theme-switch", "checked"),
                             State("theme-colors", "data"), prevent_initial_call=True)
     app._commtrace_page = page  # for tests
@@ -601,7 +640,7 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
     @app.callback(Output("timeline", "figure"), Output("range", "value"), Output("window", "data"),
                   Output("selected", "data"), Output("tabs", "value"), Output("mode-info", "children"),
                   Output("selection-info", "children"), Output("views-drawn", "data", allow_duplicate=True),
-                  Input("timeline", "relayoutData"), Input("range", "value"), Input("reset", "n_clicks"),
+                  Input("zoom", "data"), Input("range", "value"), Input("reset", "n_clicks"),
                   Input({"type": "findings-grid", "i": ALL}, "cellClicked"), Input("timeline", "clickData"),
                   Input({"type": "show-finding", "i": ALL}, "n_clicks"),
                   State("window", "data"), State("selected", "data"), State("views-drawn", "data"),
@@ -617,7 +656,10 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
             if not any(shows or []):
                 raise dash.exceptions.PreventUpdate
             return update("show-finding", relayout, rng, {"i": trig["i"]}, click, win, sel, drawn, dark)
-        return update(dash.ctx.triggered[0]["prop_id"], relayout, rng, None, click, win, sel, drawn, dark)
+        prop = dash.ctx.triggered[0]["prop_id"]
+        if prop == "zoom.data":  # the plot's zoom (relayoutData, filtered in the browser)
+            prop = "timeline.relayoutData"
+        return update(prop, relayout, rng, None, click, win, sel, drawn, dark)
 
     def update(prop, relayout, rng, cell, click, win, sel, drawn=None, dark=False):
         """The timeline callback's outputs for the input `prop` ("timeline.relayoutData", ...)."""
@@ -788,6 +830,7 @@ def _page(d: RunData, other, diff, pages, running: bool, job: dict | None = None
         dcc.Store(id="selected", data=None),
         dcc.Store(id="views-drawn", data=[]),
         dcc.Store(id="gen", data=0),
+        dcc.Store(id="zoom", data={}),
         dcc.Store(id="theme-colors", data=F.THEME_COLORS),
         dcc.Interval(id="tick", interval=LIVE_MS, disabled=not running),
         html.Div(id="view-overview", children=[

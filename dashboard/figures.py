@@ -238,7 +238,9 @@ def empty_timeline(d: RunData) -> go.Figure:
     at the timeline's height. The first page is the overview; the timeline is drawn when first
     shown, and axes here would cost the first page their drawing (a tick label per sub-row)."""
     return go.Figure(layout=dict(height=_timeline_height(d), margin=margin(l=150, r=80, t=40, b=50),
-                                 xaxis=dict(visible=False), yaxis=dict(visible=False),
+                                 # fixed ranges: an autorange would be reported back as a zoom
+                                 xaxis=dict(visible=False, range=[0.0, d.duration_s]),
+                                 yaxis=dict(visible=False, range=[len(d.ranks) * 3 - 0.5, -0.5]),
                                  meta={"mode": "none", "critical": "none"}, uirevision="timeline"))
 
 

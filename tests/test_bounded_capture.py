@@ -191,6 +191,51 @@ def test_on_demand_trigger_records_the_same_next_steps_on_every_rank(tmp_path):
         run.close()
 
 
+@pytest.mark.slow
+def test_on_demand_sigusr2_to_commtrace_run_triggers(tmp_path):
+    """SIGUSR2 sent to `commtrace run` (not the ranks) writes the same trigger as `commtrace
+    trigger OUT --steps N`, with N from --trigger-steps: both ranks record the same 3 steps."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import clean_env
+
+    out = tmp_path / "t"
+    n_steps = 40
+    cmd = [sys.executable, "-m", "commtrace", "run", "-o", str(out), "--on-demand", "--trigger-steps", "3",
+           "--flush-interval", "0.1", "--", *torchrun_cmd(SCRIPT, "--steps", n_steps, "--sleep", 0.1)]
+    p = subprocess.Popen(cmd, env=clean_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = -1
+        deadline = time.time() + 120
+        while time.time() < deadline and p.poll() is None:
+            for f in glob.glob(str(out / "*" / "rank=0" / "counters-*.parquet")):
+                try:
+                    seen = max([seen] + [s for s in pq.read_table(f, columns=["step"])["step"].to_pylist() if s is not None])
+                except Exception:  # noqa: BLE001 -- a part being renamed
+                    pass
+            if seen >= 5:
+                break
+            time.sleep(0.1)
+        assert seen >= 5 and p.poll() is None, "the job did not get going"
+        p.send_signal(signal.SIGUSR2)
+        stdout, stderr = p.communicate(timeout=180)
+        assert p.returncode == 0, stderr[-3000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert f"kill -USR2 {p.pid}" in stderr and "SIGUSR2: trigger" in stderr, stderr[-2000:]
+    rows = load_rows(out)
+    steps = []
+    for r in (0, 1):
+        st = sorted({x["step"] for x in rows if x["rank"] == r and x["kind"] == "op"})
+        assert len(st) == 3 and st == list(range(st[0], st[0] + 3)) and st[0] > seen, st
+        steps.append(st)
+    assert steps[0] == steps[1]
+
+
 def test_trigger_needs_a_directory(tmp_path):
     from commtrace.cli import main
 

@@ -50,7 +50,8 @@ CHECK_JS = r"""
   const name = el => (el.id ? '#' + el.id : '') + '.' + String(el.className && el.className.baseVal !== undefined
                      ? el.className.baseVal : el.className).split(' ').slice(0, 2).join('.') +
                      ' "' + (el.innerText || el.textContent || '').trim().slice(0, 40) + '"';
-  const scope = [document.querySelector('#tabs'), document.querySelector('#run-summary').closest('.mantine-Group-root'), root];
+  const scope = [document.querySelector('#tabs'), document.querySelector('#run-summary').closest('.mantine-Group-root'),
+                 document.querySelector('#live-banner'), document.querySelector('#banner'), root].filter(Boolean);
   // 1. text cut by its own box: an element with its own text whose content is wider or taller
   //    than its box while its overflow hides it (AG Grid cells included)
   for (const s of scope) for (const el of s.querySelectorAll('*')) {

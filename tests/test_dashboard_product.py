@@ -105,6 +105,14 @@ class Page:
             return rows.map(r => Object.fromEntries(Array.from(r.querySelectorAll('.ag-cell'))
                 .map(c => [c.getAttribute('col-id'), c.innerText.trim()]))); }}""")
 
+    def table(self, id_) -> list[dict]:
+        """The cells of a plain (Mantine) table as shown (text), row by row: {field: text} from the
+        cells' `col-<field>` classes."""
+        self.page.wait_for_selector(f"#{id_} tbody tr", timeout=20_000)
+        return self.page.evaluate(f"""() => Array.from(document.querySelectorAll('#{id_} tbody tr')).map(r =>
+            Object.fromEntries(Array.from(r.querySelectorAll('td')).map(c =>
+                [Array.from(c.classList).find(k => k.startsWith('col-')).slice(4), c.innerText.trim()])))""")
+
     def close(self):
         self.page.close()
         self.srv.stop()
@@ -147,7 +155,7 @@ def test_straggler_overview_card_and_show_on_timeline(straggler_page):
         assert fix == "Fix: " + " ".join(CATALOGUE["straggler"].fix.replace("`", "").split())
         assert "Straggler rank" in text and "rank 1 arrived last" in text
         # the health strip flags rank 1
-        health = p.grid("ov-health-table")
+        health = p.table("ov-health-table")
         assert [r["rank"] for r in health if r["flag"] == "straggler"] == ["1"]
         os.makedirs(ART, exist_ok=True)
         page.screenshot(path=f"{ART}/product-overview.png")
@@ -183,10 +191,10 @@ def test_every_number_shown_equals_the_report(browser, traced, reports, straggle
     try:
         page = p.page
         if shared:
-            p.tab("Overview", "#ov-health-table .ag-row")
+            p.tab("Overview", "#ov-health-table tbody tr")
         # overview: per-rank health table (4 decimals; overlap ratio 3)
         pr = {r["rank"]: r for r in rep["per_rank"]}
-        shown = p.grid("ov-health-table")
+        shown = p.table("ov-health-table")
         assert [int(r["rank"]) for r in shown] == sorted(pr)
         for r in shown:
             want = pr[int(r["rank"])]
@@ -321,6 +329,12 @@ def test_live_job_hang_banner_and_end(browser, tmp_path):
         assert live["1"]["now"] == "no op in flight" and live["1"]["last completed"] == "all_reduce seq 8"
         os.makedirs(ART, exist_ok=True)
         page.screenshot(path=f"{ART}/product-live.png")
+        # the live page fits too (the geometry checks of tests/test_dashboard_layout.py)
+        from test_dashboard_layout import CHECK_JS
+        for w, h in ((1280, 800), (1920, 1080)):
+            page.set_viewport_size({"width": w, "height": h})
+            page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+            assert page.evaluate(CHECK_JS, "view-overview") == [], (w, h)
         # the strip refreshes on its own: rank 0's time in the op grows
         first = live["0"]["for"]
         page.wait_for_function(f"() => {{ const c = document.querySelector('#live-table .ag-row[row-index=\"0\"] [col-id=\"for\"]');"

@@ -108,3 +108,9 @@ def test_accuracy_benchmark_matches_profiler(tmp_path):
     assert max(e["async_callback"]) < 20_000
     # a bound is at or after the return of the call, which is after the op ended
     assert all(x >= y for x, y in zip(e["async_observed"], e["observed_return_after_end"]))
+    assert all(x >= 0 for x in e["observed_after_return"])
+    assert len(e["observed_after_return"]) == len(e["async_observed"])
+    # the untraced baseline: the same job without commtrace, matched to its own profile
+    u = d["untraced_ns"]
+    assert u["unmatched"] == 0 and u["async"] == 120
+    assert all(x > -20_000 for x in u["async_done_at_return"])   # a return is after the end

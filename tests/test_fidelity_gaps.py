@@ -119,3 +119,52 @@ def test_report_says_how_many_and_where(gaps):
         " ".join(txt.split())
     # no finding is drawn from it, and the run is otherwise clean of errors
     assert not [f for f in rep["findings"] if f["severity"] == "error"]
+
+
+@pytest.mark.slow
+def test_ddp_reducer_collectives_counted_and_placed_against_the_profiler(tmp_path):
+    """A plain DDP job: its C++ reducer issues collectives no Python function issues (the
+    bucket rebuild after the first step). torch.profiler's gloo worker ranges, the independent
+    record of every collective gloo ran, show which ones no recorded call covers: exactly
+    those are reported, with their count and between the right recorded ops."""
+    ev = tmp_path / "ev"
+    p = run_traced(tmp_path / "run", torchrun_cmd(f"{SCRIPTS}/ddp_profiled.py", ev), timeout=300)
+    assert len(_results(p)) == 2
+    rows = load_rows(tmp_path / "run")
+    for rank in (0, 1):
+        events = json.loads((tmp_path / f"ev.{rank}").read_text())
+        ops = sorted((r for r in rows if r["rank"] == rank and r["kind"] == "op"),
+                     key=lambda r: r["op_id"])
+        assert len(ops) >= 5 and all(r["t_end_ns"] for r in ops)
+        # a gloo range is covered when it starts inside a recorded call (issue to completion)
+        uncovered = [e for e in events
+                     if not any(r["t_enqueue_ns"] <= e[1] <= r["t_end_ns"] for r in ops)]
+        assert uncovered and all(e[0] == "gloo:broadcast" for e in uncovered)
+        gaps = [r for r in rows if r["rank"] == rank and r["kind"] == "gap"]
+        assert sum(g["count"] for g in gaps) == len(uncovered)
+        assert len(gaps) == 1
+        g = gaps[0]
+        nxt = next(r for r in ops if r["op_id"] == g["ref_op_id"])
+        prev = max((r for r in ops if r["op_id"] < g["ref_op_id"]), key=lambda r: r["op_id"])
+        assert (prev["api"], nxt["api"], nxt["step"]) == ("ddp_comm_hook", "ddp_comm_hook", 1)
+        # placed right: every uncovered range lies between the two recorded ops around the gap
+        assert all(prev["t_end_ns"] <= e[1] and e[2] <= nxt["t_enqueue_ns"] for e in uncovered)
+
+
+def test_gap_rows_are_kept_outside_a_steps_window():
+    """A --steps window writes counters for the ops of other steps; a gap row is always kept
+    (the unrecorded collectives of a step outside the window are still reported)."""
+    from commtrace.capture.window import KIND_COUNTER, Window, parse_steps
+    from commtrace.format import schema as S
+
+    w = Window(parse_steps("5:6"), None)
+    rows = [dict.fromkeys(S.COLUMNS) for _ in range(3)]
+    for r, (kind, step, op) in zip(rows, [("op", 1, "all_reduce"), ("gap", 1, None),
+                                          ("op", 5, "all_reduce")]):
+        r.update(kind=kind, step=step, op=op, rank=0, pg="0", t_enqueue_ns=1, t_return_ns=2,
+                 count=2 if kind == "gap" else 4)
+    cols = [[r[c] for r in rows] for c in S.COLUMNS]
+    kept, counters = w.split(cols, list(S.COLUMNS))
+    k = S.COLUMNS.index("kind")
+    assert kept[k] == ["gap", "op"] and kept[S.COLUMNS.index("count")] == [2, 4]
+    assert counters[k] == [KIND_COUNTER]   # the dropped op of step 1 as a counter

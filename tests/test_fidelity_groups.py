@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 
+import pyarrow as pa
 import pytest
 
 from conftest import SCRIPTS, load_rows, rank_meta, run_plain, run_traced, torchrun_cmd
@@ -115,3 +116,34 @@ def test_fake_backend_quiet_and_no_finding(tmp_path):
     assert len(waited) == 1 and waited[0]["t_wait_end_ns"] is not None   # FakeWork.wait recorded
     rep = report_json(tmp_path / "run")
     assert rep["findings"] == []
+    # A planted 50 ms host block on the first all_reduce (a loaded machine's preemption, which
+    # made this test fail once under a CPU burner): still no first_op_init_stall on the simulated
+    # rank, whose fake backend sets nothing up; the same rows from a real rank do give it.
+    import glob
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    for simulated in (True, False):
+        d = tmp_path / f"planted-{simulated}"
+        shutil.copytree(tmp_path / "run", d)
+        parts = sorted(glob.glob(str(d / "*" / "rank=1" / "*.parquet")))
+        tabs = [pq.read_table(p).to_pydict() for p in parts]
+        t_first = min(t for c in tabs for t, k in zip(c["t_enqueue_ns"], c["kind"]) if k == "op")
+        for part, cols in zip(parts, tabs):
+            schema = pq.read_schema(part)
+            meta = json.loads(schema.metadata[b"commtrace.meta"])
+            meta["simulated"] = simulated
+            for i, t in enumerate(cols["t_enqueue_ns"]):
+                if t == t_first and cols["kind"][i] == "op":
+                    assert cols["op"][i] == "all_reduce"
+                    for c in ("t_return_ns", "t_end_ns"):
+                        cols[c][i] += 50_000_000
+            new = pa.Table.from_pydict(cols, schema=schema).replace_schema_metadata(
+                {**schema.metadata, b"commtrace.meta": json.dumps(meta).encode()})
+            pq.write_table(new, part)
+        kinds = [f["kind"] for f in report_json(d)["findings"]]
+        # (as a real rank of 4, the 3 others are missing: not_joined too)
+        assert ("first_op_init_stall" in kinds) is (not simulated), (simulated, kinds)
+        if simulated:
+            assert kinds == []

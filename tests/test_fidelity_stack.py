@@ -32,8 +32,9 @@ def _digests(stdout):
     return sorted(line for line in stdout.splitlines() if line.startswith("RESULT"))
 
 
-def scenario(tmp, name, script, *args, nproc=2):
-    """Run `script` plain and traced; return (rows, counts) after the common checks."""
+def scenario(tmp, name, script, *args, nproc=2, gaps=False):
+    """Run `script` plain and traced; return (rows, counts) after the common checks (and no
+    gap row unless `gaps`: every collective torch numbered was issued by a recorded call)."""
     d = tmp / name
     d.mkdir()
     cmd = lambda c: torchrun_cmd(os.path.join(SCRIPTS, script), *args, "--counts", c,  # noqa: E731
@@ -47,7 +48,10 @@ def scenario(tmp, name, script, *args, nproc=2):
     counts = _counts(d / "traced", nproc)
     assert {r: c["ops"] for r, c in counts.items()} == \
         {r: c["ops"] for r, c in _counts(d / "plain", nproc).items()}
-    rows = [x for x in load_rows(d / "run") if x["kind"] == "op"]
+    every = load_rows(d / "run")
+    if not gaps:   # issue 13, item 2: unrecorded collectives are reported, here there are none
+        assert [x for x in every if x["kind"] == "gap"] == []
+    rows = [x for x in every if x["kind"] == "op"]
     return d / "run", rows, counts
 
 
@@ -84,10 +88,28 @@ def test_compiled_tp_block_fullgraph(tmp_path):
     """torch.compile(fullgraph=True, aot_eager) of the TP block: same results and exit code
     with commtrace. Its collectives run inside the compiled graph: on gloo they are not
     recorded (docs/faq.md), the profiler sees them."""
-    run, rows, counts = scenario(tmp_path, "tpc", "stack_tp.py", "--compile")
+    run, rows, counts = scenario(tmp_path, "tpc", "stack_tp.py", "--compile", gaps=True)
     for rank in counts:
         assert counts[rank]["ops"] == {"all_reduce": 2}
         assert in_window(rows, counts, rank) == []
+    # ... but counted (issue 13, item 2): one all_reduce per step, 3 steps (the profiler saw the
+    # last 2), between the last eager op before training (the parameters' broadcast) and the
+    # first after it (the results' all_gather), on the TP group, on each rank
+    every = load_rows(run)
+    tp = counts[0]["tp_group"]
+    for rank in counts:
+        gap = [x for x in every if x["kind"] == "gap" and x["rank"] == rank]
+        ops = {x["op_id"]: x for x in rows if x["rank"] == rank}
+        assert [(x["pg"], x["count"]) for x in gap] == [(tp, 3)]
+        nxt = ops[gap[0]["ref_op_id"]]
+        prev = ops[max(i for i in ops if i < nxt["op_id"])]
+        assert (prev["op"], nxt["api"]) == ("broadcast", "funcol.all_gather_single")
+        assert prev["t_end_ns"] < counts[rank]["window"][0] and counts[rank]["window"][1] < nxt["t_enqueue_ns"]
+    p = subprocess.run([sys.executable, "-m", "commtrace", "report", str(run), "--format", "json"],
+                       capture_output=True, text=True, timeout=120)
+    un = json.loads(p.stdout)["unrecorded"]
+    assert [(u["pg"], u["count"], u["ranks"], u["after"]["op"], u["before"]["op"]) for u in un] \
+        == [(tp, 3, [0, 1], "broadcast", "all_gather")]
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from commtrace.config import Config
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,19 +28,25 @@ def test_steps_benchmark_small_run(tmp_path):
     assert set(res) == {"async_loop", "pipeline"}
     for r in res.values():
         assert r["rounds"] == 3 and r["steps_per_round"] == 5 and len(r["ratios"]) == 3
-        lo, hi = r["ratio_ci95"]
-        assert lo <= r["ratio"] <= hi and r["untraced_step_ms"] > 0 and r["traced_step_ms"] > 0
+        for k in ("ratio", "control_ratio", "cpu_ratio", "control_cpu_ratio"):
+            lo, hi = r[k + "_ci95"]
+            assert lo <= r[k] <= hi, k
+        assert r["untraced_step_ms"] > 0 and r["traced_step_ms"] > 0 and r["control_step_ms"] > 0
+        assert r["untraced_cpu_ms"] > 0 and r["pin"] == "none"
         assert r["writer_cpu_us_per_op"] > 0 and r["writer"] == "sync"
         assert "load average" in r["uptime_start"] and r["load_start"] and r["load_end"]
-        # both ranks' writer threads run at a lower priority (commtrace run's default)
-        assert r["writer_nice"] == [10, 10]
+        # both ranks' writer threads run at commtrace run's default priority (relative to the
+        # rank's own: pytest may run under `nice`)
+        assert r["writer_nice_added"] == [Config().writer_nice] * 2
     # every op of the traced rounds is in the trace: 8 async all_reduces per step per rank;
     # the pipeline's 4 micro-batches: 4 sends + 4 recvs on rank 0, 4 recvs + 4 isends on rank 1
     assert res["async_loop"]["ops_per_step_per_rank"] == 8
     assert res["pipeline"]["ops_per_step_per_rank"] == 8
     text = p.stdout
     for w in ("async_loop", "pipeline"):
-        assert f"{w}: 3 pairs of rounds x 5 steps" in text
+        assert f"{w}: 3 sets of rounds x 5 steps" in text
     assert text.count("traced / untraced step time:") == 2
     assert text.count("writer thread CPU per op:") == 2
+    assert text.count("control / untraced step time") == 2
+    assert text.count("process CPU per step (all threads)") == 2
     assert "target <= 2%" in text   # the pipeline's verdict line

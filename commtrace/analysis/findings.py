@@ -763,12 +763,16 @@ def use_before_wait(run) -> list[Finding]:
 def first_op_init_stall(run) -> list[Finding]:
     """The first op on a group (collectives) or peer pair (p2p) whose host block, beyond its
     wait for other ranks, stands out against the later ops of that group or pair on the same
-    rank (lazy communicator set-up). Column `first_on_pg` when recorded, else derived."""
+    rank (lazy communicator set-up). Column `first_on_pg` when recorded, else derived. Not on a
+    simulated rank (torch's fake backend): it sets nothing up, so a slow first op there is the
+    host's own delay (a loaded machine), not this finding."""
     t = run.table("ops")
     w = run.table("waits")
+    sim = sorted(int(r) for r, m in run.meta.items() if m.get("simulated"))
+    not_sim = f" AND rank NOT IN ({', '.join(map(str, sim))})" if sim else ""
     x = f"""SELECT rank, pg, seq, ckey, op, site, t_enqueue_ns, t_return_ns - t_enqueue_ns AS block,
                    CASE WHEN op IN {COLLECTIVE_SQL} THEN 'c' ELSE 'p' || CAST(peer AS VARCHAR) END AS chan, first_on_pg
-            FROM {t} WHERE kind = 'op' AND t_return_ns IS NOT NULL AND pg IS NOT NULL"""
+            FROM {t} WHERE kind = 'op' AND t_return_ns IS NOT NULL AND pg IS NOT NULL{not_sim}"""
     has_flag = run.sql(f"SELECT count(*) FROM {t} WHERE first_on_pg").fetchone()[0] > 0
     if has_flag:
         firsts = f"SELECT * FROM ({x}) WHERE first_on_pg AND block >= {INIT_STALL_MIN_NS}"

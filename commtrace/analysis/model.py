@@ -170,21 +170,19 @@ def _build(run) -> Model:
             _T[0] = t
     ops_t = run.table("ops")
     coll_t = run.table("collectives")
-    rows = run.arrow(f"""SELECT {', '.join(ROW_COLUMNS)}, rid AS orid FROM {ops_t}
+    rows = run.arrow(f"""SELECT {', '.join(ROW_COLUMNS)}, rid AS orid, ckey FROM {ops_t}
                          WHERE kind = 'op' ORDER BY rank, t_enqueue_ns""")
     tick("ops")
     n = rows.num_rows
-    # One row per slot: (comm key, the run's row id). Collectives: complete matched (pg, seq),
-    # by the run's integer collective key. P2P: the n-th send r->p matched with the n-th recv
-    # on p from r (metrics.md), both completed.
-    slots = run.arrow(f"""
-        WITH c AS (
-            SELECT 0 AS is_p2p, k.ckey, k.pg, k.seq, 0 AS src, 0 AS dst, o.rid, o.rank,
-                   k.bytes AS cbytes, k.busbw_factor AS factor
-            FROM {ops_t} o JOIN {coll_t} k ON k.ckey = o.ckey
-            WHERE o.kind = 'op' AND k.complete AND o.t_enqueue_ns IS NOT NULL
-              AND o.t_end_ns IS NOT NULL AND o.t_return_ns IS NOT NULL),
-        x AS (
+    # Slots: one per member of a communication. Collectives: the rows of complete matched
+    # (pg, seq), found by the run's integer collective key against the (small) collective
+    # table, in numpy. P2P: the n-th send r->p matched with the n-th recv on p from r
+    # (metrics.md), both completed: SQL over the send/recv rows only.
+    kc = run.numpy(f"""SELECT ckey, CAST(coalesce(bytes, 0) AS DOUBLE) AS cbytes,
+                              CAST(coalesce(busbw_factor, 1.0) AS DOUBLE) AS factor
+                       FROM {coll_t} WHERE complete ORDER BY ckey""")
+    p2p = run.arrow(f"""
+        WITH x AS (
             SELECT rid, pg, op, rank, peer, bytes,
                    row_number() OVER (PARTITION BY pg, op, rank, peer ORDER BY t_enqueue_ns, op_id) AS ps
             FROM {ops_t} WHERE kind = 'op' AND ckey IS NULL AND op IN ('send', 'recv') AND peer IS NOT NULL
@@ -196,17 +194,9 @@ def _build(run) -> Model:
                    s.rank AS srank, r.rank AS rrank, coalesce(s.bytes, r.bytes) AS cbytes
             FROM s JOIN r ON s.pg = r.pg AND s.rank = r.peer AND s.peer = r.rank AND s.ps = r.ps)
         SELECT * FROM (
-            SELECT is_p2p, ckey, pg, seq, src, dst, rid, rank, cbytes, factor FROM c
-            UNION ALL SELECT 1, NULL, pg, ps, src, dst, srid, srank, cbytes, 1.0 FROM p
-            UNION ALL SELECT 1, NULL, pg, ps, src, dst, rrid, rrank, cbytes, 1.0 FROM p)
-        ORDER BY is_p2p, ckey, pg, src, dst, seq, rank""")
-    # the run's row ids -> positions in `rows`
-    orid = _col(rows, "orid", dtype=np.int64)
-    oo = np.argsort(orid)
-    s_rid_run = _col(slots, "rid", dtype=np.int64)
-    j = np.clip(np.searchsorted(orid[oo], s_rid_run), 0, max(n - 1, 0))
-    s_rid_mapped = oo[j] if n else np.zeros(0, np.int64)
-    del orid, oo, j, s_rid_run
+            SELECT pg, ps, src, dst, srid AS rid, srank AS rank, cbytes FROM p
+            UNION ALL SELECT pg, ps, src, dst, rrid, rrank, cbytes FROM p)
+        ORDER BY pg, src, dst, ps, rank""")
     tick("slots sql")
 
     rank_r = _col(rows, "rank", dtype=np.int64)
@@ -217,6 +207,42 @@ def _build(run) -> Model:
     t_we = _col(rows, "t_wait_end_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
     step_r = _col(rows, "step", fill=-1, dtype=np.int64)
     NUL = np.iinfo(np.int64).min
+    # collective slots, ordered by (collective key, rank): a stable sort by key of rows that
+    # are in (rank, t_enqueue) order
+    rck = _col(rows, "ckey", fill=-1, dtype=np.int64)
+    kkey = np.asarray(kc["ckey"], np.int64)
+    kpos = np.minimum(np.searchsorted(kkey, rck), max(len(kkey) - 1, 0))
+    cok = (rck >= 0) & (t_enq != NUL) & (t_end != NUL) & (t_ret != NUL)
+    if len(kkey):
+        cok &= kkey[kpos] == rck
+    else:
+        cok[:] = False
+    cidx = np.flatnonzero(cok)
+    cidx = cidx[np.argsort(rck[cidx], kind="stable")]
+    del cok
+    # p2p slots: the run's row ids -> positions in `rows`
+    np2 = p2p.num_rows
+    if np2:
+        orid = _col(rows, "orid", dtype=np.int64)
+        oo = np.argsort(orid)
+        j = np.clip(np.searchsorted(orid[oo], _col(p2p, "rid", dtype=np.int64)), 0, max(n - 1, 0))
+        pidx = oo[j]
+        del orid, oo, j
+    else:
+        pidx = np.zeros(0, np.int64)
+    s_rid = np.concatenate([cidx, pidx]).astype(np.int64)
+    s_is_p2p = np.r_[np.zeros(len(cidx), bool), np.ones(np2, bool)]
+    row_pgc, pg_vals = _dict_values(rows, "pg")
+    s_pgc = row_pgc[s_rid]
+    del row_pgc
+    s_seq = np.concatenate([_col(rows, "seq", fill=-1, dtype=np.int64)[cidx], _col(p2p, "ps", fill=-1, dtype=np.int64)])
+    s_src = np.r_[np.zeros(len(cidx), np.int64), _col(p2p, "src", fill=-1, dtype=np.int64)]
+    s_dst = np.r_[np.zeros(len(cidx), np.int64), _col(p2p, "dst", fill=-1, dtype=np.int64)]
+    s_cbytes = np.concatenate([np.asarray(kc["cbytes"], np.float64)[kpos[cidx]] if len(kkey) else np.zeros(0),
+                               _col(p2p, "cbytes", fill=0, dtype=np.float64)])
+    s_factor = np.r_[np.asarray(kc["factor"], np.float64)[kpos[cidx]] if len(kkey) else np.zeros(0), np.ones(np2)]
+    del rck, kpos, cidx, pidx, p2p, kc
+    tick("slots")
     _implicit_waits(_implicit_wait_rows(run, rows), rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL)
     have = np.concatenate([t_enq[t_enq != NUL], t_we[t_we != NUL]])
     base = int(have.min()) if len(have) else 0
@@ -273,12 +299,6 @@ def _build(run) -> Model:
     ev_first[rank_lo] = True
 
     # ---- slots and communications
-    s_rid = s_rid_mapped
-    s_is_p2p = _col(slots, "is_p2p", dtype=np.int64).astype(bool)
-    s_pgc, pg_vals = _dict_values(slots, "pg")
-    s_seq = _col(slots, "seq", fill=-1, dtype=np.int64)
-    s_src = _col(slots, "src", fill=-1, dtype=np.int64)
-    s_dst = _col(slots, "dst", fill=-1, dtype=np.int64)
     nsl = len(s_rid)
     if nsl:
         newc = np.r_[True, (s_is_p2p[1:] != s_is_p2p[:-1]) | (s_pgc[1:] != s_pgc[:-1]) | (s_seq[1:] != s_seq[:-1])
@@ -325,8 +345,8 @@ def _build(run) -> Model:
     cm_op = np.where(cm_is_p2p, "send/recv", op_vals[op_codes[s_rid[cm_lo]]] if C else np.zeros(0, object)).astype(object)
     cm_pg = pg_vals[s_pgc[cm_lo]] if C else np.zeros(0, object)
     cm_seq = s_seq[cm_lo] if C else np.zeros(0, np.int64)
-    cm_bytes = _col(slots, "cbytes", fill=0, dtype=np.float64)[cm_lo] if C else np.zeros(0)
-    cm_factor = _col(slots, "factor", fill=1.0, dtype=np.float64)[cm_lo] if C else np.zeros(0)
+    cm_bytes = s_cbytes[cm_lo] if C else np.zeros(0)
+    cm_factor = s_factor[cm_lo] if C else np.zeros(0)
     tc_dep = np.where(sl_dep, sl_tc, np.inf)
     cm_tcomm = np.minimum.reduceat(tc_dep, cm_lo) if C else np.zeros(0)
     cm_tcomm = np.where(np.isfinite(cm_tcomm), cm_tcomm, 0.0)
@@ -416,7 +436,7 @@ def _build(run) -> Model:
         cc = np.maximum(ev_coll, 0)
         ev_coll = np.where((ev_coll >= 0) & ~cm_is_p2p[cc] & (cm_hi[cc] - cm_lo[cc] >= 2), ev_coll, -1)
     ev_excess, ev_has_peers = _excess(ev_rank, lab[ev_row], ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
-    del lab, ev_coll, ret, twe, slots
+    del lab, ev_coll, ret, twe
 
     tick("excess")
     # ---- window: from the first release of a rank that waited for another, to the last release
@@ -471,27 +491,33 @@ def _implicit_waits(cand, rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL) -> None:
     if not n:
         return
     cand = cand & (t_w == NUL) & (t_end != NUL) & (t_ret != NUL) & (t_enq != NUL)
-    if not cand.any():
+    js = np.flatnonzero(cand)
+    if not len(js):
         return
-    best = {}
-    ranks, lo = np.unique(rank_r, return_index=True)
-    hi = np.r_[lo[1:], n]
-    for a, b_ in zip(lo, hi):
-        enq = t_enq[a:b_]
-        js = np.flatnonzero(cand[a:b_])
-        if not len(js):
-            continue
-        # rows of a rank are in t_enqueue order: b = the last call that started before the end
-        bs = np.searchsorted(enq, t_end[a + js], side="left") - 1
-        for j, b in zip(js, bs):
-            if b < j or t_ret[a + b] >= t_end[a + j]:
-                continue  # completed inside a call (or before its own return): no block
-            cur = best.get(a + b)
-            if cur is None or t_end[a + j] > t_end[cur]:
-                best[a + b] = a + j
-    for b, j in best.items():
-        t_w[j] = t_ret[b]
-        t_we[j] = t_end[j]
+    # Rows are in (rank, t_enqueue) order: one sorted int64 key per row, rank-major (each rank
+    # owns a key range of `stride`; a row without t_enqueue sorts at its rank's end), so that
+    # one searchsorted finds, for every candidate j, b = the last call of its rank that started
+    # before its completion (b < j when none: the completion came before j's own start).
+    ok = t_enq != NUL
+    lo = int(t_enq[ok].min())
+    span = int(t_enq[ok].max()) - lo
+    stride = span + 2
+    _, rank_pos = np.unique(rank_r, return_inverse=True)
+    rkey = rank_pos.astype(np.int64) * stride
+    key = rkey + np.where(ok, t_enq - lo, span + 1)
+    q = rkey[js] + np.clip(t_end[js] - lo, 0, span + 1)
+    bs = np.searchsorted(key, q, side="left") - 1
+    bi = np.maximum(bs, 0)
+    keep = (bs >= js) & (t_ret[bi] < t_end[js])
+    js, bs = js[keep], bs[keep]
+    if not len(js):
+        return
+    # per call b: the candidate that completed last (the first of them on ties)
+    o = np.lexsort((js, -t_end[js], bs))
+    first = np.r_[True, bs[o][1:] != bs[o][:-1]]
+    b_, j_ = bs[o][first], js[o][first]
+    t_w[j_] = t_ret[b_]
+    t_we[j_] = t_end[j_]
 
 
 def _mix(a: np.ndarray, b: np.ndarray) -> np.ndarray:

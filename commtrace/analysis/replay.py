@@ -298,16 +298,22 @@ def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayR
                         ci["call_slot"], ci["sl_comm"], ci["sl_dep"], tc, tci, ci["sl_prev"], mask, ci["cm_lo"],
                         ci["cm_hi"], ci["succ_lo"], ci["succ"], bool(sc.queue))
         rel = np.frombuffer(buf, np.float64)
-        if sc.exclude_ranks:
-            keep = ~np.isin(m.ev_rank, np.asarray(sc.exclude_ranks, np.int64))
-            t_end[i] = rel[keep].max() if keep.any() else 0.0
-        else:
-            t_end[i] = rel.max() if E else 0.0
-        if len(steps):
-            np.maximum.at(step_end[i], sinv, rel[sok])
-        if kept is not None:
-            kept[i] = rel
+        _collect(m, sc, rel, i, t_end, step_end, sinv, sok, kept)
     return ReplayResult([s.name for s in scenarios], t_end, steps, step_end, kept)
+
+
+def _collect(m: Model, sc: Scenario, rel, i: int, t_end, step_end, sinv, sok, kept) -> None:
+    """Scenario `i`'s run end (without its excluded ranks), step ends and kept events, from its
+    replayed release times `rel` (one per event)."""
+    if sc.exclude_ranks:
+        keep = ~np.isin(m.ev_rank, np.asarray(sc.exclude_ranks, np.int64))
+        t_end[i] = rel[keep].max() if keep.any() else 0.0
+    else:
+        t_end[i] = rel.max() if len(rel) else 0.0
+    if len(step_end[i]):
+        np.maximum.at(step_end[i], sinv, rel[sok])
+    if kept is not None:
+        kept[i] = rel
 
 
 def replay(m: Model, scenarios: list[Scenario], keep_events: bool = False, engine: str | None = None) -> ReplayResult:
@@ -388,15 +394,7 @@ def _replay_numpy(m: Model, scenarios: list[Scenario], keep_events: bool = False
         rel += np.where(m.ev_anchor, 0.0, m.ev_dur)
         if A:
             rel[plan.anc] = X[i, plan.anc_inv]
-        if scenarios[i].exclude_ranks:
-            keep = ~np.isin(m.ev_rank, np.asarray(scenarios[i].exclude_ranks, np.int64))
-            t_end[i] = rel[keep].max() if keep.any() else 0.0
-        else:
-            t_end[i] = rel.max() if E else 0.0
-        if len(steps):
-            np.maximum.at(step_end[i], sinv, rel[sok])
-        if kept is not None:
-            kept[i] = rel
+        _collect(m, scenarios[i], rel, i, t_end, step_end, sinv, sok, kept)
     return ReplayResult([s.name for s in scenarios], t_end, steps, step_end, kept)
 
 

@@ -25,8 +25,11 @@ DEFAULT_FLUSH_INTERVAL_S = 2.0
 
 def _clean(v):
     """JSON-safe scalars: NaN/inf -> None, numpy -> python."""
-    if v is None:
-        return None
+    t = type(v)
+    if t is str or t is int or t is bool or v is None:
+        return v
+    if t is dict:
+        return {str(k): _clean(x) for k, x in v.items()}
     if hasattr(v, "item"):
         v = v.item()
     if isinstance(v, decimal.Decimal):

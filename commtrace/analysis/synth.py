@@ -106,7 +106,7 @@ def parse_duration_ns(text: str) -> int:
 #: element at peak) whatever the size of the run.
 BLOCK_ELEMENTS = 1_000_000
 #: Rows of the whole run per group of ranks read back from the spool at once.
-SPOOL_GROUP_ROWS = 1_000_000
+SPOOL_GROUP_ROWS = 250_000
 
 
 def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=None, mismatch=(),
@@ -118,7 +118,7 @@ def synth_run(out: str, ranks: int = 4, ops: int = 1000, *, straggler=(), skip=N
     The loop is simulated in blocks of whole steps (about BLOCK_ELEMENTS op positions x ranks,
     or `block_ops` op positions); each block's rows are spooled per rank to a temporary Arrow
     file and every rank's part is written from the spool at the end, so memory stays bounded
-    (2,048 ranks x 50,000 ops: a few hundred MB)."""
+    (2,048 ranks x 50,000 ops: 463 MB peak RSS, docs/performance.md)."""
     n = int(ranks)
     if n < 1 or ops < 1:
         raise ValueError("ranks and ops must be >= 1")
@@ -546,7 +546,9 @@ class _Spool:
             import pyarrow.ipc as ipc
             p = f"{b}.{kind}"
             if p not in self.readers and os.path.exists(p):
-                self.readers[p] = ipc.open_file(pa.memory_map(p))
+                # read, not memory-mapped: mapped pages of every block would stay resident
+                # (counted in RSS and the memory cgroup) as the groups are read one by one
+                self.readers[p] = ipc.open_file(pa.OSFile(p))
             if p in self.readers:
                 parts.append(pa.Table.from_batches([self.readers[p].get_batch(gi)]))
         parts = [t for t in parts if t.num_rows]

@@ -127,6 +127,17 @@ static PyGetSetDef ctx_getset[] = {
     {NULL},
 };
 
+/* The type slots of an object called through vectorcall (T: its struct, with a `vectorcall`
+ * member), and those of a wrapper (FastCtx, WaitW, AroundW: `vectorcall` then `dict`, the
+ * attributes functools.update_wrapper and registry.patch set, reached through ctx_getset). */
+#define VECTORCALL_SLOTS(T, dealloc)                                                        \
+    .tp_basicsize = sizeof(T), .tp_dealloc = (destructor)(dealloc),                         \
+    .tp_call = PyVectorcall_Call, .tp_vectorcall_offset = offsetof(T, vectorcall)
+#define WRAPPER_SLOTS(T, dealloc)                                                           \
+    VECTORCALL_SLOTS(T, dealloc), .tp_dictoffset = offsetof(T, dict),                       \
+    .tp_getattro = PyObject_GenericGetAttr, .tp_setattro = PyObject_GenericSetAttr,        \
+    .tp_getset = ctx_getset
+
 /* A wrapper compares equal to (and hashes as) torch's function it wraps: code that looks the
  * function up by value finds it under either, as torch.compile's collective rewrite does
  * (`fn in (dist.all_reduce, ...)` with torch's function against the installed wrapper). */
@@ -146,15 +157,8 @@ static Py_hash_t ctx_hash(PyObject *self) {
 static PyTypeObject FastCtxType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "commtrace.capture._fastpath.Wrapper",
-    .tp_basicsize = sizeof(FastCtx),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_dealloc = (destructor)ctx_dealloc,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(FastCtx, vectorcall),
-    .tp_dictoffset = offsetof(FastCtx, dict),
-    .tp_getattro = PyObject_GenericGetAttr,
-    .tp_setattro = PyObject_GenericSetAttr,
-    .tp_getset = ctx_getset,
+    WRAPPER_SLOTS(FastCtx, ctx_dealloc),
     .tp_richcompare = ctx_richcompare,
     .tp_hash = ctx_hash,
     .tp_doc = "A torch.distributed function recorded by commtrace (see __wrapped__).",
@@ -1095,11 +1099,8 @@ static void done_dealloc(DoneCB *d) {
 static PyTypeObject DoneType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "commtrace.capture._fastpath.Done",
-    .tp_basicsize = sizeof(DoneCB),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_dealloc = (destructor)done_dealloc,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(DoneCB, vectorcall),
+    VECTORCALL_SLOTS(DoneCB, done_dealloc),
     .tp_doc = "Completion callback of one async op recorded by commtrace.",
 };
 
@@ -1387,6 +1388,21 @@ static PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObje
 
 /* The Work.wait wrapper for an op tracked by this path or the Python one: *handled = 0 hands
  * the call to the Python wrapper (siblings, device timer, NVTX range, unusual objects). */
+/* A waited row's t_wait_ns (its first wait's start: set unless set already; `zero_unset`: a 0
+ * counts as unset, as after a failed wait in wrappers._make_wait) and t_wait_end_ns. */
+static void as_set_wait(PyObject *row, long long t0, PyObject *t1o, int zero_unset) {
+    PyObject *tw = PyList_GET_ITEM(row, C_T_WAIT);
+    if (tw == Py_None || (zero_unset && PyLong_Check(tw) && PyLong_AsLongLong(tw) == 0)) {
+        PyObject *t0o = PyLong_FromLongLong(t0);
+        if (t0o != NULL)
+            PyList_SetItem(row, C_T_WAIT, t0o);
+    }
+    if (t1o != NULL) {
+        Py_INCREF(t1o);
+        PyList_SetItem(row, C_T_WAIT_END, t1o);
+    }
+}
+
 static PyObject *as_wait(WaitW *w, PyObject *rec, PyObject *const *args, size_t nargsf,
                          PyObject *kwnames, int *handled) {
     *handled = 0;
@@ -1448,27 +1464,10 @@ static PyObject *as_wait(WaitW *w, PyObject *rec, PyObject *const *args, size_t 
             Py_XDECREF(tn);
         }
         CLEAR_ERR();
-        PyObject *tw = PyList_GET_ITEM(row, C_T_WAIT);
-        if (tw == Py_None || (PyLong_Check(tw) && PyLong_AsLongLong(tw) == 0)) {
-            PyObject *t0o = PyLong_FromLongLong(t0);
-            if (t0o != NULL)
-                PyList_SetItem(row, C_T_WAIT, t0o);
-        }
-        if (t1o != NULL) {
-            Py_INCREF(t1o);
-            PyList_SetItem(row, C_T_WAIT_END, t1o);
-        }
+        as_set_wait(row, t0, t1o, 1);
         pset(p, P_WAITED, Py_True);
     } else {
-        if (PyList_GET_ITEM(row, C_T_WAIT) == Py_None) {
-            PyObject *t0o = PyLong_FromLongLong(t0);
-            if (t0o != NULL)
-                PyList_SetItem(row, C_T_WAIT, t0o);
-        }
-        if (t1o != NULL) {
-            Py_INCREF(t1o);
-            PyList_SetItem(row, C_T_WAIT_END, t1o);
-        }
+        as_set_wait(row, t0, t1o, 0);
         if (r != Py_False)
             as_complete(row, t1, s_how_wait);
         pset(p, P_WAITED, Py_True);
@@ -2040,33 +2039,39 @@ static void wait_dealloc(WaitW *w) {
 static PyTypeObject WaitType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "commtrace.capture._fastpath.WaitWrapper",
-    .tp_basicsize = sizeof(WaitW),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_dealloc = (destructor)wait_dealloc,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(WaitW, vectorcall),
-    .tp_dictoffset = offsetof(WaitW, dict),
-    .tp_getattro = PyObject_GenericGetAttr,
-    .tp_setattro = PyObject_GenericSetAttr,
-    .tp_getset = ctx_getset,
+    WRAPPER_SLOTS(WaitW, wait_dealloc),
     .tp_descr_get = wait_descr_get,
     .tp_doc = "Work.wait recorded by commtrace (see __wrapped__).",
 };
 
+/* A new wrapper object of `type` (a WaitW or an AroundW: vectorcall, dict, then `n` object
+ * members from the one at `first`), those members being the `n` arguments in `args`. */
+static PyObject *new_wrapper(PyTypeObject *type, vectorcallfunc vc, PyObject *args,
+                             size_t first, Py_ssize_t n) {
+    if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != n) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", type->tp_name, n);
+        return NULL;
+    }
+    PyObject *o = PyObject_New(PyObject, type);
+    if (o == NULL)
+        return NULL;
+    WaitW *head = (WaitW *)o;   /* the members every wrapper starts with */
+    head->vectorcall = vc;
+    head->dict = NULL;
+    PyObject **m = (PyObject **)((char *)o + first);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        m[i] = PyTuple_GET_ITEM(args, i);
+        Py_INCREF(m[i]);
+    }
+    return o;
+}
+
 /* make_wait(orig_wait, python_wait, recorder_module) */
 static PyObject *make_wait(PyObject *module, PyObject *args) {
-    PyObject *orig, *slow, *recmod;
-    if (!PyArg_ParseTuple(args, "OOO", &orig, &slow, &recmod))
-        return NULL;
-    WaitW *w = PyObject_New(WaitW, &WaitType);
-    if (w == NULL)
-        return NULL;
-    w->vectorcall = wait_vectorcall;
-    w->dict = NULL;
-    w->orig = orig; Py_INCREF(orig);
-    w->slow = slow; Py_INCREF(slow);
-    w->recmod = recmod; Py_INCREF(recmod);
-    w->recmod_d = dict_of(recmod);
+    WaitW *w = (WaitW *)new_wrapper(&WaitType, wait_vectorcall, args, offsetof(WaitW, orig), 3);
+    if (w != NULL)
+        w->recmod_d = dict_of(w->recmod);
     return (PyObject *)w;
 }
 
@@ -2124,31 +2129,13 @@ static void around_dealloc(AroundW *a) {
 static PyTypeObject AroundType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "commtrace.capture._fastpath.AroundWrapper",
-    .tp_basicsize = sizeof(AroundW),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_dealloc = (destructor)around_dealloc,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(AroundW, vectorcall),
-    .tp_dictoffset = offsetof(AroundW, dict),
-    .tp_getattro = PyObject_GenericGetAttr,
-    .tp_setattro = PyObject_GenericSetAttr,
-    .tp_getset = ctx_getset,
+    WRAPPER_SLOTS(AroundW, around_dealloc),
     .tp_doc = "A function recorded by commtrace around its call (see __wrapped__).",
 };
 
 static PyObject *around(PyObject *module, PyObject *args) {
-    PyObject *orig, *before, *after;
-    if (!PyArg_ParseTuple(args, "OOO", &orig, &before, &after))
-        return NULL;
-    AroundW *a = PyObject_New(AroundW, &AroundType);
-    if (a == NULL)
-        return NULL;
-    a->vectorcall = around_vectorcall;
-    a->dict = NULL;
-    a->orig = orig; Py_INCREF(orig);
-    a->before = before; Py_INCREF(before);
-    a->after = after; Py_INCREF(after);
-    return (PyObject *)a;
+    return new_wrapper(&AroundType, around_vectorcall, args, offsetof(AroundW, orig), 3);
 }
 
 /* instancemethod(callable) -> the object pybind11 puts on a class for a C++ method (what

@@ -11,7 +11,6 @@ process group is created. A process that never creates one writes nothing.
 
 from __future__ import annotations
 
-import importlib.abc
 import os
 import sys
 
@@ -29,45 +28,9 @@ def _on_loaded(module) -> None:
         log.warn_once("bootstrap-hook", "cannot hook torch.distributed", e)
 
 
-class _Loader(importlib.abc.Loader):
-    """Delegates to the real loader and runs our hook after the module executed."""
-
-    def __init__(self, inner):
-        self._inner = inner
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        _on_loaded(module)
-
-    def __getattr__(self, name):  # get_source, get_filename, ... (inspect, linecache)
-        return getattr(self._inner, name)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader)
-                return spec
-        return None
-
-
-_finder: _Finder | None = None
-
-
 def bootstrap(environ=None) -> bool:
     """Arm tracing in this process when ``COMMTRACE_ENABLE=1`` (idempotent). Returns whether
     armed."""
-    global _finder
     env = os.environ if environ is None else environ
     if env.get("COMMTRACE_ENABLE", "") != "1":
         return False
@@ -75,7 +38,7 @@ def bootstrap(environ=None) -> bool:
     if mod is not None and getattr(mod, "init_process_group", None) is not None:
         _on_loaded(mod)  # already imported (e.g. bootstrap called late)
         return True
-    if _finder is None:
-        _finder = _Finder()
-        sys.meta_path.insert(0, _finder)
+    from .importhook import on_import
+
+    on_import(TARGET, _on_loaded)
     return True

@@ -43,11 +43,10 @@ still work and compile behaves as it did before.
 
 from __future__ import annotations
 
-import importlib.abc
 import sys
 import threading
 
-from . import log
+from . import importhook, log
 from .registry import ORIGINAL_ATTR
 
 INLINE_ATTR = "_torchdynamo_inline"
@@ -62,7 +61,6 @@ _lock = threading.RLock()
 #: by another object while Dynamo's table maps it.
 _wrappers: dict[int, object] = {}
 _dispatch_map = None   # Dynamo's id -> builder table, once Dynamo is imported
-_finder = None
 
 
 def mark(wrapper, orig=None, owner=None):
@@ -236,41 +234,9 @@ def _on_funcol(module) -> None:
 _HOOKS = {DYNAMO: _on_dynamo, FUNCOL: _on_funcol}
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner, hook):
-        self._inner, self._hook = inner, hook
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        self._hook(module)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        hook = _HOOKS.get(fullname)
-        if hook is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader, hook)
-                return spec
-        return None
-
-
 def install() -> None:
     """Apply the Dynamo hooks now for the modules already imported, and when the others are
     (idempotent, never imports Dynamo)."""
-    global _finder
     with _lock:
         pending = False
         for name, hook in _HOOKS.items():
@@ -280,9 +246,9 @@ def install() -> None:
                 hook(mod)
             else:
                 pending = True
-        if pending and _finder is None:
-            _finder = _Finder()
-            sys.meta_path.insert(0, _finder)
+        if pending:
+            for name, hook in _HOOKS.items():
+                importhook.on_import(name, hook)
 
 
 def refresh_remaps() -> None:

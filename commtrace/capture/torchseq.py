@@ -21,8 +21,9 @@ is destroyed or the recorder closes (``at`` = ``"destroy"`` / ``"close"``, no ne
 Groups with a completion hook (NCCL, ``--completion-hook``) are left to it: their unrecorded ops
 are rows of their own (``api="c++"``). Groups whose backend has no number (a Python
 ``ProcessGroup`` subclass that does not implement it, the ``fake`` backend raising) are not
-checked. Only calls made from threads other than the recorded one between a call's return and
-its read could be misattributed; the count of a gap stays exact.
+checked. The numbering is read per call, so two threads issuing on one group at the same time
+could be miscounted; torch requires one order of collectives per group on every rank, which
+such a program could not guarantee either.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ Examples:
   commtrace run --flush-interval 5 --no-stack -- python -m my_launcher train.py
   commtrace run --steps 100:110 -- torchrun --nproc-per-node 8 train.py   (10 steps exactly)
   commtrace run --schedule wait=50,active=5 --max-size 500MB -- torchrun ... train.py
+  commtrace run --on-demand --trigger-steps 20 -- torchrun ... train.py
+      (then `commtrace trigger OUT --steps 20`, or `kill -USR2 <pid of commtrace run>`)
   commtrace run -- bash launch.sh        (any command; Python ranks inside are traced)
 """
 
@@ -141,10 +143,14 @@ def _check_bounded(steps, schedule, max_size) -> None:
 @click.option("--on-demand", is_flag=True, default=False,
               help="Record counters only until `commtrace trigger DIR --steps N` asks for N "
               "steps op by op.")
+@click.option("--trigger-steps", type=click.IntRange(min=1), default=10, show_default=True,
+              metavar="N", help="With --on-demand, --steps or --schedule: SIGUSR2 sent to "
+              "commtrace run (not to the ranks) triggers N steps op by op, as `commtrace "
+              "trigger OUT --steps N` does (`kill -USR2 <pid>`; the pid is printed at start).")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_on_hang,
             hazards, cuda_events, async_completion, writer_nice, completion_hook, steps,
-            schedule, max_size, on_demand, cmd):
+            schedule, max_size, on_demand, trigger_steps, cmd):
     """Run CMD with tracing on in every rank; write the trace to one run directory.
 
     Options of commtrace run go before CMD (or before `--`); an unknown one is an error.
@@ -195,7 +201,12 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
     except OSError as e:
         raise OutputError(f"cannot write the manifest in {out}: {e.strerror}") from e
     got_signals: list[str] = []
-    rc = run_child(cmd, child_env(config), signals=got_signals)
+    on_signal = None
+    if (on_demand or steps or schedule) and hasattr(signal, "SIGUSR2"):
+        on_signal = {signal.SIGUSR2: lambda: _signal_trigger(out, trigger_steps)}
+        click.echo(f"commtrace: on demand: `commtrace trigger {os.path.relpath(out)} --steps N` or "
+                   f"`kill -USR2 {os.getpid()}` ({trigger_steps} steps)", err=True)
+    rc = run_child(cmd, child_env(config), signals=got_signals, on_signal=on_signal)
 
     def ours(d: str) -> bool:
         # rank 0 names its invocation in the run's manifest; a rank launched by this
@@ -279,12 +290,26 @@ def _no_such_option(arg: str) -> None:
     raise click.NoSuchOption(name, possibilities=difflib.get_close_matches(name, known), ctx=ctx)
 
 
-def run_child(cmd: list[str], env: dict[str, str], signals: list | None = None) -> int:
+def _signal_trigger(out: str, n: int) -> None:
+    """SIGUSR2 to commtrace run: the trigger file that `commtrace trigger OUT --steps n` writes
+    (the ranks read it at their next flush and agree on the first step through the store)."""
+    from ..capture.window import write_trigger
+
+    try:
+        trig = write_trigger(out, n)
+        click.echo(f"commtrace: SIGUSR2: trigger {trig['id']}: recording {n} step(s) op by op", err=True)
+    except OSError as e:
+        click.echo(f"commtrace: SIGUSR2: cannot write the trigger in {out}: {e.strerror}", err=True)
+
+
+def run_child(cmd: list[str], env: dict[str, str], signals: list | None = None,
+              on_signal: dict | None = None) -> int:
     """Run `cmd` in its own process group, forward SIGINT/SIGTERM to it, return its exit code:
     128 + the signal's number when a signal ended it, or when one was forwarded (Ctrl-C: 130)
     and it then exited with the generic 1 (torchrun's answer to a forwarded signal); any other
     code the child chose itself is returned as it is. The names of the signals forwarded are
-    appended to `signals`."""
+    appended to `signals`. `on_signal`: signal -> function, run in commtrace run itself (not
+    forwarded) while the child runs."""
     forwarded, pending = [], []
     child = None
 
@@ -309,6 +334,8 @@ def run_child(cmd: list[str], env: dict[str, str], signals: list | None = None) 
     prev = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         prev[sig] = signal.signal(sig, forward)
+    for sig, fn in (on_signal or {}).items():
+        prev[sig] = signal.signal(sig, lambda signum, frame, fn=fn: fn())
     try:
         child = subprocess.Popen(cmd, env=env, preexec_fn=os.setpgrp)
     except (FileNotFoundError, PermissionError) as e:

@@ -1,0 +1,74 @@
+"""What the timing benchmarks share (overhead.py, steps.py): confidence intervals, the
+machine's load, a free port, CPU clocks. Imported as ``common`` (a benchmark runs as a script,
+with this folder first on ``sys.path``)."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import time
+
+
+def median_ci(xs) -> list:
+    """Distribution-free 95% confidence interval of the median (binomial order statistics)."""
+    s = sorted(xs)
+    n = len(s)
+    half = 1.96 * (n ** 0.5) / 2
+    lo = max(0, int(n / 2 - half))
+    hi = min(n - 1, int(n / 2 + half + 1))
+    return [s[lo], s[hi]]
+
+
+def bootstrap_ratio_ci(num: list, den: list, n: int = 5000, seed: int = 20261201) -> list:
+    """95% percentile-bootstrap interval of sum(num) / sum(den), resampling the pairs."""
+    rng = random.Random(seed)
+    k = len(num)
+    stats = []
+    for _ in range(n):
+        idx = [rng.randrange(k) for _ in range(k)]
+        stats.append(sum(num[i] for i in idx) / sum(den[i] for i in idx))
+    stats.sort()
+    return [stats[int(0.025 * n)], stats[min(n - 1, int(0.975 * n))]]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def uptime() -> str:
+    """The time and `uptime`'s load averages, as printed next to every figure."""
+    try:
+        return time.strftime("%H:%M:%S UTC", time.gmtime()) + ", " + subprocess.run(
+            ["uptime"], capture_output=True, text=True, timeout=5).stdout.strip().split(",  ", 1)[-1]
+    except Exception:
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def load_of(text: str) -> str:
+    """The load averages of an :func:`uptime` line."""
+    return text.rsplit("load average:", 1)[-1].strip()
+
+
+def thread_cpu_ns() -> int:
+    """CPU time of the calling thread (user + system), ns."""
+    return time.clock_gettime_ns(time.CLOCK_THREAD_CPUTIME_ID)
+
+
+def thread_cpu_s(thread) -> float | None:
+    """CPU time of another thread of this process (a `threading.Thread`), s; None if unknown."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except Exception:
+        return None
+
+
+def c_fast_path() -> bool:
+    """Whether commtrace's C capture path is in use in this process."""
+    from commtrace.capture import wrappers
+
+    return getattr(wrappers, "_cfast", None) is not None
