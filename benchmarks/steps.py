@@ -16,12 +16,16 @@ What users see is the time of a training step, not the cost of one op. Each work
 
 Method (the machine is shared and noisy): tracing is on in both ranks (``commtrace.enable()``
 before the process group exists, with `commtrace run`'s defaults: call sites, hazard
-detection, 2 s flushes). Each rank holds three copies of the workload: "untraced" (built,
-warmed up and run with tracing off; for DDP a model without commtrace's comm hook, i.e. DDP's
-C++ all-reduce), "traced" (built and run with tracing on) and "control", a second untraced
-copy. Each set of rounds runs K steps of each copy, in an order that rotates (each copy first,
-second and last in turn), with a barrier before each round; rounds are short (50-80 ms here)
-so that a change of the machine's load moves the three rounds of a set alike. During an
+detection, 2 s flushes). Three modes: "untraced" (a copy of the workload built, warmed up
+and run with tracing off), "traced" (the same copy run with tracing on; for DDP a second copy
+built with tracing on, since commtrace's comm hook replaces DDP's C++ all-reduce, the untraced
+copy keeping the latter) and "control", a second untraced copy. Two copies of one workload in
+one process do not run equally fast (memory placement): in runs of this benchmark two
+untraced copies of the FSDP2 sample differed by up to 15%, with intervals that excluded 1,
+which is why traced runs on the untraced copy wherever it can and why control / untraced is
+printed. Each set of rounds runs K steps of each mode, in an order that rotates (each mode
+first, second and last in turn), with a barrier before each round; rounds are short (50-80 ms
+here) so that a change of the machine's load moves the three rounds of a set alike. During an
 untraced or control round the recorder is off and its write lock is held. By default
 (``--writer sync``) the traced rounds write their rows themselves, on the training thread and
 inside their time: a part at the end of the round in which a flush interval (2 s) of traced
@@ -68,6 +72,8 @@ DEFAULTS = {"ddp": (10, 8), "fsdp2": (4, 2), "pipeline": (5, 3), "async_loop": (
             "soak": (2, 1)}
 WORKLOADS = list(DEFAULTS)
 ROUNDS = 90
+#: workloads whose traced copy must be built with tracing on (DDP: commtrace's comm hook)
+SEPARATE_COPY = ("ddp",)
 PIN = "none"
 TARGET_RATIO = 1.02   # issue 20: DDP, FSDP2 and pipeline traced <= 2% over untraced (upper bound)
 SOAK_TARGET = 1.05    # the soak's tight loop: <= +5%
@@ -137,10 +143,12 @@ def _pin(rank: int, how: str) -> list | None:
 def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin="none") -> None:
     """One rank (a forked child): puts its round times and writer figures on `q`.
 
-    Three copies of the workload: "untraced" (built, warmed up and run with the recorder off;
-    DDP: no comm hook), "traced" (built and run with it on) and "control", a second untraced
-    copy: control / untraced is what this comparison gives with no tracing at all (its
-    resolution on this machine now, and any difference between two copies of one workload)."""
+    Modes: "untraced" (a copy of the workload built, warmed up and run with the recorder off),
+    "traced" (run with the recorder on: the same copy, except for DDP, whose traced copy is
+    built with the recorder on so that it gets commtrace's comm hook) and "control", a second
+    untraced copy: control / untraced is what the comparison of two copies gives with no
+    tracing at all (this run's resolution, and the difference between two copies)."""
+    same_copy = workload not in SEPARATE_COPY
     try:
         import threading
 
@@ -160,6 +168,12 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
             raise RuntimeError("tracing did not start")
         copies = {}
         for mode in ("untraced", "traced", "control"):
+            if mode == "traced" and same_copy:
+                # the untraced copy, with the recorder on: no difference between two copies
+                # of the workload enters the comparison (wrappers with the recorder off call
+                # torch's function at once: about 0.1 us per op)
+                copies[mode] = copies["untraced"]
+                continue
             R._set_recorder(rec if mode == "traced" else None)
             st, fn = _build(workload, rank, world)
             for i in range(warmup):
@@ -174,6 +188,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         times = {m: [] for m in MODES}
         cpus_s = {m: [] for m in MODES}   # the process's CPU time (all its threads) per step
         sync_cpu = 0.0
+        n_sync = 0
         interval = max(0.05, float(rec.config.flush_interval))
         since = 0.0   # traced time since the last flush
         windows = []
@@ -208,6 +223,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                         s0 = time.thread_time()
                         rec.flush()
                         sync_cpu += time.thread_time() - s0
+                        n_sync += 1
                         since = 0.0
                     t1, c1 = pc(), cpu()
                     windows.append((w0, w1))
@@ -225,7 +241,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         dist.barrier()
         dist.destroy_process_group()
         q.put({"rank": rank, "times": times, "cpu": cpus_s, "windows": windows,
-               "sync_cpu_s": sync_cpu, "cpus": cpus,
+               "sync_cpu_s": sync_cpu, "sync_flushes": n_sync, "cpus": cpus,
                "writer_cpu_s": (w_cpu - w_cpu0) if w_cpu is not None and w_cpu0 is not None
                else None, "final_flush_cpu_s": final_cpu, "writer_nice": nice,
                "writer_nice_added": nice_added})
@@ -318,6 +334,11 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int, timeout: f
         "ops_per_step_per_rank": per_step,
         "added_us_per_op": (total - 1.0) * u_ms * 1e3 / per_step if per_step else None,
         "writer_cpu_us_per_op": sum(cpu) / n_ops * 1e6 if n_ops else None,
+        # its parts: the writer thread's CPU, the flushes of traced rounds (count, CPU), the last
+        "writer_thread_cpu_s": [r.get("writer_cpu_s") for r in res],
+        "sync_flushes": [r.get("sync_flushes") for r in res],
+        "sync_flush_cpu_s": [r.get("sync_cpu_s") for r in res],
+        "final_flush_cpu_s": [r.get("final_flush_cpu_s") for r in res],
         "writer_nice": [r.get("writer_nice") for r in res],
         "writer_nice_added": [r.get("writer_nice_added") for r in res],
         "load_start": load_of(up0), "load_end": load_of(up1), "uptime_start": up0, "uptime_end": up1,

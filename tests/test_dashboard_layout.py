@@ -50,7 +50,8 @@ CHECK_JS = r"""
   const name = el => (el.id ? '#' + el.id : '') + '.' + String(el.className && el.className.baseVal !== undefined
                      ? el.className.baseVal : el.className).split(' ').slice(0, 2).join('.') +
                      ' "' + (el.innerText || el.textContent || '').trim().slice(0, 40) + '"';
-  const scope = [document.querySelector('#tabs'), document.querySelector('#run-summary').closest('.mantine-Group-root'), root];
+  const scope = [document.querySelector('#tabs'), document.querySelector('#run-summary').closest('.mantine-Group-root'),
+                 document.querySelector('#live-banner'), document.querySelector('#banner'), root].filter(Boolean);
   // 1. text cut by its own box: an element with its own text whose content is wider or taller
   //    than its box while its overflow hides it (AG Grid cells included)
   for (const s of scope) for (const el of s.querySelectorAll('*')) {
@@ -119,7 +120,6 @@ def browser():
         b.close()
 
 
-@pytest.fixture(scope="module")
 def many_ranks(tmp_path_factory):
     """A 32-rank synthetic run (one label per rank, rotated tick labels, long tables)."""
     out = str(tmp_path_factory.mktemp("layout") / "r32")
@@ -147,12 +147,13 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(many_ranks):
+def served(tmp_path_factory):
+    """run name -> its served dashboard (made on first use, shared by the module)."""
     made: dict[str, Served] = {}
 
     def get(name):
         if name not in made:
-            path = many_ranks if name == "synth32" else os.path.join(DATA, name)
+            path = many_ranks(tmp_path_factory) if name == "synth32" else os.path.join(DATA, name)
             made[name] = Served(path, os.path.join(DATA, "clean"))
         return made[name]
     yield get
@@ -188,8 +189,10 @@ def _show(page, label, selector):
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
 
 
-@pytest.mark.parametrize("name,size", [("straggler", (1920, 1080)), ("straggler", (1280, 800)),
-                                       ("synth32", (1920, 1080))])
+# 1920 x 1080 on the 4-rank run in the main suite; the others in CI's slow stage (suite time)
+@pytest.mark.parametrize("name,size", [("straggler", (1920, 1080)),
+                                       pytest.param("straggler", (1280, 800), marks=pytest.mark.slow),
+                                       pytest.param("synth32", (1920, 1080), marks=pytest.mark.slow)])
 def test_every_page_fits(browser, served, name, size):
     srv = served(name)
     ctx, page, console = _open(browser, srv.srv, size)

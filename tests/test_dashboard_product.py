@@ -329,6 +329,12 @@ def test_live_job_hang_banner_and_end(browser, tmp_path):
         assert live["1"]["now"] == "no op in flight" and live["1"]["last completed"] == "all_reduce seq 8"
         os.makedirs(ART, exist_ok=True)
         page.screenshot(path=f"{ART}/product-live.png")
+        # the live page fits too (the geometry checks of tests/test_dashboard_layout.py)
+        from test_dashboard_layout import CHECK_JS
+        for w, h in ((1280, 800), (1920, 1080)):
+            page.set_viewport_size({"width": w, "height": h})
+            page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+            assert page.evaluate(CHECK_JS, "view-overview") == [], (w, h)
         # the strip refreshes on its own: rank 0's time in the op grows
         first = live["0"]["for"]
         page.wait_for_function(f"() => {{ const c = document.querySelector('#live-table .ag-row[row-index=\"0\"] [col-id=\"for\"]');"

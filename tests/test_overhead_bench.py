@@ -24,7 +24,11 @@ def test_overhead_benchmark_small_run(tmp_path):
     assert r["world_size"] == 1 and r["rounds"] == 4 and r["ops_per_round"] == 20
     # every traced call is a row: warm-up (20) + rounds (4 x 20) + per-op warm-up and blocks,
     # and the barrier that starts the per-op blocks (the recorder is on there)
-    assert r["rows_recorded"] == 20 + 4 * 20 + 200 + 60 + 1
+    assert r["op_rows_recorded"] == 20 + 4 * 20 + 200 + 60 + 1
+    # the untraced modes run on a group of their own, so no traced op is preceded by an
+    # unrecorded one on its group: the only gap rows are the default group's barriers of the
+    # rounds (recorder off) and the untraced group, each reported once
+    assert r["gap_rows_recorded"] == 2 and r["rows_recorded"] == r["op_rows_recorded"] + 2
     assert r["untraced_us"] > 0 and r["cpu_untraced_us"] > 0
     for k in ("commtrace_added_us", "cpu_commtrace_added_us", "cpu_commtrace_minus_profiler_us"):
         lo, hi = r["ci95"][k]

@@ -88,12 +88,16 @@ def test_synthetic_straggler_same_report(tmp_path, spark, capsys):
 
 
 @pytest.mark.slow
-def test_pending_ops_and_hang_same_report(spark, capsys):
-    """A hung run (tests/data/hang): the pending ops of the _inflight.json snapshots go
-    through Spark too, and the hang findings are the same."""
-    duck, spk = _both(capsys, os.path.join(DATA, "hang"))
+@pytest.mark.parametrize("name", ["hang", "mismatch", "damaged", "required_only"])
+def test_committed_samples_same_report(spark, capsys, name):
+    """tests/data samples: a hung run (the pending ops of the _inflight.json snapshots go
+    through Spark too), a collective mismatch, a run with a corrupt part (skipped by both, with
+    the same warning) and parts with only the required columns (rank from the directory)."""
+    duck, spk = _both(capsys, os.path.join(DATA, name))
     assert_same(duck, spk, "duckdb and spark reports")
-    assert _findings(duck) == _findings(spk) and _findings(spk)
+    assert _findings(duck) == _findings(spk)
+    if name in ("hang", "mismatch"):
+        assert [f for f in _findings(spk) if f[1] == "error"], _findings(spk)
 
 
 def _cli(code, env=None):

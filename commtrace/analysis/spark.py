@@ -37,7 +37,6 @@ import tempfile
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..errors import CommtraceError, TraceFormatError
 from ..format import reader as R
@@ -150,6 +149,22 @@ _COL_TYPES: dict[str, str] = {}
 
 def _col_type_of(c: str) -> str:
     return _COL_TYPES.get(c, "STRING")
+
+
+def _error_line(e: BaseException) -> str:
+    """One line saying what went wrong in Spark: the Java exception's own message when py4j
+    wraps one ("An error occurred while calling o175.getResult" says nothing)."""
+    java = getattr(e, "java_exception", None)
+    if java is not None:
+        try:
+            cause = java
+            while cause.getCause() is not None:  # the root cause names the real problem
+                cause = cause.getCause()
+            return str(cause.toString()).strip().splitlines()[0]
+        except Exception:  # noqa: BLE001
+            pass
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 # ---------------------------------------------------------------------------- session
@@ -307,31 +322,37 @@ def _overlap_group(t_min_ns, t_max_ns, table: pa.Table) -> pa.Table:
         **{k: col(k) for k in ("ops", "bytes", "stream_wait_ns", "sync_ns", "C", "B", "X")}})
 
 
-def _duck_schemas(con, pgs, members) -> dict[str, pa.Schema]:
-    """The types the DuckDB engine gives each boundary table: its own builders run on an empty
-    op table (so that both engines hand the same Arrow types to the code above)."""
+def _duck_schemas(con, pgs, members) -> dict[str, list[tuple[str, str]]]:
+    """The (column, DuckDB type) of each boundary table as the DuckDB engine builds it: its
+    own builders run on an empty op table, so that both engines hand the same types to the
+    code above the boundary."""
     con.execute("CREATE OR REPLACE TEMP TABLE __e AS SELECT * FROM t LIMIT 0")
     M.build_collectives(con, "__e", "__e_coll", pgs, members)
     M.build_waits(con, "__e", "__e_coll", "__e_waits")
     M.build_p2p(con, "__e", "__e_p2p")
     M.build_wait_rank_step(con, "__e_waits", "__e_p2p", "__e_wrs")
-    coll0 = Q.arrow(con, "SELECT * FROM __e_coll").schema
     M.finish_collectives(con, "__e_coll", "__e_waits")
-    out = {"coll0": coll0}
-    for k in ("coll", "waits", "p2p", "wrs"):
-        out[k] = Q.arrow(con, f"SELECT * FROM __e_{k}").schema
+    out = {k: [(r[0], r[1]) for r in Q.rows(con, f"DESCRIBE __e_{k}").fetchall()]
+           for k in ("coll", "waits", "p2p", "wrs")}
     for k in ("__e_coll_m", "__e_coll", "__e_waits", "__e_p2p", "__e_wrs", "__e"):
         con.execute(f"DROP TABLE IF EXISTS {k}")
     return out
 
 
-def _to_duck(con, name: str, df, schema: pa.Schema) -> None:
-    """Collect Spark DataFrame `df` into DuckDB table `name`, cast to `schema` (DuckDB's)."""
-    t = df.toArrow()
-    t = t.select(schema.names).cast(schema) if t.num_rows else schema.empty_table()
-    con.register("__spark_in", t)
-    con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM __spark_in")
-    con.unregister("__spark_in")
+def _to_duck(con, name: str, df, types: list[tuple[str, str]], out_dir: str) -> None:
+    """Spark DataFrame `df` -> DuckDB table `name` with `types` (DuckDB's): Spark writes it as
+    Parquet under `out_dir` and DuckDB reads it there (out of core; nothing goes through the
+    Spark driver)."""
+    path = os.path.join(out_dir, name)
+    df.write.mode("overwrite").parquet(path)
+    files = os.path.join(path, "*.parquet")
+    if any(f.endswith(".parquet") for f in os.listdir(path)):
+        sel = ", ".join(f'CAST("{c}" AS {ty}) AS "{c}"' for c, ty in types)
+        src = f"read_parquet({Q.quote(files)})"
+    else:  # an empty result may leave no file
+        sel = ", ".join(f'CAST(NULL AS {ty}) AS "{c}"' for c, ty in types)
+        src = "(SELECT 1 LIMIT 0)"
+    con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT {sel} FROM {src}")
 
 
 # ---------------------------------------------------------------------------- load
@@ -363,7 +384,7 @@ def load(path: str, *, master: str | None = None, threads: int | None = None, me
         except CommtraceError:
             raise
         except Exception as e:  # noqa: BLE001 -- Spark's own exception family
-            raise TraceFormatError(f"{path}: Spark cannot read the trace: {str(e).strip().splitlines()[0]}") from None
+            raise TraceFormatError(f"{path}: Spark cannot read the trace: {_error_line(e)}") from None
         if progress:
             progress("matching (spark)", 0.5, rf.num_rows)
         con, _ = L.connect(rf.num_rows, threads=threads, memory_limit=memory_limit, temp_dir=tmp)
@@ -381,7 +402,7 @@ def load(path: str, *, master: str | None = None, threads: int | None = None, me
     except BaseException as e:
         run.close()
         if isinstance(e, Exception) and not isinstance(e, CommtraceError):
-            raise CommtraceError(f"{path}: the Spark stages failed: {str(e).strip().splitlines()[0]}") from None
+            raise CommtraceError(f"{path}: the Spark stages failed: {_error_line(e)}") from None
         raise
     return run
 
@@ -389,6 +410,7 @@ def load(path: str, *, master: str | None = None, threads: int | None = None, me
 def _cross_rank(spark, run, ops_dir: str, pgs: list) -> None:
     """Run the boundary stages on Spark and hand their tables to `run` (see the module doc)."""
     con = run._con
+    out_dir = os.path.join(os.path.dirname(ops_dir), "tables")
     members = run.pg_members
     schemas = _duck_schemas(con, pgs, members)
     spark.read.parquet(ops_dir).createOrReplaceTempView("ct_t")
@@ -404,10 +426,10 @@ def _cross_rank(spark, run, ops_dir: str, pgs: list) -> None:
     wrs = spark.sql(to_spark(M.wait_rank_step_sql("ct_waits", "ct_p2p")))
     t = run._t
     with run._lock:
-        _to_duck(con, f"{t}_coll", coll, schemas["coll"])
-        _to_duck(con, f"{t}_waits", waits, schemas["waits"])
-        _to_duck(con, f"{t}_p2p", p2p, schemas["p2p"])
-        _to_duck(con, f"{t}_wrs", wrs, schemas["wrs"])
+        _to_duck(con, f"{t}_coll", coll, schemas["coll"], out_dir)
+        _to_duck(con, f"{t}_waits", waits, schemas["waits"], out_dir)
+        _to_duck(con, f"{t}_p2p", p2p, schemas["p2p"], out_dir)
+        _to_duck(con, f"{t}_wrs", wrs, schemas["wrs"], out_dir)
     for df in (coll0, waits, p2p):
         df.unpersist()
     # Overlap per rank, on the executors (one group per rank).
@@ -415,20 +437,16 @@ def _cross_rank(spark, run, ops_dir: str, pgs: list) -> None:
 
     def fn(table: pa.Table) -> pa.Table:
         return _overlap_group(t_min_ns, t_max_ns, table)
-    ov = (spark.read.parquet(ops_dir).select(*OVERLAP_COLUMNS).groupBy("rank")
-          .applyInArrow(fn, _OV_SCHEMA).toArrow())
-    tot = ov.filter(ov.column("total")).sort_by("rank")
-    rank_u = tot.column("rank").to_numpy().astype(np.int64)
-    overlap = {"rank": rank_u, **{k: tot.column(k).to_numpy().astype(np.float64) for k in OV.RANK_COLUMNS}}
-    st = ov.filter(pc.invert(ov.column("total")))
-    steps = pa.table({"rank": st.column("rank").cast(pa.int64()), "step": st.column("step").cast(pa.int64()),
-                      "ops": st.column("ops").cast(pa.int64()),
-                      "stream_wait_ns": st.column("stream_wait_ns").cast(pa.int64()),
-                      "C": st.column("C"), "B": st.column("B"), "X": st.column("X")})
+    ov_types = [(f.split()[0], f.split()[1]) for f in _OV_SCHEMA.split(", ")]
     with run._lock:
-        con.register("__spark_in", steps)
-        con.execute(f"CREATE OR REPLACE TABLE {t}_ovs AS SELECT * FROM __spark_in")
-        con.unregister("__spark_in")
+        _to_duck(con, "__ov", spark.read.parquet(ops_dir).select(*OVERLAP_COLUMNS).groupBy("rank")
+                 .applyInArrow(fn, _OV_SCHEMA), ov_types, out_dir)
+        tot = Q.numpy(con, f"SELECT rank, {', '.join(OV.RANK_COLUMNS)} FROM __ov WHERE total ORDER BY rank")
+        con.execute(f"""CREATE OR REPLACE TABLE {t}_ovs AS
+                        SELECT rank, step, CAST(ops AS BIGINT) AS ops, CAST(stream_wait_ns AS BIGINT) AS stream_wait_ns,
+                               C, B, X FROM __ov WHERE NOT total""")
+        con.execute("DROP TABLE __ov")
+    overlap = {"rank": tot["rank"].astype(np.int64), **{k: tot[k].astype(np.float64) for k in OV.RANK_COLUMNS}}
     for name in (f"{t}_coll", f"{t}_waits", f"{t}_p2p", f"{t}_wrs"):
         run._cache[name] = True
     run._cache["overlap"] = overlap
