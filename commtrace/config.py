@@ -50,6 +50,11 @@ class Config:
     #: Python become rows with api="c++" (needs TORCH_NCCL_ENABLE_TIMING=1; commtrace.capture.
     #: completion_hook). Off by default: torch runs the Python hook on NCCL's watchdog thread.
     completion_hook: bool = False
+    #: Read torch's per-group sequence number after each recorded call and write ``gap`` rows
+    #: for collectives no recorded call issued (commtrace.capture.torchseq). torch's getter
+    #: releases the GIL, so each read is a point where another Python thread may take it;
+    #: COMMTRACE_GAP_CHECK=0 turns it off (no gap rows: unrecorded collectives unknown).
+    gap_check: bool = True
     #: Id of the `commtrace run` invocation (set by it, not a flag): rank 0 writes it in its
     #: run's manifest (``session``), which ties the run to its entry in the output directory's
     #: manifest even when several invocations write under one -o at the same time.

@@ -168,3 +168,18 @@ def test_gap_rows_are_kept_outside_a_steps_window():
     k = S.COLUMNS.index("kind")
     assert kept[k] == ["gap", "op"] and kept[S.COLUMNS.index("count")] == [2, 4]
     assert counters[k] == [KIND_COUNTER]   # the dropped op of step 1 as a counter
+
+
+@pytest.mark.slow
+def test_gap_check_off_writes_no_gap_rows_and_the_same_ops(gaps, tmp_path):
+    """COMMTRACE_GAP_CHECK=0: the same op rows, no gap row, no `unrecorded` entry."""
+    off = run_traced(tmp_path / "off", torchrun_cmd(GAPS), env={"COMMTRACE_GAP_CHECK": "0"})
+    assert len(_results(off)) == 2
+    rows = load_rows(tmp_path / "off")
+    assert [r for r in rows if r["kind"] == "gap"] == []
+    ops = lambda rs: sorted((r["rank"], r["pg"], r["op"], r["seq"]) for r in rs  # noqa: E731
+                            if r["kind"] == "op")
+    assert ops(rows) == ops(load_rows(gaps[0] / "c"))
+    p = run_plain([sys.executable, "-m", "commtrace", "report", str(tmp_path / "off"),
+                   "--format", "json"])
+    assert json.loads(p.stdout)["unrecorded"] == []

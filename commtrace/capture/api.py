@@ -266,7 +266,7 @@ def _start(cfg: Config) -> None:
     wrappers.reset_caches()
     rec.step = 0
     _R._set_recorder(rec)
-    _install_torchseq(rec)
+    _install_torchseq(rec, cfg)
     steps.install()
     _install_optional(rec, cfg)
     rec.install_exit_handlers()
@@ -278,12 +278,17 @@ def _start(cfg: Config) -> None:
         log.warn_once("crash", "crash dump unavailable", e)
 
 
-def _install_torchseq(rec) -> None:
+def _install_torchseq(rec, cfg) -> None:
     """Unrecorded collectives (torchseq.py): groups that exist now start from their number now;
-    the C path checks the number after each call."""
+    the C path checks the number after each call (unless ``gap_check`` is off)."""
     try:
         from . import torchseq
 
+        torchseq.enabled = bool(getattr(cfg, "gap_check", True))
+        if not torchseq.enabled:
+            if _R._cfast is not None and hasattr(_R._cfast, "set_tseq"):
+                _R._cfast.set_tseq(None)
+            return
         torchseq.baseline(rec)
         if _R._cfast is not None and hasattr(_R._cfast, "set_tseq"):
             _R._cfast.set_tseq(torchseq.on_gap)

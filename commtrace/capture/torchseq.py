@@ -36,6 +36,8 @@ from . import log
 
 #: The number of recorded rows of kind "gap" (tests, benchmarks).
 n_gaps = 0
+#: Config.gap_check of the running recorder (COMMTRACE_GAP_CHECK=0: off, groups not followed).
+enabled = True
 
 
 def read(pg):

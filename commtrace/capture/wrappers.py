@@ -97,7 +97,7 @@ class PgInfo:
         self.idx = self.fidx
         self.seq_slot = _R.seq_slot(name) if member else -1   # its seq counter
         # torch numbers this group's ops: unrecorded ones are found (torchseq.py)
-        self.tseq = member and _TS.read(pg) is not None
+        self.tseq = member and _TS.enabled and _TS.read(pg) is not None
 
 
 _pg_cache: dict = {}

@@ -187,7 +187,9 @@ def command(output, nvtx, stack, flush_interval, buffer_ops, hang_timeout, dump_
                     dump_on_hang=dump_on_hang, cuda_events=cuda_events,
                     async_completion=async_completion, writer_nice=writer_nice,
                     completion_hook=completion_hook, steps=steps, schedule=schedule,
-                    max_size=max_size, on_demand=on_demand, session=inv_id)
+                    max_size=max_size, on_demand=on_demand, session=inv_id,
+                    # no flag: COMMTRACE_GAP_CHECK=0 in the environment turns it off
+                    gap_check=Config.from_env().gap_check)
     # The output directory's manifest lists the invocations of `commtrace run -o OUT`
     # ("kind": "session", "invocations"), each with its command, exit code and runs; each job
     # writes its own run directory OUT/<run-id>/, whose manifest names its invocation
