@@ -966,7 +966,8 @@ def _make_destroy(orig):
         if rec is not None:
             try:   # what the group(s) issued after their last recorded op (torchseq.py)
                 g = args[0] if args else kwargs.get("group")
-                checked = _TS.check_end(rec, None if g is None else [pg_info(g)], "destroy")
+                every = g is None or g is _c10d._world.default_pg   # torch destroys them all
+                checked = _TS.check_end(rec, None if every else [pg_info(g)], "destroy")
             except Exception:
                 checked = []
         try:
