@@ -172,6 +172,10 @@ def session(master: str | None = None):
     """The active SparkSession, or a new one on `master` (default $COMMTRACE_SPARK_MASTER or
     ``local[*]``) with :data:`BASE_CONF` (and :data:`LOCAL_CONF` for a local master)."""
     check_available()
+    import warnings
+
+    # pyspark warns about pandas 3 on every grouped UDF; this engine passes Arrow, not pandas.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
