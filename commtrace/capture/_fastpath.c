@@ -785,7 +785,8 @@ static void tseq_after(PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *na
     if (ts_gap == NULL || cst.tseqs == NULL || slot < 0)
         return;
     long long hi = tseq_read(g);
-    if (hi < 0)
+    /* torch's getter releases the GIL: another thread may have switched the recorder */
+    if (hi < 0 || cst.tseqs == NULL || cst.rec != rec)
         return;
     if (lo < 0)
         lo = hi - 1;
