@@ -114,3 +114,18 @@ def rank_meta(run_dir: str) -> dict[int, dict]:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+#: Debian's chromium, which the browser tests drive through Playwright (Playwright's own browser
+#: download does not work here).
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless chromium per test module (the browser tests)."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()

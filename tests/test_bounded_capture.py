@@ -132,6 +132,38 @@ def test_window_unit():
     assert parse_size("500MB") == 500_000_000 and parse_size("2GiB") == 2 << 30
 
 
+def _start_on_demand(out, n_steps, *opts):
+    """Start `commtrace run --on-demand` over the 2-rank step script and wait until rank 0's
+    counters show step 5 or later: (the process, the last step seen)."""
+    import subprocess
+    import sys
+    import time
+
+    from conftest import clean_env
+
+    cmd = [sys.executable, "-m", "commtrace", "run", "-o", str(out), "--on-demand", *opts, "--flush-interval", "0.1",
+           "--", *torchrun_cmd(SCRIPT, "--steps", n_steps, "--sleep", 0.1)]
+    p = subprocess.Popen(cmd, env=clean_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen, read = -1, set()
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        # each part once: re-reading every part each time took longer than the job under load,
+        # and the trigger then came after its last step
+        for f in sorted(set(glob.glob(str(out / "*" / "rank=0" / "counters-*.parquet"))) - read):
+            try:
+                seen = max([seen] + [s for s in pq.read_table(f, columns=["step"])["step"].to_pylist() if s is not None])
+                read.add(f)
+            except Exception:  # noqa: BLE001 -- a part being renamed
+                pass
+        if seen >= 5:
+            break
+        time.sleep(0.1)
+    if not (seen >= 5 and p.poll() is None):
+        p.kill()
+        raise AssertionError("the job did not get going")
+    return p, seen
+
+
 @pytest.mark.slow
 def test_on_demand_trigger_records_the_same_next_steps_on_every_rank(tmp_path):
     """`commtrace run --on-demand` writes counters only; `commtrace trigger DIR --steps 4` on the
@@ -145,23 +177,9 @@ def test_on_demand_trigger_records_the_same_next_steps_on_every_rank(tmp_path):
     from conftest import clean_env
 
     out = tmp_path / "t"
-    n_steps = 40
-    cmd = [sys.executable, "-m", "commtrace", "run", "-o", str(out), "--on-demand", "--flush-interval", "0.1",
-           "--", *torchrun_cmd(SCRIPT, "--steps", n_steps, "--sleep", 0.1)]
-    p = subprocess.Popen(cmd, env=clean_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    n_steps = 80
+    p, seen = _start_on_demand(out, n_steps)
     try:
-        seen = -1
-        deadline = time.time() + 120
-        while time.time() < deadline and p.poll() is None:
-            for f in glob.glob(str(out / "*" / "rank=0" / "counters-*.parquet")):
-                try:
-                    seen = max([seen] + [s for s in pq.read_table(f, columns=["step"])["step"].to_pylist() if s is not None])
-                except Exception:  # noqa: BLE001 -- a part being renamed
-                    pass
-            if seen >= 5:
-                break
-            time.sleep(0.1)
-        assert seen >= 5 and p.poll() is None, "the job did not get going"
         assert main(["trigger", str(out), "--steps", "4"]) == 0
         stdout, stderr = p.communicate(timeout=180)
         assert p.returncode == 0, stderr[-3000:]
@@ -196,30 +214,10 @@ def test_on_demand_sigusr2_to_commtrace_run_triggers(tmp_path):
     """SIGUSR2 sent to `commtrace run` (not the ranks) writes the same trigger as `commtrace
     trigger OUT --steps N`, with N from --trigger-steps: both ranks record the same 3 steps."""
     import signal
-    import subprocess
-    import sys
-    import time
-
-    from conftest import clean_env
 
     out = tmp_path / "t"
-    n_steps = 40
-    cmd = [sys.executable, "-m", "commtrace", "run", "-o", str(out), "--on-demand", "--trigger-steps", "3",
-           "--flush-interval", "0.1", "--", *torchrun_cmd(SCRIPT, "--steps", n_steps, "--sleep", 0.1)]
-    p = subprocess.Popen(cmd, env=clean_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p, seen = _start_on_demand(out, 80, "--trigger-steps", "3")
     try:
-        seen = -1
-        deadline = time.time() + 120
-        while time.time() < deadline and p.poll() is None:
-            for f in glob.glob(str(out / "*" / "rank=0" / "counters-*.parquet")):
-                try:
-                    seen = max([seen] + [s for s in pq.read_table(f, columns=["step"])["step"].to_pylist() if s is not None])
-                except Exception:  # noqa: BLE001 -- a part being renamed
-                    pass
-            if seen >= 5:
-                break
-            time.sleep(0.1)
-        assert seen >= 5 and p.poll() is None, "the job did not get going"
         p.send_signal(signal.SIGUSR2)
         stdout, stderr = p.communicate(timeout=180)
         assert p.returncode == 0, stderr[-3000:]

@@ -12,9 +12,8 @@ import time
 import pytest
 
 import commtrace
-from conftest import ROOT, SAMPLES, clean_env, run_traced, torchrun_cmd
+from conftest import CHROMIUM, ROOT, SAMPLES, clean_env, run_traced, torchrun_cmd
 
-CHROMIUM = "/usr/bin/chromium"
 ART = os.path.join(ROOT, "test-artifacts")
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium")]
@@ -25,14 +24,6 @@ GD = "document.querySelector('#timeline .js-plotly-plot')"
 #: The timeline's view is shown (hidden views have height 0, so that their plots keep their size).
 VISIBLE = "(g.offsetParent !== null && document.querySelector('#view-timeline').getBoundingClientRect().height > 100)"
 
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 def _serve(path):

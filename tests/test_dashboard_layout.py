@@ -19,9 +19,8 @@ import time
 import pytest
 
 import commtrace
-from conftest import ROOT, clean_env
+from conftest import CHROMIUM, ROOT, clean_env
 
-CHROMIUM = "/usr/bin/chromium"
 ART = os.path.join(ROOT, "test-artifacts")
 DATA = os.path.join(ROOT, "tests", "data")
 pytestmark = [pytest.mark.browser,
@@ -110,14 +109,6 @@ CHECK_JS = r"""
 }
 """
 
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 def many_ranks(tmp_path_factory):
