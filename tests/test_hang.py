@@ -121,9 +121,12 @@ def test_sigusr1_dumps_on_demand_and_chains(rec, tmp_path):
         assert "SIGUSR1 received" in text and "no op in flight" in text
         assert "test_sigusr1_dumps_on_demand_and_chains" in text
         assert _wait_for(lambda: calls) == [signal.SIGUSR1]  # the user's handler still ran
-        # the scratch file faulthandler writes into is unlinked: only stacks-*.txt is left
-        assert sorted(os.listdir(tmp_path / "run" / "rank=0")) == sorted(
-            [os.path.basename(files[0]), "_inflight.json"])
+        # the scratch file faulthandler writes into is unlinked: only stacks-*.txt is left, beside
+        # the snapshot (whose atomic rewrite's own .tmp-* file may exist for a moment: wait for
+        # the directory to settle rather than read it mid-rename, as a loaded CI clone once did)
+        want = sorted([os.path.basename(files[0]), "_inflight.json"])
+        got = _wait_for(lambda: sorted(os.listdir(tmp_path / "run" / "rank=0")) == want, timeout=10)
+        assert got, sorted(os.listdir(tmp_path / "run" / "rank=0"))
     finally:
         watchdog.uninstall()
         signal.signal(signal.SIGUSR1, prev)
