@@ -146,17 +146,25 @@ def _label(m: Model, e: int) -> tuple:
     return op, (m.row_site[row] or None)
 
 
-def delays(run, top: int | None = None, min_cost_s: float = 0.0) -> pa.Table:
+def delays(run, top: int | None = None, min_cost_s: float = 0.0, per_rank: int | None = None) -> pa.Table:
     """Root causes, one row per host event with delay costs, largest cost first: `rank`,
     `step`, `op` / `site` (the op the delay precedes: "before all_reduce at train.py:88"),
     `prev_op` / `prev_site` (the op it follows), `delay_s` (the event's excess gap over the
     same event on the other ranks), `direct_cost_s`, `propagated_cost_s`, `cost_s`, `t_ns`
-    (start of the gap, rank 0's clock) and `event` (index in the host model)."""
+    (start of the gap, rank 0's clock) and `event` (index in the host model). `per_rank`: only
+    each rank's first (costliest) rows."""
     m = build_model(run)
     a = attribution(run)
     cost = a["ev_direct"] + a["ev_prop"]
     idx = np.flatnonzero(cost > max(min_cost_s, 0.0) * 1e9)
     idx = idx[np.argsort(-cost[idx], kind="stable")]
+    if per_rank is not None:
+        # the first `per_rank` rows of each rank, in the same order
+        r = m.ev_rank[idx]
+        o = np.argsort(r, kind="stable")
+        rs = r[o]
+        k = np.arange(len(o)) - np.searchsorted(rs, rs, "left")
+        idx = idx[np.sort(o[k < int(per_rank)])]
     if top is not None:
         idx = idx[: int(top)]
     cols = {k: [] for k in ("rank", "step", "op", "site", "prev_op", "prev_site", "delay_s", "direct_cost_s",
