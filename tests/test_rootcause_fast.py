@@ -165,3 +165,29 @@ def test_delays_per_rank_group_delayed_and_step_ends(run):
         np.maximum.at(ref, inv, rel[ok])
         assert np.array_equal(res.step_end[i], ref)
         assert np.array_equal(res.steps, steps)
+
+
+def test_slot_order_and_call_search():
+    rng = np.random.default_rng(3)
+    for ties in (False, True):
+        rank = rng.integers(0, 4, 500)
+        block = rng.integers(0, 80 if ties else 10**9, 500).astype(float)
+        key = (rank.astype(np.int64) << 44) + np.floor(block).astype(np.int64)
+        o, ks = D._order_by_key(key, block, rank)
+        ref = np.lexsort((block, rank))
+        assert np.array_equal(o, ref) and np.array_equal(ks, key[ref])
+    ekeys = np.sort(rng.integers(0, 300, 400))
+    calls = rng.integers(0, 400, 200)
+    q = ekeys[calls]
+    assert np.array_equal(D._after_own_call(ekeys, q, calls), np.searchsorted(ekeys, q, "right"))
+
+
+def test_dense_ids_group_equal_tuples():
+    rng = np.random.default_rng(4)
+    cols = [rng.integers(-1, 3, 300), rng.integers(-1, 5, 300), rng.integers(0, 7, 300)]
+    ids = M._dense_ids(cols)
+    tuples = list(zip(*(c.tolist() for c in cols)))
+    for i in range(300):
+        for j in range(0, 300, 7):
+            assert (ids[i] == ids[j]) == (tuples[i] == tuples[j])
+    assert M._dense_ids(cols, limit=10) is None

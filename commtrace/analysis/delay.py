@@ -54,8 +54,7 @@ def attribute(m: Model) -> dict:
     omega = np.where(waiting, omega, 0.0)
     out["total_wait"] = float(omega.sum())
     # wait time in each slot's synchronisation interval [sync, enter)
-    so = np.lexsort((m.sl_block, m.sl_rank))
-    keys = rk[so] + np.floor(m.sl_block[so]).astype(np.int64) + base
+    so, keys = _order_by_key(rk + np.floor(m.sl_block).astype(np.int64) + base, m.sl_block, m.sl_rank)
     cum = np.r_[0.0, np.cumsum(omega[so])]
     k_s = rk + np.floor(m.sl_sync).astype(np.int64)
     k_e = rk + np.floor(m.sl_enter).astype(np.int64)
@@ -68,7 +67,7 @@ def attribute(m: Model) -> dict:
     erk = m.ev_rank.astype(np.int64) << _SHIFT
     ekeys = erk + np.floor(m.ev_start).astype(np.int64)
     s_lo = np.searchsorted(ekeys, rk + np.floor(m.sl_sync).astype(np.int64), "right")
-    s_hi = np.searchsorted(ekeys, rk + np.floor(m.sl_enter).astype(np.int64), "right")
+    s_hi = _after_own_call(ekeys, rk + np.floor(m.sl_enter).astype(np.int64), m.sl_call)
     gpos = np.where(m.ev_first, 0.0, np.maximum(m.ev_gap, 0.0))
     cg = np.r_[0.0, np.cumsum(gpos)]
     comp = cg[s_hi] - cg[s_lo]
@@ -135,6 +134,33 @@ def attribute(m: Model) -> dict:
             if rest.any():
                 np.add.at(acc, m.sl_call[dd[rest]], amt[rest])
         out["ev_direct"], out["ev_prop"] = ev_d, ev_p
+    return out
+
+
+def _order_by_key(key: np.ndarray, block: np.ndarray, rank: np.ndarray):
+    """(np.lexsort((block, rank)), key in that order) for key = rank << 44 | floor(block): one
+    int64 argsort when the blocks are whole ns (they are times in ns) and no key repeats (the
+    order of equal keys would then be the sort's own), else the lexsort."""
+    o = np.argsort(key)
+    ks = key[o]
+    if len(ks) > 1 and (np.any(ks[1:] == ks[:-1]) or not np.array_equal(np.floor(block), block)):
+        o = np.lexsort((block, rank))
+        ks = key[o]
+    return o, ks
+
+
+def _after_own_call(ekeys: np.ndarray, q: np.ndarray, sl_call: np.ndarray) -> np.ndarray:
+    """np.searchsorted(ekeys, q, "right") where q[j] is the key of slot j's call event (the
+    first event after it, unless later events share its key: searched for those only)."""
+    E = len(ekeys)
+    c = sl_call + 1
+    ok = (sl_call >= 0) & (ekeys[np.clip(sl_call, 0, max(E - 1, 0))] == q)
+    nxt = ekeys[np.minimum(c, E - 1)] if E else np.zeros(0, np.int64)
+    ok &= (c >= E) | (nxt > q)
+    out = np.where(ok, c, 0)
+    bad = np.flatnonzero(~ok)
+    if len(bad):
+        out[bad] = np.searchsorted(ekeys, q[bad], "right")
     return out
 
 

@@ -366,9 +366,16 @@ def _build(run) -> Model:
     sl_prev = np.full(nsl, -1, np.int64)
     coll_sl = np.flatnonzero(~s_is_p2p)
     if len(coll_sl):
-        with np.errstate(over="ignore"):
-            hq = _mix(s_pgc[coll_sl], sl_rank[coll_sl].astype(np.int64))
-        o2 = coll_sl[np.lexsort((sl_enter[coll_sl], hq))]
+        gq = _dense_ids([s_pgc[coll_sl], sl_rank[coll_sl].astype(np.int64)])
+        ent = sl_enter[coll_sl]
+        if gq is not None and int(gq.max()) < (1 << 19) and _whole_ns(ent):
+            # (group, enter, slot) order by one stable int64 argsort
+            o2 = coll_sl[np.argsort((gq << 44) + ent.astype(np.int64), kind="stable")]
+        else:
+            with np.errstate(over="ignore"):
+                hq = _mix(s_pgc[coll_sl], sl_rank[coll_sl].astype(np.int64))
+            o2 = coll_sl[np.lexsort((ent, hq))]
+        del ent
         same = np.r_[False, (sl_rank[o2[1:]] == sl_rank[o2[:-1]]) & (s_pgc[o2[1:]] == s_pgc[o2[:-1]])]
         sl_prev[o2[same]] = o2[np.flatnonzero(same) - 1]
     queue = np.where(sl_prev >= 0, sl_leave[np.maximum(sl_prev, 0)], -np.inf)
@@ -437,14 +444,17 @@ def _build(run) -> Model:
     if nsl:
         pl = np.where(s_is_p2p, np.minimum(s_src, s_dst), -1)
         ph = np.where(s_is_p2p, np.maximum(s_src, s_dst), -1)
-        # dense id of (group key, rank) per slot
-        with np.errstate(over="ignore"):
-            h3 = _mix(_mix(_mix(s_pgc, pl), ph), sl_rank.astype(np.int64))
-        o3 = np.argsort(h3, kind="stable")
-        newk = np.r_[True, (sl_rank[o3[1:]] != sl_rank[o3[:-1]]) | (s_pgc[o3[1:]] != s_pgc[o3[:-1]])
-                     | (pl[o3[1:]] != pl[o3[:-1]]) | (ph[o3[1:]] != ph[o3[:-1]])]
-        gr = np.empty(nsl, np.int64)
-        gr[o3] = np.cumsum(newk) - 1
+        # dense id of (group key, rank) per slot (any numbering: only equality matters)
+        gr = _dense_ids([s_pgc, pl, ph, sl_rank.astype(np.int64)])
+        if gr is None:
+            with np.errstate(over="ignore"):
+                h3 = _mix(_mix(_mix(s_pgc, pl), ph), sl_rank.astype(np.int64))
+            o3 = np.argsort(h3, kind="stable")
+            newk = np.r_[True, (sl_rank[o3[1:]] != sl_rank[o3[:-1]]) | (s_pgc[o3[1:]] != s_pgc[o3[:-1]])
+                         | (pl[o3[1:]] != pl[o3[:-1]]) | (ph[o3[1:]] != ph[o3[:-1]])]
+            gr = np.empty(nsl, np.int64)
+            gr[o3] = np.cumsum(newk) - 1
+            del h3, o3, newk
         ai = np.flatnonzero(ev_anchor)
         akey = (gr[ev_slot[ai]] << 44) + np.floor(ev_rel[ai]).astype(np.int64)
         ao = np.argsort(akey, kind="stable")
@@ -466,7 +476,7 @@ def _build(run) -> Model:
             wend = twe[s_rid[prv]]
             closing = np.where(~np.isnan(wend) & (wend <= sl_enter[cur]), np.fmax(closing, wend), closing)
             sl_sync[cur] = np.fmax(sl_sync[cur], closing)
-        del pl, ph, h3, o3, newk, gr, akey, ao, akey_s, arel_s, q, j, okj
+        del pl, ph, gr, akey, ao, akey_s, arel_s, q, j, okj
     # no previous sync on the group: the rank's first event
     first_start = np.full(int(ranks.max()) + 1 if len(ranks) else 1, np.nan)
     first_start[ranks] = ev_start[rank_lo]
@@ -641,6 +651,33 @@ def _implicit_waits(cand, rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL) -> None:
     b_, j_ = bs[o][first], js[o][first]
     t_w[j_] = t_ret[b_]
     t_we[j_] = t_end[j_]
+
+
+def _dense_ids(cols: list, limit: int = 1 << 25):
+    """Equal ids for equal tuples of the int64 columns, numbered 0.. in the tuples' order,
+    through a table over the tuples' range (no sort); None when that range exceeds `limit`."""
+    n = len(cols[0])
+    if not n:
+        return np.zeros(0, np.int64)
+    key = np.zeros(n, np.int64)
+    size = 1
+    for c in cols:
+        lo, hi = int(c.min()), int(c.max())
+        w = hi - lo + 1
+        size *= w
+        if size > limit:
+            return None
+        key *= w
+        key += c - lo
+    present = np.zeros(size, bool)
+    present[key] = True
+    ids = np.cumsum(present) - 1
+    return ids[key]
+
+
+def _whole_ns(t: np.ndarray) -> bool:
+    """Times that are whole ns in [0, 2^44) (int64 keys rank-or-group << 44 | ns keep their order)."""
+    return bool(len(t) == 0 or (np.all(t >= 0) and np.all(t < 2.0 ** 44) and np.array_equal(np.floor(t), t)))
 
 
 def _mix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
