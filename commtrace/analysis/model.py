@@ -738,20 +738,22 @@ def _median_others_rows(v: np.ndarray):
     cnt = valid.sum(axis=1)
     # in sorted order, an element's own position is its column
     col = np.arange(n)[None, :]
-    m = (cnt - 1)[:, None]
-    rows = np.arange(k)[:, None]
+    m = cnt - 1
+    rows = np.arange(k)
 
     def at(j):
+        # the others' j-th value (j is one per row): the row's j-th, or its (j+1)-th for the
+        # elements at or before column j (their own value comes first)
         j = np.clip(j, 0, None)
-        j = j + (j >= col)
-        np.clip(j, 0, n - 1, out=j)
-        return gs[rows, j]
+        a = gs[rows, np.minimum(j, n - 1)][:, None]
+        b = gs[rows, np.minimum(j + 1, n - 1)][:, None]
+        return np.where(j[:, None] >= col, b, a)
 
-    half = np.broadcast_to(m // 2, (k, n))
-    odd = np.broadcast_to(m % 2 == 1, (k, n))
+    half = m // 2
+    odd = (m % 2 == 1)[:, None]
     med = at(half)
     med = np.where(odd, med, 0.5 * (at(half - 1) + med))
-    has_peers = valid & (m >= 1)
+    has_peers = valid & (m >= 1)[:, None]
     ex_sorted = np.where(has_peers, np.maximum(0.0, gs - med), 0.0)
     ex = np.empty((k, n))
     hp = np.empty((k, n), bool)
