@@ -81,6 +81,30 @@ def run_traced(out: str, cmd: list[str], opts: tuple = (), env: dict | None = No
     return run_plain(full, env=env, timeout=timeout, check=check)
 
 
+def run_until_hung(out: str, script: str, *args, marker: str = "rank 1 done issuing",
+                   wait_s: float = 90, settle_s: float = 2.0) -> None:
+    """``commtrace run`` a job that hangs on purpose: wait until it prints `marker` (or `wait_s`
+    passes), leave it `settle_s` for a few flushes while it hangs, then SIGTERM it."""
+    import signal
+    import time
+
+    cmd = ["timeout", "-s", "TERM", str(int(wait_s * 2)), sys.executable, "-m", "commtrace", "run",
+           "-o", str(out), "--flush-interval", "0.3", "--", *torchrun_cmd(script, *args)]
+    p = subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, cwd=ROOT)
+    try:
+        t0 = time.time()
+        for line in p.stdout:
+            if marker in line or time.time() - t0 > wait_s:
+                break
+        time.sleep(settle_s)
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=wait_s)
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
 def run_path(out) -> str:
     """The one run directory under `out` (``commtrace run -o OUT`` writes OUT/<run-id>/), or
     `out` itself when it is a run directory."""

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
 import statistics
-import subprocess
-import sys
-import time
 
 import pytest
 
 import commtrace
-from conftest import SAMPLES, SCRIPTS, clean_env, run_traced, torchrun_cmd
+from conftest import SAMPLES, SCRIPTS, run_traced, run_until_hung, torchrun_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -100,20 +96,7 @@ def test_clean_ddp_run_has_none(tmp_path):
 def test_skipped_all_reduce_gives_not_joined(tmp_path):
     out = tmp_path / "t"
     n, skip = 10, 4
-    cmd = [sys.executable, "-m", "commtrace", "run", "-o", str(out), "--flush-interval", "0.3", "--",
-           *torchrun_cmd(os.path.join(SCRIPTS, "analysis_skip.py"), n, skip)]
-    p = subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        t0 = time.time()
-        for line in p.stdout:
-            if "rank 1 done issuing" in line or time.time() - t0 > 90:
-                break
-        time.sleep(2.0)  # a few flushes while rank 0 hangs
-        p.send_signal(signal.SIGTERM)
-        p.communicate(timeout=90)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    run_until_hung(out, os.path.join(SCRIPTS, "analysis_skip.py"), n, skip, wait_s=90)
     run = commtrace.load(str(out))
     nj = [f for f in run.findings() if f.kind == "not_joined"]
     # gloo pairs rank 1's calls with rank 0's in order: rank 0's last all_reduce (seq n-1,

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 import commtrace
 from commtrace.cli import main
-from conftest import SAMPLES, clean_env, run_traced, torchrun_cmd
+from conftest import SAMPLES, run_traced, run_until_hung, torchrun_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -119,21 +115,7 @@ def test_good_overlap_has_nothing_of_note_and_diff_shows_bad_exposes_more(tmp, c
 
 def test_hang_sample_names_the_rank_that_never_joined(tmp):
     out = tmp / "hang"
-    script = os.path.join(FINDINGS, "hang.py")
-    cmd = ["timeout", "-s", "TERM", "90", sys.executable, "-m", "commtrace", "run", "-o", str(out),
-           "--flush-interval", "0.3", "--", *torchrun_cmd(script)]
-    p = subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        t0 = time.time()
-        for line in p.stdout:
-            if "rank 1 done issuing" in line or time.time() - t0 > 60:
-                break
-        time.sleep(2.0)  # a few flushes while rank 0 hangs
-        p.send_signal(signal.SIGTERM)
-        p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    run_until_hung(out, os.path.join(FINDINGS, "hang.py"), wait_s=60)
     run = commtrace.load(str(out))
     nj = [f for f in run.findings() if f.kind == "not_joined"]
     assert [(f.rank, f.seq) for f in nj] == [(1, 9)]

@@ -32,6 +32,7 @@ def walk(m: Model) -> dict[str, np.ndarray]:
                                                             m.sl_enter, m.sl_prev)
     cm_T0, cm_last, cm_lo, cm_hi = m.cm_T0, m.cm_last, m.cm_lo, m.cm_hi
     tb = m.t_begin
+    q_prev = _queued_behind(m)
     e = int(np.argmax(ev_rel))
     mode = 0          # 0: at the end of event e; 1: at the start of e; 2: at completion of slot s
     s = -1
@@ -82,12 +83,7 @@ def walk(m: Model) -> dict[str, np.ndarray]:
                     mode = 1
                 else:
                     # queued behind the group's previous collective on some member
-                    lo, hi = int(cm_lo[c]), int(cm_hi[c])
-                    best, bs = -np.inf, -1
-                    for j in range(lo, hi):
-                        p = int(sl_prev[j])
-                        if p >= 0 and sl_leave[p] > best:
-                            best, bs = sl_leave[p], p
+                    bs = int(q_prev[c])
                     if bs < 0:
                         e = int(sl_call[d])
                         mode = 1
@@ -101,6 +97,20 @@ def walk(m: Model) -> dict[str, np.ndarray]:
                 e = int(sl_call[s])
                 mode = 1
     return _seg_arrays(rk[::-1], t0s[::-1], t1s[::-1], kd[::-1], cm[::-1], ev[::-1])
+
+
+def _queued_behind(m: Model) -> np.ndarray:
+    """Per communication, the member's previous slot on the group that ended last (the first
+    of ties, in slot order), -1 if no member has one."""
+    nsl, C = len(m.sl_comm), len(m.cm_lo)
+    if not C:
+        return np.zeros(0, np.int64)
+    has = m.sl_prev >= 0
+    v = np.where(has, m.sl_leave[np.maximum(m.sl_prev, 0)], -np.inf)
+    best = np.maximum.reduceat(v, m.cm_lo)
+    cand = has & (v == best[m.sl_comm]) & (v > -np.inf)
+    j = np.minimum.reduceat(np.where(cand, np.arange(nsl), nsl), m.cm_lo)
+    return np.where(j < nsl, m.sl_prev[np.minimum(j, nsl - 1)], -1)
 
 
 def _seg_arrays(rk, t0s, t1s, kd, cm, ev):
@@ -168,20 +178,21 @@ def summary(run) -> dict:
                              "compute_s": by_kind[i, 0] / 1e9, "host_s": by_kind[i, 1] / 1e9, "comm_s": by_kind[i, 2] / 1e9})
         per_rank.sort(key=lambda x: -x["time_s"])
     out["per_rank"] = per_rank
-    # per op kind: exposed (on the path) vs hidden
-    per_op = {}
-    tc_total = {}
-    for op, tcv in zip(m.cm_op.tolist(), m.cm_tcomm.tolist()):
-        tc_total[op] = tc_total.get(op, 0.0) + tcv
+    # per op kind: exposed (on the path) vs hidden (bincount adds in communication order, as
+    # a running sum per op would)
+    K = len(m.op_names)
+    tc_total = np.bincount(m.cm_opc, weights=m.cm_tcomm, minlength=K)
+    n_c = np.bincount(m.cm_opc, minlength=K)
     comm_seg = sg["kind"] == 2
-    for c, ln in zip(sg["comm"][comm_seg].tolist(), L[comm_seg].tolist()):
-        op = str(m.cm_op[c])
-        per_op[op] = per_op.get(op, 0.0) + ln
+    cs = m.cm_opc[sg["comm"][comm_seg]]
+    per_op = np.bincount(cs, weights=L[comm_seg], minlength=K)
+    n_on = np.bincount(cs, minlength=K)
     ops = []
-    for op in sorted(set(tc_total) | set(per_op)):
-        on = per_op.get(op, 0.0)
-        ops.append({"op": op, "on_path_s": on / 1e9, "off_path_s": max(tc_total.get(op, 0.0) - on, 0.0) / 1e9,
-                    "t_comm_total_s": tc_total.get(op, 0.0) / 1e9})
+    for k in sorted(set(np.flatnonzero((n_c > 0) | (n_on > 0)).tolist()), key=lambda k: str(m.op_names[k])):
+        on = float(per_op[k])
+        tct = float(tc_total[k])
+        ops.append({"op": str(m.op_names[k]), "on_path_s": on / 1e9, "off_path_s": max(tct - on, 0.0) / 1e9,
+                    "t_comm_total_s": tct / 1e9})
     ops.sort(key=lambda x: -x["on_path_s"])
     out["per_op"] = ops
     # per step
@@ -193,11 +204,17 @@ def summary(run) -> dict:
         cc = sg["comm"]
         sel = (e < 0) & (cc >= 0)
         st[sel] = m.ev_step[m.sl_call[m.cm_lo[cc[sel]]]]
-        for s in np.unique(st[st >= 0]).tolist():
-            k = st == s
-            rs, inv = np.unique(sg["rank"][k], return_inverse=True)
-            per = np.bincount(inv, weights=L[k])
-            steps.append({"step": int(s), "length_s": float(L[k].sum()) / 1e9, "top_rank": int(rs[np.argmax(per)]),
-                          "top_rank_share": float(per.max() / L[k].sum()) if L[k].sum() > 0 else 0.0})
+        # segments grouped by step, each group in time order (the same sums as a mask per step)
+        ok = np.flatnonzero(st >= 0)
+        o = ok[np.argsort(st[ok], kind="stable")]
+        so, Lo, ro = st[o], L[o], sg["rank"][o]
+        b = np.flatnonzero(np.r_[True, so[1:] != so[:-1]]) if len(o) else np.zeros(0, np.int64)
+        for s, i0, i1 in zip(so[b].tolist(), b.tolist(), np.r_[b[1:], len(o)].tolist()):
+            Lk = Lo[i0:i1]
+            rs, inv = np.unique(ro[i0:i1], return_inverse=True)
+            per = np.bincount(inv, weights=Lk)
+            tot = Lk.sum()
+            steps.append({"step": int(s), "length_s": float(tot) / 1e9, "top_rank": int(rs[np.argmax(per)]),
+                          "top_rank_share": float(per.max() / tot) if tot > 0 else 0.0})
     out["per_step"] = steps
     return out

@@ -54,8 +54,7 @@ def attribute(m: Model) -> dict:
     omega = np.where(waiting, omega, 0.0)
     out["total_wait"] = float(omega.sum())
     # wait time in each slot's synchronisation interval [sync, enter)
-    so = np.lexsort((m.sl_block, m.sl_rank))
-    keys = rk[so] + np.floor(m.sl_block[so]).astype(np.int64) + base
+    so, keys = _order_by_key(rk + np.floor(m.sl_block).astype(np.int64) + base, m.sl_block, m.sl_rank)
     cum = np.r_[0.0, np.cumsum(omega[so])]
     k_s = rk + np.floor(m.sl_sync).astype(np.int64)
     k_e = rk + np.floor(m.sl_enter).astype(np.int64)
@@ -68,7 +67,7 @@ def attribute(m: Model) -> dict:
     erk = m.ev_rank.astype(np.int64) << _SHIFT
     ekeys = erk + np.floor(m.ev_start).astype(np.int64)
     s_lo = np.searchsorted(ekeys, rk + np.floor(m.sl_sync).astype(np.int64), "right")
-    s_hi = np.searchsorted(ekeys, rk + np.floor(m.sl_enter).astype(np.int64), "right")
+    s_hi = _after_own_call(ekeys, rk + np.floor(m.sl_enter).astype(np.int64), m.sl_call)
     gpos = np.where(m.ev_first, 0.0, np.maximum(m.ev_gap, 0.0))
     cg = np.r_[0.0, np.cumsum(gpos)]
     comp = cg[s_hi] - cg[s_lo]
@@ -138,6 +137,33 @@ def attribute(m: Model) -> dict:
     return out
 
 
+def _order_by_key(key: np.ndarray, block: np.ndarray, rank: np.ndarray):
+    """(np.lexsort((block, rank)), key in that order) for key = rank << 44 | floor(block): one
+    int64 argsort when the blocks are whole ns (they are times in ns) and no key repeats (the
+    order of equal keys would then be the sort's own), else the lexsort."""
+    o = np.argsort(key)
+    ks = key[o]
+    if len(ks) > 1 and (np.any(ks[1:] == ks[:-1]) or not np.array_equal(np.floor(block), block)):
+        o = np.lexsort((block, rank))
+        ks = key[o]
+    return o, ks
+
+
+def _after_own_call(ekeys: np.ndarray, q: np.ndarray, sl_call: np.ndarray) -> np.ndarray:
+    """np.searchsorted(ekeys, q, "right") where q[j] is the key of slot j's call event (the
+    first event after it, unless later events share its key: searched for those only)."""
+    E = len(ekeys)
+    c = sl_call + 1
+    ok = (sl_call >= 0) & (ekeys[np.clip(sl_call, 0, max(E - 1, 0))] == q)
+    nxt = ekeys[np.minimum(c, E - 1)] if E else np.zeros(0, np.int64)
+    ok &= (c >= E) | (nxt > q)
+    out = np.where(ok, c, 0)
+    bad = np.flatnonzero(~ok)
+    if len(bad):
+        out[bad] = np.searchsorted(ekeys, q[bad], "right")
+    return out
+
+
 def _label(m: Model, e: int) -> tuple:
     row = int(m.ev_row[e])
     op = m.row_op[row] or None
@@ -146,17 +172,25 @@ def _label(m: Model, e: int) -> tuple:
     return op, (m.row_site[row] or None)
 
 
-def delays(run, top: int | None = None, min_cost_s: float = 0.0) -> pa.Table:
+def delays(run, top: int | None = None, min_cost_s: float = 0.0, per_rank: int | None = None) -> pa.Table:
     """Root causes, one row per host event with delay costs, largest cost first: `rank`,
     `step`, `op` / `site` (the op the delay precedes: "before all_reduce at train.py:88"),
     `prev_op` / `prev_site` (the op it follows), `delay_s` (the event's excess gap over the
     same event on the other ranks), `direct_cost_s`, `propagated_cost_s`, `cost_s`, `t_ns`
-    (start of the gap, rank 0's clock) and `event` (index in the host model)."""
+    (start of the gap, rank 0's clock) and `event` (index in the host model). `per_rank`: only
+    each rank's first (costliest) rows."""
     m = build_model(run)
     a = attribution(run)
     cost = a["ev_direct"] + a["ev_prop"]
     idx = np.flatnonzero(cost > max(min_cost_s, 0.0) * 1e9)
     idx = idx[np.argsort(-cost[idx], kind="stable")]
+    if per_rank is not None:
+        # the first `per_rank` rows of each rank, in the same order
+        r = m.ev_rank[idx]
+        o = np.argsort(r, kind="stable")
+        rs = r[o]
+        k = np.arange(len(o)) - np.searchsorted(rs, rs, "left")
+        idx = idx[np.sort(o[k < int(per_rank)])]
     if top is not None:
         idx = idx[: int(top)]
     cols = {k: [] for k in ("rank", "step", "op", "site", "prev_op", "prev_site", "delay_s", "direct_cost_s",

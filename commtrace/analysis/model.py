@@ -97,6 +97,11 @@ class Model:
     t_begin: float
     t_end: float
     notes: list = field(default_factory=list)
+    # integer codes of cm_op / cm_pg (equal names, equal codes): index into op_names / pg_names
+    cm_opc: np.ndarray | None = None
+    cm_pgc: np.ndarray | None = None
+    op_names: np.ndarray | None = None
+    pg_names: np.ndarray | None = None
 
     @property
     def n_events(self) -> int:
@@ -113,14 +118,73 @@ def _col(t: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
 
 class _Labels:
     """`labels[i]` -> the string of row i ("" when null), without turning a column of a million
-    strings into Python objects: only the few rows a report names are read."""
+    strings into Python objects: only the few rows a report names are read. `perm`: row i is
+    the column's row perm[i] (the rows as fetched, before their sort)."""
 
-    def __init__(self, col):
+    def __init__(self, col, perm=None):
         self.col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        self.perm = perm
 
     def __getitem__(self, i):
-        v = self.col[int(i)].as_py()
+        i = int(i)
+        v = self.col[i if self.perm is None else int(self.perm[i])].as_py()
         return v if v is not None else ""
+
+
+class _Rows:
+    """The op rows in (rank, t_enqueue_ns) order (nulls last, then by row id), as numpy columns.
+
+    Fetched from DuckDB unordered and sorted here with one argsort of an int64 key: an ORDER BY
+    over the table's 18 columns cost more than the rest of the fetch (64 x 20,000: 1.4 s of
+    2.0 s CPU); the numeric columns are permuted in numpy, the strings keep their fetched order
+    and are read through the permutation (dictionary codes, labels)."""
+
+    def __init__(self, t: pa.Table):
+        self.t = t
+        self.num_rows = n = t.num_rows
+        self.perm = None
+        if n < 2:
+            return
+        NUL = np.iinfo(np.int64).min
+        rk = _col(t, "rank", fill=np.iinfo(np.int32).max, dtype=np.int64)
+        tq = _col(t, "t_enqueue_ns", fill=NUL, dtype=np.int64)
+        ok = tq != NUL
+        if ok.any():
+            lo = int(tq[ok].min())
+            span = int(tq[ok].max()) - lo
+        else:
+            lo, span = 0, 0
+        r0 = int(rk.min())
+        if (int(rk.max()) - r0 + 1) * (span + 2) < 2 ** 62:
+            key = (rk - r0) * (span + 2) + np.where(ok, tq - lo, span + 1)
+            if np.all(key[1:] > key[:-1]):
+                return
+            o = np.argsort(key, kind="stable")
+            ks = key[o]
+            if np.any(ks[1:] == ks[:-1]):       # ties: by row id, whatever the fetch order
+                o = np.lexsort((_col(t, "orid", dtype=np.int64), key))
+        else:
+            o = np.lexsort((_col(t, "orid", dtype=np.int64), np.where(ok, tq, np.iinfo(np.int64).max), ~ok, rk))
+        self.perm = o
+
+    def col(self, name: str, fill=None, dtype=None) -> np.ndarray:
+        v = _col(self.t, name, fill=fill, dtype=dtype)
+        return v if self.perm is None else v[self.perm]
+
+    def release(self) -> None:
+        """Drop the numeric columns (the labels keep the strings)."""
+        self.t = self.t.select(["op", "site"])
+
+    def dict_values(self, name: str):
+        c, v = _dict_values(self.t, name)
+        return (c if self.perm is None else c[self.perm]), v
+
+    def codes(self, name: str) -> np.ndarray:
+        c = _codes(self.t, name)
+        return c if self.perm is None else c[self.perm]
+
+    def labels(self, name: str) -> _Labels:
+        return _Labels(self.t.column(name), self.perm)
 
 
 def _dict_values(t: pa.Table, name: str):
@@ -170,46 +234,30 @@ def _build(run) -> Model:
             _T[0] = t
     ops_t = run.table("ops")
     coll_t = run.table("collectives")
-    rows = run.arrow(f"""SELECT {', '.join(ROW_COLUMNS)}, rid AS orid, ckey FROM {ops_t}
-                         WHERE kind = 'op' ORDER BY rank, t_enqueue_ns""")
+    rows = _Rows(run.arrow(f"""SELECT {', '.join(ROW_COLUMNS)}, rid AS orid, ckey FROM {ops_t}
+                               WHERE kind = 'op'"""))
     tick("ops")
     n = rows.num_rows
     # Slots: one per member of a communication. Collectives: the rows of complete matched
     # (pg, seq), found by the run's integer collective key against the (small) collective
     # table, in numpy. P2P: the n-th send r->p matched with the n-th recv on p from r
-    # (metrics.md), both completed: SQL over the send/recv rows only.
+    # (metrics.md), both completed: numpy over the rows (_p2p_slots).
     kc = run.numpy(f"""SELECT ckey, CAST(coalesce(bytes, 0) AS DOUBLE) AS cbytes,
                               CAST(coalesce(busbw_factor, 1.0) AS DOUBLE) AS factor
                        FROM {coll_t} WHERE complete ORDER BY ckey""")
-    p2p = run.arrow(f"""
-        WITH x AS (
-            SELECT rid, pg, op, rank, peer, bytes,
-                   row_number() OVER (PARTITION BY pg, op, rank, peer ORDER BY t_enqueue_ns, op_id) AS ps
-            FROM {ops_t} WHERE kind = 'op' AND ckey IS NULL AND op IN ('send', 'recv') AND peer IS NOT NULL
-              AND peer >= 0 AND t_enqueue_ns IS NOT NULL AND t_end_ns IS NOT NULL AND t_return_ns IS NOT NULL),
-        s AS (SELECT * FROM x WHERE op = 'send'),
-        r AS (SELECT * FROM x WHERE op = 'recv'),
-        p AS (
-            SELECT s.pg, s.ps, s.rank AS src, s.peer AS dst, s.rid AS srid, r.rid AS rrid,
-                   s.rank AS srank, r.rank AS rrank, coalesce(s.bytes, r.bytes) AS cbytes
-            FROM s JOIN r ON s.pg = r.pg AND s.rank = r.peer AND s.peer = r.rank AND s.ps = r.ps)
-        SELECT * FROM (
-            SELECT pg, ps, src, dst, srid AS rid, srank AS rank, cbytes FROM p
-            UNION ALL SELECT pg, ps, src, dst, rrid, rrank, cbytes FROM p)
-        ORDER BY pg, src, dst, ps, rank""")
     tick("slots sql")
 
-    rank_r = _col(rows, "rank", dtype=np.int64)
-    t_enq = _col(rows, "t_enqueue_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
-    t_ret = _col(rows, "t_return_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
-    t_end = _col(rows, "t_end_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
-    t_w = _col(rows, "t_wait_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
-    t_we = _col(rows, "t_wait_end_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
-    step_r = _col(rows, "step", fill=-1, dtype=np.int64)
+    rank_r = rows.col("rank", dtype=np.int64)
+    t_enq = rows.col("t_enqueue_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    t_ret = rows.col("t_return_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    t_end = rows.col("t_end_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    t_w = rows.col("t_wait_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    t_we = rows.col("t_wait_end_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    step_r = rows.col("step", fill=-1, dtype=np.int64)
     NUL = np.iinfo(np.int64).min
     # collective slots, ordered by (collective key, rank): a stable sort by key of rows that
     # are in (rank, t_enqueue) order
-    rck = _col(rows, "ckey", fill=-1, dtype=np.int64)
+    rck = rows.col("ckey", fill=-1, dtype=np.int64)
     kkey = np.asarray(kc["ckey"], np.int64)
     kpos = np.minimum(np.searchsorted(kkey, rck), max(len(kkey) - 1, 0))
     cok = (rck >= 0) & (t_enq != NUL) & (t_end != NUL) & (t_ret != NUL)
@@ -220,28 +268,23 @@ def _build(run) -> Model:
     cidx = np.flatnonzero(cok)
     cidx = cidx[np.argsort(rck[cidx], kind="stable")]
     del cok
-    # p2p slots: the run's row ids -> positions in `rows`
-    np2 = p2p.num_rows
-    if np2:
-        orid = _col(rows, "orid", dtype=np.int64)
-        oo = np.argsort(orid)
-        j = np.clip(np.searchsorted(orid[oo], _col(p2p, "rid", dtype=np.int64)), 0, max(n - 1, 0))
-        pidx = oo[j]
-        del orid, oo, j
-    else:
-        pidx = np.zeros(0, np.int64)
+    # p2p slots (positions in `rows`)
+    row_pgc, pg_vals = rows.dict_values("pg")
+    op_codes, op_vals = rows.dict_values("op")
+    pidx, p_ps, p_src, p_dst, p_bytes = _p2p_slots(rows, rck, rank_r, t_enq, t_end, t_ret, row_pgc, pg_vals,
+                                                   op_codes, op_vals, NUL)
+    np2 = len(pidx)
     s_rid = np.concatenate([cidx, pidx]).astype(np.int64)
     s_is_p2p = np.r_[np.zeros(len(cidx), bool), np.ones(np2, bool)]
-    row_pgc, pg_vals = _dict_values(rows, "pg")
     s_pgc = row_pgc[s_rid]
     del row_pgc
-    s_seq = np.concatenate([_col(rows, "seq", fill=-1, dtype=np.int64)[cidx], _col(p2p, "ps", fill=-1, dtype=np.int64)])
-    s_src = np.r_[np.zeros(len(cidx), np.int64), _col(p2p, "src", fill=-1, dtype=np.int64)]
-    s_dst = np.r_[np.zeros(len(cidx), np.int64), _col(p2p, "dst", fill=-1, dtype=np.int64)]
+    s_seq = np.concatenate([rows.col("seq", fill=-1, dtype=np.int64)[cidx], p_ps])
+    s_src = np.r_[np.zeros(len(cidx), np.int64), p_src]
+    s_dst = np.r_[np.zeros(len(cidx), np.int64), p_dst]
     s_cbytes = np.concatenate([np.asarray(kc["cbytes"], np.float64)[kpos[cidx]] if len(kkey) else np.zeros(0),
-                               _col(p2p, "cbytes", fill=0, dtype=np.float64)])
+                               p_bytes])
     s_factor = np.r_[np.asarray(kc["factor"], np.float64)[kpos[cidx]] if len(kkey) else np.zeros(0), np.ones(np2)]
-    del rck, kpos, cidx, pidx, p2p, kc
+    del rck, kpos, cidx, pidx, kc
     tick("slots")
     _implicit_waits(_implicit_wait_rows(run, rows), rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL)
     have = np.concatenate([t_enq[t_enq != NUL], t_we[t_we != NUL]])
@@ -323,9 +366,16 @@ def _build(run) -> Model:
     sl_prev = np.full(nsl, -1, np.int64)
     coll_sl = np.flatnonzero(~s_is_p2p)
     if len(coll_sl):
-        with np.errstate(over="ignore"):
-            hq = _mix(s_pgc[coll_sl], sl_rank[coll_sl].astype(np.int64))
-        o2 = coll_sl[np.lexsort((sl_enter[coll_sl], hq))]
+        gq = _dense_ids([s_pgc[coll_sl], sl_rank[coll_sl].astype(np.int64)])
+        ent = sl_enter[coll_sl]
+        if gq is not None and int(gq.max()) < (1 << 19) and _whole_ns(ent):
+            # (group, enter, slot) order by one stable int64 argsort
+            o2 = coll_sl[np.argsort((gq << 44) + ent.astype(np.int64), kind="stable")]
+        else:
+            with np.errstate(over="ignore"):
+                hq = _mix(s_pgc[coll_sl], sl_rank[coll_sl].astype(np.int64))
+            o2 = coll_sl[np.lexsort((ent, hq))]
+        del ent
         same = np.r_[False, (sl_rank[o2[1:]] == sl_rank[o2[:-1]]) & (s_pgc[o2[1:]] == s_pgc[o2[:-1]])]
         sl_prev[o2[same]] = o2[np.flatnonzero(same) - 1]
     queue = np.where(sl_prev >= 0, sl_leave[np.maximum(sl_prev, 0)], -np.inf)
@@ -341,9 +391,13 @@ def _build(run) -> Model:
     else:
         cm_last = np.zeros(0, np.int64)
     cm_is_p2p = s_is_p2p[cm_lo] if C else np.zeros(0, bool)
-    op_codes, op_vals = _dict_values(rows, "op")
     cm_op = np.where(cm_is_p2p, "send/recv", op_vals[op_codes[s_rid[cm_lo]]] if C else np.zeros(0, object)).astype(object)
     cm_pg = pg_vals[s_pgc[cm_lo]] if C else np.zeros(0, object)
+    # codes: "send/recv" after the row ops' names (op_vals ends with "" for null)
+    op_names = np.r_[op_vals, np.array(["send/recv"], dtype=object)]
+    cm_opc = np.where(cm_is_p2p, len(op_vals), op_codes[s_rid[cm_lo]] if C else np.zeros(0, np.int64)).astype(np.int64)
+    cm_opc = np.where(cm_opc < 0, len(op_vals) - 1, cm_opc)
+    cm_pgc = np.where(s_pgc[cm_lo] < 0, len(pg_vals) - 1, s_pgc[cm_lo]).astype(np.int64) if C else np.zeros(0, np.int64)
     cm_seq = s_seq[cm_lo] if C else np.zeros(0, np.int64)
     cm_bytes = s_cbytes[cm_lo] if C else np.zeros(0)
     cm_factor = s_factor[cm_lo] if C else np.zeros(0)
@@ -390,14 +444,17 @@ def _build(run) -> Model:
     if nsl:
         pl = np.where(s_is_p2p, np.minimum(s_src, s_dst), -1)
         ph = np.where(s_is_p2p, np.maximum(s_src, s_dst), -1)
-        # dense id of (group key, rank) per slot
-        with np.errstate(over="ignore"):
-            h3 = _mix(_mix(_mix(s_pgc, pl), ph), sl_rank.astype(np.int64))
-        o3 = np.argsort(h3, kind="stable")
-        newk = np.r_[True, (sl_rank[o3[1:]] != sl_rank[o3[:-1]]) | (s_pgc[o3[1:]] != s_pgc[o3[:-1]])
-                     | (pl[o3[1:]] != pl[o3[:-1]]) | (ph[o3[1:]] != ph[o3[:-1]])]
-        gr = np.empty(nsl, np.int64)
-        gr[o3] = np.cumsum(newk) - 1
+        # dense id of (group key, rank) per slot (any numbering: only equality matters)
+        gr = _dense_ids([s_pgc, pl, ph, sl_rank.astype(np.int64)])
+        if gr is None:
+            with np.errstate(over="ignore"):
+                h3 = _mix(_mix(_mix(s_pgc, pl), ph), sl_rank.astype(np.int64))
+            o3 = np.argsort(h3, kind="stable")
+            newk = np.r_[True, (sl_rank[o3[1:]] != sl_rank[o3[:-1]]) | (s_pgc[o3[1:]] != s_pgc[o3[:-1]])
+                         | (pl[o3[1:]] != pl[o3[:-1]]) | (ph[o3[1:]] != ph[o3[:-1]])]
+            gr = np.empty(nsl, np.int64)
+            gr[o3] = np.cumsum(newk) - 1
+            del h3, o3, newk
         ai = np.flatnonzero(ev_anchor)
         akey = (gr[ev_slot[ai]] << 44) + np.floor(ev_rel[ai]).astype(np.int64)
         ao = np.argsort(akey, kind="stable")
@@ -419,7 +476,7 @@ def _build(run) -> Model:
             wend = twe[s_rid[prv]]
             closing = np.where(~np.isnan(wend) & (wend <= sl_enter[cur]), np.fmax(closing, wend), closing)
             sl_sync[cur] = np.fmax(sl_sync[cur], closing)
-        del pl, ph, h3, o3, newk, gr, akey, ao, akey_s, arel_s, q, j, okj
+        del pl, ph, gr, akey, ao, akey_s, arel_s, q, j, okj
     # no previous sync on the group: the rank's first event
     first_start = np.full(int(ranks.max()) + 1 if len(ranks) else 1, np.nan)
     first_start[ranks] = ev_start[rank_lo]
@@ -430,12 +487,13 @@ def _build(run) -> Model:
     tick("sync")
     # ---- excess gap: gap minus the median gap of the same event (site, op, call/wait, step,
     # occurrence) on the other ranks that have it
-    lab = _codes(rows, "site") * 4096 + op_codes
+    lab = rows.codes("site") * 4096 + op_codes
     ev_coll = np.where(ev_slot >= 0, sl_comm[np.maximum(ev_slot, 0)] if nsl else -1, -1)
     if C:
         cc = np.maximum(ev_coll, 0)
         ev_coll = np.where((ev_coll >= 0) & ~cm_is_p2p[cc] & (cm_hi[cc] - cm_lo[cc] >= 2), ev_coll, -1)
-    ev_excess, ev_has_peers = _excess(ev_rank, lab[ev_row], ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
+    ev_excess, ev_has_peers = _excess(ev_rank, lab[ev_row], ev_is_wait, ev_gap, ev_first, ev_step, ev_coll,
+                                      slots=(sl_call, ev_slot, cm_lo, cm_hi, ~cm_is_p2p & (cm_hi - cm_lo >= 2)))
     del lab, ev_coll, ret, twe
 
     tick("excess")
@@ -456,10 +514,85 @@ def _build(run) -> Model:
         sl_leave=sl_leave, sl_dep=sl_dep, sl_tc=sl_tc, sl_prev=sl_prev, sl_sync=sl_sync, sl_wait=sl_wait, sl_block=sl_block,
         cm_lo=cm_lo, cm_hi=cm_hi, cm_T0=cm_T0, cm_last=cm_last.astype(np.int64), cm_is_p2p=cm_is_p2p,
         cm_op=cm_op, cm_pg=cm_pg, cm_seq=cm_seq, cm_bytes=cm_bytes, cm_factor=cm_factor, cm_tcomm=cm_tcomm,
-        row_op=_Labels(rows.column("op")), row_site=_Labels(rows.column("site")), t_begin=t_begin, t_end=t_end_)
+        row_op=rows.labels("op"), row_site=rows.labels("site"), t_begin=t_begin, t_end=t_end_,
+        cm_opc=cm_opc, cm_pgc=cm_pgc, op_names=op_names, pg_names=pg_vals)
 
 
-def _implicit_wait_rows(run, rows) -> np.ndarray:
+def _p2p_sql(run) -> pa.Table:
+    """The p2p slots by SQL (the reference of _p2p_slots, tests/test_rootcause_fast.py): one row
+    per member of a matched send/recv pair, `rid` of its row, ordered by (pg, src, dst, ps,
+    rank)."""
+    ops_t = run.table("ops")
+    return run.arrow(f"""
+        WITH x AS (
+            SELECT rid, pg, op, rank, peer, bytes,
+                   row_number() OVER (PARTITION BY pg, op, rank, peer ORDER BY t_enqueue_ns, op_id) AS ps
+            FROM {ops_t} WHERE kind = 'op' AND ckey IS NULL AND op IN ('send', 'recv') AND peer IS NOT NULL
+              AND peer >= 0 AND t_enqueue_ns IS NOT NULL AND t_end_ns IS NOT NULL AND t_return_ns IS NOT NULL),
+        s AS (SELECT * FROM x WHERE op = 'send'),
+        r AS (SELECT * FROM x WHERE op = 'recv'),
+        p AS (
+            SELECT s.pg, s.ps, s.rank AS src, s.peer AS dst, s.rid AS srid, r.rid AS rrid,
+                   s.rank AS srank, r.rank AS rrank, coalesce(s.bytes, r.bytes) AS cbytes
+            FROM s JOIN r ON s.pg = r.pg AND s.rank = r.peer AND s.peer = r.rank AND s.ps = r.ps)
+        SELECT * FROM (
+            SELECT pg, ps, src, dst, srid AS rid, srank AS rank, cbytes FROM p
+            UNION ALL SELECT pg, ps, src, dst, rrid, rrank, cbytes FROM p)
+        ORDER BY pg, src, dst, ps, rank""")
+
+
+def _p2p_slots(rows: "_Rows", rck, rank_r, t_enq, t_end, t_ret, pgc, pg_vals, op_codes, op_vals, NUL):
+    """The p2p slots of metrics.md's matching, in numpy over the rows: the n-th send r -> p
+    (in (t_enqueue_ns, op_id) order on its (pg, rank, peer)) with the n-th recv on p from r,
+    both completed. Returns (positions in `rows`, ps, src, dst, bytes), one entry per member,
+    ordered by (pg name, src, dst, ps, rank), as _p2p_sql."""
+    empty = (np.zeros(0, np.int64),) * 4 + (np.zeros(0),)
+    names = [str(v) for v in op_vals]
+    if "send" not in names[:-1] or "recv" not in names[:-1]:
+        return empty
+    c_send, c_recv = names.index("send"), names.index("recv")
+    peer = rows.col("peer", fill=-1, dtype=np.int64)
+    x = np.flatnonzero((rck < 0) & ((op_codes == c_send) | (op_codes == c_recv)) & (peer >= 0) & (pgc >= 0)
+                       & (t_enq != NUL) & (t_end != NUL) & (t_ret != NUL))
+    if not len(x):
+        return empty
+    big = np.iinfo(np.int64).max
+    is_send = op_codes[x] == c_send
+    rk, pr, pg = rank_r[x], peer[x], pgc[x]
+    op_id = rows.col("op_id", fill=big, dtype=np.int64)[x]
+    rid = rows.col("orid", dtype=np.int64)[x]
+    # ps: row_number() over (pg, op, rank, peer) ordered by (t_enqueue_ns, op_id); row id on ties
+    o = np.lexsort((rid, op_id, t_enq[x], pr, rk, is_send, pg))
+    part = np.r_[True, (pg[o][1:] != pg[o][:-1]) | (is_send[o][1:] != is_send[o][:-1]) | (rk[o][1:] != rk[o][:-1])
+                 | (pr[o][1:] != pr[o][:-1])]
+    ps = np.empty(len(x), np.int64)
+    starts = np.flatnonzero(part)
+    ps[o] = np.arange(len(x)) - starts[np.cumsum(part) - 1] + 1
+    src = np.where(is_send, rk, pr)
+    dst = np.where(is_send, pr, rk)
+    # pg in name order (ORDER BY pg): its rank among the group names
+    pg_order = np.empty(len(pg_vals), np.int64)
+    pg_order[sorted(range(len(pg_vals)), key=lambda i: str(pg_vals[i]))] = np.arange(len(pg_vals))
+    pgr = pg_order[pg]
+    # a send and its recv have equal (pg, src, dst, ps), unique on each side: adjacent once
+    # sorted, the send first
+    o2 = np.lexsort((~is_send, ps, dst, src, pgr))
+    same = ((pgr[o2][1:] == pgr[o2][:-1]) & (src[o2][1:] == src[o2][:-1]) & (dst[o2][1:] == dst[o2][:-1])
+            & (ps[o2][1:] == ps[o2][:-1]) & is_send[o2][:-1] & ~is_send[o2][1:])
+    k = np.flatnonzero(same)
+    si, ri = o2[k], o2[k + 1]
+    b = rows.col("bytes", dtype=np.float64)[x]       # null -> NaN
+    cb = np.where(np.isnan(b[si]), b[ri], b[si])
+    cb = np.where(np.isnan(cb), 0.0, cb)
+    # two members per pair, by rank (send first on equal ranks)
+    first = np.where(src[si] <= dst[si], si, ri)
+    second = np.where(src[si] <= dst[si], ri, si)
+    mem = np.stack([first, second], 1).ravel()
+    two = lambda a: np.repeat(a, 2)  # noqa: E731
+    return x[mem], two(ps[si]), two(src[si]), two(dst[si]), two(cb)
+
+
+def _implicit_wait_rows(run, rows: "_Rows") -> np.ndarray:
     """Mask of `rows` whose API is one of `_IMPLICIT_WAIT_APIS` (read from the parts: `api` is
     a lazy column)."""
     n = rows.num_rows
@@ -472,7 +605,7 @@ def _implicit_wait_rows(run, rows) -> np.ndarray:
         return np.zeros(n, bool)
     if not hit.num_rows:
         return np.zeros(n, bool)
-    return np.isin(_col(rows, "orid", dtype=np.int64), hit.column("rid").to_numpy())
+    return np.isin(rows.col("orid", dtype=np.int64), hit.column("rid").to_numpy())
 
 
 def _implicit_waits(cand, rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL) -> None:
@@ -520,6 +653,33 @@ def _implicit_waits(cand, rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL) -> None:
     t_we[j_] = t_end[j_]
 
 
+def _dense_ids(cols: list, limit: int = 1 << 25):
+    """Equal ids for equal tuples of the int64 columns, numbered 0.. in the tuples' order,
+    through a table over the tuples' range (no sort); None when that range exceeds `limit`."""
+    n = len(cols[0])
+    if not n:
+        return np.zeros(0, np.int64)
+    key = np.zeros(n, np.int64)
+    size = 1
+    for c in cols:
+        lo, hi = int(c.min()), int(c.max())
+        w = hi - lo + 1
+        size *= w
+        if size > limit:
+            return None
+        key *= w
+        key += c - lo
+    present = np.zeros(size, bool)
+    present[key] = True
+    ids = np.cumsum(present) - 1
+    return ids[key]
+
+
+def _whole_ns(t: np.ndarray) -> bool:
+    """Times that are whole ns in [0, 2^44) (int64 keys rank-or-group << 44 | ns keep their order)."""
+    return bool(len(t) == 0 or (np.all(t >= 0) and np.all(t < 2.0 ** 44) and np.array_equal(np.floor(t), t)))
+
+
 def _mix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """64-bit hash combination of two int64 arrays (splitmix64-style, wrapping)."""
     x = (a * np.int64(-7046029254386353131)) ^ (b + np.int64(0x632BE59BD9B4E019))
@@ -527,12 +687,81 @@ def _mix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.int64(29))
 
 
-def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll):
+def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, slots=None):
     """Per event: max(0, gap - median of the same event's gaps on the other ranks). The same
     event: for a collective's call or wait(), the other members' call or wait() of that
     collective; for any other event (p2p, unmatched ops), the same (site, op, call or wait,
     step) and the same occurrence of it within the rank's step, i.e. the same place in the
-    program (a pipeline's stages compare their sends with each other)."""
+    program (a pipeline's stages compare their sends with each other).
+
+    `slots` = (sl_call, ev_slot, cm_lo, cm_hi, comm_ok): the collectives' events are then
+    compared within their communication's slots (contiguous, one row of a matrix per
+    communication, sorted along the row), and only the other events by one global sort;
+    without it (the reference), every event by the global sort. Equal results."""
+    if slots is None or not len(ev_gap):
+        return _excess_by_sort(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
+    sl_call, ev_slot, cm_lo, cm_hi, comm_ok = slots
+    E = len(ev_gap)
+    ex = np.zeros(E)
+    hp = np.zeros(E, bool)
+    g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
+    nsl = len(sl_call)
+    wi = np.flatnonzero(ev_is_wait & (ev_slot >= 0))
+    wait_ev = np.full(nsl, -1, np.int64)
+    wait_ev[ev_slot[wi]] = wi
+    size = cm_hi - cm_lo
+    for n in np.unique(size[comm_ok]).tolist():
+        cs = np.flatnonzero(comm_ok & (size == n))
+        idx = cm_lo[cs][:, None] + np.arange(n)[None, :]          # slots, one row per comm
+        for evm in (sl_call[idx], wait_ev[idx]):
+            v = np.where(evm >= 0, g[np.maximum(evm, 0)], np.nan)
+            e_out, h_out = _median_others_rows(v)
+            ok = evm >= 0
+            ex[evm[ok]] = e_out[ok]
+            hp[evm[ok]] = h_out[ok]
+    other = np.flatnonzero(ev_coll < 0)
+    if len(other):
+        e2, h2 = _excess_by_sort(ev_rank[other], ev_label[other], ev_is_wait[other], ev_gap[other], ev_first[other],
+                                 ev_step[other], np.full(len(other), -1, np.int64))
+        ex[other] = e2
+        hp[other] = h2
+    return ex, hp
+
+
+def _median_others_rows(v: np.ndarray):
+    """Per element of a matrix (NaN: no value): max(0, v - median of the other values of its
+    row) and whether its row has another value; the arithmetic of _excess_by_sort."""
+    k, n = v.shape
+    o = np.argsort(v, axis=1, kind="stable")                   # NaN last
+    gs = np.take_along_axis(v, o, axis=1)
+    valid = ~np.isnan(gs)
+    cnt = valid.sum(axis=1)
+    # in sorted order, an element's own position is its column
+    col = np.arange(n)[None, :]
+    m = (cnt - 1)[:, None]
+    rows = np.arange(k)[:, None]
+
+    def at(j):
+        j = np.clip(j, 0, None)
+        j = j + (j >= col)
+        np.clip(j, 0, n - 1, out=j)
+        return gs[rows, j]
+
+    half = np.broadcast_to(m // 2, (k, n))
+    odd = np.broadcast_to(m % 2 == 1, (k, n))
+    med = at(half)
+    med = np.where(odd, med, 0.5 * (at(half - 1) + med))
+    has_peers = valid & (m >= 1)
+    ex_sorted = np.where(has_peers, np.maximum(0.0, gs - med), 0.0)
+    ex = np.empty((k, n))
+    hp = np.empty((k, n), bool)
+    np.put_along_axis(ex, o, ex_sorted, axis=1)
+    np.put_along_axis(hp, o, has_peers, axis=1)
+    return ex, hp
+
+
+def _excess_by_sort(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll):
+    """_excess by one global sort of every event by (group, gap)."""
     E = len(ev_gap)
     if E == 0:
         return np.zeros(0), np.zeros(0, bool)

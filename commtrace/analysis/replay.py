@@ -311,7 +311,7 @@ def _collect(m: Model, sc: Scenario, rel, i: int, t_end, step_end, sinv, sok, ke
     else:
         t_end[i] = rel.max() if len(rel) else 0.0
     if len(step_end[i]):
-        np.maximum.at(step_end[i], sinv, rel[sok])
+        step_end[i] = _step_max(m, rel)
     if kept is not None:
         kept[i] = rel
 
@@ -399,11 +399,32 @@ def _replay_numpy(m: Model, scenarios: list[Scenario], keep_events: bool = False
 
 
 def _step_index(m: Model):
+    """(step numbers, step position of each event with a step, mask of those events), and the
+    events with a step grouped by step (cached on the model)."""
+    si = getattr(m, "_step_idx", None)
+    if si is not None:
+        return si[:3]
     ok = m.ev_step >= 0
     if not ok.any():
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), ok
-    steps, inv = np.unique(m.ev_step[ok], return_inverse=True)
-    return steps, inv, ok
+        si = (np.zeros(0, np.int64), np.zeros(0, np.int64), ok, np.zeros(0, np.int64), np.zeros(0, np.int64))
+    else:
+        evs = np.flatnonzero(ok)
+        o = np.argsort(m.ev_step[evs], kind="stable")
+        st = m.ev_step[evs[o]]
+        b = np.flatnonzero(np.r_[True, st[1:] != st[:-1]])
+        steps = st[b]
+        inv = np.empty(len(evs), np.int64)
+        inv[o] = np.cumsum(np.r_[True, st[1:] != st[:-1]]) - 1
+        si = (steps, inv, ok, evs[o], b)
+    m._step_idx = si
+    return si[:3]
+
+
+def _step_max(m: Model, rel: np.ndarray) -> np.ndarray:
+    """Per step (of _step_index), the latest of `rel` over its events."""
+    _step_index(m)
+    _, _, _, ev_by_step, b = m._step_idx
+    return np.maximum.reduceat(rel[ev_by_step], b) if len(b) else np.zeros(0)
 
 
 def _step_ends(m: Model, rel: np.ndarray):
@@ -411,7 +432,7 @@ def _step_ends(m: Model, rel: np.ndarray):
     out = np.full((rel.shape[0], len(steps)), -np.inf)
     for i in range(rel.shape[0]):
         if len(steps):
-            np.maximum.at(out[i], inv, rel[i][ok])
+            out[i] = _step_max(m, rel[i])
     return steps, out
 
 

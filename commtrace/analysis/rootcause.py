@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
+
 from . import critical_path as CP
 from . import delay as D
 from . import replay as RP
@@ -119,7 +121,8 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
 
 
 def _group_delayed(m, rank: int):
-    """The group whose waits the delays of `rank` cost most (collectives only)."""
+    """The group whose waits the delays of `rank` cost most (collectives only; on equal costs
+    the group met first in slot order)."""
     a = getattr(m, "_attribution", None)
     if a is None:
         return None
@@ -127,12 +130,13 @@ def _group_delayed(m, rank: int):
     sel = (m.sl_rank[d] == rank) & ~m.cm_is_p2p[m.sl_comm]
     if not sel.any():
         return None
-    pgs = m.cm_pg[m.sl_comm[sel]]
+    codes = m.cm_pgc[m.sl_comm[sel]]
     w = (a["sl_direct"] + a["sl_prop"])[sel]
-    best = {}
-    for p, x in zip(pgs.tolist(), w.tolist()):
-        best[p] = best.get(p, 0.0) + x
-    return max(best, key=best.get) if best else None
+    # bincount adds in slot order, as a running sum per group would
+    tot = np.bincount(codes, weights=w, minlength=len(m.pg_names))
+    seen, first = np.unique(codes, return_index=True)
+    best = seen[np.lexsort((first, -tot[seen]))[0]]
+    return m.pg_names[best]
 
 
 def rank_gain(run, rank: int) -> float:
@@ -191,11 +195,7 @@ def annotate_findings(run, findings: list) -> list:
     wi = what_if(run)
     total = wi["run_time_s"]
     by_rank = D.cost_by_rank(run)
-    top = {}
-    for d in D.delays(run).to_pylist():
-        top.setdefault(d["rank"], d)
-        if len(top) >= len(by_rank):
-            break
+    top = {d["rank"]: d for d in D.delays(run, per_rank=1).to_pylist()}
     for f in need:
         r = int(f.rank)
         a, b = by_rank.get(r, (0.0, 0.0))

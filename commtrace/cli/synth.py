@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from ..errors import OutputError, UsageError
@@ -16,6 +18,18 @@ Examples:
   commtrace synth /tmp/tpdp --layout tpdp --tp 2 --dp 4 --steps 8 --delay 5:3:20ms
   commtrace synth /tmp/pipe --layout pipeline --stages 4 --steps 4 --delay 1:2:20ms
 """
+
+
+@contextlib.contextmanager
+def _errors(out):
+    """The generator's errors as the CLI's: bad parameters are usage errors, a failed write an
+    output error, each one line."""
+    try:
+        yield
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise OutputError(f"cannot write {out}: {e}") from None
 
 
 def _pair(value: str, opt: str, duration: bool):
@@ -91,18 +105,14 @@ def command(out, ranks, ops, straggler, late_send, skip, mismatch, skew, no_offs
                 raise UsageError(f"--delay expects R:STEP:DELAY[:WHERE] (WHERE: tp or dp for tpdp, a microbatch "
                                  f"for pipeline), got {d!r}") from None
             plan.append(tuple(item))
-        try:
+        with _errors(out):
             res = synth_layout(out, layout, tp=tp, dp=dp, stages=stages, steps=steps, microbatches=microbatches,
                                delays=plan, seed=seed, command="commtrace " + " ".join(sys.argv[1:]))
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        except OSError as e:
-            raise OutputError(f"cannot write {out}: {e}") from None
         click.echo(f"wrote {res.world_size} ranks ({layout}, {res.rows} rows) to {out} "
                    f"in {time.perf_counter() - t0:.1f} s", err=True)
         click.echo(f"next: commtrace report {out}", err=True)
         return 0
-    try:
+    with _errors(out):
         res = synth_run(
             out, ranks=ranks, ops=ops,
             straggler=[_pair(s, "--straggler", True) for s in straggler],
@@ -112,10 +122,6 @@ def command(out, ranks, ops, straggler, late_send, skip, mismatch, skew, no_offs
             skew=[_pair(s, "--skew", True) for s in skew],
             hazards=hazards, init_stall_ns=stall, record_offsets=not no_offsets,
             parts_per_rank=parts, seed=seed, command="commtrace " + " ".join(sys.argv[1:]))
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    except OSError as e:
-        raise OutputError(f"cannot write {out}: {e}") from None
     click.echo(f"wrote {res.world_size} ranks x {res.ops_per_rank} ops ({res.rows} rows) to {out} "
                f"in {time.perf_counter() - t0:.1f} s", err=True)
     click.echo(f"next: commtrace report {out}", err=True)

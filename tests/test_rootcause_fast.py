@@ -1,0 +1,193 @@
+"""Issue 18 (speed): the vectorised paths of the host model, the critical path, delay analysis
+and the replay's step ends equal straightforward reference implementations (the previous
+code: SQL, one global sort, Python loops) on small randomized synthetic runs: a run with
+send/recv, hazards, a straggler and skipped ops, a TP x DP layout and a pipeline with jitter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import commtrace
+from commtrace.analysis import critical_path as CP
+from commtrace.analysis import delay as D
+from commtrace.analysis import model as M
+from commtrace.analysis import replay as RP
+from commtrace.analysis import rootcause as RC
+from commtrace.analysis.synth import synth_layout, synth_run
+
+
+@pytest.fixture(scope="module", params=["run", "tpdp", "pipe"])
+def run(request, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("rcfast") / request.param)
+    rng = np.random.default_rng(7)
+    if request.param == "run":
+        synth_run(out, ranks=6, ops=900, straggler=[(int(rng.integers(6)), 700_000)], hazards=True,
+                  init_stall_ns=3_000_000, seed=11, parts_per_rank=2)
+    elif request.param == "tpdp":
+        synth_layout(out, "tpdp", tp=2, dp=3, steps=7, jitter_ns=200_000, seed=3,
+                     delays=[(int(rng.integers(6)), 2, 3_000_000), (int(rng.integers(6)), 4, 2_000_000, "dp")])
+    else:
+        synth_layout(out, "pipeline", stages=5, steps=5, microbatches=3, jitter_ns=150_000, seed=5,
+                     delays=[(2, 3, 2_500_000, 1)])
+    r = commtrace.load(out)
+    RC.ENABLED.add(r)
+    return r
+
+
+def test_rows_in_rank_and_enqueue_order(run):
+    m = M.build_model(run)
+    rows = run.arrow(f"SELECT rank, t_enqueue_ns, rid FROM {run.table('ops')} WHERE kind = 'op' "
+                     "ORDER BY rank, t_enqueue_ns NULLS LAST, rid")
+    t = run.arrow(f"SELECT {', '.join(M.ROW_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op'")
+    r = M._Rows(t)
+    assert np.array_equal(r.col("orid"), rows.column("rid").to_numpy())
+    # labels read through the permutation
+    ops = run.arrow(f"SELECT rid, op, site FROM {run.table('ops')} WHERE kind = 'op'").to_pydict()
+    by_rid = {k: (o or "", s or "") for k, o, s in zip(ops["rid"], ops["op"], ops["site"])}
+    orid = r.col("orid")
+    for i in range(0, len(orid), 37):
+        assert (m.row_op[i], m.row_site[i]) == by_rid[int(orid[i])]
+
+
+def test_p2p_slots_equal_the_sql_matching(run):
+    ref = M._p2p_sql(run).to_pydict()
+    t = run.arrow(f"SELECT {', '.join(M.ROW_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op'")
+    rows = M._Rows(t)
+    NUL = np.iinfo(np.int64).min
+    pgc, pg_vals = rows.dict_values("pg")
+    opc, op_vals = rows.dict_values("op")
+    pos, ps, src, dst, nbytes = M._p2p_slots(
+        rows, rows.col("ckey", fill=-1, dtype=np.int64), rows.col("rank", dtype=np.int64),
+        *(rows.col(c, fill=NUL, dtype=np.int64) for c in ("t_enqueue_ns", "t_end_ns", "t_return_ns")),
+        pgc, pg_vals, opc, op_vals, NUL)
+    assert run is not None and len(pos) == len(ref["rid"])
+    assert rows.col("orid")[pos].tolist() == ref["rid"]
+    assert ps.tolist() == ref["ps"] and src.tolist() == ref["src"] and dst.tolist() == ref["dst"]
+    assert nbytes.tolist() == [float(b or 0) for b in ref["cbytes"]]
+
+
+def test_excess_equals_one_global_sort(run):
+    m = M.build_model(run)
+    # the reference: every event by one global sort (the inputs rebuilt from the model)
+    ev_coll = np.where(m.ev_slot >= 0, m.sl_comm[np.maximum(m.ev_slot, 0)], -1)
+    cc = np.maximum(ev_coll, 0)
+    ev_coll = np.where((ev_coll >= 0) & ~m.cm_is_p2p[cc] & (m.cm_hi[cc] - m.cm_lo[cc] >= 2), ev_coll, -1)
+    site = run.arrow(f"SELECT rid, site, op FROM {run.table('ops')} WHERE kind = 'op'").to_pydict()
+    labs = {}
+    lab_of = {rid: labs.setdefault((s, o), len(labs)) for rid, s, o in zip(site["rid"], site["site"], site["op"])}
+    t = run.arrow(f"SELECT rid FROM {run.table('ops')} WHERE kind = 'op' ORDER BY rank, t_enqueue_ns NULLS LAST, rid")
+    row_lab = np.array([lab_of[r] for r in t.column("rid").to_pylist()], np.int64)
+    ex, hp = M._excess_by_sort(m.ev_rank, row_lab[m.ev_row], m.ev_is_wait, m.ev_gap, m.ev_first, m.ev_step, ev_coll)
+    assert len(ex) == m.n_events > 0
+    assert np.array_equal(ex, m.ev_excess)
+    assert np.array_equal(hp, m.ev_has_peers)
+
+
+def test_median_of_the_others_by_rows():
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 3, 4, 7, 64):
+        v = rng.integers(0, 5, size=(40, n)).astype(float) * 1000.0
+        v[rng.random(v.shape) < 0.2] = np.nan
+        ex, hp = M._median_others_rows(v)
+        for i in range(v.shape[0]):
+            for j in range(n):
+                others = [x for k, x in enumerate(v[i]) if k != j and not np.isnan(x)]
+                if np.isnan(v[i, j]) or not others:
+                    assert not hp[i, j] and ex[i, j] == 0.0
+                else:
+                    assert hp[i, j] and ex[i, j] == max(0.0, v[i, j] - float(np.median(others)))
+
+
+def _walk_reference_queued(m, c):
+    best, bs = -np.inf, -1
+    for j in range(int(m.cm_lo[c]), int(m.cm_hi[c])):
+        p = int(m.sl_prev[j])
+        if p >= 0 and m.sl_leave[p] > best:
+            best, bs = m.sl_leave[p], p
+    return bs
+
+
+def test_critical_path_queue_and_summary(run):
+    m = M.build_model(run)
+    q = CP._queued_behind(m)
+    assert [int(x) for x in q] == [_walk_reference_queued(m, c) for c in range(len(m.cm_lo))]
+    s = CP.summary(run)
+    sg = CP._segments(run)[1]
+    L = sg["t1"] - sg["t0"]
+    tc_total, per_op = {}, {}
+    for op, tcv in zip(m.cm_op.tolist(), m.cm_tcomm.tolist()):
+        tc_total[op] = tc_total.get(op, 0.0) + tcv
+    for c, ln in zip(sg["comm"][sg["kind"] == 2].tolist(), L[sg["kind"] == 2].tolist()):
+        per_op[str(m.cm_op[c])] = per_op.get(str(m.cm_op[c]), 0.0) + ln
+    ref = sorted(({"op": op, "on_path_s": per_op.get(op, 0.0) / 1e9,
+                   "off_path_s": max(tc_total.get(op, 0.0) - per_op.get(op, 0.0), 0.0) / 1e9,
+                   "t_comm_total_s": tc_total.get(op, 0.0) / 1e9} for op in sorted(set(tc_total) | set(per_op))),
+                 key=lambda x: -x["on_path_s"])
+    assert s["per_op"] == ref
+    st = np.full(len(L), -1, np.int64)
+    e = sg["event"]
+    st[e >= 0] = m.ev_step[e[e >= 0]]
+    sel = (e < 0) & (sg["comm"] >= 0)
+    st[sel] = m.ev_step[m.sl_call[m.cm_lo[sg["comm"][sel]]]]
+    steps = []
+    for k in np.unique(st[st >= 0]).tolist():
+        w = st == k
+        rs, inv = np.unique(sg["rank"][w], return_inverse=True)
+        per = np.bincount(inv, weights=L[w])
+        steps.append({"step": k, "length_s": float(L[w].sum()) / 1e9, "top_rank": int(rs[np.argmax(per)]),
+                      "top_rank_share": float(per.max() / L[w].sum()) if L[w].sum() > 0 else 0.0})
+    assert s["per_step"] == steps and len(steps) > 1
+
+
+def test_delays_per_rank_group_delayed_and_step_ends(run):
+    m = M.build_model(run)
+    full = D.delays(run).to_pylist()
+    top = {}
+    for d in full:
+        top.setdefault(d["rank"], d)
+    assert {d["rank"]: d for d in D.delays(run, per_rank=1).to_pylist()} == top
+    a = D.attribution(run)
+    for r in m.ranks.tolist():
+        d = m.cm_last[m.sl_comm]
+        sel = (m.sl_rank[d] == r) & ~m.cm_is_p2p[m.sl_comm]
+        best = {}
+        for p, x in zip(m.cm_pg[m.sl_comm[sel]].tolist(), (a["sl_direct"] + a["sl_prop"])[sel].tolist()):
+            best[p] = best.get(p, 0.0) + x
+        assert RC._group_delayed(m, r) == (max(best, key=best.get) if best else None)
+    res = RP.replay(m, [RP.baseline(), RP.rank_median(m, int(m.ranks[0]))])
+    ok = m.ev_step >= 0
+    steps, inv = np.unique(m.ev_step[ok], return_inverse=True)
+    for i in range(2):
+        rel = RP.replay(m, [[RP.baseline(), RP.rank_median(m, int(m.ranks[0]))][i]], keep_events=True).ev_rel[0]
+        ref = np.full(len(steps), -np.inf)
+        np.maximum.at(ref, inv, rel[ok])
+        assert np.array_equal(res.step_end[i], ref)
+        assert np.array_equal(res.steps, steps)
+
+
+def test_slot_order_and_call_search():
+    rng = np.random.default_rng(3)
+    for ties in (False, True):
+        rank = rng.integers(0, 4, 500)
+        block = rng.integers(0, 80 if ties else 10**9, 500).astype(float)
+        key = (rank.astype(np.int64) << 44) + np.floor(block).astype(np.int64)
+        o, ks = D._order_by_key(key, block, rank)
+        ref = np.lexsort((block, rank))
+        assert np.array_equal(o, ref) and np.array_equal(ks, key[ref])
+    ekeys = np.sort(rng.integers(0, 300, 400))
+    calls = rng.integers(0, 400, 200)
+    q = ekeys[calls]
+    assert np.array_equal(D._after_own_call(ekeys, q, calls), np.searchsorted(ekeys, q, "right"))
+
+
+def test_dense_ids_group_equal_tuples():
+    rng = np.random.default_rng(4)
+    cols = [rng.integers(-1, 3, 300), rng.integers(-1, 5, 300), rng.integers(0, 7, 300)]
+    ids = M._dense_ids(cols)
+    tuples = list(zip(*(c.tolist() for c in cols)))
+    for i in range(300):
+        for j in range(0, 300, 7):
+            assert (ids[i] == ids[j]) == (tuples[i] == tuples[j])
+    assert M._dense_ids(cols, limit=10) is None
