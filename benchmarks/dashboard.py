@@ -2,9 +2,13 @@
 dashboard of a synthetic run (default 64 ranks x 20,000 ops, with a straggler, a late sender and
 host hazards planted).
 
-Measures: server start (load + cached derived tables), first page (navigation until the overview
-shows its numbers, cards and per-rank health figure: the first meaningful paint), each interaction (box-zoom out->in, select an op, reset, range slider, switch
-view, zoom via a finding) from its input (the click; for a drag, the mouse release, as the
+Measures: server start (load + cached derived tables); the first meaningful paint (from the
+navigation until Chromium painted the overview's numbers, finding cards and health strip: the
+static overview of the first HTTP response, dashboard/prerender.py, timed by Element Timing; for
+a dashboard without it, the live overview); the time to interactive (until the live Dash page is
+mounted with the overview's numbers, cards and Plotly health figure shown, and a click answered:
+sorting the health table, a clientside callback); each interaction (box-zoom out->in, select an
+op, reset, range slider, switch view, zoom via a finding) from its input (the click; for a drag, the mouse release, as the
 browser's Interaction to Next Paint counts) until the browser has drawn its result, and the
 JSON payload of every callback response (the figures sent to the browser). Each interaction's
 time is split into `server` (the app's callback handlers, timed in the server), `fetch` (the
@@ -41,6 +45,18 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 GD = "document.querySelector('#timeline .js-plotly-plot')"
+#: Before the page's own scripts: when Chromium paints each element of the static overview marked
+#: `elementtiming="ct-overview"` (Element Timing, page clock), and how many of them are in view.
+PAINT_JS = """
+window.__ctPaint = [];
+new PerformanceObserver(l => l.getEntries().forEach(e => {
+    if (e.identifier === 'ct-overview') { window.__ctPaint.push(e.renderTime || e.loadTime); }
+})).observe({type: 'element', buffered: true});
+document.addEventListener('DOMContentLoaded', () => {  // those in view (below it nothing is painted)
+    window.__ctExpected = Array.from(document.querySelectorAll('[elementtiming="ct-overview"]'))
+        .filter(e => e.getBoundingClientRect().top < window.innerHeight).length;
+});
+"""
 
 
 def main() -> int:
@@ -141,13 +157,33 @@ def main() -> int:
                     raise
 
             cdp = _start_profile(page) if args.profile and "first page".startswith(args.profile) else None
-            t = time.perf_counter()
-            page.goto(srv.url)
-            # the first meaningful paint: the overview with its numbers, cards and health figure
-            page.wait_for_function("() => { const c = document.querySelector('#ov-compute'); "
-                                   "return c && c.innerText.includes('%') && document.querySelector('.finding-card') && "
+            page.add_init_script(PAINT_JS)
+            t, t_epoch = time.perf_counter(), time.time()
+            page.goto(srv.url, wait_until="commit")
+            # the first meaningful paint: the overview's numbers, cards and health strip painted.
+            # The static overview of the first response (dashboard/prerender.py): when Chromium
+            # painted the last of its marked elements (Element Timing), on the page's clock.
+            page.wait_for_function("() => window.__ctExpected !== undefined && "
+                                   "window.__ctPaint.length >= window.__ctExpected", timeout=60_000, polling=20)
+            pre = page.evaluate("() => [window.__ctExpected, Math.max(0, ...window.__ctPaint), performance.timeOrigin]")
+            # the live page (React) mounted with the same: the overview's numbers, cards and its
+            # Plotly health figure drawn and shown (the static one removed)
+            page.wait_for_function("() => { const c = document.querySelector('#overview-body #ov-compute'); "
+                                   "return !document.getElementById('ct-pre') && c && c.innerText.includes('%') && "
+                                   "document.querySelector('#overview-body .finding-card') && "
                                    "document.querySelector('#ov-health .main-svg .bars'); }", timeout=60_000)
-            res["first_page_s"] = timed("first page", t, 0, h0)
+            mounted = time.perf_counter() - t
+            # ... and a click works: sort the health table by rank (its order already), a
+            # clientside callback of the Dash app, until its header shows the sort
+            page.click("#ov-health-table th.col-rank button")
+            page.wait_for_function("() => document.querySelector('#ov-health-table th.col-rank').innerText.includes('▲')",
+                                   timeout=60_000)
+            res["interactive_s"] = timed("time to interactive", t, 0, h0)
+            res["mounted_s"] = mounted
+            # no static overview (an older dashboard): the first paint is the live page's
+            res["first_page_s"] = ((pre[2] + pre[1]) / 1e3 - t_epoch) if pre[0] else mounted
+            fmp = round(res["first_page_s"], 3)  # no callback request: the first response's HTML
+            split["first page"] = {"total": fmp, "requests": 0, "fetch": 0.0, "server": 0.0, "browser": fmp}
             if cdp:
                 _print_profile(cdp.send("Profiler.stop")["profile"], "first page")
             page.wait_for_load_state("networkidle")
@@ -255,7 +291,8 @@ def main() -> int:
                     if "_dash-update-component" in url or "_dash-layout" in url:
                         sizes.append((name, int(n)))
             res["console_errors"] = errors
-            rounds.append({"first_page_s": res.pop("first_page_s"), "interactions_s": res.pop("interactions_s"),
+            rounds.append({"first_page_s": res.pop("first_page_s"), "interactive_s": res.pop("interactive_s"),
+                           "mounted_s": res.pop("mounted_s"), "interactions_s": res.pop("interactions_s"),
                            "split_s": res.pop("split_s")})
             page.close()
         b.close()
@@ -263,10 +300,12 @@ def main() -> int:
     med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
     res["rounds"] = rounds
     res["first_page_s"] = med([r["first_page_s"] for r in rounds])
+    res["interactive_s"] = med([r["interactive_s"] for r in rounds])
+    res["mounted_s"] = med([r["mounted_s"] for r in rounds])
     names = list(rounds[0]["interactions_s"])
     res["interactions_s"] = inter = {k: med([r["interactions_s"][k] for r in rounds]) for k in names}
     split = {k: {f: med([r["split_s"][k][f] for r in rounds]) for f in ("total", "fetch", "server", "browser")}
-             for k in ["first page"] + names}
+             for k in ["first page", "time to interactive"] + names}
     res["split_s"] = split
     res["interactions_worst_s"] = max(v for r in rounds for v in r["interactions_s"].values())
     per: dict[str, int] = {}
@@ -286,9 +325,11 @@ def main() -> int:
     res["interactions_max_s"] = vals[-1] if vals else 0.0
     for k, r in enumerate(rounds):
         v = sorted(r["interactions_s"].values())
-        print(f"round {k + 1}: first meaningful paint {r['first_page_s']:.2f} s; interactions median "
-              f"{v[len(v) // 2]:.2f} s, max {v[-1]:.2f} s")
-    print(f"medians over {len(rounds)} round(s): first meaningful paint {res['first_page_s']:.2f} s; interactions median {res['interactions_median_s']:.2f} s, "
+        print(f"round {k + 1}: first meaningful paint {r['first_page_s']:.2f} s, time to interactive "
+              f"{r['interactive_s']:.2f} s; interactions median {v[len(v) // 2]:.2f} s, max {v[-1]:.2f} s")
+    print(f"medians over {len(rounds)} round(s): first meaningful paint {res['first_page_s']:.2f} s, time to interactive "
+          f"{res['interactive_s']:.2f} s (live page mounted {res['mounted_s']:.2f} s); "
+          f"interactions median {res['interactions_median_s']:.2f} s, "
           f"max {res['interactions_max_s']:.2f} s; live refresh {res['live_refresh_server_s']['median']:.3f} s median "
           f"(max {res['live_refresh_server_s']['max']:.3f} s) server time; largest response {res['max_figure_bytes'] / 1e6:.2f} MB"
           f"; slowest single interaction of all rounds {res['interactions_worst_s']:.2f} s")
@@ -366,11 +407,14 @@ def _against(args) -> int:
             out[name] = json.load(f)
     a, b = out["previous"], out["this"]
     print(f"{'figure':44s} {'previous':>9s} {'this':>9s}")
-    rows = [("server start (s)", "server_start_s"), ("first page (s)", "first_page_s"),
+    rows = [("server start (s)", "server_start_s"), ("first meaningful paint (s)", "first_page_s"),
+            ("time to interactive (s)", "interactive_s"), ("live page mounted (s)", "mounted_s"),
+            ("interactions, median (s)", "interactions_median_s"), ("interactions, max (s)", "interactions_max_s"),
             ("largest response (MB)", "max_figure_bytes")]
     for label, k in rows:
         f = 1e-6 if k == "max_figure_bytes" else 1
-        print(f"{label:44s} {a[k] * f:9.2f} {b[k] * f:9.2f}")
+        cell = lambda r: "—" if r.get(k) is None else f"{r[k] * f:.2f}"  # noqa: E731
+        print(f"{label:44s} {cell(a):>9s} {cell(b):>9s}")
     for k in sorted(set(a["interactions_s"]) | set(b["interactions_s"]), key=lambda k: (k not in b["interactions_s"], k)):
         va, vb = a["interactions_s"].get(k), b["interactions_s"].get(k)
         print(f"{k[:44]:44s} {'—' if va is None else f'{va:.2f}':>9s} {'—' if vb is None else f'{vb:.2f}':>9s}")

@@ -9,6 +9,7 @@ Run (facts), and Compare with ``--compare``. Layout and theme are Mantine compon
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,11 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 import dash
 import dash_ag_grid as dag
 import dash_mantine_components as dmc
-from dash import ALL, Input, Output, State, dcc, html
+from dash import ALL, MATCH, Input, Output, State, dcc, html
 
 from ..analysis.findings import fmt_ns
 
 from . import figures as F
+from . import overview as OV
 from .data import RunData
 
 #: (value, label) of the pages, in their order; "compare" only with a second run.
@@ -106,20 +108,7 @@ def _empty(text, id_=None):
 
 def _md_code(text: str) -> list:
     """Markdown `code` spans of a catalogue text as html.Code (no Markdown renderer needed)."""
-    parts = text.split("`")
-    return [html.Code(p) if i % 2 else p for i, p in enumerate(parts) if p]
-
-
-def _pct(v) -> str:
-    return "—" if v is None else f"{v * 100:.1f}%"
-
-
-def _share(share) -> str:
-    if share is None:
-        return ""
-    if share > 1:  # a hang: the others waited (and may still wait) longer than the trace lasted
-        return " (longer than the traced time of all ranks)"
-    return f" ({_pct(share)} of the ranks' time)"
+    return [html.Code(p) if code else p for code, p in OV.md_parts(text)]
 
 
 def _stat(label, value, id_, color=None, hint=None):
@@ -208,17 +197,6 @@ def card(c: dict, prefix: str = "show-finding"):
     """One finding card: severity, title, the one-sentence meaning, the finding's own message,
     cost, rank and call site, the fix (docs/findings.md) and "show on timeline"."""
     sev = c["severity"]
-    cost = c.get("cost_s")
-    cost_line = ("not a time: a correctness problem" if cost is None or c["kind"] in ("use_before_wait", "collective_mismatch")
-                 else f"{fmt_ns(cost * 1e9)} lost" + _share(c.get("share")))
-    facts = [("cost", cost_line, "cost")]
-    if c.get("gain_s") is not None:
-        facts.append(("gain if fixed", fmt_ns(c["gain_s"] * 1e9), "gain"))
-    if c.get("rank") is not None:
-        facts.append(("rank", str(c["rank"]), "rank"))
-    facts.append(("call site", c.get("site") or "unknown (no stack recorded)", "site"))
-    if c.get("count", 1) > 1:
-        facts.append(("findings of this kind", str(c["count"]), "count"))
     kids = [
         dmc.Group([dmc.Badge(sev, color=SEVERITY_MANTINE.get(sev, "gray"), variant="filled"),
                    dmc.Text(c["title"], fw=700, size="lg", className="card-title"),
@@ -227,7 +205,7 @@ def card(c: dict, prefix: str = "show-finding"):
         dmc.Text(c["message"], size="sm", c="dimmed", className="card-message"),
         html.Table(className="card-facts", children=[html.Tbody([
             html.Tr([html.Th(k, style={"textAlign": "left", "paddingRight": "12px", "fontWeight": 500}),
-                     html.Td(v, className=f"card-{cls}")]) for k, v, cls in facts])]),
+                     html.Td(v, className=f"card-{cls}")]) for k, v, cls in OV.card_facts(c)])]),
         dmc.Text([html.B("Fix: "), *_md_code(c["fix"])], size="sm", className="card-fix"),
     ]
     if prefix:
@@ -239,82 +217,115 @@ def card(c: dict, prefix: str = "show-finding"):
 
 def overview_children(ov: dict, d: RunData | None, prefix: str = "show-finding", suffix: str = ""):
     """The overview page of one run (also one column of the compare page, with a `suffix` on ids
-    and no timeline action)."""
+    and no timeline action). Its text comes from `overview` (as the static overview of the first
+    response, `prerender`, does)."""
     h = ov["headline"]
-    w = h["run"]
     job = ov["job"]
-    end = ""
-    if job.get("end_ns") and job.get("start_ns"):
-        end = f" after {(job['end_ns'] - job['start_ns']) / 1e9:.1f} s"
-    top = dmc.Group([job_badge(job, id_=f"job-state{suffix}"),
-                     dmc.Text(f"{job['state']}{end}" + (f": {job['detail']}" if job.get("detail") else ""),
-                              size="sm", c="dimmed")], gap="sm")
+    top = dmc.Group([job_badge(job, id_=f"job-state{suffix}"), dmc.Text(OV.job_line(job), size="sm", c="dimmed")], gap="sm")
     stats = dmc.SimpleGrid(cols={"base": 2, "sm": 4, "lg": 8}, spacing="xs", children=[
-        _stat("world size", str(h["world_size"]), f"ov-world{suffix}",
-              hint=f"{h['ranks']} rank(s) traced" + (f", {len(h['missing_ranks'])} missing" if h["missing_ranks"] else "")),
-        _stat("duration", f"{h['duration_s']:.3f} s", f"ov-duration{suffix}"),
-        _stat("steps", str(h["steps"]) if h["steps"] else "none", f"ov-steps{suffix}",
-              hint="" if h["steps"] else "no step markers"),
-        _stat("compute", _pct(w["compute"]), f"ov-compute{suffix}", "green", "of the ranks' time"),
-        _stat("exposed comm", _pct(w["exposed_comm"]), f"ov-exposed{suffix}", "orange", f"{w['exposed_s']:.4f} s over all ranks"),
-        _stat("wait", _pct(w["wait"]), f"ov-wait{suffix}", "red", f"{w['wait_s']:.4f} s over all ranks"),
-        _stat("overlap ratio", "—" if w["overlap_ratio"] is None else f"{w['overlap_ratio']:.2f}", f"ov-overlap{suffix}",
-              hint="overlapped / in-flight comm"),
-        _stat("findings", str(sum(ov["finding_counts"].values())), f"ov-findings{suffix}",
-              hint=", ".join(f"{k} {v}" for k, v in sorted(ov["finding_counts"].items())) or "nothing stood out"),
-    ])
+        _stat(s["label"], s["value"], f"ov-{s['key']}{suffix}", s["color"], s["hint"]) for s in OV.stats(ov)])
     cards = ov["cards"]
     cards_block = (dmc.SimpleGrid(cols={"base": 1, "md": 2}, spacing="sm", children=[card(c, prefix) for c in cards])
-                   if cards else _empty("No findings: no straggler, hang, mismatch, late sender or host hazard stood "
-                                        "out in this run (docs/findings.md lists every check).", f"no-findings{suffix}"))
+                   if cards else _empty(NO_FINDINGS, f"no-findings{suffix}"))
     sf = F.steps_figure(ov)
-    steps_block = (_graph(f"ov-steps-fig{suffix}", sf) if sf is not None else
-                   _empty("No per-step chart: this run has " + ("one step" if h["steps"] == 1 else "no step markers")
-                          + " (steps come from optimizer.step() or commtrace.mark_step()), so the fractions above "
-                          "are for the whole run.", f"no-steps{suffix}"))
+    steps_block = (_graph(f"ov-steps-fig{suffix}", sf) if sf is not None else _empty(no_steps_text(h["steps"]), f"no-steps{suffix}"))
     hf = F.health_figure(ov)
-    health_rows = [{"rank": r["rank"], "wait_s": _r4(r["wait_s"]), "exposed_s": _r4(r["exposed_s"]),
-                    "overlap_ratio": None if r["overlap_ratio"] is None else round(r["overlap_ratio"], 3),
-                    "flag": r["flag"] or ""} for r in ov["health"]]
     return [
         top, stats,
         dmc.Title("Top findings", order=4, mt="sm"), cards_block,
-        dmc.Title("Time per step: compute, exposed communication, wait", order=4, mt="sm"), steps_block,
+        dmc.Title(STEPS_TITLE, order=4, mt="sm"), steps_block,
         dmc.Title("Per-rank health", order=4, mt="sm"),
         _graph(f"ov-health{suffix}", hf),
-        _plain_table(f"ov-health-table{suffix}", health_rows,
-                     [("rank", "rank"), ("wait_s", "wait (s)"), ("exposed_s", "exposed comm (s)"),
-                      ("overlap_ratio", "overlap ratio"), ("flag", "finding")], height=300),
+        _plain_table(f"ov-health-table{suffix}", OV.health_rows(ov), OV.HEALTH_COLUMNS, height=300),
     ]
 
 
-def _r4(v):
-    return None if v is None else round(float(v), 4)
+#: The overview's empty states and titles (the static overview of the first response says the same).
+NO_FINDINGS = ("No findings: no straggler, hang, mismatch, late sender or host hazard stood out in this run "
+               "(docs/findings.md lists every check).")
+STEPS_TITLE = "Time per step: compute, exposed communication, wait"
+
+
+def no_steps_text(steps: int) -> str:
+    return ("No per-step chart: this run has " + ("one step" if steps == 1 else "no step markers")
+            + " (steps come from optimizer.step() or commtrace.mark_step()), so the fractions above are for the whole run.")
 
 
 # ---------------------------------------------------------------------------- other pages
-def _plain_table(id_, rows, columns, height=None):
+def _plain_table(id_, rows, columns, height=None, widths=None, wrap=()):
     """A table of `rows` (dicts) with `columns` = [(field, header)] as a Mantine table: each cell
     has the class `col-<field>`; with `height`, a longer table scrolls inside it (sticky header).
-    The overview uses it for its per-rank health table: the first page then initialises no AG
-    Grid (nor loads its 0.9 MB chunk), which cost it 0.2-0.6 s."""
+    A click on a header sorts by its column (again: the other way), in the browser
+    (:data:`SORT_JS`, from the rows kept in a store beside the table): no server round trip,
+    and no AG Grid, whose 0.9 MB chunk the first page does not load (it cost the overview's first
+    paint 0.2-0.6 s). `widths`: field -> header width; `wrap`: fields whose long values break.
+    Column ids and order: the header buttons' ids {"type": "sort-th", "table": id_, "col": field}."""
+    widths = widths or {}
+    fields = [f for f, _ in columns]
+    text = [[OV.cell_text(r.get(f)) for f in fields] for r in rows]
+    store = {"cols": fields, "heads": [h for _, h in columns], "wrap": [f in wrap for f in fields],
+             "rows": [[_sort_key(r.get(f)) for f in fields] for r in rows], "text": text, "sort": None}
+    head = dmc.TableThead(dmc.TableTr([
+        dmc.TableTh(html.Button(h, id={"type": "sort-th", "table": id_, "col": f}, n_clicks=0, className="sort-button",
+                                title=f"sort by {h}"), className=f"col-{f}", **({"w": widths[f]} if f in widths else {}))
+        for f, h in columns]))
+    body = dmc.TableTbody(id={"type": "sort-body", "table": id_}, children=[
+        dmc.TableTr([dmc.TableTd(t, className=f"col-{f}", **({"style": WRAP_STYLE} if f in wrap else {}))
+                     for f, t in zip(fields, cells)]) for cells in text])
     table = dmc.Table(id=id_, striped=True, highlightOnHover=True, withTableBorder=True, stickyHeader=True,
-                      children=[dmc.TableThead(dmc.TableTr([dmc.TableTh(h, className=f"col-{f}") for f, h in columns])),
-                                dmc.TableTbody([dmc.TableTr([dmc.TableTd("" if r.get(f) is None else str(r.get(f)),
-                                                                         className=f"col-{f}") for f, _ in columns])
-                                                for r in rows])])
+                      className="sortable-table", children=[head, body])
+    kids = [table, dcc.Store(id={"type": "sort-rows", "table": id_}, data=store)]
     if height is None or len(rows) <= AUTO_HEIGHT_ROWS:
-        return table
-    return dmc.TableScrollContainer(table, minWidth=400, maxHeight=height, type="native")
+        return html.Div(kids)
+    return html.Div([dmc.TableScrollContainer(table, minWidth=400, maxHeight=height, type="native"), kids[1]])
+
+
+#: A long value's cell breaks anywhere (paths, commands).
+WRAP_STYLE = {"wordBreak": "break-word"}
+
+
+def _sort_key(v):
+    """A cell's value as the browser sorts it: numbers as numbers, the rest as text, None last."""
+    if v is None or isinstance(v, (int, float)) and not isinstance(v, bool):
+        return v
+    return str(v)
+
+
+#: The plain tables' sort (clientside): the clicked header's column, ascending, or descending when
+#: it was already sorted ascending; empty cells last either way, ties in their original order.
+#: The rows come back as Mantine table rows from the store, and each header shows ▲ / ▼.
+SORT_JS = """
+function(clicks, state) {
+    const dc = window.dash_clientside, ctx = dc.callback_context;
+    const trig = ctx.triggered_id || (ctx.triggered && ctx.triggered.length ? JSON.parse(ctx.triggered[0].prop_id.split('.')[0]) : null);
+    if (!trig || !state || !clicks.some(n => n)) { return [dc.no_update, dc.no_update, dc.no_update]; }
+    const col = trig.col, k = state.cols.indexOf(col);
+    const asc = !(state.sort && state.sort.col === col && state.sort.asc);
+    const cmp = (a, b) => (typeof a === 'number' && typeof b === 'number') ? a - b
+        : String(a).localeCompare(String(b), undefined, {numeric: true});
+    const order = state.rows.map((_, i) => i);
+    order.sort((i, j) => {
+        const a = state.rows[i][k], b = state.rows[j][k];
+        if (a === null || b === null) { return (a === null) - (b === null) || i - j; }
+        return (asc ? cmp(a, b) : cmp(b, a)) || i - j;
+    });
+    const ns = 'dash_mantine_components';
+    const body = order.map(i => ({namespace: ns, type: 'TableTr', props: {children: state.cols.map((f, c) => ({
+        namespace: ns, type: 'TableTd', props: Object.assign({children: state.text[i][c], className: 'col-' + f},
+                                                             state.wrap[c] ? {style: {wordBreak: 'break-word'}} : {})}))}}));
+    const heads = ctx.outputs_list[2].map(o => {
+        const c = state.cols.indexOf(o.id.col);
+        return state.heads[c] + (o.id.col === col ? (asc ? ' ▲' : ' ▼') : '');
+    });
+    return [body, Object.assign({}, state, {sort: {col: col, asc: asc}}), heads];
+}
+"""
 
 
 def _facts_table(id_, rows, head=("fact", "value")):
-    """A short two-column table of facts (a Mantine table: the Run page's short lists cost no grid
-    each; its long per-rank tables stay AG Grids)."""
-    return dmc.Table(id=id_, striped=True, withTableBorder=True, highlightOnHover=True, children=[
-        dmc.TableThead(dmc.TableTr([dmc.TableTh(head[0], w="25%"), dmc.TableTh(head[1])])),
-        dmc.TableTbody([dmc.TableTr([dmc.TableTd(str(r["fact"])), dmc.TableTd(str(r["value"]), style={"wordBreak": "break-word"})])
-                        for r in rows])])
+    """A short two-column table of facts (a sortable Mantine table, `_plain_table`: the Run page's
+    short lists cost no grid each; its long per-rank tables stay AG Grids)."""
+    return _plain_table(id_, rows, [("fact", head[0]), ("value", head[1])], widths={"fact": "25%"}, wrap=("value",))
 
 
 def facts_children(d: RunData):
@@ -468,13 +479,18 @@ def ended_alert(job: dict, was_live: bool):
                      title="Job ended", color=STATE_COLOR.get(job["state"], "gray"), variant="light", id="ended-banner")
 
 
-def _partial_banner(d: RunData):
+def _partial_texts(d: RunData) -> list[str]:
+    """The partial-run banner's lines: missing ranks, the first loading warnings."""
     run = d.run
     parts = []
     if run.missing_ranks:
         parts.append(f"Partial run: rank(s) {', '.join(map(str, run.missing_ranks))} missing "
                      f"({len(d.ranks)} of {run.world_size} present).")
-    parts += [str(w) for w in run.warnings[:5]]
+    return parts + [str(w) for w in run.warnings[:5]]
+
+
+def _partial_banner(d: RunData):
+    parts = _partial_texts(d)
     if not parts:
         return None
     return dmc.Alert([html.Div(p) for p in parts], id="banner", color="yellow", variant="light")
@@ -542,6 +558,63 @@ def _build_views(d: RunData):
     return built
 
 
+class _Dash(dash.Dash):
+    """Dash whose first response carries the static overview (`prerender`) before the element
+    React renders into, and whose scripts start after it was painted (:data:`LOADER_JS`): the
+    job's answer is on screen while the ~5 MB of JavaScript of the live page are evaluated."""
+
+    _commtrace_prerender = None
+
+    def interpolate_index(self, **kw):
+        if self._commtrace_prerender is not None:
+            kw = dict(kw, **_after_first_paint(kw["scripts"], kw["renderer"]))
+            kw["css"] = kw["css"] + kw.pop("preload", "")
+        page = super().interpolate_index(**kw)
+        if self._commtrace_prerender is None:
+            return page
+        entry = '<div id="react-entry-point">'
+        return page.replace(entry, self._commtrace_prerender() + entry, 1)
+
+
+#: Starts the page's scripts once the static overview has been painted (after the next frame);
+#: until then they are only fetched (preload links). As parser-blocking tags, on a busy machine
+#: Chromium evaluated them before its first paint, and the static overview showed 1-7 s late.
+LOADER_JS = """
+(function () {
+  function run() {
+    var tags = Array.prototype.slice.call(document.querySelectorAll('script[type="commtrace/deferred"]'));
+    var last = null;
+    tags.forEach(function (t) {
+      var s = document.createElement('script');
+      s.src = t.getAttribute('src');
+      s.async = false;
+      document.body.appendChild(s);
+      last = s;
+    });
+    // Dash's own renderer line, run in the global scope as the inline script was
+    var start = function () { (0, eval)(document.getElementById('_dash-renderer').text); };
+    if (last) { last.addEventListener('load', start); last.addEventListener('error', start); } else { start(); }
+  }
+  if (document.visibilityState === 'hidden') { run(); }
+  else { requestAnimationFrame(function () { setTimeout(run, 0); }); }
+})();
+"""
+
+
+def _after_first_paint(scripts: str, renderer: str) -> dict:
+    """Dash's script tags made inert (`commtrace/deferred`) and started by :data:`LOADER_JS`;
+    unchanged when a tag is not a plain `<script src="...">` (the loader would not know it)."""
+    tags = re.findall(r"<script\b[^>]*\bsrc=[^>]*>", scripts)
+    if not tags or any(not re.fullmatch(r'<script src="[^"]+">', t) for t in tags):
+        return {}
+    inert = scripts.replace('<script src="', '<script type="commtrace/deferred" src="')
+    runner = renderer.replace('type="application/javascript"', 'type="commtrace/deferred-inline"')
+    if runner == renderer:
+        return {}
+    preload = "".join(f'<link rel="preload" as="script" href="{src}">' for src in re.findall(r'<script src="([^"]+)">', scripts))
+    return {"scripts": inert, "renderer": runner + f"<script>{LOADER_JS}</script>", "preload": preload}
+
+
 def create_app(d: RunData, other: RunData | None = None, live: bool | None = None, loader=None) -> dash.Dash:
     """A Dash app serving the views of `d` (see docs/dashboard.md); with `other`, a Compare page
     (the diff's deltas and both overviews). `live` (default: the job is running) refreshes the
@@ -550,8 +623,8 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
     bundle = cartesian_bundle()
     # Not eager_loading: with it Dash also loads every component's lazy chunks (MathJax 2 MB,
     # Markdown, date pickers, and plotly's full bundle as well) before the first page can draw.
-    app = dash.Dash(__name__, title=f"commtrace: {d.run.path}", update_title=None, assets_folder=ASSETS,
-                    assets_ignore="" if bundle else r"plotly-cartesian-.*")
+    app = _Dash(__name__, title=f"commtrace: {d.run.path}", update_title=None, assets_folder=ASSETS,
+                assets_ignore="" if bundle else r"plotly-cartesian-.*")
     app._commtrace_plotly = f"cartesian {bundle}" if bundle else "full"  # for tests
     S = _State(d, _build_views(d))
     app._commtrace_state = S
@@ -586,12 +659,36 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
         return lay
 
     app.layout = page
+    prerendered: dict = {}
+
+    def prerender() -> str:
+        """The static overview for the first response (`prerender.overview_html`), of the data
+        and job state the page's layout shows, in the request's theme."""
+        d = S.d
+        st = _live_status(d) if live else None
+        ov = d.overview if st is None else dict(d.overview, job=st["job"])
+        dark = _request_dark()
+        key = (S.gen, ov["job"].get("state"), ov["job"].get("detail"), dark)
+        if key not in prerendered:
+            prerendered.clear()
+            sf, hf = F.steps_figure(ov), F.health_figure(ov)
+            from .prerender import overview_html
+            prerendered[key] = overview_html(ov, d, pages, dark, SEVERITY_MANTINE, sf.layout.height if sf is not None else None,
+                                             hf.layout.height, hf.layout.margin.b, _partial_texts(d))
+        return prerendered[key]
+
+    app._commtrace_prerender = prerender
     # Only a zoom of the plot goes to the server: Plotly also reports an autosize (when the
     # timeline is first shown, the page's scroll bar appears) and the theme toggle's re-colouring
     # as relayoutData, and each cost a round trip beside the figure's.
     app.clientside_callback(ZOOM_JS, Output("zoom", "data"), Input("timeline", "relayoutData"), prevent_initial_call=True)
     app.clientside_callback(THEME_JS, Output("provider", "forceColorScheme"), Input("theme-switch", "checked"),
                             State("theme-colors", "data"), prevent_initial_call=True)
+    app.clientside_callback(SORT_JS, Output({"type": "sort-body", "table": MATCH}, "children"),
+                            Output({"type": "sort-rows", "table": MATCH}, "data"),
+                            Output({"type": "sort-th", "table": MATCH, "col": ALL}, "children"),
+                            Input({"type": "sort-th", "table": MATCH, "col": ALL}, "n_clicks"),
+                            State({"type": "sort-rows", "table": MATCH}, "data"), prevent_initial_call=True)
     app._commtrace_page = page  # for tests
     page()  # built now, not on the first request
 

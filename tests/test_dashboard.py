@@ -235,10 +235,12 @@ def test_app_callbacks_take_no_path_input(data):
     inputs = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb["inputs"]}
     assert inputs == {("tabs", "value"), ("timeline", "relayoutData"), ("zoom", "data"), ("range", "value"), ("reset", "n_clicks"),
                       ('{"i":["ALL"],"type":"findings-grid"}', "cellClicked"), ("timeline", "clickData"), ('{"i":["ALL"],"type":"show-finding"}', "n_clicks"),
-                      ("tick", "n_intervals"), ("theme-switch", "checked")}
+                      ("tick", "n_intervals"), ("theme-switch", "checked"),
+                      ('{"col":["ALL"],"table":["MATCH"],"type":"sort-th"}', "n_clicks")}
     states = {(i["id"], i["property"]) for cb in app.callback_map.values() for i in cb.get("state", [])}
     assert states == {("window", "data"), ("selected", "data"), ("views-drawn", "data"), ("gen", "data"),
-                      ("theme-switch", "checked"), ("theme-colors", "data")}
+                      ("theme-switch", "checked"), ("theme-colors", "data"),
+                      ('{"table":["MATCH"],"type":"sort-rows"}', "data")}
     assert "Location" not in json.dumps(app._commtrace_page().to_plotly_json(), default=str)
 
 
@@ -426,8 +428,9 @@ def test_page_loads_the_cartesian_bundle_of_the_installed_plotly_js(data, monkey
     assert vendored[0] == f"plotly-cartesian-{ver}.min.js"
 
     def scripts(app):
+        """The page's script sources (tags made inert until the first paint: app.LOADER_JS)."""
         html = app.server.test_client().get("/").get_data(as_text=True)
-        return re.findall(r'<script src="([^"]+)"', html)
+        return re.findall(r'<script (?:type="commtrace/deferred" )?src="([^"]+)"', html)
 
     app = create_app(data)
     if ver == have:

@@ -284,6 +284,133 @@ def test_critical_path_drawn_is_the_analysis_segments(straggler_page, traced, re
     assert p.console == [], p.console
 
 
+#: The overview's headline figures: the element ids' keys (`ov-<key>` live, `pre-ov-<key>` static).
+STAT_KEYS = ("world", "duration", "steps", "compute", "exposed", "wait", "overlap", "findings")
+
+
+def _health_cells(page, table_id) -> list[dict]:
+    return page.evaluate(f"""() => Array.from(document.querySelectorAll('#{table_id} tbody tr')).map(r =>
+        Object.fromEntries(Array.from(r.querySelectorAll('td')).map(c =>
+            [Array.from(c.classList).find(k => k.startsWith('col-')).slice(4), c.innerText.trim()])))""")
+
+
+def test_first_response_carries_the_overview_numbers(browser, straggler_page, traced, reports):
+    """The page's first HTTP response, as a browser without JavaScript shows it (no other request
+    than its stylesheet and icon), already holds the overview: its headline figures, finding
+    cards and per-rank health table equal `commtrace report --format json`; once React has
+    mounted, the live overview shows the same text and the static one is gone. Chromium painted
+    the static numbers before the live page took over (Element Timing against the page's
+    `commtrace:interactive` mark)."""
+    import urllib.request
+    from commtrace.analysis.findings import fmt_ns
+    p = straggler_page
+    rep = reports(traced("straggler"))
+    ov = rep["overview"]
+    h, w = ov["headline"], ov["headline"]["run"]
+    raw = urllib.request.urlopen(p.srv.url, timeout=60).read().decode()
+    assert raw.count('id="ct-pre"') == 1 and raw.index('id="ct-pre"') < raw.index('id="react-entry-point"')
+    ctx = browser.new_context(java_script_enabled=False, viewport={"width": 1280, "height": 800})
+    try:
+        pg = ctx.new_page()
+        asked: list[str] = []
+        pg.on("request", lambda r: asked.append(r.url))
+        pg.goto(p.srv.url)
+        assert not [u for u in asked if "_dash-" in u and "component-suites" not in u], asked  # no layout, no callback
+        static = {k: pg.inner_text(f"#pre-ov-{k}") for k in STAT_KEYS}
+        for k in STAT_KEYS:  # each also verbatim in the HTML of the response
+            assert f'id="pre-ov-{k}"' in raw and static[k].replace("&", "&amp;") in raw
+        assert static["world"] == str(h["world_size"]) == "2"
+        assert static["duration"] == f"{h['duration_s']:.3f} s"
+        assert static["steps"] == (str(h["steps"]) if h["steps"] else "none")
+        for key, field in (("compute", "compute"), ("exposed", "exposed_comm"), ("wait", "wait")):
+            assert float(static[key].rstrip("%")) == pytest.approx(w[field] * 100, abs=0.051)
+        assert float(static["overlap"]) == pytest.approx(w["overlap_ratio"], abs=0.0051)
+        assert static["findings"] == str(sum(rep["finding_counts"].values()))
+        hint = pg.locator("#pre-ov-exposed").locator("xpath=..").inner_text()
+        assert f"{sum(r['exposed_s'] for r in rep['per_rank']):.4f} s over all ranks" in hint
+        # the cards: kind, rank and cost of the report's overview cards, in its order
+        cards = pg.locator("#pre-cards .ct-card")
+        assert cards.count() == len(ov["cards"]) >= 1
+        for k, c in enumerate(ov["cards"]):
+            card = cards.nth(k)
+            assert card.get_attribute("data-kind") == c["kind"] and card.get_attribute("data-rank") == str(c["rank"])
+            assert card.locator(".card-site").inner_text() == c["site"]
+        straggler = next(c for c in ov["cards"] if c["kind"] == "straggler")
+        cost = pg.locator('#pre-cards .ct-card[data-kind="straggler"] .card-cost').inner_text()
+        assert cost.startswith(f"{fmt_ns(straggler['cost_s'] * 1e9)} lost")
+        # the per-rank health table: per_rank's wait, exposed and overlap ratio
+        pr = {r["rank"]: r for r in rep["per_rank"]}
+        rows = _health_cells(pg, "pre-ov-health-table")
+        assert [int(r["rank"]) for r in rows] == sorted(pr)
+        for r in rows:
+            want = pr[int(r["rank"])]
+            assert _num(r["wait_s"]) == pytest.approx(want["wait_s"], abs=5.1e-5)
+            assert _num(r["exposed_s"]) == pytest.approx(want["exposed_s"], abs=5.1e-5)
+            assert _num(r["overlap_ratio"]) == pytest.approx(want["overlap_ratio"], abs=5.1e-4)
+        assert [r["flag"] for r in rows if r["flag"]] == ["straggler"] and rows[1]["flag"] == "straggler"
+    finally:
+        ctx.close()
+    # the live page, mounted: the same text, and the static overview removed
+    page = p.page
+    p.tab("Overview", "#overview-body #ov-compute")
+    assert page.locator("#ct-pre").count() == 0
+    assert {k: page.inner_text(f"#ov-{k}") for k in STAT_KEYS} == static
+    assert [(c.get_attribute("data-kind"), c.get_attribute("data-rank"))
+            for c in page.locator("#overview-body .finding-card").all()] == [(c["kind"], str(c["rank"])) for c in ov["cards"]]
+    assert _health_cells(page, "ov-health-table") == rows
+    painted, interactive = page.evaluate("""() => new Promise(res => {
+        new PerformanceObserver((l, o) => { o.disconnect();
+            res([l.getEntries().filter(e => e.identifier === 'ct-overview').map(e => e.renderTime || e.loadTime),
+                 performance.getEntriesByName('commtrace:interactive').map(e => e.startTime)]); })
+            .observe({type: 'element', buffered: true}); })""")
+    assert len(painted) >= len(STAT_KEYS) and len(interactive) == 1
+    assert max(painted) < interactive[0]
+    assert p.console == [], p.console
+
+
+def test_plain_tables_sort_by_a_clicked_header(straggler_page):
+    """The overview's per-rank health table and the Run page's fact tables (Mantine tables, no AG
+    Grid on the first page) sort by the clicked header's column, ascending then descending,
+    in the browser; a click on "rank" brings back the first order."""
+    p, page = straggler_page, straggler_page.page
+    p.tab("Overview", "#ov-health-table tbody tr")
+    first = _health_cells(page, "ov-health-table")
+    assert [int(r["rank"]) for r in first] == [0, 1]
+
+    def click(table, col, arrow):
+        page.click(f"#{table} th.col-{col} button")
+        page.wait_for_function(f"() => document.querySelector('#{table} th.col-{col}').innerText.endsWith('{arrow}')",
+                               timeout=20_000)
+        return _health_cells(page, table)
+
+    waits = {r["rank"]: _num(r["wait_s"]) for r in first}
+    assert waits["1"] < waits["0"]  # the straggler waits least: the others wait for it
+    up = click("ov-health-table", "wait_s", "▲")
+    assert [r["rank"] for r in up] == ["1", "0"]
+    assert sorted(up, key=lambda r: r["rank"]) == first  # whole rows moved
+    down = click("ov-health-table", "wait_s", "▼")
+    assert [r["rank"] for r in down] == ["0", "1"]
+    assert "▲" not in page.inner_text("#ov-health-table th.col-rank")
+    down = click("ov-health-table", "exposed_s", "▲")
+    ex = [_num(r["exposed_s"]) for r in down]
+    assert ex == sorted(ex)
+    assert click("ov-health-table", "rank", "▲") == first
+    # the Run page's job facts: by fact name, then the other way; a number column sorts numerically
+    p.tab("Run", "#facts-job tbody tr")
+    shown = _health_cells(page, "facts-job")
+    names = click("facts-job", "fact", "▲")
+    assert [r["fact"] for r in names] == sorted((r["fact"] for r in shown), key=str.lower)
+    back = click("facts-job", "fact", "▼")
+    assert [r["fact"] for r in back] == [r["fact"] for r in names][::-1]
+    ops = _health_cells(page, "facts-ops")
+    calls = click("facts-ops", "value", "▲")
+    assert [int(r["value"]) for r in calls] == sorted(int(r["value"]) for r in ops)
+    calls = click("facts-ops", "value", "▼")
+    assert [int(r["value"]) for r in calls] == sorted((int(r["value"]) for r in ops), reverse=True)
+    assert sorted(calls, key=lambda r: r["fact"]) == sorted(ops, key=lambda r: r["fact"])
+    assert p.console == [], p.console
+
+
 @pytest.mark.slow
 def test_live_job_hang_banner_and_end(browser, tmp_path):
     """A 2-rank job that hangs on purpose (samples/findings/hang.py: rank 1 never joins
