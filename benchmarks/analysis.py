@@ -4,6 +4,14 @@ side by side in one run.
     python benchmarks/analysis.py                          # 64x20000, 512x20000, 2048x50000
     python benchmarks/analysis.py --cases 64x20000 --repeat 3
     python benchmarks/analysis.py --dir /tmp/bench --keep  # reuse / keep the synthetic runs
+    python benchmarks/analysis.py --cases 64x20000 --against /tmp/base   # before / after
+
+With `--against CHECKOUT` (another copy of the repository, e.g. `git worktree add /tmp/base
+main` or `git archive main | tar -x -C /tmp/base`), each report runs with that checkout's
+`commtrace` (PYTHONPATH) and with this one, alternately on the same run, and the table has a
+row for each; the two report JSONs are compared (every value identical, numbers within 1e-9
+relative: DuckDB's parallel float sums differ in the last bits between two runs of one
+checkout; the first differences are printed otherwise).
 
 Each case synthesises a run (`commtrace synth`'s generator: all_reduce buckets, all_gather,
 reduce_scatter, broadcast, isend/irecv pairs, step markers, a planted straggler and host
@@ -90,17 +98,25 @@ def remove_cgroup(path: str | None) -> None:
             pass
 
 
-def _measured(argv: list[str], cgroup: str | None = None) -> tuple[float, float, float, str]:
+def _measured(argv: list[str], cgroup: str | None = None, code: str | None = None,
+              out: str | None = None) -> tuple[float, float, float, str]:
     """Run `argv` under a fresh wrapper so that its peak RSS is its own (inside memory cgroup
-    `cgroup` when given: the wrapper joins it before starting the child)."""
+    `cgroup` when given: the wrapper joins it before starting the child). `code`: the checkout
+    whose `commtrace` the child imports (PYTHONPATH, working directory); `out`: a file that
+    receives the child's whole stdout."""
     join = (f"open({os.path.join(cgroup, 'cgroup.procs')!r}, 'w').write(str(__import__('os').getpid()))\n"
             if cgroup else "")
     wrapper = ("import json, resource, subprocess, sys, time\n" + join +
                "t0 = time.perf_counter(); p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, text=True)\n"
                "w = time.perf_counter() - t0; u = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+               + (f"open({out!r}, 'w').write(p.stdout)\n" if out else "") +
                "print(json.dumps({'rc': p.returncode, 'wall': w, 'cpu': u.ru_utime + u.ru_stime,"
                " 'rss_mb': u.ru_maxrss / 1024, 'tail': p.stdout[-300:]}))\n")
-    p = subprocess.run([sys.executable, "-c", wrapper] + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if code:
+        env["PYTHONPATH"] = os.path.abspath(code) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    p = subprocess.run([sys.executable, "-c", wrapper] + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env=env, cwd=os.path.abspath(code) if code else None)
     try:
         d = json.loads(p.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -114,6 +130,53 @@ def _size(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs if f.endswith(".parquet"))
 
 
+def _compare(a: str, b: str) -> str:
+    """'identical', or how two report JSON files differ (the first differences)."""
+    with open(a) as f:
+        x = json.load(f)
+    with open(b) as f:
+        y = json.load(f)
+    if x == y:
+        return "identical"
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from report_compare import differences
+
+    # DuckDB's parallel float sums and averages differ in the last bits from one run to the next
+    # (the same code twice does too): numbers compare within 1e-9 relative, as the tests do.
+    for r in (x, y):  # seconds since the last snapshot, as of the time of the report
+        for st in (r.get("rank_states") or {}).values():
+            if isinstance(st, dict):
+                st.pop("snapshot_age_s", None)
+    d = differences(x, y)
+    exact = len(differences(x, y, rel=0.0, abs_=0.0))
+    if not d:
+        return f"identical within 1e-9 relative ({exact} float(s) differ in the last bits)"
+    return f"DIFFER in {len(d)} place(s): " + "; ".join(d[:8])
+
+
+def _compare_samples(against: str) -> None:
+    """The report JSON of each committed sample run (tests/data) from both checkouts, compared."""
+    data = os.path.join(ROOT, "tests", "data")
+    tmp = tempfile.mkdtemp(prefix="commtrace-bench-samples-")
+    try:
+        for name in sorted(os.listdir(data)):
+            path = os.path.join(data, name)
+            if not os.path.isfile(os.path.join(path, "_manifest.json")):
+                continue
+            outs = []
+            for code in (os.path.abspath(against), ROOT):
+                out = os.path.join(tmp, f"{name}-{len(outs)}.json")
+                env = dict(os.environ, PYTHONPATH=code)
+                p = subprocess.run([sys.executable, "-m", "commtrace", "report", path, "--format", "json", "--no-progress"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=code, env=env)
+                with open(out, "w") as f:
+                    f.write(p.stdout if p.returncode == 0 else json.dumps({"exit": p.returncode}))
+                outs.append(out)
+            print(f"sample {name}: JSON of previous and this {_compare(*outs)}", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="64x20000,512x20000,2048x50000",
@@ -124,7 +187,14 @@ def main() -> int:
     ap.add_argument("--nice", type=int, default=0, help="niceness of the child processes")
     ap.add_argument("--memory-cap", type=float, default=6.0,
                     help="GB: memory cgroup of the cases that have a DuckDB memory limit (the 102 M case)")
+    ap.add_argument("--against", default=None, metavar="CHECKOUT",
+                    help="also run every report with this checkout's commtrace, alternately, and compare the JSON")
     a = ap.parse_args()
+    if a.against and not os.path.isfile(os.path.join(a.against, "commtrace", "analysis", "run.py")):
+        raise SystemExit(f"--against {a.against}: not a commtrace checkout")
+    codes = [(os.path.abspath(a.against), "previous"), (ROOT, "this")] if a.against else [(None, "")]
+    if a.against:
+        _compare_samples(a.against)
 
     base = a.dir or tempfile.mkdtemp(prefix="commtrace-bench-")
     os.makedirs(base, exist_ok=True)
@@ -152,18 +222,26 @@ def main() -> int:
             if case in MEMORY_LIMITS:
                 cmd += ["--memory-limit", MEMORY_LIMITS[case]]
             n = 1 if total_ops >= LARGE_OPS else max(1, a.repeat)
-            runs = []
+            runs = {label: [] for _, label in codes}
+            outs = {}
             try:
                 for _ in range(n):
-                    runs.append(_measured(cmd, cg))
-                    print(f"report {case}: {runs[-1][0]:.2f} s wall, {runs[-1][1]:.2f} s cpu, "
-                          f"{runs[-1][2]:.0f} MB peak (load {os.getloadavg()[0]:.1f})", flush=True)
+                    for code, label in codes:
+                        outs[label] = os.path.join(base, f"report-{case}-{label or 'this'}.json") if a.against else None
+                        r = _measured(cmd, cg, code=code, out=outs[label])
+                        runs[label].append(r)
+                        print(f"report {case}{' ' + label if label else ''}: {r[0]:.2f} s wall, {r[1]:.2f} s cpu, "
+                              f"{r[2]:.0f} MB peak (load {os.getloadavg()[0]:.1f})", flush=True)
                 if cg:
                     peak, oom = cgroup_peak(cg)
                     cap += f" (charged peak {peak / (1 << 30):.2f} GB incl. page cache, OOM kills {oom})" if peak else ""
             finally:
                 remove_cgroup(cg)
-            rows.append((case, total_ops, _size(path), gen, runs, cap))
+            if a.against:
+                same = _compare(outs["previous"], outs["this"])
+                print(f"report {case}: JSON of previous and this {same}", flush=True)
+            for _, label in codes:
+                rows.append((case + (f" {label}" if label else ""), total_ops, _size(path), gen, runs[label], cap))
     finally:
         if not a.keep and a.dir is None:
             shutil.rmtree(base, ignore_errors=True)
@@ -178,7 +256,7 @@ def main() -> int:
         best = min(r[0] for r in runs)
         peak = max(r[2] for r in runs)
         cpu = min(r[1] for r in runs)
-        tw, tm = TARGETS.get(case, (None, None))
+        tw, tm = TARGETS.get(case.split()[0], (None, None))
         met = "" if tw is None else ("yes" if best <= tw and peak <= tm else "no")
         print(" | ".join([
             case, f"{total_ops / 1e6:.2f}M", f"{size / total_ops:.1f}",

@@ -45,14 +45,18 @@ def _report(path, **kw):
     return rep, sub, extra
 
 
-def test_chunked_on_disk_load_gives_the_same_report(synth_dir, monkeypatch):
-    """The default (one chunk, in memory) and the large-run path (a database file, the load in
+@pytest.mark.parametrize("split", [True, False], ids=["op-table-on-disk", "all-on-disk"])
+def test_chunked_on_disk_load_gives_the_same_report(synth_dir, monkeypatch, split):
+    """The default (one chunk, in memory) and the large-run paths (a database file, the load in
     chunks of ranks, overlap by chunks of one rank, a tight memory limit) agree on every
-    number of the report, a step subset, per_step, waits and p2p pairs."""
+    number of the report, a step subset, per_step, waits and p2p pairs: with the op table in
+    the file and the derived tables in memory (`split`, up to SPLIT_MAX_ROWS rows), and with
+    everything in the file (above it)."""
     ref = _report(synth_dir)
     assert ref[0]["finding_counts"].get("straggler") == 1
     monkeypatch.setattr(L, "DISK_ROWS", 0)
     monkeypatch.setattr(L, "LOAD_CHUNK_ROWS", 1500)
+    monkeypatch.setattr(L, "SPLIT_MAX_ROWS", 10**9 if split else 0)
     monkeypatch.setattr(OV, "CHUNK_ROWS", 10)
     seen = {}
     real_close = L.close
@@ -60,6 +64,8 @@ def test_chunked_on_disk_load_gives_the_same_report(synth_dir, monkeypatch):
     def close(con, tmp):
         seen["tmp"] = tmp
         seen["existed"] = tmp is not None and os.path.isdir(tmp)
+        seen["where"] = {name: db for db, name in con.execute(
+            "SELECT database_name, table_name FROM duckdb_tables()").fetchall()}
         return real_close(con, tmp)
 
     monkeypatch.setattr(L, "close", close)
@@ -67,6 +73,9 @@ def test_chunked_on_disk_load_gives_the_same_report(synth_dir, monkeypatch):
     assert_same(got, ref)
     # the run lived in a private temporary directory, removed on close
     assert seen["existed"] and not os.path.exists(seen["tmp"])
+    # where the tables were: the op table in the file; the derived ones in memory when split
+    assert seen["where"]["t"] == (L.STORE if split else "run")
+    assert seen["where"]["t_waits"] == ("memory" if split else "run")
 
 
 def test_rank_chunks_cover_every_rank_once():
@@ -129,3 +138,26 @@ def test_memory_limit_is_checked(capsys):
     assert main(["report", os.path.join(os.path.dirname(__file__), "data", "clean"), "--memory-limit", "lots"]) != 0
     assert "--memory-limit" in capsys.readouterr().err
 
+
+
+@pytest.mark.slow
+def test_traced_run_same_report_in_memory_and_on_disk(tmp_path_factory, monkeypatch):
+    """On a real traced 2-rank gloo run (samples/findings/straggler.py: rank 1 sleeps 20 ms
+    before each all_reduce), the three storage paths give the same report: in memory, the op
+    table in a database file with the derived tables in memory, and everything in the file."""
+    from conftest import SAMPLES, run_path, run_traced, torchrun_cmd
+
+    out = tmp_path_factory.mktemp("scale_traced")
+    run_traced(out, torchrun_cmd(os.path.join(SAMPLES, "findings", "straggler.py")),
+               opts=("--flush-interval", "0.5"), timeout=150)
+    d = run_path(out)
+    ref = _report(d)
+    assert [(f["kind"], f["rank"]) for f in ref[0]["findings"] if f["kind"] == "straggler"] == [("straggler", 1)]
+    monkeypatch.setattr(L, "DISK_ROWS", 0)
+    for split_max in (10**9, 0):
+        monkeypatch.setattr(L, "SPLIT_MAX_ROWS", split_max)
+        got = _report(d)
+        for r in got[:2] + ref[:2]:  # the one wall-clock figure (seconds since the last snapshot)
+            for st in (r.get("rank_states") or {}).values():
+                st.pop("snapshot_age_s", None)
+        assert_same(got, ref)

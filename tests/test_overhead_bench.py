@@ -39,3 +39,22 @@ def test_overhead_benchmark_small_run(tmp_path):
     assert lo <= po["cpu_commtrace_added_us"] <= hi
     lines = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("target,")]
     assert [ln.split(":")[0].split(",")[1].strip() for ln in lines] == ["wall time", "thread CPU"]
+
+
+@pytest.mark.slow
+def test_gapcheck_benchmark_small_run():
+    """benchmarks/gapcheck.py (2 ranks, per-op blocks) runs, prints every pairing on both
+    clocks, and every traced op is recorded: no gap row on a fully traced loop."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gapcheck.py"), "--blocks", "40"],
+                       capture_output=True, text=True, timeout=240, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout
+    assert "world size 2, 40 blocks" in out and "capture path c" in out
+    for label in ("check off - bare", "read after - check off", "read at wait - check off",
+                  "read after - read at wait"):
+        line = next(ln for ln in out.splitlines() if ln.strip().startswith(label))
+        med, lo, hi = (float(x) for x in line[len(label) + 2:].replace("[", " ").replace(
+            "]", " ").replace(",", " ").split()[:3])
+        assert lo <= med <= hi
+    assert "gap rows written: 0 " in out

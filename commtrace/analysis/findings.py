@@ -760,6 +760,10 @@ def use_before_wait(run) -> list[Finding]:
     return out
 
 
+#: `chan` of a group's collectives in first_op_init_stall (a p2p op's chan is its peer).
+CHAN_COLL = -(1 << 62)
+
+
 def first_op_init_stall(run) -> list[Finding]:
     """The first op on a group (collectives) or peer pair (p2p) whose host block, beyond its
     wait for other ranks, stands out against the later ops of that group or pair on the same
@@ -770,8 +774,9 @@ def first_op_init_stall(run) -> list[Finding]:
     w = run.table("waits")
     sim = sorted(int(r) for r, m in run.meta.items() if m.get("simulated"))
     not_sim = f" AND rank NOT IN ({', '.join(map(str, sim))})" if sim else ""
+    # chan: the group's collectives (CHAN_COLL) or the peer of a p2p op (NULL when unknown).
     x = f"""SELECT rank, pg, seq, ckey, op, site, t_enqueue_ns, t_return_ns - t_enqueue_ns AS block,
-                   CASE WHEN op IN {COLLECTIVE_SQL} THEN 'c' ELSE 'p' || CAST(peer AS VARCHAR) END AS chan, first_on_pg
+                   CASE WHEN op IN {COLLECTIVE_SQL} THEN {CHAN_COLL} ELSE CAST(peer AS BIGINT) END AS chan, first_on_pg
             FROM {t} WHERE kind = 'op' AND t_return_ns IS NOT NULL AND pg IS NOT NULL{not_sim}"""
     has_flag = run.sql(f"SELECT count(*) FROM {t} WHERE first_on_pg").fetchone()[0] > 0
     if has_flag:
@@ -790,8 +795,9 @@ def first_op_init_stall(run) -> list[Finding]:
         f AS (SELECT f0.*, f0.block - coalesce(wt.wait_ns, 0) AS own, coalesce(b.med, 0) AS med
               FROM f0 LEFT JOIN base b ON b.rank = f0.rank AND b.pg = f0.pg AND b.chan = f0.chan
                       LEFT JOIN {w} wt ON wt.rank = f0.rank AND wt.ckey = f0.ckey)
-        SELECT pg, chan LIKE 'p%' AS is_p2p, list(rank ORDER BY rank), max(own - med), arg_max(rank, own),
-               arg_max(op, own), arg_max(site, own), max(med), min(t_enqueue_ns), max(seq)
+        -- the rank that stalled most; among equal stalls the lowest (the same answer every run)
+        SELECT pg, chan <> {CHAN_COLL} AS is_p2p, list(rank ORDER BY rank), max(own - med), arg_max(rank, (own, -rank)),
+               arg_max(op, (own, -rank)), arg_max(site, (own, -rank)), max(med), min(t_enqueue_ns), max(seq)
         FROM f WHERE own - med >= {INIT_STALL_MIN_NS} AND own >= {INIT_STALL_RATIO} * med
         GROUP BY pg, is_p2p""").fetchall()
     out = []

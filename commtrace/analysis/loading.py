@@ -15,6 +15,7 @@ spills; the directory is removed when the run is closed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import weakref
@@ -34,6 +35,14 @@ LOAD_ONLY = ("device", "inflight_ids")
 LOAD_COLUMNS = [c for c in S.COLUMNS if c not in LAZY_COLUMNS]
 #: Runs with more rows than this are loaded into an on-disk database (compressed, spillable).
 DISK_ROWS = 200_000
+#: Up to this many rows, the tables derived from an on-disk ``t`` stay in memory (spillable),
+#: if they fit in half the memory limit at DERIVED_ROW_BYTES per row of ``t``.
+SPLIT_MAX_ROWS = 20_000_000
+#: Bytes of the in-memory derived tables per row of ``t`` (waits, collectives, p2p pairs,
+#: per-step figures; 512 x 20,000 synthetic: 0.66 GB for 11.4 M rows).
+DERIVED_ROW_BYTES = 64
+#: Name of the attached database file that holds ``t`` of a large run.
+STORE = "store"
 #: Rows per load chunk (whole ranks): bounds the memory of one INSERT.
 LOAD_CHUNK_ROWS = 1_000_000
 #: Default DuckDB memory limit: a fraction of the machine's memory, at most 4 GB.
@@ -50,6 +59,15 @@ def default_memory_limit() -> str:
     return f"{max(256 << 20, min(int(total * DEFAULT_MEMORY_FRACTION), DEFAULT_MEMORY_CAP)) >> 20}MB"
 
 
+def size_bytes(size: str) -> int | None:
+    """Bytes of a DuckDB size such as "4GB", "512 MiB" or "3.5GB" (None when unreadable)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?)b?\s*", str(size).lower())
+    if not m:
+        return None
+    base = 1024 if m.group(3) else 1000
+    return int(float(m.group(1)) * base ** "kmgt".find(m.group(2)) * base) if m.group(2) else int(float(m.group(1)))
+
+
 def connect(rows: int, *, threads: int | None = None, memory_limit: str | None = None,
             temp_dir: str | None = None):
     """A DuckDB connection for a run of `rows` rows: in memory when small, else a database file
@@ -62,7 +80,13 @@ def connect(rows: int, *, threads: int | None = None, memory_limit: str | None =
     tmp = None
     if rows > DISK_ROWS:
         tmp = tempfile.mkdtemp(prefix="commtrace-", dir=temp_dir or os.environ.get("COMMTRACE_TMPDIR") or None)
-        con = duckdb.connect(os.path.join(tmp, "run.duckdb"), config={"threads": threads})
+        db = os.path.join(tmp, "run.duckdb")
+        limit = size_bytes(mem)
+        if rows > SPLIT_MAX_ROWS or limit is None or rows * DERIVED_ROW_BYTES > limit // 2:
+            con = duckdb.connect(db, config={"threads": threads})
+        else:
+            con = duckdb.connect(config={"threads": threads})
+            con.execute(f"ATTACH {Q.quote(db)} AS {STORE}")
         con.execute(f"SET temp_directory = {Q.quote(os.path.join(tmp, 'spill'))}")
         # The database is thrown away: no checkpoint on close.
         con.execute("PRAGMA disable_checkpoint_on_shutdown")
@@ -141,11 +165,27 @@ def create_offsets(con, rf: R.RunFiles) -> None:
         con.executemany("INSERT INTO offsets VALUES (?, ?, ?)", offs)
 
 
+def _split(con) -> bool:
+    """Whether `con` holds ``t`` in the attached :data:`STORE` (see the module doc)."""
+    return bool(Q.rows(con, f"SELECT count(*) FROM duckdb_databases() WHERE database_name = '{STORE}'").fetchone()[0])
+
+
+def publish(con) -> None:
+    """After :func:`assign_steps` on a split connection: back to the in-memory database, where
+    the derived tables go, with views ``t`` and ``offsets`` of the file's tables."""
+    if _split(con):
+        con.execute("USE memory")
+        for name in ("t", "offsets"):
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {STORE}.main.{name}")
+
+
 def load_table(con, rf: R.RunFiles, path: str, progress=None) -> list:
     """Create ``offsets`` and the aligned table ``t0`` (see the module doc); returns the group
     names in load order (a collective key's group is its index there)."""
     import duckdb
 
+    if _split(con):
+        con.execute(f"USE {STORE}")
     create_offsets(con, rf)
     try:
         pgs = R.distinct_values(con, rf, "pg")

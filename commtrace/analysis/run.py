@@ -107,6 +107,7 @@ class Run:
             with self._lock:
                 if not _steps_done:  # another engine (analysis/spark.py) built `t` with its steps
                     L.assign_steps(con, self.warnings)
+                    L.publish(con)
                 self._info = L.run_info(con, rf, "t")
             self._closer = L.closer(self, con, _tmp)
         else:
@@ -491,6 +492,8 @@ class Run:
         ops around it on the first of those ranks, `after` / `before` = {`seq`, `op`, `site`}
         (None at the start / end). Empty for a run recorded in full or a trace before v3."""
         t = self._t
+        if not self.sql(f"SELECT count(*) FROM {t} WHERE kind = 'gap'").fetchone()[0]:
+            return []  # (the query below joins every op row even when there is no gap row)
         num = "CAST(regexp_extract(g.detail, '\"{}\": ?(-?[0-9]+)', 1) AS BIGINT)"
         rows = self.sql(f"""
             WITH g AS (

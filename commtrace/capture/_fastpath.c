@@ -768,6 +768,18 @@ static int cache_recorder(FastCtx *c, PyObject *rec) {
  * torchseq.on_gap, rarely. Errors are cleared, never raised.
  * ------------------------------------------------------------------------------------- */
 static PyObject *ts_gap;   /* torchseq.on_gap(rec, name, last, lo, op_id, seq), NULL: off */
+/* Where the number of a blocking call is read. Right after the call returns, the thread has
+ * slept in wait() while gloo's threads, the other ranks and other processes ran: its caches
+ * are cold, and torch's getter (a pybind call that releases the GIL) cost 2.3-2.5 us of CPU
+ * per op at 2 ranks (median, load 5-7; 0.15-0.5 us warm). Between the call's issue and its
+ * wait() it finds warm what the issue just touched (pybind's dispatch, the group): the call
+ * sets t_tseq_g to its group, Work.wait (wait_vectorcall) reads the number into t_tseq_hi
+ * before waiting, and the call uses it after it returns (a call whose wait did not run, or a
+ * Work whose wait commtrace does not wrap, reads it after the call as before). The number
+ * is taken when the op is issued, so both reads see the same value. */
+static _Thread_local PyObject *t_tseq_g;   /* borrowed (the call holds it): read at wait() */
+static _Thread_local long long t_tseq_hi = -1;   /* read at wait(), -1: not read */
+static int ts_at_wait = 1;   /* 0: read after the call (benchmarks/gapcheck.py compares) */
 
 static long long tseq_read(PyObject *g) {
     PyObject *v = PyObject_CallMethodNoArgs(g, s_get_tseq);
@@ -781,10 +793,11 @@ static long long tseq_read(PyObject *g) {
 }
 
 static void tseq_after(PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *name,
-                       long long lo, long long op_id, long long seq) {
+                       long long lo, long long op_id, long long seq, long long hi) {
     if (ts_gap == NULL || cst.tseqs == NULL || slot < 0)
         return;
-    long long hi = tseq_read(g);
+    if (hi < 0)   /* not read at the call's wait(): read it now */
+        hi = tseq_read(g);
     /* torch's getter releases the GIL: another thread may have switched the recorder */
     if (hi < 0 || cst.tseqs == NULL || cst.rec != rec)
         return;
@@ -799,6 +812,17 @@ static void tseq_after(PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *na
     }
     if (hi > last)
         counters_set(k, slot, hi);
+}
+
+/* set_tseq_at_wait(flag) -> the previous flag: a blocking call's number read at its wait()
+ * (1, the default) or after the call returns (0). */
+static PyObject *set_tseq_at_wait(PyObject *module, PyObject *arg) {
+    int old = ts_at_wait;
+    int v = PyObject_IsTrue(arg);
+    if (v < 0)
+        return NULL;
+    ts_at_wait = v;
+    return PyBool_FromLong(old);
 }
 
 /* set_tseq(on_gap or None): turn the gap check on (off). */
@@ -1852,7 +1876,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
                 /* a call that raised may still have issued its number */
                 PyObject *et, *ev, *etb;
                 PyErr_Fetch(&et, &ev, &etb);
-                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq);
+                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq, -1);
                 PyErr_Restore(et, ev, etb);
             }
             goto done;
@@ -1871,10 +1895,16 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         /* Inner wrapped calls are not rows of their own: C wrappers read t_depth, the
          * Python ones ask depth() (the same rule as tls.depth on the Python path). */
         t_depth = 1;
+        /* A plain collective's number is read at its wait() (t_tseq_g, above tseq_after). */
+        t_tseq_hi = -1;
+        t_tseq_g = tkey != NULL && !c->has_peer && ts_at_wait ? tkey : NULL;
         /* The user's call. */
         ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
         long long t1 = now_ns();
         t_depth = 0;
+        t_tseq_g = NULL;
+        long long thi = t_tseq_hi;
+        t_tseq_hi = -1;
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
         int taken = 0;
@@ -1900,11 +1930,11 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             Py_XDECREF(t1o);
             rec_release(&r);
             if (tkey != NULL)   /* a call that raised may still have issued its number */
-                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq);
+                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq, -1);
         } else {
             buf_push(&r);      /* takes the references, or releases them when full */
             if (tkey != NULL)
-                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq);
+                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq, thi);
         }
         CLEAR_ERR();   /* commtrace's own errors never reach the user */
         PyErr_Restore(et, ev, etb);
@@ -1998,6 +2028,12 @@ static PyObject *counts(PyObject *module, PyObject *unused) {
 static PyObject *wait_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
     WaitW *w = (WaitW *)self;
+    if (t_tseq_g != NULL) {
+        /* the wait of a blocking call being recorded: its torch seq, read while warm */
+        PyObject *g = t_tseq_g;
+        t_tseq_g = NULL;
+        t_tseq_hi = tseq_read(g);
+    }
     PyObject *rec = fast_attr(w->recmod_d, w->recmod, s_recorder);
     if (rec == NULL) {
         CLEAR_ERR();
@@ -2237,6 +2273,8 @@ static PyMethodDef methods[] = {
      "set_async(PendingOp, track_work, record_error, KIND_OP, recorder_module, ncol): record "
      "async calls in C too."},
     {"async_off", async_off, METH_NOARGS, "Hand async calls to the Python wrapper again."},
+    {"set_tseq_at_wait", set_tseq_at_wait, METH_O,
+     "set_tseq_at_wait(flag) -> previous: read a blocking call's torch seq at its wait()."},
     {"set_tseq", set_tseq, METH_O,
      "set_tseq(on_gap or None): check torch's per-group seq after each call (torchseq.py)."},
     {"async_counts", async_counts, METH_NOARGS,
