@@ -264,10 +264,13 @@ def main() -> int:
                 label[0] = f"view {tab}"
                 n_ent, n_h = len(entries()), len(handled)
                 marks.append((label[0], n_ent))
+                cdp = _start_profile(page) if args.profile and label[0].startswith(args.profile) else None
                 t = time.perf_counter()
                 page.click(f"#tabs >> text={tab}")
                 page.wait_for_selector(sel, timeout=60_000)
                 inter[f"view {tab}"] = timed(label[0], t, n_ent, n_h)
+                if cdp:
+                    _print_profile(cdp.send("Profiler.stop")["profile"], label[0])
                 page.wait_for_load_state("networkidle")
             step("click a finding (zoom to evidence)",
                  lambda: page.locator('#findings .ag-row[row-index="0"] [col-id="kind"]').first.click(),

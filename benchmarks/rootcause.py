@@ -2,12 +2,17 @@
 
     python benchmarks/rootcause.py                       # 64 ranks x 20,000 ops, 3 pairs
     python benchmarks/rootcause.py --dir /tmp/b64 --keep # reuse / keep the synthetic run
+    python benchmarks/rootcause.py --before /tmp/old     # also time `--what-if` with the
+                                                         # commtrace package under /tmp/old
 
 Synthesises the same run as benchmarks/analysis.py (`commtrace synth`, a planted straggler and
 host hazards) and times, in fresh processes and alternating, `commtrace report DIR --format
 json --no-what-if` (the baseline) and `... --what-if`, reading each child's wall time, CPU time
 and peak RSS. Prints the best of each side by side, the difference, and the load average. Then
 times the stages in one process (CPU time): model, delay analysis, critical path, replay.
+`--before DIR` adds, in the same alternation, `... --what-if` run with DIR first on PYTHONPATH
+(an older tree, e.g. `git archive REV commtrace | tar -x -C DIR` plus the built extensions):
+before and after side by side under the same load.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--before", default=None, help="directory holding an older commtrace package")
     a = ap.parse_args()
     tmp = None
     path = a.dir
@@ -57,13 +63,27 @@ def main() -> int:
         from commtrace.analysis.synth import synth_run
         synth_run(path, ranks=a.ranks, ops=a.ops, straggler=[(a.ranks // 3, 2_000_000)], hazards=True,
                   init_stall_ns=50_000_000)
+    path = os.path.abspath(path)
+    # `python -m` puts the working directory first on sys.path: run the reports from an empty
+    # one, so that the code timed is the installed tree's (or --before's, on PYTHONPATH)
+    os.chdir(tempfile.mkdtemp(prefix="commtrace-bench-cwd-"))
     load0 = os.getloadavg()
     cmd = [sys.executable, "-m", "commtrace", "report", path, "--format", "json", "--no-progress"]
     try:
-        base, full = [], []
+        base, full, before = [], [], []
         for _ in range(max(1, a.repeat)):
             base.append(_measured(cmd + ["--no-what-if"])[:3])
             full.append(_measured(cmd + ["--what-if"])[:3])
+            if a.before:
+                old = os.environ.get("PYTHONPATH")
+                os.environ["PYTHONPATH"] = os.path.abspath(a.before) + (os.pathsep + old if old else "")
+                try:
+                    before.append(_measured(cmd + ["--what-if"])[:3])
+                finally:
+                    if old is None:
+                        os.environ.pop("PYTHONPATH", None)
+                    else:
+                        os.environ["PYTHONPATH"] = old
         stages = subprocess.run([sys.executable, "-c", STAGES, path], capture_output=True, text=True,
                                 cwd=ROOT).stdout.strip().splitlines()
         stages = stages[-1] if stages else "?"   # (DuckDB's own progress bar may precede it)
@@ -78,6 +98,12 @@ def main() -> int:
           f"(runs: {', '.join(f'{x[0]:.2f}' for x in full)} s)")
     print(f"  added: {f[0] - b[0]:+.2f} s wall ({100 * (f[0] - b[0]) / b[0]:+.0f}%), "
           f"{f[1] - b[1]:+.2f} s cpu ({100 * (f[1] - b[1]) / b[1]:+.0f}%)")
+    if before:
+        o = min(before)
+        print(f"  report --what-if, before ({a.before}): {o[0]:.2f} s / {o[1]:.2f} s / "
+              f"{max(x[2] for x in before):.0f} MB  (runs: {', '.join(f'{x[0]:.2f}' for x in before)} s)")
+        print(f"  added before: {o[0] - b[0]:+.2f} s wall ({100 * (o[0] - b[0]) / b[0]:+.0f}%), "
+              f"{o[1] - b[1]:+.2f} s cpu ({100 * (o[1] - b[1]) / b[1]:+.0f}%)")
     print(f"  stages (one process): {stages}")
     print(f"machine: {os.cpu_count()} cpus, load average {load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")

@@ -38,6 +38,10 @@ LAZY = ("findings", "overlap", "stalls", "bandwidth", "facts")
 WRAP_FIELDS = ("message", "value", "site", "reason", "command")
 #: Tables of at most this many rows take the height of their rows.
 AUTO_HEIGHT_ROWS = 30
+#: Lazy chunks the first page does not use, loaded when the live page is shown and the browser is
+#: idle (prerender.SWAP_JS): AG Grid's (0.9 MB) cost the first page showing a grid (Bandwidth, Run,
+#: Findings) its evaluation.
+PRELOAD_CHUNKS = ("dash_ag_grid/async-community.js",)
 #: Live refresh period (ms) while the job runs.
 LIVE_MS = 2000
 SEVERITY_MANTINE = {"error": "red", "warning": "orange", "info": "blue"}
@@ -252,26 +256,30 @@ def no_steps_text(steps: int) -> str:
 
 
 # ---------------------------------------------------------------------------- other pages
-def _plain_table(id_, rows, columns, height=None, widths=None, wrap=()):
+def _plain_table(id_, rows, columns, height=None, widths=None, wrap=(), sort_by=None):
     """A table of `rows` (dicts) with `columns` = [(field, header)] as a Mantine table: each cell
     has the class `col-<field>`; with `height`, a longer table scrolls inside it (sticky header).
     A click on a header sorts by its column (again: the other way), in the browser
     (:data:`SORT_JS`, from the rows kept in a store beside the table): no server round trip,
     and no AG Grid, whose 0.9 MB chunk the first page does not load (it cost the overview's first
-    paint 0.2-0.6 s). `widths`: field -> header width; `wrap`: fields whose long values break.
-    Column ids and order: the header buttons' ids {"type": "sort-th", "table": id_, "col": field}."""
-    widths = widths or {}
+    paint 0.2-0.6 s, and each grid's start 0.1-0.3 s on the page that shows it). `widths`: field
+    -> header width; `wrap`: fields whose long values break; `sort_by`: field -> the field whose
+    values sort it (a size label by its bytes). Column ids and order: the header buttons' ids
+    {"type": "sort-th", "table": id_, "col": field}; each cell has the class `col-<field>` (other
+    characters than letters, digits and _ as _)."""
+    widths, sort_by = widths or {}, sort_by or {}
     fields = [f for f, _ in columns]
+    cls = ["col-" + re.sub(r"\W", "_", f) for f in fields]
     text = [[OV.cell_text(r.get(f)) for f in fields] for r in rows]
-    store = {"cols": fields, "heads": [h for _, h in columns], "wrap": [f in wrap for f in fields],
-             "rows": [[_sort_key(r.get(f)) for f in fields] for r in rows], "text": text, "sort": None}
+    store = {"cols": fields, "heads": [h for _, h in columns], "wrap": [f in wrap for f in fields], "cls": cls,
+             "rows": [[_sort_key(r.get(sort_by.get(f, f))) for f in fields] for r in rows], "text": text, "sort": None}
     head = dmc.TableThead(dmc.TableTr([
         dmc.TableTh(html.Button(h, id={"type": "sort-th", "table": id_, "col": f}, n_clicks=0, className="sort-button",
-                                title=f"sort by {h}"), className=f"col-{f}", **({"w": widths[f]} if f in widths else {}))
-        for f, h in columns]))
+                                title=f"sort by {h}"), className=c, **({"w": widths[f]} if f in widths else {}))
+        for (f, h), c in zip(columns, cls)]))
     body = dmc.TableTbody(id={"type": "sort-body", "table": id_}, children=[
-        dmc.TableTr([dmc.TableTd(t, className=f"col-{f}", **({"style": WRAP_STYLE} if f in wrap else {}))
-                     for f, t in zip(fields, cells)]) for cells in text])
+        dmc.TableTr([dmc.TableTd(t, className=c, **({"style": WRAP_STYLE} if f in wrap else {}))
+                     for f, c, t in zip(fields, cls, cells)]) for cells in text])
     table = dmc.Table(id=id_, striped=True, highlightOnHover=True, withTableBorder=True, stickyHeader=True,
                       className="sortable-table", children=[head, body])
     kids = [table, dcc.Store(id={"type": "sort-rows", "table": id_}, data=store)]
@@ -311,7 +319,7 @@ function(clicks, state) {
     });
     const ns = 'dash_mantine_components';
     const body = order.map(i => ({namespace: ns, type: 'TableTr', props: {children: state.cols.map((f, c) => ({
-        namespace: ns, type: 'TableTd', props: Object.assign({children: state.text[i][c], className: 'col-' + f},
+        namespace: ns, type: 'TableTd', props: Object.assign({children: state.text[i][c], className: state.cls[c]},
                                                              state.wrap[c] ? {style: {wordBreak: 'break-word'}} : {})}))}}));
     const heads = ctx.outputs_list[2].map(o => {
         const c = state.cols.indexOf(o.id.col);
@@ -364,9 +372,10 @@ def facts_children(d: RunData):
     op_rows = [{"op": o["op_values"][k], "calls": int(n)} for k, n in enumerate(counts) if n]
     out = [dmc.Title("Job", order=4), _facts_table("facts-job", job_rows),
            dmc.Title("Ranks: hosts, versions, clock offsets, dropped rows", order=4, mt="sm"),
-           _grid("facts-ranks", rank_rows, [(k, k) for k in rank_rows[0]] if rank_rows else [("rank", "rank")])]
+           _plain_table("facts-ranks", rank_rows, [(k, k) for k in rank_rows[0]] if rank_rows else [("rank", "rank")], height=520)]
     out += [dmc.Title("NCCL / NVML / GPU facts", order=4, mt="sm"),
-            _grid("facts-device", extra_rows, [("rank", "rank"), ("fact", "fact"), ("value", "value", {"flex": 3})])
+            _plain_table("facts-device", extra_rows, [("rank", "rank"), ("fact", "fact"), ("value", "value")], height=520,
+                         wrap=("value",))
             if extra_rows else _empty("None recorded: a CPU (gloo) run has no NCCL or NVML facts.")]
     out += [dmc.Title("Clock alignment", order=4, mt="sm"), _facts_table("facts-clock", clock_rows),
             dmc.Title("Ops by op", order=4, mt="sm"),
@@ -407,11 +416,11 @@ def _lazy_content(d: RunData, tab: str):
             return [_empty("No matched collectives: bandwidth is measured on collectives (all_reduce, ...).", "bw-empty")]
         return [_graph("busbw", F.bandwidth_figure(d)),
                 dmc.Title("nccl-tests style table (per pg, op and size)", order=4),
-                _grid("bw-table", rows, [("pg", "pg"), ("op", "op"), ("size", "size"), ("count", "count"),
-                                         ("time_us", "time (us)"), ("algbw_gbps", "algbw (GB/s)"),
-                                         ("busbw_gbps", "busbw (GB/s)"), ("busbw_min", "busbw min"),
-                                         ("busbw_max", "busbw max"), ("busbw_std", "busbw std"),
-                                         ("incomplete", "incomplete")])]
+                _plain_table("bw-table", rows, [("pg", "pg"), ("op", "op"), ("size", "size"), ("count", "count"),
+                                                ("time_us", "time (us)"), ("algbw_gbps", "algbw (GB/s)"),
+                                                ("busbw_gbps", "busbw (GB/s)"), ("busbw_min", "busbw min"),
+                                                ("busbw_max", "busbw max"), ("busbw_std", "busbw std"),
+                                                ("incomplete", "incomplete")], height=520, sort_by={"size": "size_bytes"})]
     return facts_children(d)
 
 
@@ -674,7 +683,8 @@ def create_app(d: RunData, other: RunData | None = None, live: bool | None = Non
             sf, hf = F.steps_figure(ov), F.health_figure(ov)
             from .prerender import overview_html
             prerendered[key] = overview_html(ov, d, pages, dark, SEVERITY_MANTINE, sf.layout.height if sf is not None else None,
-                                             hf.layout.height, hf.layout.margin.b, _partial_texts(d))
+                                             hf.layout.height, hf.layout.margin.b, _partial_texts(d),
+                                             preload=[app.get_relative_path(f"/_dash-component-suites/{c}") for c in PRELOAD_CHUNKS])
         return prerendered[key]
 
     app._commtrace_prerender = prerender

@@ -621,7 +621,7 @@ def bandwidth_rows(d: RunData) -> list[dict]:
     """nccl-tests style table from collectives_summary()."""
     s = d.summary.to_pylist()
     f = lambda v, n=3: None if v is None else round(float(v), n)  # noqa: E731
-    return [{"pg": r["pg"], "op": r["op"], "size": r["size_label"], "count": r["count"],
+    return [{"pg": r["pg"], "op": r["op"], "size": r["size_label"], "size_bytes": r["size_bucket"], "count": r["count"],
              # t_comm_s is already the mean over the bucket's collectives (collectives_summary)
              "time_us": f(r["t_comm_s"] * 1e6 if r["t_comm_s"] is not None else None, 1),
              "algbw_gbps": f(r["algbw_gbps"]), "busbw_gbps": f(r["busbw_gbps"]),

@@ -42,8 +42,19 @@ SWAP_JS = """
     if (!ready()) { return; }
     obs.disconnect();
     requestAnimationFrame(function () {
+      var later = (pre.getAttribute('data-preload') || '').split(' ').filter(Boolean);
       pre.remove();
       performance.mark('commtrace:interactive');
+      // the lazy chunks of the other pages (AG Grid's), evaluated when the page is idle rather
+      // than on the first click that needs them; webpack then finds them installed
+      (window.requestIdleCallback || setTimeout)(function () {
+        later.forEach(function (src) {
+          if (document.querySelector('script[src$="' + src.split('/').pop() + '"]')) { return; }
+          var s = document.createElement('script');
+          s.src = src;
+          document.head.appendChild(s);
+        });
+      }, {timeout: 3000});
     });
   });
   obs.observe(document.body, {childList: true, subtree: true});
@@ -111,9 +122,11 @@ def _health(ov: dict, height: int, bottom: int) -> str:
 
 
 def overview_html(ov: dict, d, pages, dark: bool, severity_color: dict, steps_height: int | None,
-                  health_height: int, health_bottom: int, banner: list[str] | None = None) -> str:
+                  health_height: int, health_bottom: int, banner: list[str] | None = None,
+                  preload: list[str] = ()) -> str:
     """The static page: header, tabs (Overview active) and the overview of `ov` for the RunData
-    `d`; `steps_height`: the per-step chart's height (None: the run has no per-step chart)."""
+    `d`; `steps_height`: the per-step chart's height (None: the run has no per-step chart);
+    `preload`: script URLs to load once the live page is shown and the browser idle."""
     h = ov["headline"]
     job = ov["job"]
     state_color = {"completed": "green", "running": "blue", "interrupted": "orange", "failed": "red"}.get(job.get("state"), "gray")
@@ -141,7 +154,8 @@ def overview_html(ov: dict, d, pages, dark: bool, severity_color: dict, steps_he
                        + "</tr>" for r in rows) + "</tbody></table>")
     cap = ' style="max-height:300px"' if len(rows) > 30 else ""
     table = f'<div class="ct-scroll"{cap}>{table}</div>'
-    return (f'<div id="ct-pre" class="ct-pre{" ct-dark" if dark else ""}" aria-busy="true">'
+    later = f' data-preload="{_e(" ".join(preload))}"' if preload else ""
+    return (f'<div id="ct-pre" class="ct-pre{" ct-dark" if dark else ""}" aria-busy="true"{later}>'
             f'<div class="ct-wrap">{head}{f"<div class=ct-banner>{ban}</div>" if ban else ""}<div class="ct-tabs">{tabs}</div>'
             f'<div class="ct-group ct-gap-sm">{_badge("job " + str(job["state"]), state_color, dark, "ct-badge ct-badge-lg", "pre-job-state")}'
             f'<span class="ct-sm ct-dim">{_e(OV.job_line(job))}</span></div>'

@@ -210,3 +210,19 @@ def test_inflight_snapshot_merge(tmp_path):
     # the pending time runs to the snapshot's t_ns
     assert nj[0].evidence["waited_ns"] == pytest.approx(10**9, rel=0.01)
     shutil.rmtree(d)
+
+
+def test_init_stall_names_the_same_rank_every_load(tmp_path):
+    """Every rank's first p2p op stalls exactly as long (a synthetic run): the finding names the
+    lowest of the tied ranks, the same on every load (DuckDB's parallel arg_max picked any)."""
+    from commtrace.analysis.synth import synth_run
+
+    synth_run(str(tmp_path / "r"), ranks=64, ops=400, init_stall_ns=50_000_000, seed=3)
+    seen = set()
+    for _ in range(4):
+        run = commtrace.load(str(tmp_path / "r"))
+        f = next(f for f in run.findings() if f.kind == "first_op_init_stall" and f.evidence["p2p"])
+        assert f.impact_ns == 50_000_000 and len(f.evidence["ranks"]) == 64
+        seen.add(f.rank)
+        run.close()
+    assert seen == {0}

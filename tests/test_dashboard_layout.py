@@ -33,7 +33,7 @@ PAGES = [("Overview", "#view-overview #ov-health .main-svg"),
          ("Stalls", "#stalls-heatmap .main-svg .xtick"),
          ("Findings", "#findings .ag-row"),
          ("Bandwidth", "#busbw .main-svg .xtick"),
-         ("Run", "#view-facts .ag-row"),
+         ("Run", "#facts-ranks tbody tr"),
          ("Compare", "#cmp-totals .ag-row")]
 
 #: The geometry checks of the visible page, in the browser: a list of problems (empty: none).

@@ -191,3 +191,18 @@ def test_dense_ids_group_equal_tuples():
         for j in range(0, 300, 7):
             assert (ids[i] == ids[j]) == (tuples[i] == tuples[j])
     assert M._dense_ids(cols, limit=10) is None
+
+
+def test_other_events_by_tables_equal_the_global_sort():
+    rng = np.random.default_rng(9)
+    n = 3000
+    rank = np.sort(rng.integers(0, 5, n))
+    step = rng.integers(-1, 6, n)
+    label = rng.choice([3, 4096 * 2 + 1, 4096 * 5], n)
+    wait = rng.random(n) < 0.4
+    gap = rng.integers(0, 50, n).astype(float) * 1000.0
+    first = rng.random(n) < 0.05
+    r = M._excess_other(rank, label, wait, gap, first, step)
+    assert r is not None
+    ref = M._excess_by_sort(rank, label, wait, gap, first, step, np.full(n, -1, np.int64))
+    assert np.array_equal(r[0], ref[0]) and np.array_equal(r[1], ref[1]) and r[1].any()

@@ -795,8 +795,9 @@ def first_op_init_stall(run) -> list[Finding]:
         f AS (SELECT f0.*, f0.block - coalesce(wt.wait_ns, 0) AS own, coalesce(b.med, 0) AS med
               FROM f0 LEFT JOIN base b ON b.rank = f0.rank AND b.pg = f0.pg AND b.chan = f0.chan
                       LEFT JOIN {w} wt ON wt.rank = f0.rank AND wt.ckey = f0.ckey)
-        SELECT pg, chan <> {CHAN_COLL} AS is_p2p, list(rank ORDER BY rank), max(own - med), arg_max(rank, own),
-               arg_max(op, own), arg_max(site, own), max(med), min(t_enqueue_ns), max(seq)
+        -- the rank that stalled most; among equal stalls the lowest (the same answer every run)
+        SELECT pg, chan <> {CHAN_COLL} AS is_p2p, list(rank ORDER BY rank), max(own - med), arg_max(rank, (own, -rank)),
+               arg_max(op, (own, -rank)), arg_max(site, (own, -rank)), max(med), min(t_enqueue_ns), max(seq)
         FROM f WHERE own - med >= {INIT_STALL_MIN_NS} AND own >= {INIT_STALL_RATIO} * med
         GROUP BY pg, is_p2p""").fetchall()
     out = []

@@ -721,11 +721,46 @@ def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, s
             hp[evm[ok]] = h_out[ok]
     other = np.flatnonzero(ev_coll < 0)
     if len(other):
-        e2, h2 = _excess_by_sort(ev_rank[other], ev_label[other], ev_is_wait[other], ev_gap[other], ev_first[other],
-                                 ev_step[other], np.full(len(other), -1, np.int64))
+        args = (ev_rank[other], ev_label[other], ev_is_wait[other], ev_gap[other], ev_first[other], ev_step[other])
+        r = _excess_other(*args)
+        e2, h2 = r if r is not None else _excess_by_sort(*args, np.full(len(other), -1, np.int64))
         ex[other] = e2
         hp[other] = h2
     return ex, hp
+
+
+def _excess_other(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step):
+    """_excess_by_sort for events that are not a collective's, with the groups numbered through
+    tables over the columns' ranges and one int64 argsort by (group, gap) (gaps are whole ns);
+    None when a range is too large for a table (the caller then sorts as _excess_by_sort)."""
+    n = len(ev_gap)
+    lab = _dense_ids([np.asarray(ev_label, np.int64)])
+    if lab is None:
+        return None
+    key = lab * 2 + ev_is_wait.astype(np.int64)
+    st = np.asarray(ev_step, np.int64)
+    # occurrence of key within (rank, step), in event order: rank-major ids are nearly sorted
+    g1 = _dense_ids([np.asarray(ev_rank, np.int64), st, key])
+    if g1 is None:
+        return None
+    o = np.argsort(g1, kind="stable")
+    s1 = g1[o]
+    newg = np.r_[True, s1[1:] != s1[:-1]]
+    occ = np.empty(n, np.int64)
+    occ[o] = np.arange(n) - np.flatnonzero(newg)[np.cumsum(newg) - 1]
+    del o, s1, newg, g1
+    gid = _dense_ids([key, st, occ])
+    if gid is None or int(gid.max()) >= (1 << 19):
+        return None
+    g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
+    ok = ~np.isnan(g)
+    if not _whole_ns(g[ok]) or (ok.any() and float(g[ok].max()) >= 2.0 ** 44 - 1):
+        return None
+    v = np.where(ok, g, 0.0).astype(np.int64)
+    v[~ok] = (1 << 44) - 1                      # NaN last in its group
+    k2 = (gid << 44) | v
+    o2 = np.argsort(k2)                         # equal keys are equal values: any order
+    return _median_sorted(o2, k2[o2] >> 44, g)
 
 
 def _median_others_rows(v: np.ndarray):
@@ -738,20 +773,22 @@ def _median_others_rows(v: np.ndarray):
     cnt = valid.sum(axis=1)
     # in sorted order, an element's own position is its column
     col = np.arange(n)[None, :]
-    m = (cnt - 1)[:, None]
-    rows = np.arange(k)[:, None]
+    m = cnt - 1
+    rows = np.arange(k)
 
     def at(j):
+        # the others' j-th value (j is one per row): the row's j-th, or its (j+1)-th for the
+        # elements at or before column j (their own value comes first)
         j = np.clip(j, 0, None)
-        j = j + (j >= col)
-        np.clip(j, 0, n - 1, out=j)
-        return gs[rows, j]
+        a = gs[rows, np.minimum(j, n - 1)][:, None]
+        b = gs[rows, np.minimum(j + 1, n - 1)][:, None]
+        return np.where(j[:, None] >= col, b, a)
 
-    half = np.broadcast_to(m // 2, (k, n))
-    odd = np.broadcast_to(m % 2 == 1, (k, n))
+    half = m // 2
+    odd = (m % 2 == 1)[:, None]
     med = at(half)
     med = np.where(odd, med, 0.5 * (at(half - 1) + med))
-    has_peers = valid & (m >= 1)
+    has_peers = valid & (m >= 1)[:, None]
     ex_sorted = np.where(has_peers, np.maximum(0.0, gs - med), 0.0)
     ex = np.empty((k, n))
     hp = np.empty((k, n), bool)
@@ -798,6 +835,13 @@ def _excess_by_sort(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev
     o2 = np.argsort(grank)
     gsort = grank[o2] // E
     del grank
+    return _median_sorted(o2, gsort, g)
+
+
+def _median_sorted(o2: np.ndarray, gsort: np.ndarray, g: np.ndarray):
+    """_excess's arithmetic on values `g` ordered by `o2` (by group, then value, NaN last in
+    its group), `gsort` the group of each in that order."""
+    E = len(g)
     newp = np.r_[True, gsort[1:] != gsort[:-1]]
     del gsort
     pid = np.cumsum(newp) - 1
