@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -73,9 +74,12 @@ def test_chunked_on_disk_load_gives_the_same_report(synth_dir, monkeypatch, spli
     assert_same(got, ref)
     # the run lived in a private temporary directory, removed on close
     assert seen["existed"] and not os.path.exists(seen["tmp"])
-    # where the tables were: the op table in the file; the derived ones in memory when split
+    # where the tables were: the op table (and a step subset of it) in the file; the derived
+    # ones in memory when split
     assert seen["where"]["t"] == (L.STORE if split else "run")
     assert seen["where"]["t_waits"] == ("memory" if split else "run")
+    subs = [name for name in seen["where"] if re.fullmatch(r"t_sub_[0-9]+_[0-9]+", name)]
+    assert subs and all(seen["where"][name] == (L.STORE if split else "run") for name in subs), seen["where"]
 
 
 def test_rank_chunks_cover_every_rank_once():

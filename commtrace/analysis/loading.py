@@ -179,6 +179,17 @@ def publish(con) -> None:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {STORE}.main.{name}")
 
 
+def create_op_table(con, name: str, select: str) -> None:
+    """Table `name` of op rows (`select`), next to ``t``: in the database file of a split
+    connection (a view of it in memory), so that a step subset of a large run does not take
+    the memory the file saves; else in the current database."""
+    if _split(con):
+        con.execute(f"CREATE OR REPLACE TABLE {STORE}.main.{name} AS {select}")
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {STORE}.main.{name}")
+    else:
+        con.execute(f"CREATE OR REPLACE TABLE {name} AS {select}")
+
+
 def load_table(con, rf: R.RunFiles, path: str, progress=None) -> list:
     """Create ``offsets`` and the aligned table ``t0`` (see the module doc); returns the group
     names in load order (a collective key's group is its index there)."""

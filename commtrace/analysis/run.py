@@ -198,7 +198,8 @@ class Run:
         if not conds:
             return self
         name = f"t_sub_{len(self._cache)}_{abs(hash(steps)) % 10**8}"
-        self.sql(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM {self._t} WHERE " + " AND ".join(conds))
+        with self._lock:
+            L.create_op_table(self._con, name, f"SELECT * FROM {self._t} WHERE " + " AND ".join(conds))
         sub = Run(self._con, self._files, _table=name, _parent=self)
         sub._base = self  # the connection lives as long as its owner
         rng = sub.sql(f"SELECT min(t_enqueue_ns), max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)), "
