@@ -36,8 +36,8 @@ def test_steps_benchmark_small_run(tmp_path):
         assert r["writer_cpu_us_per_op"] > 0 and r["writer"] == "sync"
         assert "load average" in r["uptime_start"] and r["load_start"] and r["load_end"]
         # both ranks' writer threads run at commtrace run's default priority (relative to the
-        # rank's own: pytest may run under `nice`)
-        assert r["writer_nice_added"] == [Config().writer_nice] * 2
+        # rank's own: pytest may run under `nice`, and a nice value stops at 19)
+        assert r["writer_nice_added"] == [min(Config().writer_nice, 19 - os.nice(0))] * 2
     # every op of the traced rounds is in the trace: 8 async all_reduces per step per rank;
     # the pipeline's 4 micro-batches: 4 sends + 4 recvs on rank 0, 4 recvs + 4 isends on rank 1
     assert res["async_loop"]["ops_per_step_per_rank"] == 8
