@@ -119,6 +119,10 @@ body = None
 for _ in range(240):
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/_dash-layout", timeout=5).read()
+        # the first page carries the overview as static HTML (dashboard/prerender.py), styled by
+        # the package's own stylesheet: both must come from the installed wheel
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30).read().decode()
+        css = urllib.request.urlopen(f"http://127.0.0.1:{port}/assets/commtrace.css", timeout=30).read().decode()
         break
     except OSError:
         if p.poll() is not None:
@@ -131,6 +135,8 @@ except subprocess.TimeoutExpired:
     p.kill(); out, err = p.communicate()
 print(out, err, sep="\n")
 assert body, "the dashboard never answered"
+assert 'id="ct-pre"' in page and "straggler" in page, "the first page has no static overview naming the straggler"
+assert "commtrace.css" in page and ".ct-pre" in css, "the dashboard's stylesheet is not served from the wheel"
 assert f"serving on http://127.0.0.1:{port}/, Ctrl-C to stop" in out, "no 'serving on' line"
 for noise in ("Traceback", "GET /", "Serving Flask app", "development server"):
     assert noise not in out + err, f"dashboard printed {noise!r}"

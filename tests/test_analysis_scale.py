@@ -165,3 +165,14 @@ def test_traced_run_same_report_in_memory_and_on_disk(tmp_path_factory, monkeypa
             for st in (r.get("rank_states") or {}).values():
                 st.pop("snapshot_age_s", None)
         assert_same(got, ref)
+
+
+def test_memory_limit_sizes_in_bytes():
+    """The memory limit as DuckDB reads it (KB/MB/GB powers of 1000, KiB/MiB/GiB of 1024): it
+    decides whether a large run's derived tables fit in memory."""
+    from commtrace.analysis.loading import size_bytes
+
+    assert size_bytes("4GB") == 4_000_000_000 and size_bytes("3.5 GB") == 3_500_000_000
+    assert size_bytes("512MiB") == 512 << 20 and size_bytes("1TiB") == 1 << 40
+    assert size_bytes("2kb") == 2000 and size_bytes("100") == 100
+    assert size_bytes("a lot") is None and size_bytes("") is None

@@ -64,8 +64,9 @@ def size_bytes(size: str) -> int | None:
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?)b?\s*", str(size).lower())
     if not m:
         return None
-    base = 1024 if m.group(3) else 1000
-    return int(float(m.group(1)) * base ** "kmgt".find(m.group(2)) * base) if m.group(2) else int(float(m.group(1)))
+    num, unit, binary = m.groups()
+    power = "_kmgt".index(unit) if unit else 0
+    return int(float(num) * (1024 if binary else 1000) ** power)
 
 
 def connect(rows: int, *, threads: int | None = None, memory_limit: str | None = None,
