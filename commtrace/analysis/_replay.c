@@ -1,4 +1,6 @@
-/* The replay of commtrace.analysis.replay as a discrete-event loop in C (optional: the numpy
+/* The C helpers of root cause and what-if (commtrace/analysis: replay.py and model.py); optional,
+ * as numpy does the same without them. First the replay of commtrace.analysis.replay as a
+ * discrete-event loop (the numpy
  * path in replay.py does the same, in batches, when this extension is not built).
  *
  * replay(rank_lo, rank_hi, gap, dur, rho, anchor, ev_slot, call_slot,
@@ -496,7 +498,313 @@ done:
     return res;
 }
 
+/* ------------------------------------------------------------------ host model (model.py)
+ * Linear passes of model._build, each equal to the numpy code it replaces (which stays as the
+ * fallback and the reference of tests/test_rootcause_fast.py). They return None where their
+ * shortcut does not hold (an order the numpy code sorts for), and the caller then runs numpy. */
+
+static inline int64_t wrap_sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
+static inline int64_t wrap_key(int64_t r, int64_t t) { return (int64_t)(((uint64_t)r << 44) + (uint64_t)t); }
+
+typedef struct { int64_t k; int64_t i; } KI;
+
+static void merge_sort_ki(KI *a, KI *tmp, Py_ssize_t n) {  /* stable, by k */
+    for (Py_ssize_t w = 1; w < n; w *= 2) {
+        for (Py_ssize_t lo = 0; lo < n; lo += 2 * w) {
+            Py_ssize_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            Py_ssize_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) tmp[k++] = a[j].k < a[i].k ? a[j++] : a[i++];
+            while (i < mid) tmp[k++] = a[i++];
+            while (j < hi) tmp[k++] = a[j++];
+        }
+        memcpy(a, tmp, sizeof(KI) * n);
+    }
+}
+
+#define NEWBYTES(o, nbytes) do { o = PyBytes_FromStringAndSize(NULL, (nbytes)); if (!o) goto done; } while (0)
+
+/* merge_events(rank, t_enq, t_ret, t_w, t_we, base, NUL) -> None or
+ *   (ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev) as bytes
+ * model._build's "events": calls (t_enq..t_ret) and waits (t_w..t_we) of the rows, merged by
+ * the int64 key rank << 44 | ns since base (wrapping as numpy's int64 does), a wait after every
+ * call of a key <= its own, waits in stable order of their keys. None when the calls' keys are
+ * not in row order (numpy sorts them then). */
+static PyObject *merge_events(PyObject *self, PyObject *args) {
+    PyObject *o[5];
+    long long base_ll, nul_ll;
+    if (!PyArg_ParseTuple(args, "OOOOOLL", &o[0], &o[1], &o[2], &o[3], &o[4], &base_ll, &nul_ll)) return NULL;
+    Py_buffer b[5];
+    int nb = 0;
+    PyObject *res = NULL, *orow = NULL, *oisw = NULL, *ost = NULL, *orel = NULL, *ork = NULL, *ocev = NULL;
+    KI *w = NULL, *tmp = NULL;
+    for (; nb < 5; nb++) if (get(o[nb], &b[nb], 8, "merge_events") < 0) goto done;
+    Py_ssize_t n = b[0].len / 8;
+    for (int i = 1; i < 5; i++) if (b[i].len / 8 != n) { PyErr_SetString(PyExc_ValueError, "merge_events: sizes"); goto done; }
+    const int64_t *rank = b[0].buf, *tq = b[1].buf, *tr = b[2].buf, *tw = b[3].buf, *twe = b[4].buf;
+    const int64_t base = base_ll, NUL = nul_ll;
+    Py_ssize_t nc = 0, nw = 0;
+    int sorted = 1;
+    int64_t lastk = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (tq[i] != NUL && tr[i] != NUL) {
+            int64_t k = wrap_key(rank[i], wrap_sub(tq[i], base));
+            if (nc && k < lastk) sorted = 0;
+            lastk = k;
+            nc++;
+        }
+        if (tw[i] != NUL && twe[i] != NUL) nw++;
+    }
+    if (!sorted) { res = Py_None; Py_INCREF(res); goto done; }
+    w = malloc(sizeof(KI) * (nw + 1));
+    tmp = malloc(sizeof(KI) * (nw + 1));
+    if (!w || !tmp) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t E = nc + nw;
+    NEWBYTES(orow, E * 8); NEWBYTES(oisw, E); NEWBYTES(ost, E * 8); NEWBYTES(orel, E * 8); NEWBYTES(ork, E * 8);
+    NEWBYTES(ocev, n * 8);
+    int64_t *ev_row = (int64_t *)PyBytes_AS_STRING(orow), *ev_rank = (int64_t *)PyBytes_AS_STRING(ork);
+    int64_t *call_ev = (int64_t *)PyBytes_AS_STRING(ocev);
+    uint8_t *isw = (uint8_t *)PyBytes_AS_STRING(oisw);
+    double *st = (double *)PyBytes_AS_STRING(ost), *rl = (double *)PyBytes_AS_STRING(orel);
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t j = 0;
+    int wsorted = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        call_ev[i] = -1;
+        if (tw[i] != NUL && twe[i] != NUL) {
+            w[j].k = wrap_key(rank[i], wrap_sub(tw[i], base));
+            w[j].i = i;
+            if (j && w[j].k < w[j - 1].k) wsorted = 0;
+            j++;
+        }
+    }
+    if (!wsorted) merge_sort_ki(w, tmp, nw);
+    Py_ssize_t ci = 0, wi = 0, e = 0;
+    while (ci < n || wi < nw) {
+        while (ci < n && !(tq[ci] != NUL && tr[ci] != NUL)) ci++;
+        int take_call;
+        if (ci < n && wi < nw) take_call = wrap_key(rank[ci], wrap_sub(tq[ci], base)) <= w[wi].k;
+        else if (ci < n) take_call = 1;
+        else if (wi < nw) take_call = 0;
+        else break;
+        if (take_call) {
+            ev_row[e] = ci; isw[e] = 0; ev_rank[e] = rank[ci];
+            st[e] = (double)wrap_sub(tq[ci], base); rl[e] = (double)wrap_sub(tr[ci], base);
+            call_ev[ci] = e;
+            ci++;
+        } else {
+            int64_t r = w[wi].i;
+            ev_row[e] = r; isw[e] = 1; ev_rank[e] = rank[r];
+            st[e] = (double)wrap_sub(tw[r], base); rl[e] = (double)wrap_sub(twe[r], base);
+            wi++;
+        }
+        e++;
+    }
+    Py_END_ALLOW_THREADS
+    res = PyTuple_Pack(6, orow, oisw, ost, orel, ork, ocev);
+done:
+    free(w); free(tmp);
+    Py_XDECREF(orow); Py_XDECREF(oisw); Py_XDECREF(ost); Py_XDECREF(orel); Py_XDECREF(ork); Py_XDECREF(ocev);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
+/* anchors(ev_row, ev_start, ev_rel, ev_first, sl_of_row, sl_leave, sl_enter, sl_comm, last_enter)
+ *   -> (ev_slot, ev_anchor, ev_rho, ev_dur, ev_gap, sl_block, sl_wait) as bytes
+ * model._build's "anchors" in one pass over the events and one over the slots; min, max and
+ * comparisons as numpy's minimum/maximum compute them. */
+static inline double np_max(double a, double b) { return (a >= b || isnan(a)) ? a : b; }
+static inline double np_min(double a, double b) { return (a <= b || isnan(a)) ? a : b; }
+
+static PyObject *anchors(PyObject *self, PyObject *args) {
+    PyObject *o[9];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8])) return NULL;
+    static const Py_ssize_t sz[9] = {8, 8, 8, 1, 8, 8, 8, 8, 8};
+    Py_buffer b[9];
+    int nb = 0;
+    PyObject *res = NULL, *oslot = NULL, *oanc = NULL, *orho = NULL, *odur = NULL, *ogap = NULL, *oblk = NULL, *owt = NULL;
+    for (; nb < 9; nb++) if (get(o[nb], &b[nb], sz[nb], "anchors") < 0) goto done;
+    const int64_t *ev_row = b[0].buf, *sl_of_row = b[4].buf, *sl_comm = b[7].buf;
+    const double *ev_start = b[1].buf, *ev_rel = b[2].buf, *sl_leave = b[5].buf, *sl_enter = b[6].buf, *last = b[8].buf;
+    const uint8_t *first = b[3].buf;
+    Py_ssize_t E = b[0].len / 8, n = b[4].len / 8, NS = b[5].len / 8, C = b[8].len / 8;
+    if (b[1].len / 8 != E || b[2].len / 8 != E || b[3].len != E || b[6].len / 8 != NS || b[7].len / 8 != NS) {
+        PyErr_SetString(PyExc_ValueError, "anchors: sizes");
+        goto done;
+    }
+    NEWBYTES(oslot, E * 8); NEWBYTES(oanc, E); NEWBYTES(orho, E * 8); NEWBYTES(odur, E * 8); NEWBYTES(ogap, E * 8);
+    NEWBYTES(oblk, NS * 8); NEWBYTES(owt, NS * 8);
+    int64_t *ev_slot = (int64_t *)PyBytes_AS_STRING(oslot);
+    uint8_t *anc = (uint8_t *)PyBytes_AS_STRING(oanc);
+    double *rho = (double *)PyBytes_AS_STRING(orho), *dur = (double *)PyBytes_AS_STRING(odur);
+    double *gap = (double *)PyBytes_AS_STRING(ogap), *blk = (double *)PyBytes_AS_STRING(oblk);
+    double *wt = (double *)PyBytes_AS_STRING(owt);
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < NS; j++) blk[j] = INFINITY;
+    for (Py_ssize_t e = 0; e < E; e++) {
+        int64_t r = ev_row[e];
+        if (r < 0 || r >= n) { bad = 1; break; }
+        int64_t s = sl_of_row[r];
+        if (s >= NS) { bad = 1; break; }
+        ev_slot[e] = s;
+        double st = ev_start[e], rl = ev_rel[e];
+        int a = 0;
+        if (s >= 0) {
+            double L = sl_leave[s];
+            a = rl >= L;
+            if (a) {
+                rho[e] = rl - np_max(st, isnan(L) ? -INFINITY : L);
+                blk[s] = np_min(blk[s], st);
+            } else {
+                rho[e] = 0.0;
+            }
+        } else {
+            rho[e] = 0.0;
+        }
+        anc[e] = (uint8_t)a;
+        dur[e] = rl - st;
+        gap[e] = first[e] ? st : st - (e ? ev_rel[e - 1] : 0.0);
+    }
+    if (!bad) {
+        for (Py_ssize_t j = 0; j < NS; j++) {
+            if (isfinite(blk[j])) {
+                int64_t c = sl_comm[j];
+                if (c < 0 || c >= C) { bad = 1; break; }
+                wt[j] = np_max(0.0, np_min(last[c], sl_leave[j]) - blk[j]);
+            } else {
+                wt[j] = 0.0;
+                blk[j] = sl_enter[j];
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad) { PyErr_SetString(PyExc_ValueError, "anchors: index out of range"); goto done; }
+    res = PyTuple_Pack(7, oslot, oanc, orho, odur, ogap, oblk, owt);
+done:
+    Py_XDECREF(oslot); Py_XDECREF(oanc); Py_XDECREF(orho); Py_XDECREF(odur); Py_XDECREF(ogap); Py_XDECREF(oblk);
+    Py_XDECREF(owt);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
+/* slot_prev(group, enter, G) -> None or sl_prev (bytes, int64)
+ * Per slot with group g in 0..G-1 (-1: none), the previous slot of its group in (enter, slot)
+ * order; -1 for the first. None when some group's slots are not in enter order already (numpy
+ * sorts them then). */
+static PyObject *slot_prev(PyObject *self, PyObject *args) {
+    PyObject *og, *oe;
+    Py_ssize_t G;
+    if (!PyArg_ParseTuple(args, "OOn", &og, &oe, &G)) return NULL;
+    Py_buffer bg, be;
+    if (get(og, &bg, 8, "group") < 0) return NULL;
+    if (get(oe, &be, 8, "enter") < 0) { PyBuffer_Release(&bg); return NULL; }
+    PyObject *res = NULL, *out = NULL;
+    int64_t *last = NULL;
+    Py_ssize_t n = bg.len / 8;
+    if (be.len / 8 != n || G < 0) { PyErr_SetString(PyExc_ValueError, "slot_prev: sizes"); goto done; }
+    const int64_t *g = bg.buf;
+    const double *en = be.buf;
+    last = malloc(sizeof(int64_t) * (G + 1));
+    NEWBYTES(out, n * 8);
+    if (!last) { PyErr_NoMemory(); goto done; }
+    int64_t *prev = (int64_t *)PyBytes_AS_STRING(out);
+    int ok = 1;
+    for (Py_ssize_t k = 0; k < G; k++) last[k] = -1;
+    for (Py_ssize_t j = 0; j < n && ok; j++) {
+        int64_t k = g[j];
+        prev[j] = -1;
+        if (k < 0) continue;
+        if (k >= G) { ok = -1; break; }
+        int64_t p = last[k];
+        if (p >= 0 && !(en[j] >= en[p])) { ok = 0; break; }
+        prev[j] = p;
+        last[k] = j;
+    }
+    if (ok < 0) { PyErr_SetString(PyExc_ValueError, "slot_prev: group out of range"); goto done; }
+    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    res = out; Py_INCREF(res);
+done:
+    free(last);
+    Py_XDECREF(out);
+    PyBuffer_Release(&bg); PyBuffer_Release(&be);
+    return res;
+}
+
+/* sync_points(a_group, a_rel, s_group, s_enter, G) -> None or (found uint8, value float64) bytes
+ * For each slot j: among the anchors of its group, the last in (floor(rel), anchor order) with
+ * floor(rel) <= floor(s_enter[j]): model._build's searchsorted over the int64 keys
+ * group << 44 | floor(ns), which order as (group, floor) when every floor is in [0, 2^44) and
+ * every group in [0, 2^19) (else None). Anchors are bucketed by group in their order; None too
+ * when a bucket is not in floor order already. */
+static PyObject *sync_points(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    Py_ssize_t G;
+    if (!PyArg_ParseTuple(args, "OOOOn", &o[0], &o[1], &o[2], &o[3], &G)) return NULL;
+    Py_buffer b[4];
+    int nb = 0;
+    PyObject *res = NULL, *ofound = NULL, *oval = NULL;
+    int64_t *cnt = NULL, *pos = NULL;
+    double *fl = NULL;
+    for (; nb < 4; nb++) if (get(o[nb], &b[nb], 8, "sync_points") < 0) goto done;
+    const int64_t *ag = b[0].buf, *sg = b[2].buf;
+    const double *arel = b[1].buf, *sen = b[3].buf;
+    Py_ssize_t A = b[0].len / 8, NS = b[2].len / 8;
+    if (b[1].len / 8 != A || b[3].len / 8 != NS || G < 0) { PyErr_SetString(PyExc_ValueError, "sync_points: sizes"); goto done; }
+    const double LIM = 17592186044416.0;  /* 2^44 */
+    int ok = G <= (1 << 19);
+    for (Py_ssize_t i = 0; i < A && ok; i++) {
+        double f = floor(arel[i]);
+        if (!(f >= 0.0 && f < LIM) || ag[i] < 0 || ag[i] >= G) ok = 0;
+    }
+    for (Py_ssize_t j = 0; j < NS && ok; j++) {
+        double f = floor(sen[j]);
+        if (!(f >= 0.0 && f < LIM) || sg[j] < 0 || sg[j] >= G) ok = 0;
+    }
+    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    cnt = calloc(G + 1, sizeof(int64_t));
+    pos = malloc(sizeof(int64_t) * (A + 1));
+    fl = malloc(sizeof(double) * (A + 1));
+    if (!cnt || !pos || !fl) { PyErr_NoMemory(); goto done; }
+    NEWBYTES(ofound, NS); NEWBYTES(oval, NS * 8);
+    uint8_t *found = (uint8_t *)PyBytes_AS_STRING(ofound);
+    double *val = (double *)PyBytes_AS_STRING(oval);
+    for (Py_ssize_t i = 0; i < A; i++) cnt[ag[i] + 1]++;
+    for (Py_ssize_t k = 0; k < G; k++) cnt[k + 1] += cnt[k];
+    {
+        int64_t *at = malloc(sizeof(int64_t) * (G + 1));
+        if (!at) { PyErr_NoMemory(); goto done; }
+        memcpy(at, cnt, sizeof(int64_t) * (G + 1));
+        for (Py_ssize_t i = 0; i < A; i++) { int64_t p = at[ag[i]]++; pos[p] = i; fl[p] = floor(arel[i]); }
+        free(at);
+    }
+    for (Py_ssize_t k = 0; k < G && ok; k++)
+        for (int64_t p = cnt[k] + 1; p < cnt[k + 1]; p++)
+            if (fl[p] < fl[p - 1]) { ok = 0; break; }
+    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    for (Py_ssize_t j = 0; j < NS; j++) {
+        int64_t k = sg[j];
+        double q = floor(sen[j]);
+        int64_t lo = cnt[k], hi = cnt[k + 1];     /* first p in [lo, hi) with fl[p] > q */
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (fl[mid] > q) hi = mid; else lo = mid + 1;
+        }
+        if (lo > cnt[k]) { found[j] = 1; val[j] = arel[pos[lo - 1]]; }
+        else { found[j] = 0; val[j] = NAN; }
+    }
+    res = PyTuple_Pack(2, ofound, oval);
+done:
+    free(cnt); free(pos); free(fl);
+    Py_XDECREF(ofound); Py_XDECREF(oval);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"merge_events", merge_events, METH_VARARGS, "Host events of the rows in order (model.py)."},
+    {"anchors", anchors, METH_VARARGS, "Anchors, residuals, gaps and wait states (model.py)."},
+    {"slot_prev", slot_prev, METH_VARARGS, "Previous slot of the same group (model.py)."},
+    {"sync_points", sync_points, METH_VARARGS, "Synchronisation points of slots (model.py)."},
     {"median_excess", median_excess, METH_VARARGS, "Excess over the median of the others in a group (model.py)."},
     {"replay", replay, METH_VARARGS, "Replay the host model (see commtrace/analysis/replay.py)."},
     {"replay_many", replay_many, METH_VARARGS, "Replay several scenarios in one pass (see replay.py)."},
