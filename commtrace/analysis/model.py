@@ -25,6 +25,7 @@ The model is built once per run from public tables (`Run.ops(columns=...)`,
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass, field
 
@@ -34,6 +35,13 @@ import pyarrow as pa
 from .. import ops as OPS
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+try:  # the C helpers (commtrace/analysis/_replay.c); numpy does the same without them
+    if os.environ.get("COMMTRACE_PURE_PYTHON"):
+        raise ImportError
+    from . import _replay as _C
+except ImportError:
+    _C = None
 
 ROW_COLUMNS = ["rank", "op_id", "op", "pg", "seq", "peer", "async_op", "bytes", "pg_size", "t_enqueue_ns",
                "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_ns", "step", "site"]
@@ -700,6 +708,10 @@ def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, s
     without it (the reference), every event by the global sort. Equal results."""
     if slots is None or not len(ev_gap):
         return _excess_by_sort(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
+    if _C is not None:
+        r = _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
+        if r is not None:
+            return r
     sl_call, ev_slot, cm_lo, cm_hi, comm_ok = slots
     E = len(ev_gap)
     ex = np.zeros(E)
@@ -727,6 +739,48 @@ def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, s
         ex[other] = e2
         hp[other] = h2
     return ex, hp
+
+
+def _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll):
+    """_excess by `_replay.median_excess`: one group id per event (a collective's calls, its
+    wait()s, and the other events' (key, step, occurrence) groups of _excess_other), and the
+    medians per group in C. None when the other events' groups do not fit _dense_ids' tables."""
+    wi = ev_is_wait.astype(np.int64)
+    gid = np.where(ev_coll >= 0, ev_coll * 2 + wi, -1)
+    ncoll = int(ev_coll.max()) * 2 + 2 if len(ev_coll) else 0
+    other = np.flatnonzero(ev_coll < 0)
+    if len(other):
+        g_o = _other_groups(ev_rank[other], ev_label[other], wi[other], ev_step[other])
+        if g_o is None:
+            return None
+        gid[other] = ncoll + g_o
+        ng = ncoll + (int(g_o.max()) + 1 if len(g_o) else 0)
+    else:
+        ng = ncoll
+    g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
+    ex, hp = _C.median_excess(np.ascontiguousarray(g, np.float64), gid, ng)
+    return np.frombuffer(ex, np.float64).copy(), np.frombuffer(hp, np.bool_).copy()
+
+
+def _other_groups(ev_rank, ev_label, wi, ev_step):
+    """Dense ids of _excess_other's groups (same key, step and occurrence within the rank's
+    step), or None when a range is too large for _dense_ids' tables."""
+    n = len(ev_rank)
+    lab = _dense_ids([np.asarray(ev_label, np.int64)])
+    if lab is None:
+        return None
+    key = lab * 2 + wi
+    st = np.asarray(ev_step, np.int64)
+    g1 = _dense_ids([np.asarray(ev_rank, np.int64), st, key])
+    if g1 is None:
+        return None
+    o = np.argsort(g1, kind="stable")
+    s1 = g1[o]
+    newg = np.r_[True, s1[1:] != s1[:-1]]
+    occ = np.empty(n, np.int64)
+    occ[o] = np.arange(n) - np.flatnonzero(newg)[np.cumsum(newg) - 1]
+    del o, s1, newg, g1
+    return _dense_ids([key, st, occ])
 
 
 def _excess_other(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step):
