@@ -26,6 +26,7 @@ The model is built once per run from public tables (`Run.ops(columns=...)`,
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -118,10 +119,10 @@ class Model:
 
 def _col(t: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
     a = t.column(name)
-    if fill is not None:
+    if fill is not None and a.null_count:
         a = a.fill_null(fill)
     v = a.to_numpy(zero_copy_only=False)
-    return v.astype(dtype) if dtype is not None else v
+    return v.astype(dtype, copy=False) if dtype is not None else v
 
 
 class _Labels:
@@ -177,7 +178,9 @@ class _Rows:
 
     def col(self, name: str, fill=None, dtype=None) -> np.ndarray:
         v = _col(self.t, name, fill=fill, dtype=dtype)
-        return v if self.perm is None else v[self.perm]
+        if self.perm is not None:
+            return v[self.perm]
+        return v if v.flags.writeable else v.copy()     # (a zero-copy view of Arrow's buffer)
 
     def release(self) -> None:
         """Drop the numeric columns (the labels keep the strings)."""
@@ -215,10 +218,43 @@ def _codes(t: pa.Table, name: str) -> np.ndarray:
     return d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
+_MALLOC_TUNED = False
+
+
+def _retain_freed_memory() -> None:
+    """Let glibc's malloc keep the memory numpy frees for the next arrays, once per process.
+
+    The model and its analyses allocate and free arrays of millions of elements, stage after
+    stage. By default glibc serves such arrays with mmap and returns them to the system when
+    freed (and trims the heap's top beyond 128 kB to 64 MB), so the next array of that size is
+    faulted in again page by page, and page faults are what this analysis spends most of its
+    system time on (64 x 20,000 ops: about 110,000 faults, 1 to 2 s of system CPU, as much as
+    the arithmetic; docs/performance.md). Raising the mmap and trim thresholds makes freed
+    arrays reusable: the process keeps up to 1 GB it has freed instead of giving it back, which
+    its peak has already held. Not in a training process (capture never imports this), and
+    `COMMTRACE_MALLOC_TUNE=0` leaves malloc alone."""
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED = True
+    if os.environ.get("COMMTRACE_MALLOC_TUNE", "1") == "0" or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, ...)
+        return
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    mallopt(M_MMAP_THRESHOLD, 512 << 20)
+    mallopt(M_TRIM_THRESHOLD, 1 << 30)
+
+
 def build_model(run) -> Model:
     """The host model of `run` (cached per run object)."""
     m = _CACHE.get(run)
     if m is None:
+        _retain_freed_memory()
         m = _build(run)
         _CACHE[run] = m
     return m
@@ -227,7 +263,7 @@ def build_model(run) -> Model:
 def _build(run) -> Model:
     import os as _os
     import time as _time
-    _T = [_time.process_time()]
+    _T = [_time.process_time(), 0]
 
     def tick(name):
         if _os.environ.get("COMMTRACE_MODEL_TIMING"):
@@ -238,8 +274,10 @@ def _build(run) -> Model:
                 cur, peak = tracemalloc.get_traced_memory()
                 mem = f" current {cur / 1e6:.0f} MB peak {peak / 1e6:.0f} MB"
                 tracemalloc.reset_peak()
-            print(f"model {name}: {t - _T[0]:.3f} s{mem}")
-            _T[0] = t
+            import resource
+            flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            print(f"model {name}: {t - _T[0]:.3f} s{mem} (+{flt - _T[1]} page faults)")
+            _T[0], _T[1] = t, flt
     ops_t = run.table("ops")
     coll_t = run.table("collectives")
     rows = _Rows(run.arrow(f"""SELECT {', '.join(ROW_COLUMNS)}, rid AS orid, ckey FROM {ops_t}
@@ -295,6 +333,7 @@ def _build(run) -> Model:
     del rck, kpos, cidx, pidx, kc
     tick("slots")
     _implicit_waits(_implicit_wait_rows(run, rows), rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL)
+    rows.release()          # the numeric columns are all read: only the labels' strings stay
     have = np.concatenate([t_enq[t_enq != NUL], t_we[t_we != NUL]])
     base = int(have.min()) if len(have) else 0
 
