@@ -70,8 +70,22 @@ def test_chunked_on_disk_load_gives_the_same_report(synth_dir, monkeypatch, spli
         return real_close(con, tmp)
 
     monkeypatch.setattr(L, "close", close)
+    from commtrace.format import reader as R
+    real_parallel = R._create_parallel
+    writers = []
+
+    def parallel(con, table, queries, workers, progress=None):
+        writers.append((table, len(queries), workers))
+        return real_parallel(con, table, queries, workers, progress)
+
+    monkeypatch.setattr(R, "_create_parallel", parallel)
     got = _report(synth_dir, memory_limit="300MB")
     assert_same(got, ref)
+    # a split run's op table was written by two cursors at once, in chunks of ranks; a run
+    # kept all in the file loads one chunk at a time
+    assert writers == ([("t0", writers[0][1], L.LOAD_WORKERS)] if split else []), writers
+    if split:
+        assert writers[0][1] >= 2
     # the run lived in a private temporary directory, removed on close
     assert seen["existed"] and not os.path.exists(seen["tmp"])
     # where the tables were: the op table (and a step subset of it) in the file; the derived

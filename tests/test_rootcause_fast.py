@@ -206,3 +206,120 @@ def test_other_events_by_tables_equal_the_global_sort():
     assert r is not None
     ref = M._excess_by_sort(rank, label, wait, gap, first, step, np.full(n, -1, np.int64))
     assert np.array_equal(r[0], ref[0]) and np.array_equal(r[1], ref[1]) and r[1].any()
+
+
+def _all_scenarios(m):
+    d = int(np.argmax(m.ev_excess))
+    r = int(m.ranks[len(m.ranks) // 2])
+    ops = sorted({str(o) for o, p in zip(m.cm_op.tolist(), m.cm_is_p2p.tolist()) if not p})
+    pgs = sorted({str(p) for p in m.cm_pg.tolist()})
+    return ([RP.baseline(), RP.rank_median(m, r), RP.rank_median(m, int(m.ranks[0])), RP.fix_delay(m, d),
+             RP.comm_hidden(m)] + [RP.busbw_ref(m, op, 3.0) for op in ops]
+            + [RP.remove_rank(m, r, pg) for pg in pgs])
+
+
+@pytest.mark.skipif(RP._C is None, reason="the C replay is not built")
+def test_replay_of_all_scenarios_in_one_pass_equals_one_per_call(run, monkeypatch):
+    m = M.build_model(run)
+    scs = _all_scenarios(m)
+    ref = RP.replay(m, scs, keep_events=True, engine="c-each")
+    for batch in (1, 2, 64):
+        monkeypatch.setattr(RP, "C_BATCH", batch)
+        res = RP.replay(m, scs, keep_events=True, engine="c")
+        assert np.array_equal(res.t_end, ref.t_end) and np.array_equal(res.step_end, ref.step_end)
+        assert np.array_equal(res.ev_rel, ref.ev_rel) and np.array_equal(res.steps, ref.steps)
+    assert len(set(ref.t_end.tolist())) > 2          # the scenarios differ
+    # and the numpy batches agree (other arithmetic order: within 1 ns)
+    npy = RP.replay(m, scs, engine="numpy")
+    assert np.allclose(npy.t_end, ref.t_end, rtol=0, atol=1.0)
+
+
+@pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
+def test_median_excess_in_c_equals_the_sorted_arithmetic():
+    rng = np.random.default_rng(12)
+    for n, G in ((2, 1), (50, 3), (5000, 40), (5000, 900)):
+        g = rng.integers(0, 6, n).astype(float) * 250.0 + rng.choice([0.0, 0.5], n)
+        g[rng.random(n) < 0.15] = np.nan
+        grp = rng.integers(-1, G, n).astype(np.int64)
+        grp[0] = 0
+        ex, hp = M._C.median_excess(g, grp, G)
+        ex, hp = np.frombuffer(ex, np.float64), np.frombuffer(hp, np.bool_)
+        sel = np.flatnonzero(grp >= 0)
+        o2 = sel[np.lexsort((np.nan_to_num(g[sel], nan=np.inf), grp[sel]))]
+        rex, rhp = M._median_sorted(np.arange(len(o2)), grp[o2], g[o2])
+        assert np.array_equal(ex[o2], rex) and np.array_equal(hp[o2], rhp)
+        assert not ex[grp < 0].any() and not hp[grp < 0].any()
+    # a group of 64 (one collective's members) against the rows' arithmetic
+    v = rng.integers(0, 9, (30, 64)).astype(float)
+    v[rng.random(v.shape) < 0.1] = np.nan
+    ex, hp = M._C.median_excess(v.ravel(), np.repeat(np.arange(30), 64).astype(np.int64), 30)
+    rex, rhp = M._median_others_rows(v)
+    assert np.array_equal(np.frombuffer(ex, np.float64), rex.ravel())
+    assert np.array_equal(np.frombuffer(hp, np.bool_), rhp.ravel())
+
+
+def _model_fields(m):
+    import dataclasses
+    out = {}
+    for f in dataclasses.fields(M.Model):
+        v = getattr(m, f.name)
+        if f.name in ("row_op", "row_site", "notes", "cm_opc", "op_names"):
+            continue
+        out[f.name] = v
+    # op codes follow the fetch's dictionary order: compare the names they stand for
+    out["cm_op_by_code"] = m.op_names[m.cm_opc]
+    return out
+
+
+@pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
+def test_model_passes_in_c_equal_numpy(run, monkeypatch):
+    """merge_events, anchors, slot_prev, sync_points and median_excess (C) against the numpy
+    code they replace: every array of the model equal, dtypes included."""
+    mc = M._build(run)
+    monkeypatch.setattr(M, "_C", None)
+    mn = M._build(run)
+    a, b = _model_fields(mc), _model_fields(mn)
+    assert a.keys() == b.keys()
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and x.shape == y.shape, k
+            if x.dtype == object:
+                assert x.tolist() == y.tolist(), k
+            else:
+                assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), k
+        else:
+            assert x == y, k
+    assert mc.n_events > 0 and mc.ev_anchor.any()
+
+
+@pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
+def test_model_c_shortcuts_fall_back_on_unsorted_input():
+    # merge_events: calls out of key order -> None (numpy sorts them)
+    NUL = np.iinfo(np.int64).min
+    r = np.array([0, 0, 1], np.int64)
+    tq = np.array([5, 3, 1], np.int64)
+    assert M._C.merge_events(r, tq, tq + 1, np.full(3, NUL), np.full(3, NUL), 0, NUL) is None
+    # waits out of order are sorted (stably) in C, as numpy's stable argsort does
+    tq = np.array([1, 2, 3, 4], np.int64)
+    tw = np.array([9, 6, NUL, 6], np.int64)
+    rk = np.zeros(4, np.int64)
+    out = M._C.merge_events(rk, tq, tq, tw, tw + 1, 0, NUL)
+    c = M._C
+    ref = M._events_numpy(rk, tq, tw, tq.astype(float), tq.astype(float),
+                          np.where(tw == NUL, np.nan, tw.astype(float)), np.where(tw == NUL, np.nan, tw + 1.0), 0, 4)
+    for x, y, t in zip(out, ref, (np.int64, np.bool_, np.float64, np.float64, np.int64, np.int64)):
+        assert np.array_equal(np.frombuffer(x, t), y)
+    # slot_prev: a group's slots out of enter order -> None
+    assert c.slot_prev(np.array([0, 0], np.int64), np.array([2.0, 1.0]), 1) is None
+    assert np.frombuffer(c.slot_prev(np.array([0, 1, 0, -1], np.int64), np.array([1.0, 1.0, 1.0, 0.0]), 2),
+                         np.int64).tolist() == [-1, -1, 0, -1]
+    # sync_points: anchors of a group out of floor order, or times beyond 2^44 -> None
+    assert c.sync_points(np.array([0, 0], np.int64), np.array([5.0, 3.0]), np.array([0], np.int64),
+                         np.array([9.0]), 1) is None
+    assert c.sync_points(np.array([0], np.int64), np.array([2.0 ** 45]), np.array([0], np.int64),
+                         np.array([9.0]), 1) is None
+    f, v = c.sync_points(np.array([0, 0, 1], np.int64), np.array([3.2, 3.7, 1.0]), np.array([0, 0, 1, 1], np.int64),
+                         np.array([3.9, 2.0, 0.5, 1.5]), 2)
+    assert np.frombuffer(f, np.bool_).tolist() == [True, False, False, True]
+    assert np.frombuffer(v, np.float64)[[0, 3]].tolist() == [3.7, 1.0]

@@ -1,4 +1,6 @@
-/* The replay of commtrace.analysis.replay as a discrete-event loop in C (optional: the numpy
+/* The C helpers of root cause and what-if (commtrace/analysis: replay.py and model.py); optional,
+ * as numpy does the same without them. First the replay of commtrace.analysis.replay as a
+ * discrete-event loop (the numpy
  * path in replay.py does the same, in batches, when this extension is not built).
  *
  * replay(rank_lo, rank_hi, gap, dur, rho, anchor, ev_slot, call_slot,
@@ -163,8 +165,649 @@ fail_bufs:
     return NULL;
 }
 
+/* replay_many(rank_lo, rank_hi, dur, rho, anchor, ev_slot, call_slot, sl_comm, sl_dep, sl_prev,
+ *             cm_lo, cm_hi, succ_lo, succ, ev_step, n_steps,
+ *             gaps, tcs, tc_inds, masks, queues, excls, kept) -> (t_end, step_end)
+ *
+ * The replay of S scenarios in one pass. Which event waits for which communication, and so the
+ * order in which the loop above visits events and resolves communications, depends only on the
+ * trace's structure, never on the times: every scenario takes the same path, so the path is
+ * walked once and each step computes all S scenarios' times (kept side by side per slot and
+ * rank). gaps/tcs/tc_inds/masks/excls: sequences of S buffers (E, S, S float64; S uint8; R uint8
+ * per scenario); queues: sequence of S bools; ev_step: per event its step's position in
+ * 0..n_steps-1 or -1. Per scenario, t_end is the latest release on the ranks not excluded (0
+ * when none) and step_end[s, k] the latest release of step k's events (-inf when none); NaN
+ * propagates as numpy's max does. kept: None, or a writable (S, E) float64 buffer that receives
+ * every release. Raises RuntimeError as replay() does. */
+#define MAXS 64
+
+static int seq_bufs(PyObject *seq, Py_ssize_t S, Py_buffer *out, int *nout, Py_ssize_t itemsize, const char *name) {
+    PyObject *f = PySequence_Fast(seq, name);
+    if (!f) return -1;
+    if (PySequence_Fast_GET_SIZE(f) != S) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd buffers", name, S);
+        Py_DECREF(f);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < S; i++) {
+        if (get(PySequence_Fast_GET_ITEM(f, i), &out[i], itemsize, name) < 0) {
+            Py_DECREF(f);
+            return -1;
+        }
+        (*nout)++;
+    }
+    Py_DECREF(f);
+    return 0;
+}
+
+#define NB2 15
+
+static PyObject *replay_many(PyObject *self, PyObject *args) {
+    PyObject *objs[NB2], *o_gaps, *o_tcs, *o_tcis, *o_masks, *o_queues, *o_excls, *o_kept;
+    Py_ssize_t n_steps;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOnOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4],
+                          &objs[5], &objs[6], &objs[7], &objs[8], &objs[9], &objs[10], &objs[11], &objs[12],
+                          &objs[13], &objs[14], &n_steps, &o_gaps, &o_tcs, &o_tcis, &o_masks, &o_queues, &o_excls,
+                          &o_kept))
+        return NULL;
+    static const Py_ssize_t sizes[NB2] = {8, 8, 8, 8, 1, 8, 8, 8, 1, 8, 8, 8, 8, 8, 8};
+    static const char *names[NB2] = {"rank_lo", "rank_hi", "dur", "rho", "anchor", "ev_slot", "call_slot",
+                                     "sl_comm", "sl_dep", "sl_prev", "cm_lo", "cm_hi", "succ_lo", "succ", "ev_step"};
+    Py_ssize_t S = PySequence_Size(o_queues);
+    if (S < 0) return NULL;
+    if (S < 1 || S > MAXS) {
+        PyErr_Format(PyExc_ValueError, "replay_many: 1 to %d scenarios", MAXS);
+        return NULL;
+    }
+    Py_buffer b[NB2], gb[MAXS], tb[MAXS], ib[MAXS], mb[MAXS], xb[MAXS], kb;
+    int nb = 0, ng = 0, nt = 0, ni = 0, nm = 0, nx = 0, nk = 0;
+    int queue[MAXS];
+    PyObject *res = NULL, *o_tend = NULL, *o_se = NULL;
+    int64_t *pos = NULL, *stack = NULL, *next_waiter = NULL, *head = NULL, *arrived = NULL, *cstack = NULL;
+    uint8_t *resolved = NULL, *entered = NULL;
+    double *prev = NULL, *enter = NULL, *L = NULL, *start = NULL, *T0 = NULL;
+    for (; nb < NB2; nb++)
+        if (get(objs[nb], &b[nb], sizes[nb], names[nb]) < 0) goto done;
+    for (Py_ssize_t s = 0; s < S; s++) {
+        PyObject *q = PySequence_GetItem(o_queues, s);
+        if (!q) goto done;
+        queue[s] = PyObject_IsTrue(q);
+        Py_DECREF(q);
+        if (queue[s] < 0) goto done;
+    }
+    if (seq_bufs(o_gaps, S, gb, &ng, 8, "gaps") < 0 || seq_bufs(o_tcs, S, tb, &nt, 8, "tcs") < 0 ||
+        seq_bufs(o_tcis, S, ib, &ni, 8, "tc_inds") < 0 || seq_bufs(o_masks, S, mb, &nm, 1, "masks") < 0 ||
+        seq_bufs(o_excls, S, xb, &nx, 1, "excls") < 0)
+        goto done;
+    const int64_t *rank_lo = b[0].buf, *rank_hi = b[1].buf;
+    const double *dur = b[2].buf, *rho = b[3].buf;
+    const uint8_t *anchor = b[4].buf;
+    const int64_t *ev_slot = b[5].buf, *call_slot = b[6].buf, *sl_comm = b[7].buf;
+    const uint8_t *sl_dep = b[8].buf;
+    const int64_t *sl_prev = b[9].buf, *cm_lo = b[10].buf, *cm_hi = b[11].buf, *succ_lo = b[12].buf, *succ = b[13].buf;
+    const int64_t *ev_step = b[14].buf;
+    Py_ssize_t R = b[0].len / 8, E = b[2].len / 8, NS = b[7].len / 8, C = b[10].len / 8;
+    const double *gap[MAXS], *tc[MAXS], *tci[MAXS];
+    const uint8_t *mask[MAXS], *excl[MAXS];
+    for (Py_ssize_t s = 0; s < S; s++) {
+        if (gb[s].len != E * 8 || tb[s].len != NS * 8 || ib[s].len != NS * 8 || mb[s].len != NS || xb[s].len != R) {
+            PyErr_SetString(PyExc_ValueError, "replay_many: scenario buffer of the wrong size");
+            goto done;
+        }
+        gap[s] = gb[s].buf; tc[s] = tb[s].buf; tci[s] = ib[s].buf; mask[s] = mb[s].buf; excl[s] = xb[s].buf;
+    }
+    double *kept = NULL;
+    if (o_kept != Py_None) {
+        if (PyObject_GetBuffer(o_kept, &kb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+        nk = 1;
+        if (kb.len != S * E * 8) {
+            PyErr_SetString(PyExc_ValueError, "replay_many: kept has the wrong size");
+            goto done;
+        }
+        kept = kb.buf;
+    }
+    o_tend = PyBytes_FromStringAndSize(NULL, S * (Py_ssize_t)sizeof(double));
+    o_se = PyBytes_FromStringAndSize(NULL, S * (n_steps > 0 ? n_steps : 0) * (Py_ssize_t)sizeof(double));
+    if (!o_tend || !o_se) goto done;
+    double *tend = (double *)PyBytes_AS_STRING(o_tend), *se = (double *)PyBytes_AS_STRING(o_se);
+    unsigned char any_end[MAXS];
+    for (Py_ssize_t s = 0; s < S; s++) { tend[s] = 0.0; any_end[s] = 0; }
+    for (Py_ssize_t k = 0; k < S * n_steps; k++) se[k] = -INFINITY;
+    pos = malloc(sizeof(int64_t) * (R + 1));
+    prev = malloc(sizeof(double) * (R + 1) * S);
+    stack = malloc(sizeof(int64_t) * (R + 1));
+    next_waiter = malloc(sizeof(int64_t) * (R + 1));
+    head = malloc(sizeof(int64_t) * (C + 1));
+    arrived = calloc(C + 1, sizeof(int64_t));
+    resolved = calloc(C + 1, 1);
+    entered = calloc(NS + 1, 1);
+    enter = malloc(sizeof(double) * (NS + 1) * S);
+    L = malloc(sizeof(double) * (NS + 1) * S);
+    cstack = malloc(sizeof(int64_t) * (C + b[13].len / 8 + 1));
+    start = malloc(sizeof(double) * S);
+    T0 = malloc(sizeof(double) * S);
+    if (!pos || !prev || !stack || !next_waiter || !head || !arrived || !resolved || !entered || !enter || !L ||
+        !cstack || !start || !T0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t sp = 0, csp = 0, done_ranks = 0;
+    for (Py_ssize_t c = 0; c < C; c++) head[c] = -1;
+    for (Py_ssize_t r = 0; r < R; r++) {
+        pos[r] = rank_lo[r];
+        for (Py_ssize_t s = 0; s < S; s++) prev[r * S + s] = 0.0;
+        stack[sp++] = r;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    while (sp > 0) {
+        int64_t r = stack[--sp];
+        double *pv = prev + r * S;
+        while (pos[r] < rank_hi[r]) {
+            int64_t e = pos[r];
+            for (Py_ssize_t s = 0; s < S; s++) start[s] = pv[s] + gap[s][e];
+            int64_t cs = call_slot[e];
+            if (cs >= 0 && !entered[cs]) {
+                entered[cs] = 1;
+                memcpy(enter + cs * S, start, sizeof(double) * S);
+                int64_t c = sl_comm[cs];
+                arrived[c]++;
+                if (arrived[c] == cm_hi[c] - cm_lo[c]) cstack[csp++] = c;
+                while (csp > 0) {
+                    int64_t x = cstack[--csp];
+                    if (resolved[x] || arrived[x] != cm_hi[x] - cm_lo[x]) continue;
+                    int ready = 1;
+                    for (int64_t j = cm_lo[x]; j < cm_hi[x] && ready; j++) {
+                        int64_t p = sl_prev[j];
+                        if (p >= 0 && !resolved[sl_comm[p]]) ready = 0;
+                    }
+                    if (!ready) continue;
+                    for (Py_ssize_t s = 0; s < S; s++) T0[s] = -INFINITY;
+                    for (int64_t j = cm_lo[x]; j < cm_hi[x]; j++) {
+                        const double *en = enter + j * S;
+                        int64_t p = sl_prev[j];
+                        const double *lp = p >= 0 ? L + p * S : NULL;
+                        for (Py_ssize_t s = 0; s < S; s++) {
+                            if (mask[s][j]) continue;
+                            if (en[s] > T0[s]) T0[s] = en[s];
+                            if (queue[s] && lp && lp[s] > T0[s]) T0[s] = lp[s];
+                        }
+                    }
+                    for (int64_t j = cm_lo[x]; j < cm_hi[x]; j++) {
+                        const double *en = enter + j * S;
+                        double *lj = L + j * S;
+                        if (sl_dep[j]) {
+                            for (Py_ssize_t s = 0; s < S; s++) {
+                                double t = T0[s] > en[s] ? T0[s] : en[s];
+                                lj[s] = t + tc[s][j];
+                            }
+                        } else {
+                            for (Py_ssize_t s = 0; s < S; s++) lj[s] = en[s] + tci[s][j];
+                        }
+                    }
+                    resolved[x] = 1;
+                    for (int64_t w = head[x]; w >= 0; w = next_waiter[w]) stack[sp++] = w;
+                    head[x] = -1;
+                    for (int64_t k = succ_lo[x]; k < succ_lo[x + 1]; k++) cstack[csp++] = succ[k];
+                }
+            }
+            if (anchor[e]) {
+                int64_t sl = ev_slot[e];
+                if (!resolved[sl_comm[sl]]) {
+                    next_waiter[r] = head[sl_comm[sl]];
+                    head[sl_comm[sl]] = r;
+                    goto blocked;
+                }
+                const double *ls = L + sl * S;
+                for (Py_ssize_t s = 0; s < S; s++) pv[s] = (start[s] > ls[s] ? start[s] : ls[s]) + rho[e];
+            } else {
+                for (Py_ssize_t s = 0; s < S; s++) pv[s] = start[s] + dur[e];
+            }
+            int64_t k = ev_step[e];
+            for (Py_ssize_t s = 0; s < S; s++) {
+                double v = pv[s];
+                if (!excl[s][r]) {
+                    if (!any_end[s]) { tend[s] = v; any_end[s] = 1; }
+                    else if (v > tend[s] || isnan(v)) { if (!isnan(tend[s])) tend[s] = v; }
+                }
+                if (k >= 0) {
+                    double *q = se + s * n_steps + k;
+                    if ((v > *q || isnan(v)) && !isnan(*q)) *q = v;
+                }
+                if (kept) kept[s * E + e] = v;
+            }
+            pos[r]++;
+        }
+        done_ranks++;
+    blocked:;
+    }
+    Py_END_ALLOW_THREADS
+    if (done_ranks != R) {
+        PyErr_SetString(PyExc_RuntimeError, "replay: dependencies cannot all be met (a cycle in the trace)");
+        goto done;
+    }
+    res = PyTuple_Pack(2, o_tend, o_se);
+done:
+    free(pos); free(prev); free(stack); free(next_waiter); free(head); free(arrived); free(resolved);
+    free(entered); free(enter); free(L); free(cstack); free(start); free(T0);
+    Py_XDECREF(o_tend); Py_XDECREF(o_se);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    for (int i = 0; i < ng; i++) PyBuffer_Release(&gb[i]);
+    for (int i = 0; i < nt; i++) PyBuffer_Release(&tb[i]);
+    for (int i = 0; i < ni; i++) PyBuffer_Release(&ib[i]);
+    for (int i = 0; i < nm; i++) PyBuffer_Release(&mb[i]);
+    for (int i = 0; i < nx; i++) PyBuffer_Release(&xb[i]);
+    if (nk) PyBuffer_Release(&kb);
+    return res;
+}
+
+/* median_excess(g, group, ngroups) -> (ex, has_peers)
+ *
+ * The arithmetic of model._median_sorted without the global sort: per element i with group[i]
+ * in 0..ngroups-1 and g[i] not NaN, ex[i] = max(0, g[i] - median of the other non-NaN values of
+ * its group) and has_peers[i] = 1 when there is such another value (else 0, 0; NaN values and
+ * group -1 give 0, 0). The median of an even count is 0.5 * (lower + upper), as numpy computes
+ * it there. Groups are gathered by a counting sort, each sorted by value. */
+typedef struct { double v; int64_t i; } VI;
+
+static void sort_vi(VI *a, Py_ssize_t n) {
+    for (Py_ssize_t i = 1; i < n; i++) {
+        VI x = a[i];
+        Py_ssize_t j = i;
+        while (j > 0 && a[j - 1].v > x.v) { a[j] = a[j - 1]; j--; }
+        a[j] = x;
+    }
+}
+
+static int cmp_vi(const void *x, const void *y) {
+    double a = ((const VI *)x)->v, b = ((const VI *)y)->v;
+    return a < b ? -1 : (a > b ? 1 : 0);
+}
+
+static PyObject *median_excess(PyObject *self, PyObject *args) {
+    PyObject *og, *ogr;
+    Py_ssize_t G;
+    if (!PyArg_ParseTuple(args, "OOn", &og, &ogr, &G)) return NULL;
+    Py_buffer bg, bgr;
+    if (get(og, &bg, 8, "g") < 0) return NULL;
+    if (get(ogr, &bgr, 8, "group") < 0) { PyBuffer_Release(&bg); return NULL; }
+    PyObject *res = NULL, *oex = NULL, *ohp = NULL;
+    Py_ssize_t n = bg.len / 8;
+    int64_t *cnt = NULL;
+    VI *buf = NULL;
+    if (bgr.len / 8 != n || G < 0) {
+        PyErr_SetString(PyExc_ValueError, "median_excess: bad sizes");
+        goto done;
+    }
+    const double *g = bg.buf;
+    const int64_t *grp = bgr.buf;
+    oex = PyBytes_FromStringAndSize(NULL, n * 8);
+    ohp = PyBytes_FromStringAndSize(NULL, n);
+    cnt = calloc(G + 2, sizeof(int64_t));
+    buf = malloc(sizeof(VI) * (n + 1));
+    if (!oex || !ohp || !cnt || !buf) { PyErr_NoMemory(); goto done; }
+    double *ex = (double *)PyBytes_AS_STRING(oex);
+    uint8_t *hp = (uint8_t *)PyBytes_AS_STRING(ohp);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ex[i] = 0.0;
+        hp[i] = 0;
+        int64_t k = grp[i];
+        if (k >= G) { PyErr_SetString(PyExc_ValueError, "median_excess: group out of range"); goto done; }
+        if (k >= 0 && !isnan(g[i])) cnt[k + 1]++;
+    }
+    for (Py_ssize_t k = 0; k < G; k++) cnt[k + 1] += cnt[k];
+    Py_BEGIN_ALLOW_THREADS
+    {
+        int64_t *at = malloc(sizeof(int64_t) * (G + 1));
+        if (at) {
+            memcpy(at, cnt, sizeof(int64_t) * (G + 1));
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int64_t k = grp[i];
+                if (k >= 0 && !isnan(g[i])) { buf[at[k]].v = g[i]; buf[at[k]].i = i; at[k]++; }
+            }
+            free(at);
+            for (Py_ssize_t k = 0; k < G; k++) {
+                VI *a = buf + cnt[k];
+                Py_ssize_t c = cnt[k + 1] - cnt[k];
+                if (c < 2) continue;
+                if (c <= 48) sort_vi(a, c); else qsort(a, c, sizeof(VI), cmp_vi);
+                Py_ssize_t m = c - 1, half = m / 2;
+                for (Py_ssize_t p = 0; p < c; p++) {
+                    /* the others' j-th value skips position p */
+                    double hi = a[half >= p ? half + 1 : half].v, med;
+                    if (m % 2 == 1) med = hi;
+                    else {
+                        Py_ssize_t j = half - 1;
+                        med = 0.5 * (a[j >= p ? j + 1 : j].v + hi);
+                    }
+                    double d = a[p].v - med;
+                    ex[a[p].i] = 0.0 >= d ? 0.0 : d;
+                    hp[a[p].i] = 1;
+                }
+            }
+        } else {
+            cnt[0] = -1;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (cnt[0] < 0) { PyErr_NoMemory(); goto done; }
+    res = PyTuple_Pack(2, oex, ohp);
+done:
+    free(cnt); free(buf);
+    Py_XDECREF(oex); Py_XDECREF(ohp);
+    PyBuffer_Release(&bg); PyBuffer_Release(&bgr);
+    return res;
+}
+
+/* ------------------------------------------------------------------ host model (model.py)
+ * Linear passes of model._build, each equal to the numpy code it replaces (which stays as the
+ * fallback and the reference of tests/test_rootcause_fast.py). They return None where their
+ * shortcut does not hold (an order the numpy code sorts for), and the caller then runs numpy. */
+
+static inline int64_t wrap_sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
+static inline int64_t wrap_key(int64_t r, int64_t t) { return (int64_t)(((uint64_t)r << 44) + (uint64_t)t); }
+
+typedef struct { int64_t k; int64_t i; } KI;
+
+static void merge_sort_ki(KI *a, KI *tmp, Py_ssize_t n) {  /* stable, by k */
+    for (Py_ssize_t w = 1; w < n; w *= 2) {
+        for (Py_ssize_t lo = 0; lo < n; lo += 2 * w) {
+            Py_ssize_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            Py_ssize_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) tmp[k++] = a[j].k < a[i].k ? a[j++] : a[i++];
+            while (i < mid) tmp[k++] = a[i++];
+            while (j < hi) tmp[k++] = a[j++];
+        }
+        memcpy(a, tmp, sizeof(KI) * n);
+    }
+}
+
+#define NEWBYTES(o, nbytes) do { o = PyBytes_FromStringAndSize(NULL, (nbytes)); if (!o) goto done; } while (0)
+
+/* merge_events(rank, t_enq, t_ret, t_w, t_we, base, NUL) -> None or
+ *   (ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev) as bytes
+ * model._build's "events": calls (t_enq..t_ret) and waits (t_w..t_we) of the rows, merged by
+ * the int64 key rank << 44 | ns since base (wrapping as numpy's int64 does), a wait after every
+ * call of a key <= its own, waits in stable order of their keys. None when the calls' keys are
+ * not in row order (numpy sorts them then). */
+static PyObject *merge_events(PyObject *self, PyObject *args) {
+    PyObject *o[5];
+    long long base_ll, nul_ll;
+    if (!PyArg_ParseTuple(args, "OOOOOLL", &o[0], &o[1], &o[2], &o[3], &o[4], &base_ll, &nul_ll)) return NULL;
+    Py_buffer b[5];
+    int nb = 0;
+    PyObject *res = NULL, *orow = NULL, *oisw = NULL, *ost = NULL, *orel = NULL, *ork = NULL, *ocev = NULL;
+    KI *w = NULL, *tmp = NULL;
+    for (; nb < 5; nb++) if (get(o[nb], &b[nb], 8, "merge_events") < 0) goto done;
+    Py_ssize_t n = b[0].len / 8;
+    for (int i = 1; i < 5; i++) if (b[i].len / 8 != n) { PyErr_SetString(PyExc_ValueError, "merge_events: sizes"); goto done; }
+    const int64_t *rank = b[0].buf, *tq = b[1].buf, *tr = b[2].buf, *tw = b[3].buf, *twe = b[4].buf;
+    const int64_t base = base_ll, NUL = nul_ll;
+    Py_ssize_t nc = 0, nw = 0;
+    int sorted = 1;
+    int64_t lastk = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (tq[i] != NUL && tr[i] != NUL) {
+            int64_t k = wrap_key(rank[i], wrap_sub(tq[i], base));
+            if (nc && k < lastk) sorted = 0;
+            lastk = k;
+            nc++;
+        }
+        if (tw[i] != NUL && twe[i] != NUL) nw++;
+    }
+    if (!sorted) { res = Py_None; Py_INCREF(res); goto done; }
+    w = malloc(sizeof(KI) * (nw + 1));
+    tmp = malloc(sizeof(KI) * (nw + 1));
+    if (!w || !tmp) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t E = nc + nw;
+    NEWBYTES(orow, E * 8); NEWBYTES(oisw, E); NEWBYTES(ost, E * 8); NEWBYTES(orel, E * 8); NEWBYTES(ork, E * 8);
+    NEWBYTES(ocev, n * 8);
+    int64_t *ev_row = (int64_t *)PyBytes_AS_STRING(orow), *ev_rank = (int64_t *)PyBytes_AS_STRING(ork);
+    int64_t *call_ev = (int64_t *)PyBytes_AS_STRING(ocev);
+    uint8_t *isw = (uint8_t *)PyBytes_AS_STRING(oisw);
+    double *st = (double *)PyBytes_AS_STRING(ost), *rl = (double *)PyBytes_AS_STRING(orel);
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t j = 0;
+    int wsorted = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        call_ev[i] = -1;
+        if (tw[i] != NUL && twe[i] != NUL) {
+            w[j].k = wrap_key(rank[i], wrap_sub(tw[i], base));
+            w[j].i = i;
+            if (j && w[j].k < w[j - 1].k) wsorted = 0;
+            j++;
+        }
+    }
+    if (!wsorted) merge_sort_ki(w, tmp, nw);
+    Py_ssize_t ci = 0, wi = 0, e = 0;
+    while (ci < n || wi < nw) {
+        while (ci < n && !(tq[ci] != NUL && tr[ci] != NUL)) ci++;
+        int take_call;
+        if (ci < n && wi < nw) take_call = wrap_key(rank[ci], wrap_sub(tq[ci], base)) <= w[wi].k;
+        else if (ci < n) take_call = 1;
+        else if (wi < nw) take_call = 0;
+        else break;
+        if (take_call) {
+            ev_row[e] = ci; isw[e] = 0; ev_rank[e] = rank[ci];
+            st[e] = (double)wrap_sub(tq[ci], base); rl[e] = (double)wrap_sub(tr[ci], base);
+            call_ev[ci] = e;
+            ci++;
+        } else {
+            int64_t r = w[wi].i;
+            ev_row[e] = r; isw[e] = 1; ev_rank[e] = rank[r];
+            st[e] = (double)wrap_sub(tw[r], base); rl[e] = (double)wrap_sub(twe[r], base);
+            wi++;
+        }
+        e++;
+    }
+    Py_END_ALLOW_THREADS
+    res = PyTuple_Pack(6, orow, oisw, ost, orel, ork, ocev);
+done:
+    free(w); free(tmp);
+    Py_XDECREF(orow); Py_XDECREF(oisw); Py_XDECREF(ost); Py_XDECREF(orel); Py_XDECREF(ork); Py_XDECREF(ocev);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
+/* anchors(ev_row, ev_start, ev_rel, ev_first, sl_of_row, sl_leave, sl_enter, sl_comm, last_enter)
+ *   -> (ev_slot, ev_anchor, ev_rho, ev_dur, ev_gap, sl_block, sl_wait) as bytes
+ * model._build's "anchors" in one pass over the events and one over the slots; min, max and
+ * comparisons as numpy's minimum/maximum compute them. */
+static inline double np_max(double a, double b) { return (a >= b || isnan(a)) ? a : b; }
+static inline double np_min(double a, double b) { return (a <= b || isnan(a)) ? a : b; }
+
+static PyObject *anchors(PyObject *self, PyObject *args) {
+    PyObject *o[9];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8])) return NULL;
+    static const Py_ssize_t sz[9] = {8, 8, 8, 1, 8, 8, 8, 8, 8};
+    Py_buffer b[9];
+    int nb = 0;
+    PyObject *res = NULL, *oslot = NULL, *oanc = NULL, *orho = NULL, *odur = NULL, *ogap = NULL, *oblk = NULL, *owt = NULL;
+    for (; nb < 9; nb++) if (get(o[nb], &b[nb], sz[nb], "anchors") < 0) goto done;
+    const int64_t *ev_row = b[0].buf, *sl_of_row = b[4].buf, *sl_comm = b[7].buf;
+    const double *ev_start = b[1].buf, *ev_rel = b[2].buf, *sl_leave = b[5].buf, *sl_enter = b[6].buf, *last = b[8].buf;
+    const uint8_t *first = b[3].buf;
+    Py_ssize_t E = b[0].len / 8, n = b[4].len / 8, NS = b[5].len / 8, C = b[8].len / 8;
+    if (b[1].len / 8 != E || b[2].len / 8 != E || b[3].len != E || b[6].len / 8 != NS || b[7].len / 8 != NS) {
+        PyErr_SetString(PyExc_ValueError, "anchors: sizes");
+        goto done;
+    }
+    NEWBYTES(oslot, E * 8); NEWBYTES(oanc, E); NEWBYTES(orho, E * 8); NEWBYTES(odur, E * 8); NEWBYTES(ogap, E * 8);
+    NEWBYTES(oblk, NS * 8); NEWBYTES(owt, NS * 8);
+    int64_t *ev_slot = (int64_t *)PyBytes_AS_STRING(oslot);
+    uint8_t *anc = (uint8_t *)PyBytes_AS_STRING(oanc);
+    double *rho = (double *)PyBytes_AS_STRING(orho), *dur = (double *)PyBytes_AS_STRING(odur);
+    double *gap = (double *)PyBytes_AS_STRING(ogap), *blk = (double *)PyBytes_AS_STRING(oblk);
+    double *wt = (double *)PyBytes_AS_STRING(owt);
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < NS; j++) blk[j] = INFINITY;
+    for (Py_ssize_t e = 0; e < E; e++) {
+        int64_t r = ev_row[e];
+        if (r < 0 || r >= n) { bad = 1; break; }
+        int64_t s = sl_of_row[r];
+        if (s >= NS) { bad = 1; break; }
+        ev_slot[e] = s;
+        double st = ev_start[e], rl = ev_rel[e];
+        int a = 0;
+        if (s >= 0) {
+            double L = sl_leave[s];
+            a = rl >= L;
+            if (a) {
+                rho[e] = rl - np_max(st, isnan(L) ? -INFINITY : L);
+                blk[s] = np_min(blk[s], st);
+            } else {
+                rho[e] = 0.0;
+            }
+        } else {
+            rho[e] = 0.0;
+        }
+        anc[e] = (uint8_t)a;
+        dur[e] = rl - st;
+        gap[e] = first[e] ? st : st - (e ? ev_rel[e - 1] : 0.0);
+    }
+    if (!bad) {
+        for (Py_ssize_t j = 0; j < NS; j++) {
+            if (isfinite(blk[j])) {
+                int64_t c = sl_comm[j];
+                if (c < 0 || c >= C) { bad = 1; break; }
+                wt[j] = np_max(0.0, np_min(last[c], sl_leave[j]) - blk[j]);
+            } else {
+                wt[j] = 0.0;
+                blk[j] = sl_enter[j];
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad) { PyErr_SetString(PyExc_ValueError, "anchors: index out of range"); goto done; }
+    res = PyTuple_Pack(7, oslot, oanc, orho, odur, ogap, oblk, owt);
+done:
+    Py_XDECREF(oslot); Py_XDECREF(oanc); Py_XDECREF(orho); Py_XDECREF(odur); Py_XDECREF(ogap); Py_XDECREF(oblk);
+    Py_XDECREF(owt);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
+/* slot_prev(group, enter, G) -> None or sl_prev (bytes, int64)
+ * Per slot with group g in 0..G-1 (-1: none), the previous slot of its group in (enter, slot)
+ * order; -1 for the first. None when some group's slots are not in enter order already (numpy
+ * sorts them then). */
+static PyObject *slot_prev(PyObject *self, PyObject *args) {
+    PyObject *og, *oe;
+    Py_ssize_t G;
+    if (!PyArg_ParseTuple(args, "OOn", &og, &oe, &G)) return NULL;
+    Py_buffer bg, be;
+    if (get(og, &bg, 8, "group") < 0) return NULL;
+    if (get(oe, &be, 8, "enter") < 0) { PyBuffer_Release(&bg); return NULL; }
+    PyObject *res = NULL, *out = NULL;
+    int64_t *last = NULL;
+    Py_ssize_t n = bg.len / 8;
+    if (be.len / 8 != n || G < 0) { PyErr_SetString(PyExc_ValueError, "slot_prev: sizes"); goto done; }
+    const int64_t *g = bg.buf;
+    const double *en = be.buf;
+    last = malloc(sizeof(int64_t) * (G + 1));
+    NEWBYTES(out, n * 8);
+    if (!last) { PyErr_NoMemory(); goto done; }
+    int64_t *prev = (int64_t *)PyBytes_AS_STRING(out);
+    int ok = 1;
+    for (Py_ssize_t k = 0; k < G; k++) last[k] = -1;
+    for (Py_ssize_t j = 0; j < n && ok; j++) {
+        int64_t k = g[j];
+        prev[j] = -1;
+        if (k < 0) continue;
+        if (k >= G) { ok = -1; break; }
+        int64_t p = last[k];
+        if (p >= 0 && !(en[j] >= en[p])) { ok = 0; break; }
+        prev[j] = p;
+        last[k] = j;
+    }
+    if (ok < 0) { PyErr_SetString(PyExc_ValueError, "slot_prev: group out of range"); goto done; }
+    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    res = out; Py_INCREF(res);
+done:
+    free(last);
+    Py_XDECREF(out);
+    PyBuffer_Release(&bg); PyBuffer_Release(&be);
+    return res;
+}
+
+/* sync_points(a_group, a_rel, s_group, s_enter, G) -> None or (found uint8, value float64) bytes
+ * For each slot j: among the anchors of its group, the last in (floor(rel), anchor order) with
+ * floor(rel) <= floor(s_enter[j]): model._build's searchsorted over the int64 keys
+ * group << 44 | floor(ns), which order as (group, floor) when every floor is in [0, 2^44) and
+ * every group in [0, 2^19) (else None). Anchors are bucketed by group in their order; None too
+ * when a bucket is not in floor order already. */
+static PyObject *sync_points(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    Py_ssize_t G;
+    if (!PyArg_ParseTuple(args, "OOOOn", &o[0], &o[1], &o[2], &o[3], &G)) return NULL;
+    Py_buffer b[4];
+    int nb = 0;
+    PyObject *res = NULL, *ofound = NULL, *oval = NULL;
+    int64_t *cnt = NULL, *pos = NULL;
+    double *fl = NULL;
+    for (; nb < 4; nb++) if (get(o[nb], &b[nb], 8, "sync_points") < 0) goto done;
+    const int64_t *ag = b[0].buf, *sg = b[2].buf;
+    const double *arel = b[1].buf, *sen = b[3].buf;
+    Py_ssize_t A = b[0].len / 8, NS = b[2].len / 8;
+    if (b[1].len / 8 != A || b[3].len / 8 != NS || G < 0) { PyErr_SetString(PyExc_ValueError, "sync_points: sizes"); goto done; }
+    const double LIM = 17592186044416.0;  /* 2^44 */
+    int ok = G <= (1 << 19);
+    for (Py_ssize_t i = 0; i < A && ok; i++) {
+        double f = floor(arel[i]);
+        if (!(f >= 0.0 && f < LIM) || ag[i] < 0 || ag[i] >= G) ok = 0;
+    }
+    for (Py_ssize_t j = 0; j < NS && ok; j++) {
+        double f = floor(sen[j]);
+        if (!(f >= 0.0 && f < LIM) || sg[j] < 0 || sg[j] >= G) ok = 0;
+    }
+    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    cnt = calloc(G + 1, sizeof(int64_t));
+    pos = malloc(sizeof(int64_t) * (A + 1));
+    fl = malloc(sizeof(double) * (A + 1));
+    if (!cnt || !pos || !fl) { PyErr_NoMemory(); goto done; }
+    NEWBYTES(ofound, NS); NEWBYTES(oval, NS * 8);
+    uint8_t *found = (uint8_t *)PyBytes_AS_STRING(ofound);
+    double *val = (double *)PyBytes_AS_STRING(oval);
+    for (Py_ssize_t i = 0; i < A; i++) cnt[ag[i] + 1]++;
+    for (Py_ssize_t k = 0; k < G; k++) cnt[k + 1] += cnt[k];
+    {
+        int64_t *at = malloc(sizeof(int64_t) * (G + 1));
+        if (!at) { PyErr_NoMemory(); goto done; }
+        memcpy(at, cnt, sizeof(int64_t) * (G + 1));
+        for (Py_ssize_t i = 0; i < A; i++) { int64_t p = at[ag[i]]++; pos[p] = i; fl[p] = floor(arel[i]); }
+        free(at);
+    }
+    for (Py_ssize_t k = 0; k < G && ok; k++)
+        for (int64_t p = cnt[k] + 1; p < cnt[k + 1]; p++)
+            if (fl[p] < fl[p - 1]) { ok = 0; break; }
+    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    for (Py_ssize_t j = 0; j < NS; j++) {
+        int64_t k = sg[j];
+        double q = floor(sen[j]);
+        int64_t lo = cnt[k], hi = cnt[k + 1];     /* first p in [lo, hi) with fl[p] > q */
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (fl[mid] > q) hi = mid; else lo = mid + 1;
+        }
+        if (lo > cnt[k]) { found[j] = 1; val[j] = arel[pos[lo - 1]]; }
+        else { found[j] = 0; val[j] = NAN; }
+    }
+    res = PyTuple_Pack(2, ofound, oval);
+done:
+    free(cnt); free(pos); free(fl);
+    Py_XDECREF(ofound); Py_XDECREF(oval);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"merge_events", merge_events, METH_VARARGS, "Host events of the rows in order (model.py)."},
+    {"anchors", anchors, METH_VARARGS, "Anchors, residuals, gaps and wait states (model.py)."},
+    {"slot_prev", slot_prev, METH_VARARGS, "Previous slot of the same group (model.py)."},
+    {"sync_points", sync_points, METH_VARARGS, "Synchronisation points of slots (model.py)."},
+    {"median_excess", median_excess, METH_VARARGS, "Excess over the median of the others in a group (model.py)."},
     {"replay", replay, METH_VARARGS, "Replay the host model (see commtrace/analysis/replay.py)."},
+    {"replay_many", replay_many, METH_VARARGS, "Replay several scenarios in one pass (see replay.py)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -45,6 +45,12 @@ DERIVED_ROW_BYTES = 64
 STORE = "store"
 #: Rows per load chunk (whole ranks): bounds the memory of one INSERT.
 LOAD_CHUNK_ROWS = 1_000_000
+#: Chunks inserted at once into the database file of a split connection (reader.py
+#: load_into_duckdb: the write of one chunk is mostly serial); runs kept all in the file (more
+#: than SPLIT_MAX_ROWS rows, memory first) load one chunk at a time.
+LOAD_WORKERS = 2
+#: Smallest load chunk when the chunks are cut smaller to give every writer work.
+MIN_CHUNK_ROWS = 200_000
 #: Default DuckDB memory limit: a fraction of the machine's memory, at most 4 GB.
 DEFAULT_MEMORY_FRACTION = 0.4
 DEFAULT_MEMORY_CAP = 4 << 30
@@ -196,13 +202,19 @@ def load_table(con, rf: R.RunFiles, path: str, progress=None) -> list:
     names in load order (a collective key's group is its index there)."""
     import duckdb
 
-    if _split(con):
+    split = _split(con)
+    if split:
         con.execute(f"USE {STORE}")
     create_offsets(con, rf)
+    workers, chunk = 1, LOAD_CHUNK_ROWS
+    if split:
+        # At least two chunks per writer, so that they finish together.
+        workers = LOAD_WORKERS
+        chunk = min(LOAD_CHUNK_ROWS, max(MIN_CHUNK_ROWS, -(-rf.num_rows // (2 * workers))))
     try:
         pgs = R.distinct_values(con, rf, "pg")
         R.load_into_duckdb(con, rf, "t0", wrap=lambda q: align_sql(q, pgs), columns=LOAD_COLUMNS,
-                           chunk_rows=LOAD_CHUNK_ROWS,
+                           chunk_rows=chunk, workers=workers,
                            progress=(lambda f: progress("loading", 0.9 * f, rf.num_rows)) if progress else None)
     except duckdb.Error as e:
         raise TraceFormatError(f"{path}: cannot read trace: {str(e).splitlines()[0]}") from None

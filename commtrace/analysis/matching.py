@@ -21,7 +21,9 @@ def collectives_sql(t: str, pgs, members_table: str) -> str:
             SELECT ckey, any_value(op) AS op, max(pg_size) AS pg_size,
                    count(*) AS n_ranks, max(bytes) AS in_bytes,
                    min(t_enqueue_ns) AS first_enter_ns, max(t_enqueue_ns) AS last_enter_ns,
-                   arg_max(rank, t_enqueue_ns) AS last_rank,
+                   -- the latest entry; on a tie, the lowest of those ranks (deterministic)
+                   arg_max(rank, CASE WHEN t_enqueue_ns IS NOT NULL
+                                      THEN struct_pack(t := t_enqueue_ns, r := -rank) END) AS last_rank,
                    min(t_end_ns) AS first_leave_ns, max(t_end_ns) AS last_leave_ns,
                    count(t_end_ns) AS n_done, count(*) AS n_rows, min(step) AS step,
                    any_value(site) AS site,

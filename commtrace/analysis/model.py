@@ -25,6 +25,8 @@ The model is built once per run from public tables (`Run.ops(columns=...)`,
 
 from __future__ import annotations
 
+import os
+import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -34,6 +36,13 @@ import pyarrow as pa
 from .. import ops as OPS
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+try:  # the C helpers (commtrace/analysis/_replay.c); numpy does the same without them
+    if os.environ.get("COMMTRACE_PURE_PYTHON"):
+        raise ImportError
+    from . import _replay as _C
+except ImportError:
+    _C = None
 
 ROW_COLUMNS = ["rank", "op_id", "op", "pg", "seq", "peer", "async_op", "bytes", "pg_size", "t_enqueue_ns",
                "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_ns", "step", "site"]
@@ -110,10 +119,10 @@ class Model:
 
 def _col(t: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
     a = t.column(name)
-    if fill is not None:
+    if fill is not None and a.null_count:
         a = a.fill_null(fill)
     v = a.to_numpy(zero_copy_only=False)
-    return v.astype(dtype) if dtype is not None else v
+    return v.astype(dtype, copy=False) if dtype is not None else v
 
 
 class _Labels:
@@ -169,7 +178,9 @@ class _Rows:
 
     def col(self, name: str, fill=None, dtype=None) -> np.ndarray:
         v = _col(self.t, name, fill=fill, dtype=dtype)
-        return v if self.perm is None else v[self.perm]
+        if self.perm is not None:
+            return v[self.perm]
+        return v if v.flags.writeable else v.copy()     # (a zero-copy view of Arrow's buffer)
 
     def release(self) -> None:
         """Drop the numeric columns (the labels keep the strings)."""
@@ -207,10 +218,43 @@ def _codes(t: pa.Table, name: str) -> np.ndarray:
     return d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
+_MALLOC_TUNED = False
+
+
+def _retain_freed_memory() -> None:
+    """Let glibc's malloc keep the memory numpy frees for the next arrays, once per process.
+
+    The model and its analyses allocate and free arrays of millions of elements, stage after
+    stage. By default glibc serves such arrays with mmap and returns them to the system when
+    freed (and trims the heap's top beyond 128 kB to 64 MB), so the next array of that size is
+    faulted in again page by page, and page faults are what this analysis spends most of its
+    system time on (64 x 20,000 ops: about 110,000 faults, 1 to 2 s of system CPU, as much as
+    the arithmetic; docs/performance.md). Raising the mmap and trim thresholds makes freed
+    arrays reusable: the process keeps up to 1 GB it has freed instead of giving it back, which
+    its peak has already held. Not in a training process (capture never imports this), and
+    `COMMTRACE_MALLOC_TUNE=0` leaves malloc alone."""
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED = True
+    if os.environ.get("COMMTRACE_MALLOC_TUNE", "1") == "0" or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, ...)
+        return
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    mallopt(M_MMAP_THRESHOLD, 512 << 20)
+    mallopt(M_TRIM_THRESHOLD, 1 << 30)
+
+
 def build_model(run) -> Model:
     """The host model of `run` (cached per run object)."""
     m = _CACHE.get(run)
     if m is None:
+        _retain_freed_memory()
         m = _build(run)
         _CACHE[run] = m
     return m
@@ -219,7 +263,7 @@ def build_model(run) -> Model:
 def _build(run) -> Model:
     import os as _os
     import time as _time
-    _T = [_time.process_time()]
+    _T = [_time.process_time(), 0]
 
     def tick(name):
         if _os.environ.get("COMMTRACE_MODEL_TIMING"):
@@ -230,8 +274,10 @@ def _build(run) -> Model:
                 cur, peak = tracemalloc.get_traced_memory()
                 mem = f" current {cur / 1e6:.0f} MB peak {peak / 1e6:.0f} MB"
                 tracemalloc.reset_peak()
-            print(f"model {name}: {t - _T[0]:.3f} s{mem}")
-            _T[0] = t
+            import resource
+            flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            print(f"model {name}: {t - _T[0]:.3f} s{mem} (+{flt - _T[1]} page faults)")
+            _T[0], _T[1] = t, flt
     ops_t = run.table("ops")
     coll_t = run.table("collectives")
     rows = _Rows(run.arrow(f"""SELECT {', '.join(ROW_COLUMNS)}, rid AS orid, ckey FROM {ops_t}
@@ -287,6 +333,7 @@ def _build(run) -> Model:
     del rck, kpos, cidx, pidx, kc
     tick("slots")
     _implicit_waits(_implicit_wait_rows(run, rows), rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL)
+    rows.release()          # the numeric columns are all read: only the labels' strings stay
     have = np.concatenate([t_enq[t_enq != NUL], t_we[t_we != NUL]])
     base = int(have.min()) if len(have) else 0
 
@@ -296,45 +343,20 @@ def _build(run) -> Model:
         return out
 
     enq, ret, end, tw, twe = rel(t_enq), rel(t_ret), rel(t_end), rel(t_w), rel(t_we)
-    del t_ret, t_end, t_we, have
+    del t_end, have
 
     # ---- events: calls and waits, sorted by (rank, start, call before wait)
-    call_ok = ~np.isnan(enq) & ~np.isnan(ret)
-    wait_ok = ~np.isnan(tw) & ~np.isnan(twe)
-    rid_c = np.flatnonzero(call_ok)
-    rid_w = np.flatnonzero(wait_ok)
-    ev_row = np.concatenate([rid_c, rid_w])
-    ev_is_wait = np.concatenate([np.zeros(len(rid_c), bool), np.ones(len(rid_w), bool)])
-    ev_start = np.concatenate([enq[rid_c], tw[rid_w]])
-    ev_rel = np.concatenate([ret[rid_c], twe[rid_w]])
-    ev_rank = rank_r[ev_row]
-    # rows come ordered by (rank, t_enqueue): the calls are in order already; merge the waits
-    # in with int64 keys (rank << 44 | ns since base; 2^44 ns is 4.9 hours)
-    ck = (rank_r[rid_c] << 44) + (t_enq[rid_c] - base)
-    wk = (rank_r[rid_w] << 44) + (t_w[rid_w] - base)
-    del t_enq, t_w
-    if len(ck) > 1 and not np.all(ck[1:] >= ck[:-1]):
-        co = np.argsort(ck, kind="stable")
+    r = _C.merge_events(rank_r, t_enq, t_ret, t_w, t_we, base, NUL) if _C is not None else None
+    if r is not None:   # one merge in C (the numpy below is its reference)
+        ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev = (
+            np.frombuffer(x, t) for x, t in zip(r, (np.int64, np.bool_, np.float64, np.float64, np.int64, np.int64)))
+        E = len(ev_row)
+        del r
     else:
-        co = None
-    wo = np.argsort(wk, kind="stable")
-    cks = ck if co is None else ck[co]
-    wks = wk[wo]
-    nc = len(ck)
-    # a wait goes after every call with a key <= its own (call before wait on ties)
-    wpos = np.searchsorted(cks, wks, side="right") + np.arange(len(wks))
-    order = np.empty(nc + len(wks), np.int64)
-    is_w = np.zeros(nc + len(wks), bool)
-    is_w[wpos] = True
-    order[wpos] = nc + wo
-    order[~is_w] = np.arange(nc) if co is None else co
-    ev_row, ev_is_wait, ev_start, ev_rel, ev_rank = (a[order] for a in (ev_row, ev_is_wait, ev_start, ev_rel, ev_rank))
-    E = len(ev_row)
-    del ck, wk, co, wo, cks, wks, wpos, order, call_ok, wait_ok, rid_c, rid_w
-    call_ev = np.full(n, -1, np.int64)
-    idx = np.flatnonzero(~is_w)
-    call_ev[ev_row[idx]] = idx
-    del idx, is_w
+        ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev = _events_numpy(
+            rank_r, t_enq, t_w, enq, ret, tw, twe, base, n)
+        E = len(ev_row)
+    del t_enq, t_w, t_ret, t_we
     tick("events")
     ranks, rank_lo = np.unique(ev_rank, return_index=True)
     rank_hi = np.r_[rank_lo[1:], E].astype(np.int64)
@@ -365,7 +387,17 @@ def _build(run) -> Model:
     # previous slot on the same group and rank (collectives only: one collective at a time)
     sl_prev = np.full(nsl, -1, np.int64)
     coll_sl = np.flatnonzero(~s_is_p2p)
-    if len(coll_sl):
+    pv = None
+    if len(coll_sl) and _C is not None:     # slots in enter order per group already: in C
+        gq = _dense_ids([s_pgc[coll_sl], sl_rank[coll_sl].astype(np.int64)])
+        if gq is not None:
+            gfull = np.full(nsl, -1, np.int64)
+            gfull[coll_sl] = gq
+            pv = _C.slot_prev(gfull, np.ascontiguousarray(sl_enter, np.float64), int(gq.max()) + 1)
+            del gfull
+    if pv is not None:
+        sl_prev = np.frombuffer(pv, np.int64)
+    elif len(coll_sl):
         gq = _dense_ids([s_pgc[coll_sl], sl_rank[coll_sl].astype(np.int64)])
         ent = sl_enter[coll_sl]
         if gq is not None and int(gq.max()) < (1 << 19) and _whole_ns(ent):
@@ -410,31 +442,17 @@ def _build(run) -> Model:
 
     tick("slots")
     # ---- events <-> slots, anchors, gaps
-    ev_slot = np.full(E, -1, np.int64)
     sl_of_row = np.full(n, -1, np.int64)
     sl_of_row[s_rid] = np.arange(nsl)
-    ev_slot = sl_of_row[ev_row]
-    has = ev_slot >= 0
-    Lev = np.full(E, np.nan)
-    Lev[has] = sl_leave[ev_slot[has]]
-    ev_anchor = has & (ev_rel >= Lev)
-    ev_rho = np.where(ev_anchor, ev_rel - np.maximum(ev_start, np.nan_to_num(Lev, nan=-np.inf)), 0.0)
-    ev_dur = ev_rel - ev_start
-    # a wait state needs the host to wait: it starts when the host blocked on the op (the
-    # call, or its wait()); an op nobody waited for delayed nobody (metrics.md late sender
-    # takes the wait() start for isend/irecv alike)
-    sl_block = np.full(nsl, np.inf)
-    ai = np.flatnonzero(ev_anchor)
-    if len(ai):
-        np.minimum.at(sl_block, ev_slot[ai], ev_start[ai])
-    blocked = np.isfinite(sl_block)
-    sl_wait = np.where(blocked, np.maximum(0.0, np.minimum(last_enter[sl_comm] if nsl else np.zeros(0), sl_leave)
-                                           - np.where(blocked, sl_block, 0.0)), 0.0)
-    sl_block = np.where(blocked, sl_block, sl_enter)
-    prev_rel = np.r_[0.0, ev_rel[:-1]]
-    ev_gap = np.where(ev_first, ev_start, ev_start - prev_rel)
+    args = (ev_row, ev_start, ev_rel, ev_first, sl_of_row, sl_leave, sl_enter, sl_comm, last_enter)
+    if _C is not None:      # one pass in C (the numpy below is its reference)
+        ev_slot, ev_anchor, ev_rho, ev_dur, ev_gap, sl_block, sl_wait = (
+            np.frombuffer(x, t) for x, t in zip(_C.anchors(*(np.ascontiguousarray(v) for v in args)),
+                                                (np.int64, np.bool_) + (np.float64,) * 5))
+    else:
+        ev_slot, ev_anchor, ev_rho, ev_dur, ev_gap, sl_block, sl_wait = _anchors_numpy(*args)
     ev_step = step_r[ev_row]
-    del Lev, has, sl_of_row, prev_rel, blocked, step_r
+    del sl_of_row, step_r, args
 
     tick("anchors")
     # synchronisation point of each slot: the latest release, at or before its entry, of a
@@ -456,14 +474,24 @@ def _build(run) -> Model:
             gr[o3] = np.cumsum(newk) - 1
             del h3, o3, newk
         ai = np.flatnonzero(ev_anchor)
-        akey = (gr[ev_slot[ai]] << 44) + np.floor(ev_rel[ai]).astype(np.int64)
-        ao = np.argsort(akey, kind="stable")
-        akey_s = akey[ao]
-        arel_s = ev_rel[ai][ao]
-        q = (gr << 44) + np.floor(sl_enter).astype(np.int64)
-        j = np.searchsorted(akey_s, q, "right") - 1
-        okj = (j >= 0) & ((akey_s[np.maximum(j, 0)] >> 44) == gr) if len(akey_s) else np.zeros(nsl, bool)
-        sl_sync[okj] = arel_s[j[okj]]
+        r = None
+        if _C is not None:   # anchors bucketed by group in C (in floor(rel) order already)
+            r = _C.sync_points(np.ascontiguousarray(gr[ev_slot[ai]], np.int64), np.ascontiguousarray(ev_rel[ai]),
+                               np.ascontiguousarray(gr, np.int64), np.ascontiguousarray(sl_enter, np.float64),
+                               int(gr.max()) + 1 if nsl else 0)
+        if r is not None:
+            okj = np.frombuffer(r[0], np.bool_)
+            sl_sync[okj] = np.frombuffer(r[1], np.float64)[okj]
+            akey = ao = akey_s = arel_s = q = j = None
+        else:
+            akey = (gr[ev_slot[ai]] << 44) + np.floor(ev_rel[ai]).astype(np.int64)
+            ao = np.argsort(akey, kind="stable")
+            akey_s = akey[ao]
+            arel_s = ev_rel[ai][ao]
+            q = (gr << 44) + np.floor(sl_enter).astype(np.int64)
+            j = np.searchsorted(akey_s, q, "right") - 1
+            okj = (j >= 0) & ((akey_s[np.maximum(j, 0)] >> 44) == gr) if len(akey_s) else np.zeros(nsl, bool)
+            sl_sync[okj] = arel_s[j[okj]]
         # p2p: an eager send is never waited for, so the previous transfer on the pair counts
         # as the synchronisation point once its call returned (Scalasca: the interval since
         # the previous communication between the two)
@@ -516,6 +544,73 @@ def _build(run) -> Model:
         cm_op=cm_op, cm_pg=cm_pg, cm_seq=cm_seq, cm_bytes=cm_bytes, cm_factor=cm_factor, cm_tcomm=cm_tcomm,
         row_op=rows.labels("op"), row_site=rows.labels("site"), t_begin=t_begin, t_end=t_end_,
         cm_opc=cm_opc, cm_pgc=cm_pgc, op_names=op_names, pg_names=pg_vals)
+
+
+def _anchors_numpy(ev_row, ev_start, ev_rel, ev_first, sl_of_row, sl_leave, sl_enter, sl_comm, last_enter):
+    """_build's anchors, residuals, gaps and wait states in numpy (the reference of
+    `_replay.anchors`): (ev_slot, ev_anchor, ev_rho, ev_dur, ev_gap, sl_block, sl_wait)."""
+    E, nsl = len(ev_row), len(sl_leave)
+    ev_slot = sl_of_row[ev_row]
+    has = ev_slot >= 0
+    Lev = np.full(E, np.nan)
+    Lev[has] = sl_leave[ev_slot[has]]
+    ev_anchor = has & (ev_rel >= Lev)
+    ev_rho = np.where(ev_anchor, ev_rel - np.maximum(ev_start, np.nan_to_num(Lev, nan=-np.inf)), 0.0)
+    ev_dur = ev_rel - ev_start
+    # a wait state needs the host to wait: it starts when the host blocked on the op (the
+    # call, or its wait()); an op nobody waited for delayed nobody (metrics.md late sender
+    # takes the wait() start for isend/irecv alike)
+    sl_block = np.full(nsl, np.inf)
+    ai = np.flatnonzero(ev_anchor)
+    if len(ai):
+        np.minimum.at(sl_block, ev_slot[ai], ev_start[ai])
+    blocked = np.isfinite(sl_block)
+    sl_wait = np.where(blocked, np.maximum(0.0, np.minimum(last_enter[sl_comm] if nsl else np.zeros(0), sl_leave)
+                                           - np.where(blocked, sl_block, 0.0)), 0.0)
+    sl_block = np.where(blocked, sl_block, sl_enter)
+    prev_rel = np.r_[0.0, ev_rel[:-1]]
+    ev_gap = np.where(ev_first, ev_start, ev_start - prev_rel)
+    return ev_slot, ev_anchor, ev_rho, ev_dur, ev_gap, sl_block, sl_wait
+
+
+def _events_numpy(rank_r, t_enq, t_w, enq, ret, tw, twe, base, n):
+    """_build's host events by numpy sorts (the reference of `_replay.merge_events`): (ev_row,
+    ev_is_wait, ev_start, ev_rel, ev_rank, call_ev)."""
+    call_ok = ~np.isnan(enq) & ~np.isnan(ret)
+    wait_ok = ~np.isnan(tw) & ~np.isnan(twe)
+    rid_c = np.flatnonzero(call_ok)
+    rid_w = np.flatnonzero(wait_ok)
+    ev_row = np.concatenate([rid_c, rid_w])
+    ev_is_wait = np.concatenate([np.zeros(len(rid_c), bool), np.ones(len(rid_w), bool)])
+    ev_start = np.concatenate([enq[rid_c], tw[rid_w]])
+    ev_rel = np.concatenate([ret[rid_c], twe[rid_w]])
+    ev_rank = rank_r[ev_row]
+    # rows come ordered by (rank, t_enqueue): the calls are in order already; merge the waits
+    # in with int64 keys (rank << 44 | ns since base; 2^44 ns is 4.9 hours)
+    ck = (rank_r[rid_c] << 44) + (t_enq[rid_c] - base)
+    wk = (rank_r[rid_w] << 44) + (t_w[rid_w] - base)
+    if len(ck) > 1 and not np.all(ck[1:] >= ck[:-1]):
+        co = np.argsort(ck, kind="stable")
+    else:
+        co = None
+    wo = np.argsort(wk, kind="stable")
+    cks = ck if co is None else ck[co]
+    wks = wk[wo]
+    nc = len(ck)
+    # a wait goes after every call with a key <= its own (call before wait on ties)
+    wpos = np.searchsorted(cks, wks, side="right") + np.arange(len(wks))
+    order = np.empty(nc + len(wks), np.int64)
+    is_w = np.zeros(nc + len(wks), bool)
+    is_w[wpos] = True
+    order[wpos] = nc + wo
+    order[~is_w] = np.arange(nc) if co is None else co
+    ev_row, ev_is_wait, ev_start, ev_rel, ev_rank = (a[order] for a in (ev_row, ev_is_wait, ev_start, ev_rel, ev_rank))
+    del ck, wk, co, wo, cks, wks, wpos, order, call_ok, wait_ok, rid_c, rid_w
+    call_ev = np.full(n, -1, np.int64)
+    idx = np.flatnonzero(~is_w)
+    call_ev[ev_row[idx]] = idx
+    del idx, is_w
+    return ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev
 
 
 def _p2p_sql(run) -> pa.Table:
@@ -700,6 +795,10 @@ def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, s
     without it (the reference), every event by the global sort. Equal results."""
     if slots is None or not len(ev_gap):
         return _excess_by_sort(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
+    if _C is not None:
+        r = _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
+        if r is not None:
+            return r
     sl_call, ev_slot, cm_lo, cm_hi, comm_ok = slots
     E = len(ev_gap)
     ex = np.zeros(E)
@@ -727,6 +826,48 @@ def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, s
         ex[other] = e2
         hp[other] = h2
     return ex, hp
+
+
+def _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll):
+    """_excess by `_replay.median_excess`: one group id per event (a collective's calls, its
+    wait()s, and the other events' (key, step, occurrence) groups of _excess_other), and the
+    medians per group in C. None when the other events' groups do not fit _dense_ids' tables."""
+    wi = ev_is_wait.astype(np.int64)
+    gid = np.where(ev_coll >= 0, ev_coll * 2 + wi, -1)
+    ncoll = int(ev_coll.max()) * 2 + 2 if len(ev_coll) else 0
+    other = np.flatnonzero(ev_coll < 0)
+    if len(other):
+        g_o = _other_groups(ev_rank[other], ev_label[other], wi[other], ev_step[other])
+        if g_o is None:
+            return None
+        gid[other] = ncoll + g_o
+        ng = ncoll + (int(g_o.max()) + 1 if len(g_o) else 0)
+    else:
+        ng = ncoll
+    g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
+    ex, hp = _C.median_excess(np.ascontiguousarray(g, np.float64), gid, ng)
+    return np.frombuffer(ex, np.float64).copy(), np.frombuffer(hp, np.bool_).copy()
+
+
+def _other_groups(ev_rank, ev_label, wi, ev_step):
+    """Dense ids of _excess_other's groups (same key, step and occurrence within the rank's
+    step), or None when a range is too large for _dense_ids' tables."""
+    n = len(ev_rank)
+    lab = _dense_ids([np.asarray(ev_label, np.int64)])
+    if lab is None:
+        return None
+    key = lab * 2 + wi
+    st = np.asarray(ev_step, np.int64)
+    g1 = _dense_ids([np.asarray(ev_rank, np.int64), st, key])
+    if g1 is None:
+        return None
+    o = np.argsort(g1, kind="stable")
+    s1 = g1[o]
+    newg = np.r_[True, s1[1:] != s1[:-1]]
+    occ = np.empty(n, np.int64)
+    occ[o] = np.arange(n) - np.flatnonzero(newg)[np.cumsum(newg) - 1]
+    del o, s1, newg, g1
+    return _dense_ids([key, st, occ])
 
 
 def _excess_other(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step):

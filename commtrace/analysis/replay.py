@@ -282,7 +282,52 @@ def _c_inputs(m: Model) -> dict:
     return ci
 
 
+#: Scenarios replayed together by one pass of the C loop (their times side by side; memory: two
+#: float64 per slot and scenario).
+C_BATCH = 6
+
+
 def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayResult:
+    """All scenarios through `_replay.replay_many`, C_BATCH at a time: the loop's path through
+    the trace is the same for every scenario (it depends on the structure, not the times), so
+    one pass computes several; the run and step ends are taken in the loop."""
+    ci = _c_inputs(m)
+    S, E, R = len(scenarios), m.n_events, len(m.ranks)
+    steps, sinv, sok = _step_index(m)
+    ev_steppos = ci.get("ev_steppos")
+    if ev_steppos is None:
+        ev_steppos = np.full(E, -1, np.int64)
+        ev_steppos[sok] = sinv
+        ci["ev_steppos"] = ev_steppos
+    nst = len(steps)
+    t_end = np.zeros(S)
+    step_end = np.full((S, nst), -np.inf)
+    kept = np.empty((S, E)) if keep_events else None
+    noex = np.zeros(R, np.uint8)
+    for b0 in range(0, S, C_BATCH):
+        batch = scenarios[b0:b0 + C_BATCH]
+        gaps, tcs, tcis, masks, queues, excls = [], [], [], [], [], []
+        for sc in batch:
+            gaps.append(np.ascontiguousarray(m.ev_gap if sc.gap is None else sc.gap, np.float64))
+            tcs.append(np.ascontiguousarray(m.sl_tc if sc.tc is None else np.where(m.sl_dep, sc.tc, m.sl_tc), np.float64))
+            tcis.append(np.ascontiguousarray(m.sl_tc if sc.tc_ind is None else np.where(~m.sl_dep, sc.tc_ind, m.sl_tc),
+                                             np.float64))
+            masks.append(ci["nomask"] if sc.mask is None else np.ascontiguousarray(sc.mask, np.uint8))
+            queues.append(bool(sc.queue))
+            excls.append(noex if not sc.exclude_ranks
+                         else np.isin(m.ranks, np.asarray(sc.exclude_ranks, np.int64)).astype(np.uint8))
+        k = kept[b0:b0 + len(batch)] if kept is not None else None
+        te, se = _C.replay_many(ci["rank_lo"], ci["rank_hi"], ci["dur"], ci["rho"], ci["anchor"], ci["ev_slot"],
+                                ci["call_slot"], ci["sl_comm"], ci["sl_dep"], ci["sl_prev"], ci["cm_lo"], ci["cm_hi"],
+                                ci["succ_lo"], ci["succ"], ev_steppos, nst, gaps, tcs, tcis, masks, queues, excls, k)
+        t_end[b0:b0 + len(batch)] = np.frombuffer(te, np.float64)
+        if nst:
+            step_end[b0:b0 + len(batch)] = np.frombuffer(se, np.float64).reshape(len(batch), nst)
+    return ReplayResult([s.name for s in scenarios], t_end, steps, step_end, kept)
+
+
+def _replay_c_each(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayResult:
+    """The C replay one scenario per call (`_replay.replay`): the reference of _replay_c."""
     ci = _c_inputs(m)
     S, E = len(scenarios), m.n_events
     t_end = np.zeros(S)
@@ -318,14 +363,16 @@ def _collect(m: Model, sc: Scenario, rel, i: int, t_end, step_end, sinv, sok, ke
 
 def replay(m: Model, scenarios: list[Scenario], keep_events: bool = False, engine: str | None = None) -> ReplayResult:
     """Replay `scenarios` through model `m` (see the module doc). `engine`: "c" (the compiled
-    event loop, the default when built) or "numpy" (batches of independent communications)."""
+    event loop, all scenarios in one pass, the default when built), "c-each" (the compiled
+    loop once per scenario: the reference of "c") or "numpy" (batches of independent
+    communications)."""
     if engine is None:
         engine = "c" if _C is not None else "numpy"
-    if engine == "c":
+    if engine in ("c", "c-each"):
         if _C is None:
             raise RuntimeError("the C replay (commtrace.analysis._replay) is not built")
         try:
-            return _replay_c(m, scenarios, keep_events)
+            return (_replay_c if engine == "c" else _replay_c_each)(m, scenarios, keep_events)
         except RuntimeError:
             pass   # a dependency cycle in odd input: the numpy path orders by keys instead
     return _replay_numpy(m, scenarios, keep_events)

@@ -118,14 +118,17 @@ def clock(con, coll: str, offsets: dict, rtts: dict, meta: dict) -> dict:
     tol = max([v for v in rtts.values() if v] or [0]) // 2
     row = Q.rows(con, f"""
         WITH v AS (
-            SELECT pg, seq, op, CASE pattern
+            SELECT ckey, pg, seq, op, CASE pattern
                 WHEN 'late_broadcast' THEN root_enter_ns - first_nonroot_leave_ns
                 WHEN 'early_reduce' THEN last_nonroot_enter_ns - root_leave_ns
                 ELSE last_enter_ns - first_leave_ns END AS by_ns, last_rank
             FROM {coll} WHERE complete AND n_ranks >= 2)
         SELECT count(*), count(*) FILTER (WHERE by_ns > {tol}), max(by_ns) FILTER (WHERE by_ns > {tol}),
                list(DISTINCT last_rank) FILTER (WHERE by_ns > {tol}),
-               arg_max(pg, by_ns) FILTER (WHERE by_ns > {tol}), arg_max(seq, by_ns) FILTER (WHERE by_ns > {tol})
+               -- the worst violation's (pg, seq), both from one row; on a tie, the lowest
+               -- collective key (group index, then seq)
+               arg_max(struct_pack(pg := pg, seq := seq), struct_pack(b := by_ns, k := -ckey))
+                 FILTER (WHERE by_ns > {tol})
         FROM v""").fetchone()
     return {"offsets_ns": {str(r): o for r, o in sorted(offsets.items())},
             "methods": sorted({str(m.get("clock_offset_method")) for m in meta.values()
@@ -133,7 +136,7 @@ def clock(con, coll: str, offsets: dict, rtts: dict, meta: dict) -> dict:
             "tolerance_ns": int(tol), "matched": int(row[0] or 0), "violations": int(row[1] or 0),
             "max_violation_ns": int(row[2]) if row[2] is not None else 0,
             "late_ranks": sorted(int(x) for x in (row[3] or [])),
-            "worst": {"pg": row[4], "seq": row[5]} if row[1] else None}
+            "worst": {"pg": row[4]["pg"], "seq": row[4]["seq"]} if row[1] else None}
 
 
 def last_completed(con, t: str, ranks) -> dict:

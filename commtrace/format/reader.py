@@ -426,7 +426,7 @@ def part_chunks(parts: list[PartInfo], chunk_rows: int | None) -> list[tuple[int
 
 
 def load_into_duckdb(con, rf: RunFiles, table: str = "raw", wrap=None, columns=None,
-                     chunk_rows: int | None = None, progress=None) -> None:
+                     chunk_rows: int | None = None, progress=None, workers: int = 1) -> None:
     """Create DuckDB table `table` holding every row of the run (unaligned clocks), the schema
     `columns` (default: all) present, plus `rid` (see RID_SQL), plus pending ops from the
     ``_inflight.json`` snapshots.
@@ -440,13 +440,23 @@ def load_into_duckdb(con, rf: RunFiles, table: str = "raw", wrap=None, columns=N
     each part with pyarrow, skipped with a warning naming it, and the load retried.
 
     `wrap(sql) -> sql` may transform the rows on the way in (the analysis aligns clocks there,
-    so that the run is materialised once)."""
+    so that the run is materialised once).
+
+    With `workers` > 1 and several chunks, that many cursors of `con` insert chunks at the
+    same time (an empty `table` is created first; appends of separate transactions do not
+    conflict). Writing a chunk into a database file is mostly serial inside DuckDB
+    (compression of each row group as it is appended), so two writers halve the load's wall
+    time on two cores (64 x 20,000 synthetic: 1.9 s -> 1.1 s) for about the same memory."""
     wrap = wrap or (lambda q: q)
     names = list(columns or S.COLUMNS)
     parts = list(rf.parts)
 
     def create(parts):
         chunks = part_chunks(parts, chunk_rows)
+        if workers > 1 and len(chunks) > 1:
+            _create_parallel(con, table, [wrap(_read_parts_sql(ch, names, rid=True, file_offset=off))
+                                          for off, ch in chunks], workers, progress)
+            return
         for k, (off, ch) in enumerate(chunks):
             q = wrap(_read_parts_sql(ch, names, rid=True, file_offset=off))
             con.execute(f"CREATE OR REPLACE TABLE {table} AS {q}" if k == 0 else f"INSERT INTO {table} BY NAME {q}")
@@ -481,6 +491,54 @@ def load_into_duckdb(con, rf: RunFiles, table: str = "raw", wrap=None, columns=N
         sel = snapshot_rows_sql(table, names)
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM ({wrap(sel)})")
         con.unregister("__snapshot")
+
+
+def _create_parallel(con, table: str, queries: list[str], workers: int, progress=None) -> None:
+    """Table `table` holding the rows of every SELECT in `queries`, inserted by `workers`
+    cursors of `con` at once (each in the database `con` is using); raises the first error."""
+    import threading
+
+    db = con.execute("SELECT current_database()").fetchone()[0]
+    con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM ({queries[0]}) LIMIT 0")
+    lock = threading.Lock()
+    todo = list(range(len(queries)))
+    errors: list[BaseException] = []
+    done = [0]
+
+    def work(cur):
+        try:
+            cur.execute(f'USE "{db}"')
+            while not errors:
+                with lock:
+                    if not todo:
+                        return
+                    k = todo.pop(0)
+                cur.execute(f"INSERT INTO {table} BY NAME {queries[k]}")
+                with lock:
+                    done[0] += 1
+                    if progress:
+                        progress(done[0] / len(queries))
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the calling thread
+            with lock:
+                errors.append(e)
+        finally:
+            cur.close()
+
+    # One DuckDB thread per writer: the writers are the parallelism, and each thread of a
+    # query holds its own row group buffers (about 100 MB less at the peak of a 64 x 20,000 run).
+    nthreads = con.execute("SELECT current_setting('threads')").fetchone()[0]
+    con.execute(f"SET threads = {max(1, min(int(nthreads), workers))}")
+    threads = [threading.Thread(target=work, args=(con.cursor(),), name=f"commtrace-load-{i}", daemon=True)
+               for i in range(min(workers, len(queries)))]
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        con.execute(f"SET threads = {int(nthreads)}")
+    if errors:
+        raise errors[0]
 
 
 def snapshot_rows_sql(table: str, names, snapshot: str = "__snapshot") -> str:
