@@ -173,7 +173,7 @@ fail_bufs:
  * order in which the loop above visits events and resolves communications, depends only on the
  * trace's structure, never on the times: every scenario takes the same path, so the path is
  * walked once and each step computes all S scenarios' times (kept side by side per slot and
- * rank). gaps/tcs/tc_inds/masks/excls: sequences of S buffers (E, S, S float64; S uint8; R uint8
+ * rank; a slot holds its entry until its communication resolves, then its release). gaps/tcs/tc_inds/masks/excls: sequences of S buffers (E, S, S float64; S uint8; R uint8
  * per scenario); queues: sequence of S bools; ev_step: per event its step's position in
  * 0..n_steps-1 or -1. Per scenario, t_end is the latest release on the ranks not excluded (0
  * when none) and step_end[s, k] the latest release of step k's events (-inf when none); NaN
@@ -225,7 +225,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     PyObject *res = NULL, *o_tend = NULL, *o_se = NULL;
     int64_t *pos = NULL, *stack = NULL, *next_waiter = NULL, *head = NULL, *arrived = NULL, *cstack = NULL;
     uint8_t *resolved = NULL, *entered = NULL;
-    double *prev = NULL, *enter = NULL, *L = NULL, *start = NULL, *T0 = NULL;
+    double *prev = NULL, *L = NULL, *start = NULL, *T0 = NULL;
     for (; nb < NB2; nb++)
         if (get(objs[nb], &b[nb], sizes[nb], names[nb]) < 0) goto done;
     for (Py_ssize_t s = 0; s < S; s++) {
@@ -281,12 +281,11 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     arrived = calloc(C + 1, sizeof(int64_t));
     resolved = calloc(C + 1, 1);
     entered = calloc(NS + 1, 1);
-    enter = malloc(sizeof(double) * (NS + 1) * S);
     L = malloc(sizeof(double) * (NS + 1) * S);
     cstack = malloc(sizeof(int64_t) * (C + b[13].len / 8 + 1));
     start = malloc(sizeof(double) * S);
     T0 = malloc(sizeof(double) * S);
-    if (!pos || !prev || !stack || !next_waiter || !head || !arrived || !resolved || !entered || !enter || !L ||
+    if (!pos || !prev || !stack || !next_waiter || !head || !arrived || !resolved || !entered || !L ||
         !cstack || !start || !T0) {
         PyErr_NoMemory();
         goto done;
@@ -308,7 +307,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
             int64_t cs = call_slot[e];
             if (cs >= 0 && !entered[cs]) {
                 entered[cs] = 1;
-                memcpy(enter + cs * S, start, sizeof(double) * S);
+                memcpy(L + cs * S, start, sizeof(double) * S);   /* the entry, until resolved */
                 int64_t c = sl_comm[cs];
                 arrived[c]++;
                 if (arrived[c] == cm_hi[c] - cm_lo[c]) cstack[csp++] = c;
@@ -323,7 +322,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                     if (!ready) continue;
                     for (Py_ssize_t s = 0; s < S; s++) T0[s] = -INFINITY;
                     for (int64_t j = cm_lo[x]; j < cm_hi[x]; j++) {
-                        const double *en = enter + j * S;
+                        const double *en = L + j * S;      /* entries (x unresolved) */
                         int64_t p = sl_prev[j];
                         const double *lp = p >= 0 ? L + p * S : NULL;
                         for (Py_ssize_t s = 0; s < S; s++) {
@@ -333,15 +332,14 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                         }
                     }
                     for (int64_t j = cm_lo[x]; j < cm_hi[x]; j++) {
-                        const double *en = enter + j * S;
-                        double *lj = L + j * S;
+                        double *lj = L + j * S;            /* entry in, release out */
                         if (sl_dep[j]) {
                             for (Py_ssize_t s = 0; s < S; s++) {
-                                double t = T0[s] > en[s] ? T0[s] : en[s];
+                                double t = T0[s] > lj[s] ? T0[s] : lj[s];
                                 lj[s] = t + tc[s][j];
                             }
                         } else {
-                            for (Py_ssize_t s = 0; s < S; s++) lj[s] = en[s] + tci[s][j];
+                            for (Py_ssize_t s = 0; s < S; s++) lj[s] = lj[s] + tci[s][j];
                         }
                     }
                     resolved[x] = 1;
@@ -388,7 +386,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     res = PyTuple_Pack(2, o_tend, o_se);
 done:
     free(pos); free(prev); free(stack); free(next_waiter); free(head); free(arrived); free(resolved);
-    free(entered); free(enter); free(L); free(cstack); free(start); free(T0);
+    free(entered); free(L); free(cstack); free(start); free(T0);
     Py_XDECREF(o_tend); Py_XDECREF(o_se);
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     for (int i = 0; i < ng; i++) PyBuffer_Release(&gb[i]);
