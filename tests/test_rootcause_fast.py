@@ -323,3 +323,12 @@ def test_model_c_shortcuts_fall_back_on_unsorted_input():
                          np.array([3.9, 2.0, 0.5, 1.5]), 2)
     assert np.frombuffer(f, np.bool_).tolist() == [True, False, False, True]
     assert np.frombuffer(v, np.float64)[[0, 3]].tolist() == [3.7, 1.0]
+
+
+@pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
+def test_critical_path_walk_in_c_equals_the_python_loop(run):
+    m = M.build_model(run)
+    a, b = CP.walk(m), CP.walk(m, _python=True)
+    assert a.keys() == b.keys() and len(b["rank"]) > 10
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k

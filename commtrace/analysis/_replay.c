@@ -798,7 +798,130 @@ done:
     return res;
 }
 
+/* cp_walk(ev_rank, ev_start, ev_rel, ev_anchor, ev_slot, ev_first, sl_leave, sl_dep, sl_comm,
+ *         sl_call, sl_enter, sl_rank, cm_T0, cm_last, q_prev, t_begin, e0, guard)
+ *   -> None or (rank, t0, t1, kind, comm, event) as bytes, in time order
+ * critical_path.walk's loop (the Python there is its reference), from the end of event e0;
+ * max(x, y) as Python's (y only when y > x). None when the walk would index an event < 0
+ * (Python would wrap around: the caller runs the Python loop). */
+static inline double py_max(double x, double y) { return y > x ? y : x; }
+
+typedef struct { int64_t r; double t0, t1; int64_t k, c, e; } Seg;
+
+static PyObject *cp_walk(PyObject *self, PyObject *args) {
+    PyObject *o[15];
+    double tb;
+    long long e0_ll, guard_ll;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOdLL", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
+                          &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &tb, &e0_ll, &guard_ll))
+        return NULL;
+    static const Py_ssize_t sz[15] = {8, 8, 8, 1, 8, 1, 8, 1, 8, 8, 8, 8, 8, 8, 8};
+    Py_buffer b[15];
+    int nb = 0;
+    PyObject *res = NULL, *out[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    Seg *seg = NULL;
+    for (; nb < 15; nb++) if (get(o[nb], &b[nb], sz[nb], "cp_walk") < 0) goto done;
+    const int64_t *ev_rank = b[0].buf, *ev_slot = b[4].buf, *sl_comm = b[8].buf, *sl_call = b[9].buf;
+    const int64_t *sl_rank = b[11].buf, *cm_last = b[13].buf, *q_prev = b[14].buf;
+    const double *ev_start = b[1].buf, *ev_rel = b[2].buf, *sl_leave = b[6].buf, *sl_enter = b[10].buf;
+    const double *cm_T0 = b[12].buf;
+    const uint8_t *anchor = b[3].buf, *first = b[5].buf, *sl_dep = b[7].buf;
+    Py_ssize_t E = b[0].len / 8, NS = b[6].len / 8, C = b[12].len / 8;
+    Py_ssize_t n = 0, cap = 1024;
+    seg = malloc(sizeof(Seg) * cap);
+    if (!seg) { PyErr_NoMemory(); goto done; }
+    int64_t e = e0_ll, s = -1, guard = guard_ll;
+    int mode = 0, fallback = 0;
+#define PUSH(R, A, B, K, CC, EE) do { \
+        if (n == cap) { Seg *t = realloc(seg, sizeof(Seg) * cap * 2); if (!t) { PyErr_NoMemory(); goto done; } seg = t; cap *= 2; } \
+        seg[n].r = (R); seg[n].t0 = (A); seg[n].t1 = (B); seg[n].k = (K); seg[n].c = (CC); seg[n].e = (EE); n++; } while (0)
+#define CHECK_E(x) do { if ((x) < 0 || (x) >= E) { fallback = 1; goto walked; } } while (0)
+#define CHECK_S(x) do { if ((x) < 0 || (x) >= NS) { fallback = 1; goto walked; } } while (0)
+    CHECK_E(e);
+    while (guard > 0) {
+        guard--;
+        if (mode == 0) {
+            int64_t r = ev_rank[e];
+            if (anchor[e]) {
+                s = ev_slot[e];
+                CHECK_S(s);
+                double L = sl_leave[s];
+                if (L >= ev_start[e]) {
+                    double a = py_max(L, tb);
+                    if (ev_rel[e] > a) PUSH(r, a, ev_rel[e], 1, sl_comm[s], e);
+                    if (L <= tb) break;
+                    mode = 2;
+                    continue;
+                }
+            }
+            double a = py_max(ev_start[e], tb);
+            if (ev_rel[e] > a) {
+                int64_t sl = ev_slot[e];
+                if (sl >= NS) { fallback = 1; goto walked; }
+                PUSH(r, a, ev_rel[e], 1, sl >= 0 ? sl_comm[sl] : -1, e);
+            }
+            mode = 1;
+        } else if (mode == 1) {
+            int64_t r = ev_rank[e];
+            if (first[e] || ev_start[e] <= tb) break;
+            CHECK_E(e - 1);
+            double a = py_max(ev_rel[e - 1], tb);
+            if (ev_start[e] > a) PUSH(r, a, ev_start[e], 0, -1, e);
+            e -= 1;
+            mode = 0;
+        } else {
+            int64_t c = sl_comm[s];
+            if (c < 0 || c >= C) { fallback = 1; goto walked; }
+            int64_t r = sl_rank[s];
+            double L = sl_leave[s];
+            if (sl_dep[s]) {
+                double T0 = cm_T0[c];
+                double a = py_max(T0, tb);
+                if (L > a) PUSH(r, a, L, 2, c, -1);
+                if (T0 <= tb) break;
+                int64_t d = cm_last[c];
+                CHECK_S(d);
+                if (sl_enter[d] >= T0) {
+                    e = sl_call[d]; CHECK_E(e); mode = 1;
+                } else {
+                    int64_t bs = q_prev[c];
+                    if (bs < 0) { e = sl_call[d]; CHECK_E(e); mode = 1; }
+                    else { s = bs; CHECK_S(s); mode = 2; }
+                }
+            } else {
+                double a = py_max(sl_enter[s], tb);
+                if (L > a) PUSH(r, a, L, 2, c, -1);
+                e = sl_call[s];
+                CHECK_E(e);
+                mode = 1;
+            }
+        }
+    }
+walked:
+    if (fallback) { res = Py_None; Py_INCREF(res); goto done; }
+    for (int i = 0; i < 6; i++) {
+        out[i] = PyBytes_FromStringAndSize(NULL, n * 8);
+        if (!out[i]) goto done;
+    }
+    {
+        int64_t *orank = (int64_t *)PyBytes_AS_STRING(out[0]), *okind = (int64_t *)PyBytes_AS_STRING(out[3]);
+        int64_t *ocomm = (int64_t *)PyBytes_AS_STRING(out[4]), *oev = (int64_t *)PyBytes_AS_STRING(out[5]);
+        double *ot0 = (double *)PyBytes_AS_STRING(out[1]), *ot1 = (double *)PyBytes_AS_STRING(out[2]);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Seg *g = &seg[n - 1 - i];
+            orank[i] = g->r; ot0[i] = g->t0; ot1[i] = g->t1; okind[i] = g->k; ocomm[i] = g->c; oev[i] = g->e;
+        }
+    }
+    res = PyTuple_Pack(6, out[0], out[1], out[2], out[3], out[4], out[5]);
+done:
+    free(seg);
+    for (int i = 0; i < 6; i++) Py_XDECREF(out[i]);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"cp_walk", cp_walk, METH_VARARGS, "The critical path's backward walk (critical_path.py)."},
     {"merge_events", merge_events, METH_VARARGS, "Host events of the rows in order (model.py)."},
     {"anchors", anchors, METH_VARARGS, "Anchors, residuals, gaps and wait states (model.py)."},
     {"slot_prev", slot_prev, METH_VARARGS, "Previous slot of the same group (model.py)."},
