@@ -553,12 +553,12 @@ static PyObject *merge_events(PyObject *self, PyObject *args) {
         if (tw[i] != NUL && twe[i] != NUL) nw++;
     }
     if (!sorted) { res = Py_None; Py_INCREF(res); goto done; }
-    w = malloc(sizeof(KI) * (nw + 1));
-    tmp = malloc(sizeof(KI) * (nw + 1));
-    if (!w || !tmp) { PyErr_NoMemory(); goto done; }
     Py_ssize_t E = nc + nw;
+    /* the outputs first, the temporaries after them (freed at the heap's top, for reuse) */
     NEWBYTES(orow, E * 8); NEWBYTES(oisw, E); NEWBYTES(ost, E * 8); NEWBYTES(orel, E * 8); NEWBYTES(ork, E * 8);
     NEWBYTES(ocev, n * 8);
+    w = malloc(sizeof(KI) * (nw + 1));
+    if (!w) { PyErr_NoMemory(); goto done; }
     int64_t *ev_row = (int64_t *)PyBytes_AS_STRING(orow), *ev_rank = (int64_t *)PyBytes_AS_STRING(ork);
     int64_t *call_ev = (int64_t *)PyBytes_AS_STRING(ocev);
     uint8_t *isw = (uint8_t *)PyBytes_AS_STRING(oisw);
@@ -575,7 +575,10 @@ static PyObject *merge_events(PyObject *self, PyObject *args) {
             j++;
         }
     }
-    if (!wsorted) merge_sort_ki(w, tmp, nw);
+    if (!wsorted) {
+        tmp = malloc(sizeof(KI) * (nw + 1));
+        if (tmp) merge_sort_ki(w, tmp, nw);
+    }
     Py_ssize_t ci = 0, wi = 0, e = 0;
     while (ci < n || wi < nw) {
         while (ci < n && !(tq[ci] != NUL && tr[ci] != NUL)) ci++;
@@ -598,6 +601,7 @@ static PyObject *merge_events(PyObject *self, PyObject *args) {
         e++;
     }
     Py_END_ALLOW_THREADS
+    if (!wsorted && !tmp) { PyErr_NoMemory(); goto done; }
     res = PyTuple_Pack(6, orow, oisw, ost, orel, ork, ocev);
 done:
     free(w); free(tmp);
@@ -759,11 +763,11 @@ static PyObject *sync_points(PyObject *self, PyObject *args) {
         if (!(f >= 0.0 && f < LIM) || sg[j] < 0 || sg[j] >= G) ok = 0;
     }
     if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    NEWBYTES(ofound, NS); NEWBYTES(oval, NS * 8);     /* the outputs before the temporaries */
     cnt = calloc(G + 1, sizeof(int64_t));
     pos = malloc(sizeof(int64_t) * (A + 1));
     fl = malloc(sizeof(double) * (A + 1));
     if (!cnt || !pos || !fl) { PyErr_NoMemory(); goto done; }
-    NEWBYTES(ofound, NS); NEWBYTES(oval, NS * 8);
     uint8_t *found = (uint8_t *)PyBytes_AS_STRING(ofound);
     double *val = (double *)PyBytes_AS_STRING(oval);
     for (Py_ssize_t i = 0; i < A; i++) cnt[ag[i] + 1]++;

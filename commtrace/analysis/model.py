@@ -846,7 +846,7 @@ def _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
         ng = ncoll
     g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
     ex, hp = _C.median_excess(np.ascontiguousarray(g, np.float64), gid, ng)
-    return np.frombuffer(ex, np.float64).copy(), np.frombuffer(hp, np.bool_).copy()
+    return np.frombuffer(ex, np.float64), np.frombuffer(hp, np.bool_)
 
 
 def _other_groups(ev_rank, ev_label, wi, ev_step):
