@@ -332,3 +332,24 @@ def test_critical_path_walk_in_c_equals_the_python_loop(run):
     assert a.keys() == b.keys() and len(b["rank"]) > 10
     for k in a:
         assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+
+
+def test_the_c_helpers_are_built_where_a_compiler_is():
+    """The extension is optional (a failed build falls back to numpy silently): where a C
+    compiler exists it must have built, with every helper, or the tests above would skip."""
+    import shutil
+    import sysconfig
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if not shutil.which(cc):
+        pytest.skip(f"no C compiler ({cc})")
+    from commtrace.analysis import _replay
+    for name in ("replay", "replay_many", "median_excess", "merge_events", "anchors", "slot_prev", "sync_points",
+                 "cp_walk", "counting_argsort"):
+        assert hasattr(_replay, name), name
+
+
+def test_stable_argsort_equals_numpys():
+    rng = np.random.default_rng(5)
+    for n, lo, hi in ((0, 0, 1), (1, 3, 4), (1000, -5, 40), (5000, 0, 3), (3000, 10**6, 10**6 + 2000), (100, 0, 10**12)):
+        k = rng.integers(lo, hi, n)
+        assert np.array_equal(M.stable_argsort(k), np.argsort(k, kind="stable"))

@@ -563,9 +563,9 @@ static PyObject *merge_events(PyObject *self, PyObject *args) {
     int64_t *call_ev = (int64_t *)PyBytes_AS_STRING(ocev);
     uint8_t *isw = (uint8_t *)PyBytes_AS_STRING(oisw);
     double *st = (double *)PyBytes_AS_STRING(ost), *rl = (double *)PyBytes_AS_STRING(orel);
+    int wsorted = 1;
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t j = 0;
-    int wsorted = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         call_ev[i] = -1;
         if (tw[i] != NUL && twe[i] != NUL) {
@@ -924,7 +924,40 @@ done:
     return res;
 }
 
+/* counting_argsort(keys, K) -> order (bytes, int64)
+ * np.argsort(keys, kind="stable") for integer keys in [0, K), by one counting sort (numpy's
+ * stable sort of int64 is a merge sort). ValueError on a key outside [0, K). */
+static PyObject *counting_argsort(PyObject *self, PyObject *args) {
+    PyObject *ok;
+    Py_ssize_t K;
+    if (!PyArg_ParseTuple(args, "On", &ok, &K)) return NULL;
+    Py_buffer bk;
+    if (get(ok, &bk, 8, "keys") < 0) return NULL;
+    PyObject *res = NULL, *out = NULL;
+    int64_t *cnt = NULL;
+    Py_ssize_t n = bk.len / 8;
+    const int64_t *k = bk.buf;
+    if (K < 0) { PyErr_SetString(PyExc_ValueError, "counting_argsort: K < 0"); goto done; }
+    NEWBYTES(out, n * 8);
+    cnt = calloc(K + 1, sizeof(int64_t));
+    if (!cnt) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (k[i] < 0 || k[i] >= K) { PyErr_SetString(PyExc_ValueError, "counting_argsort: key out of range"); goto done; }
+        cnt[k[i] + 1]++;
+    }
+    for (Py_ssize_t j = 0; j < K; j++) cnt[j + 1] += cnt[j];
+    int64_t *o = (int64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) o[cnt[k[i]]++] = i;
+    res = out; Py_INCREF(res);
+done:
+    free(cnt);
+    Py_XDECREF(out);
+    PyBuffer_Release(&bk);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"counting_argsort", counting_argsort, METH_VARARGS, "Stable argsort of small integer keys (model.py)."},
     {"cp_walk", cp_walk, METH_VARARGS, "The critical path's backward walk (critical_path.py)."},
     {"merge_events", merge_events, METH_VARARGS, "Host events of the rows in order (model.py)."},
     {"anchors", anchors, METH_VARARGS, "Anchors, residuals, gaps and wait states (model.py)."},

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .model import Model, build_model
+from .model import Model, build_model, stable_argsort
 
 EPS = 1.0
 
@@ -456,7 +456,7 @@ def _step_index(m: Model):
         si = (np.zeros(0, np.int64), np.zeros(0, np.int64), ok, np.zeros(0, np.int64), np.zeros(0, np.int64))
     else:
         evs = np.flatnonzero(ok)
-        o = np.argsort(m.ev_step[evs], kind="stable")
+        o = stable_argsort(m.ev_step[evs])
         st = m.ev_step[evs[o]]
         b = np.flatnonzero(np.r_[True, st[1:] != st[:-1]])
         steps = st[b]
