@@ -256,3 +256,79 @@ def test_median_excess_in_c_equals_the_sorted_arithmetic():
     rex, rhp = M._median_others_rows(v)
     assert np.array_equal(np.frombuffer(ex, np.float64), rex.ravel())
     assert np.array_equal(np.frombuffer(hp, np.bool_), rhp.ravel())
+
+
+def _model_fields(m):
+    import dataclasses
+    out = {}
+    for f in dataclasses.fields(M.Model):
+        v = getattr(m, f.name)
+        if f.name in ("row_op", "row_site", "notes", "cm_opc", "op_names"):
+            continue
+        out[f.name] = v
+    # op codes follow the fetch's dictionary order: compare the names they stand for
+    out["cm_op_by_code"] = m.op_names[m.cm_opc]
+    return out
+
+
+@pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
+def test_model_passes_in_c_equal_numpy(run, monkeypatch):
+    """merge_events, anchors, slot_prev, sync_points and median_excess (C) against the numpy
+    code they replace: every array of the model equal, dtypes included."""
+    mc = M._build(run)
+    monkeypatch.setattr(M, "_C", None)
+    mn = M._build(run)
+    a, b = _model_fields(mc), _model_fields(mn)
+    assert a.keys() == b.keys()
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and x.shape == y.shape, k
+            if x.dtype == object:
+                assert x.tolist() == y.tolist(), k
+            else:
+                assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), k
+        else:
+            assert x == y, k
+    assert mc.n_events > 0 and mc.ev_anchor.any()
+
+
+@pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
+def test_model_c_shortcuts_fall_back_on_unsorted_input():
+    # merge_events: calls out of key order -> None (numpy sorts them)
+    NUL = np.iinfo(np.int64).min
+    r = np.array([0, 0, 1], np.int64)
+    tq = np.array([5, 3, 1], np.int64)
+    assert M._C.merge_events(r, tq, tq + 1, np.full(3, NUL), np.full(3, NUL), 0, NUL) is None
+    # waits out of order are sorted (stably) in C, as numpy's stable argsort does
+    tq = np.array([1, 2, 3, 4], np.int64)
+    tw = np.array([9, 6, NUL, 6], np.int64)
+    rk = np.zeros(4, np.int64)
+    out = M._C.merge_events(rk, tq, tq, tw, tw + 1, 0, NUL)
+    c = M._C
+    ref = M._events_numpy(rk, tq, tw, tq.astype(float), tq.astype(float),
+                          np.where(tw == NUL, np.nan, tw.astype(float)), np.where(tw == NUL, np.nan, tw + 1.0), 0, 4)
+    for x, y, t in zip(out, ref, (np.int64, np.bool_, np.float64, np.float64, np.int64, np.int64)):
+        assert np.array_equal(np.frombuffer(x, t), y)
+    # slot_prev: a group's slots out of enter order -> None
+    assert c.slot_prev(np.array([0, 0], np.int64), np.array([2.0, 1.0]), 1) is None
+    assert np.frombuffer(c.slot_prev(np.array([0, 1, 0, -1], np.int64), np.array([1.0, 1.0, 1.0, 0.0]), 2),
+                         np.int64).tolist() == [-1, -1, 0, -1]
+    # sync_points: anchors of a group out of floor order, or times beyond 2^44 -> None
+    assert c.sync_points(np.array([0, 0], np.int64), np.array([5.0, 3.0]), np.array([0], np.int64),
+                         np.array([9.0]), 1) is None
+    assert c.sync_points(np.array([0], np.int64), np.array([2.0 ** 45]), np.array([0], np.int64),
+                         np.array([9.0]), 1) is None
+    f, v = c.sync_points(np.array([0, 0, 1], np.int64), np.array([3.2, 3.7, 1.0]), np.array([0, 0, 1, 1], np.int64),
+                         np.array([3.9, 2.0, 0.5, 1.5]), 2)
+    assert np.frombuffer(f, np.bool_).tolist() == [True, False, False, True]
+    assert np.frombuffer(v, np.float64)[[0, 3]].tolist() == [3.7, 1.0]
+
+
+@pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
+def test_critical_path_walk_in_c_equals_the_python_loop(run):
+    m = M.build_model(run)
+    a, b = CP.walk(m), CP.walk(m, _python=True)
+    assert a.keys() == b.keys() and len(b["rank"]) > 10
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k

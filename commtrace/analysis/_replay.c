@@ -1,4 +1,6 @@
-/* The replay of commtrace.analysis.replay as a discrete-event loop in C (optional: the numpy
+/* The C helpers of root cause and what-if (commtrace/analysis: replay.py and model.py); optional,
+ * as numpy does the same without them. First the replay of commtrace.analysis.replay as a
+ * discrete-event loop (the numpy
  * path in replay.py does the same, in batches, when this extension is not built).
  *
  * replay(rank_lo, rank_hi, gap, dur, rho, anchor, ev_slot, call_slot,
@@ -171,7 +173,7 @@ fail_bufs:
  * order in which the loop above visits events and resolves communications, depends only on the
  * trace's structure, never on the times: every scenario takes the same path, so the path is
  * walked once and each step computes all S scenarios' times (kept side by side per slot and
- * rank). gaps/tcs/tc_inds/masks/excls: sequences of S buffers (E, S, S float64; S uint8; R uint8
+ * rank; a slot holds its entry until its communication resolves, then its release). gaps/tcs/tc_inds/masks/excls: sequences of S buffers (E, S, S float64; S uint8; R uint8
  * per scenario); queues: sequence of S bools; ev_step: per event its step's position in
  * 0..n_steps-1 or -1. Per scenario, t_end is the latest release on the ranks not excluded (0
  * when none) and step_end[s, k] the latest release of step k's events (-inf when none); NaN
@@ -223,7 +225,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     PyObject *res = NULL, *o_tend = NULL, *o_se = NULL;
     int64_t *pos = NULL, *stack = NULL, *next_waiter = NULL, *head = NULL, *arrived = NULL, *cstack = NULL;
     uint8_t *resolved = NULL, *entered = NULL;
-    double *prev = NULL, *enter = NULL, *L = NULL, *start = NULL, *T0 = NULL;
+    double *prev = NULL, *L = NULL, *start = NULL, *T0 = NULL;
     for (; nb < NB2; nb++)
         if (get(objs[nb], &b[nb], sizes[nb], names[nb]) < 0) goto done;
     for (Py_ssize_t s = 0; s < S; s++) {
@@ -279,12 +281,11 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     arrived = calloc(C + 1, sizeof(int64_t));
     resolved = calloc(C + 1, 1);
     entered = calloc(NS + 1, 1);
-    enter = malloc(sizeof(double) * (NS + 1) * S);
     L = malloc(sizeof(double) * (NS + 1) * S);
     cstack = malloc(sizeof(int64_t) * (C + b[13].len / 8 + 1));
     start = malloc(sizeof(double) * S);
     T0 = malloc(sizeof(double) * S);
-    if (!pos || !prev || !stack || !next_waiter || !head || !arrived || !resolved || !entered || !enter || !L ||
+    if (!pos || !prev || !stack || !next_waiter || !head || !arrived || !resolved || !entered || !L ||
         !cstack || !start || !T0) {
         PyErr_NoMemory();
         goto done;
@@ -306,7 +307,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
             int64_t cs = call_slot[e];
             if (cs >= 0 && !entered[cs]) {
                 entered[cs] = 1;
-                memcpy(enter + cs * S, start, sizeof(double) * S);
+                memcpy(L + cs * S, start, sizeof(double) * S);   /* the entry, until resolved */
                 int64_t c = sl_comm[cs];
                 arrived[c]++;
                 if (arrived[c] == cm_hi[c] - cm_lo[c]) cstack[csp++] = c;
@@ -321,7 +322,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                     if (!ready) continue;
                     for (Py_ssize_t s = 0; s < S; s++) T0[s] = -INFINITY;
                     for (int64_t j = cm_lo[x]; j < cm_hi[x]; j++) {
-                        const double *en = enter + j * S;
+                        const double *en = L + j * S;      /* entries (x unresolved) */
                         int64_t p = sl_prev[j];
                         const double *lp = p >= 0 ? L + p * S : NULL;
                         for (Py_ssize_t s = 0; s < S; s++) {
@@ -331,15 +332,14 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                         }
                     }
                     for (int64_t j = cm_lo[x]; j < cm_hi[x]; j++) {
-                        const double *en = enter + j * S;
-                        double *lj = L + j * S;
+                        double *lj = L + j * S;            /* entry in, release out */
                         if (sl_dep[j]) {
                             for (Py_ssize_t s = 0; s < S; s++) {
-                                double t = T0[s] > en[s] ? T0[s] : en[s];
+                                double t = T0[s] > lj[s] ? T0[s] : lj[s];
                                 lj[s] = t + tc[s][j];
                             }
                         } else {
-                            for (Py_ssize_t s = 0; s < S; s++) lj[s] = en[s] + tci[s][j];
+                            for (Py_ssize_t s = 0; s < S; s++) lj[s] = lj[s] + tci[s][j];
                         }
                     }
                     resolved[x] = 1;
@@ -386,7 +386,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     res = PyTuple_Pack(2, o_tend, o_se);
 done:
     free(pos); free(prev); free(stack); free(next_waiter); free(head); free(arrived); free(resolved);
-    free(entered); free(enter); free(L); free(cstack); free(start); free(T0);
+    free(entered); free(L); free(cstack); free(start); free(T0);
     Py_XDECREF(o_tend); Py_XDECREF(o_se);
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     for (int i = 0; i < ng; i++) PyBuffer_Release(&gb[i]);
@@ -496,7 +496,440 @@ done:
     return res;
 }
 
+/* ------------------------------------------------------------------ host model (model.py)
+ * Linear passes of model._build, each equal to the numpy code it replaces (which stays as the
+ * fallback and the reference of tests/test_rootcause_fast.py). They return None where their
+ * shortcut does not hold (an order the numpy code sorts for), and the caller then runs numpy. */
+
+static inline int64_t wrap_sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
+static inline int64_t wrap_key(int64_t r, int64_t t) { return (int64_t)(((uint64_t)r << 44) + (uint64_t)t); }
+
+typedef struct { int64_t k; int64_t i; } KI;
+
+static void merge_sort_ki(KI *a, KI *tmp, Py_ssize_t n) {  /* stable, by k */
+    for (Py_ssize_t w = 1; w < n; w *= 2) {
+        for (Py_ssize_t lo = 0; lo < n; lo += 2 * w) {
+            Py_ssize_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            Py_ssize_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) tmp[k++] = a[j].k < a[i].k ? a[j++] : a[i++];
+            while (i < mid) tmp[k++] = a[i++];
+            while (j < hi) tmp[k++] = a[j++];
+        }
+        memcpy(a, tmp, sizeof(KI) * n);
+    }
+}
+
+#define NEWBYTES(o, nbytes) do { o = PyBytes_FromStringAndSize(NULL, (nbytes)); if (!o) goto done; } while (0)
+
+/* merge_events(rank, t_enq, t_ret, t_w, t_we, base, NUL) -> None or
+ *   (ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev) as bytes
+ * model._build's "events": calls (t_enq..t_ret) and waits (t_w..t_we) of the rows, merged by
+ * the int64 key rank << 44 | ns since base (wrapping as numpy's int64 does), a wait after every
+ * call of a key <= its own, waits in stable order of their keys. None when the calls' keys are
+ * not in row order (numpy sorts them then). */
+static PyObject *merge_events(PyObject *self, PyObject *args) {
+    PyObject *o[5];
+    long long base_ll, nul_ll;
+    if (!PyArg_ParseTuple(args, "OOOOOLL", &o[0], &o[1], &o[2], &o[3], &o[4], &base_ll, &nul_ll)) return NULL;
+    Py_buffer b[5];
+    int nb = 0;
+    PyObject *res = NULL, *orow = NULL, *oisw = NULL, *ost = NULL, *orel = NULL, *ork = NULL, *ocev = NULL;
+    KI *w = NULL, *tmp = NULL;
+    for (; nb < 5; nb++) if (get(o[nb], &b[nb], 8, "merge_events") < 0) goto done;
+    Py_ssize_t n = b[0].len / 8;
+    for (int i = 1; i < 5; i++) if (b[i].len / 8 != n) { PyErr_SetString(PyExc_ValueError, "merge_events: sizes"); goto done; }
+    const int64_t *rank = b[0].buf, *tq = b[1].buf, *tr = b[2].buf, *tw = b[3].buf, *twe = b[4].buf;
+    const int64_t base = base_ll, NUL = nul_ll;
+    Py_ssize_t nc = 0, nw = 0;
+    int sorted = 1;
+    int64_t lastk = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (tq[i] != NUL && tr[i] != NUL) {
+            int64_t k = wrap_key(rank[i], wrap_sub(tq[i], base));
+            if (nc && k < lastk) sorted = 0;
+            lastk = k;
+            nc++;
+        }
+        if (tw[i] != NUL && twe[i] != NUL) nw++;
+    }
+    if (!sorted) { res = Py_None; Py_INCREF(res); goto done; }
+    Py_ssize_t E = nc + nw;
+    /* the outputs first, the temporaries after them (freed at the heap's top, for reuse) */
+    NEWBYTES(orow, E * 8); NEWBYTES(oisw, E); NEWBYTES(ost, E * 8); NEWBYTES(orel, E * 8); NEWBYTES(ork, E * 8);
+    NEWBYTES(ocev, n * 8);
+    w = malloc(sizeof(KI) * (nw + 1));
+    if (!w) { PyErr_NoMemory(); goto done; }
+    int64_t *ev_row = (int64_t *)PyBytes_AS_STRING(orow), *ev_rank = (int64_t *)PyBytes_AS_STRING(ork);
+    int64_t *call_ev = (int64_t *)PyBytes_AS_STRING(ocev);
+    uint8_t *isw = (uint8_t *)PyBytes_AS_STRING(oisw);
+    double *st = (double *)PyBytes_AS_STRING(ost), *rl = (double *)PyBytes_AS_STRING(orel);
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t j = 0;
+    int wsorted = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        call_ev[i] = -1;
+        if (tw[i] != NUL && twe[i] != NUL) {
+            w[j].k = wrap_key(rank[i], wrap_sub(tw[i], base));
+            w[j].i = i;
+            if (j && w[j].k < w[j - 1].k) wsorted = 0;
+            j++;
+        }
+    }
+    if (!wsorted) {
+        tmp = malloc(sizeof(KI) * (nw + 1));
+        if (tmp) merge_sort_ki(w, tmp, nw);
+    }
+    Py_ssize_t ci = 0, wi = 0, e = 0;
+    while (ci < n || wi < nw) {
+        while (ci < n && !(tq[ci] != NUL && tr[ci] != NUL)) ci++;
+        int take_call;
+        if (ci < n && wi < nw) take_call = wrap_key(rank[ci], wrap_sub(tq[ci], base)) <= w[wi].k;
+        else if (ci < n) take_call = 1;
+        else if (wi < nw) take_call = 0;
+        else break;
+        if (take_call) {
+            ev_row[e] = ci; isw[e] = 0; ev_rank[e] = rank[ci];
+            st[e] = (double)wrap_sub(tq[ci], base); rl[e] = (double)wrap_sub(tr[ci], base);
+            call_ev[ci] = e;
+            ci++;
+        } else {
+            int64_t r = w[wi].i;
+            ev_row[e] = r; isw[e] = 1; ev_rank[e] = rank[r];
+            st[e] = (double)wrap_sub(tw[r], base); rl[e] = (double)wrap_sub(twe[r], base);
+            wi++;
+        }
+        e++;
+    }
+    Py_END_ALLOW_THREADS
+    if (!wsorted && !tmp) { PyErr_NoMemory(); goto done; }
+    res = PyTuple_Pack(6, orow, oisw, ost, orel, ork, ocev);
+done:
+    free(w); free(tmp);
+    Py_XDECREF(orow); Py_XDECREF(oisw); Py_XDECREF(ost); Py_XDECREF(orel); Py_XDECREF(ork); Py_XDECREF(ocev);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
+/* anchors(ev_row, ev_start, ev_rel, ev_first, sl_of_row, sl_leave, sl_enter, sl_comm, last_enter)
+ *   -> (ev_slot, ev_anchor, ev_rho, ev_dur, ev_gap, sl_block, sl_wait) as bytes
+ * model._build's "anchors" in one pass over the events and one over the slots; min, max and
+ * comparisons as numpy's minimum/maximum compute them. */
+static inline double np_max(double a, double b) { return (a >= b || isnan(a)) ? a : b; }
+static inline double np_min(double a, double b) { return (a <= b || isnan(a)) ? a : b; }
+
+static PyObject *anchors(PyObject *self, PyObject *args) {
+    PyObject *o[9];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8])) return NULL;
+    static const Py_ssize_t sz[9] = {8, 8, 8, 1, 8, 8, 8, 8, 8};
+    Py_buffer b[9];
+    int nb = 0;
+    PyObject *res = NULL, *oslot = NULL, *oanc = NULL, *orho = NULL, *odur = NULL, *ogap = NULL, *oblk = NULL, *owt = NULL;
+    for (; nb < 9; nb++) if (get(o[nb], &b[nb], sz[nb], "anchors") < 0) goto done;
+    const int64_t *ev_row = b[0].buf, *sl_of_row = b[4].buf, *sl_comm = b[7].buf;
+    const double *ev_start = b[1].buf, *ev_rel = b[2].buf, *sl_leave = b[5].buf, *sl_enter = b[6].buf, *last = b[8].buf;
+    const uint8_t *first = b[3].buf;
+    Py_ssize_t E = b[0].len / 8, n = b[4].len / 8, NS = b[5].len / 8, C = b[8].len / 8;
+    if (b[1].len / 8 != E || b[2].len / 8 != E || b[3].len != E || b[6].len / 8 != NS || b[7].len / 8 != NS) {
+        PyErr_SetString(PyExc_ValueError, "anchors: sizes");
+        goto done;
+    }
+    NEWBYTES(oslot, E * 8); NEWBYTES(oanc, E); NEWBYTES(orho, E * 8); NEWBYTES(odur, E * 8); NEWBYTES(ogap, E * 8);
+    NEWBYTES(oblk, NS * 8); NEWBYTES(owt, NS * 8);
+    int64_t *ev_slot = (int64_t *)PyBytes_AS_STRING(oslot);
+    uint8_t *anc = (uint8_t *)PyBytes_AS_STRING(oanc);
+    double *rho = (double *)PyBytes_AS_STRING(orho), *dur = (double *)PyBytes_AS_STRING(odur);
+    double *gap = (double *)PyBytes_AS_STRING(ogap), *blk = (double *)PyBytes_AS_STRING(oblk);
+    double *wt = (double *)PyBytes_AS_STRING(owt);
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < NS; j++) blk[j] = INFINITY;
+    for (Py_ssize_t e = 0; e < E; e++) {
+        int64_t r = ev_row[e];
+        if (r < 0 || r >= n) { bad = 1; break; }
+        int64_t s = sl_of_row[r];
+        if (s >= NS) { bad = 1; break; }
+        ev_slot[e] = s;
+        double st = ev_start[e], rl = ev_rel[e];
+        int a = 0;
+        if (s >= 0) {
+            double L = sl_leave[s];
+            a = rl >= L;
+            if (a) {
+                rho[e] = rl - np_max(st, isnan(L) ? -INFINITY : L);
+                blk[s] = np_min(blk[s], st);
+            } else {
+                rho[e] = 0.0;
+            }
+        } else {
+            rho[e] = 0.0;
+        }
+        anc[e] = (uint8_t)a;
+        dur[e] = rl - st;
+        gap[e] = first[e] ? st : st - (e ? ev_rel[e - 1] : 0.0);
+    }
+    if (!bad) {
+        for (Py_ssize_t j = 0; j < NS; j++) {
+            if (isfinite(blk[j])) {
+                int64_t c = sl_comm[j];
+                if (c < 0 || c >= C) { bad = 1; break; }
+                wt[j] = np_max(0.0, np_min(last[c], sl_leave[j]) - blk[j]);
+            } else {
+                wt[j] = 0.0;
+                blk[j] = sl_enter[j];
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad) { PyErr_SetString(PyExc_ValueError, "anchors: index out of range"); goto done; }
+    res = PyTuple_Pack(7, oslot, oanc, orho, odur, ogap, oblk, owt);
+done:
+    Py_XDECREF(oslot); Py_XDECREF(oanc); Py_XDECREF(orho); Py_XDECREF(odur); Py_XDECREF(ogap); Py_XDECREF(oblk);
+    Py_XDECREF(owt);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
+/* slot_prev(group, enter, G) -> None or sl_prev (bytes, int64)
+ * Per slot with group g in 0..G-1 (-1: none), the previous slot of its group in (enter, slot)
+ * order; -1 for the first. None when some group's slots are not in enter order already (numpy
+ * sorts them then). */
+static PyObject *slot_prev(PyObject *self, PyObject *args) {
+    PyObject *og, *oe;
+    Py_ssize_t G;
+    if (!PyArg_ParseTuple(args, "OOn", &og, &oe, &G)) return NULL;
+    Py_buffer bg, be;
+    if (get(og, &bg, 8, "group") < 0) return NULL;
+    if (get(oe, &be, 8, "enter") < 0) { PyBuffer_Release(&bg); return NULL; }
+    PyObject *res = NULL, *out = NULL;
+    int64_t *last = NULL;
+    Py_ssize_t n = bg.len / 8;
+    if (be.len / 8 != n || G < 0) { PyErr_SetString(PyExc_ValueError, "slot_prev: sizes"); goto done; }
+    const int64_t *g = bg.buf;
+    const double *en = be.buf;
+    last = malloc(sizeof(int64_t) * (G + 1));
+    NEWBYTES(out, n * 8);
+    if (!last) { PyErr_NoMemory(); goto done; }
+    int64_t *prev = (int64_t *)PyBytes_AS_STRING(out);
+    int ok = 1;
+    for (Py_ssize_t k = 0; k < G; k++) last[k] = -1;
+    for (Py_ssize_t j = 0; j < n && ok; j++) {
+        int64_t k = g[j];
+        prev[j] = -1;
+        if (k < 0) continue;
+        if (k >= G) { ok = -1; break; }
+        int64_t p = last[k];
+        if (p >= 0 && !(en[j] >= en[p])) { ok = 0; break; }
+        prev[j] = p;
+        last[k] = j;
+    }
+    if (ok < 0) { PyErr_SetString(PyExc_ValueError, "slot_prev: group out of range"); goto done; }
+    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    res = out; Py_INCREF(res);
+done:
+    free(last);
+    Py_XDECREF(out);
+    PyBuffer_Release(&bg); PyBuffer_Release(&be);
+    return res;
+}
+
+/* sync_points(a_group, a_rel, s_group, s_enter, G) -> None or (found uint8, value float64) bytes
+ * For each slot j: among the anchors of its group, the last in (floor(rel), anchor order) with
+ * floor(rel) <= floor(s_enter[j]): model._build's searchsorted over the int64 keys
+ * group << 44 | floor(ns), which order as (group, floor) when every floor is in [0, 2^44) and
+ * every group in [0, 2^19) (else None). Anchors are bucketed by group in their order; None too
+ * when a bucket is not in floor order already. */
+static PyObject *sync_points(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    Py_ssize_t G;
+    if (!PyArg_ParseTuple(args, "OOOOn", &o[0], &o[1], &o[2], &o[3], &G)) return NULL;
+    Py_buffer b[4];
+    int nb = 0;
+    PyObject *res = NULL, *ofound = NULL, *oval = NULL;
+    int64_t *cnt = NULL, *pos = NULL;
+    double *fl = NULL;
+    for (; nb < 4; nb++) if (get(o[nb], &b[nb], 8, "sync_points") < 0) goto done;
+    const int64_t *ag = b[0].buf, *sg = b[2].buf;
+    const double *arel = b[1].buf, *sen = b[3].buf;
+    Py_ssize_t A = b[0].len / 8, NS = b[2].len / 8;
+    if (b[1].len / 8 != A || b[3].len / 8 != NS || G < 0) { PyErr_SetString(PyExc_ValueError, "sync_points: sizes"); goto done; }
+    const double LIM = 17592186044416.0;  /* 2^44 */
+    int ok = G <= (1 << 19);
+    for (Py_ssize_t i = 0; i < A && ok; i++) {
+        double f = floor(arel[i]);
+        if (!(f >= 0.0 && f < LIM) || ag[i] < 0 || ag[i] >= G) ok = 0;
+    }
+    for (Py_ssize_t j = 0; j < NS && ok; j++) {
+        double f = floor(sen[j]);
+        if (!(f >= 0.0 && f < LIM) || sg[j] < 0 || sg[j] >= G) ok = 0;
+    }
+    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    NEWBYTES(ofound, NS); NEWBYTES(oval, NS * 8);     /* the outputs before the temporaries */
+    cnt = calloc(G + 1, sizeof(int64_t));
+    pos = malloc(sizeof(int64_t) * (A + 1));
+    fl = malloc(sizeof(double) * (A + 1));
+    if (!cnt || !pos || !fl) { PyErr_NoMemory(); goto done; }
+    uint8_t *found = (uint8_t *)PyBytes_AS_STRING(ofound);
+    double *val = (double *)PyBytes_AS_STRING(oval);
+    for (Py_ssize_t i = 0; i < A; i++) cnt[ag[i] + 1]++;
+    for (Py_ssize_t k = 0; k < G; k++) cnt[k + 1] += cnt[k];
+    {
+        int64_t *at = malloc(sizeof(int64_t) * (G + 1));
+        if (!at) { PyErr_NoMemory(); goto done; }
+        memcpy(at, cnt, sizeof(int64_t) * (G + 1));
+        for (Py_ssize_t i = 0; i < A; i++) { int64_t p = at[ag[i]]++; pos[p] = i; fl[p] = floor(arel[i]); }
+        free(at);
+    }
+    for (Py_ssize_t k = 0; k < G && ok; k++)
+        for (int64_t p = cnt[k] + 1; p < cnt[k + 1]; p++)
+            if (fl[p] < fl[p - 1]) { ok = 0; break; }
+    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    for (Py_ssize_t j = 0; j < NS; j++) {
+        int64_t k = sg[j];
+        double q = floor(sen[j]);
+        int64_t lo = cnt[k], hi = cnt[k + 1];     /* first p in [lo, hi) with fl[p] > q */
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (fl[mid] > q) hi = mid; else lo = mid + 1;
+        }
+        if (lo > cnt[k]) { found[j] = 1; val[j] = arel[pos[lo - 1]]; }
+        else { found[j] = 0; val[j] = NAN; }
+    }
+    res = PyTuple_Pack(2, ofound, oval);
+done:
+    free(cnt); free(pos); free(fl);
+    Py_XDECREF(ofound); Py_XDECREF(oval);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
+/* cp_walk(ev_rank, ev_start, ev_rel, ev_anchor, ev_slot, ev_first, sl_leave, sl_dep, sl_comm,
+ *         sl_call, sl_enter, sl_rank, cm_T0, cm_last, q_prev, t_begin, e0, guard)
+ *   -> None or (rank, t0, t1, kind, comm, event) as bytes, in time order
+ * critical_path.walk's loop (the Python there is its reference), from the end of event e0;
+ * max(x, y) as Python's (y only when y > x). None when the walk would index an event < 0
+ * (Python would wrap around: the caller runs the Python loop). */
+static inline double py_max(double x, double y) { return y > x ? y : x; }
+
+typedef struct { int64_t r; double t0, t1; int64_t k, c, e; } Seg;
+
+static PyObject *cp_walk(PyObject *self, PyObject *args) {
+    PyObject *o[15];
+    double tb;
+    long long e0_ll, guard_ll;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOdLL", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
+                          &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &tb, &e0_ll, &guard_ll))
+        return NULL;
+    static const Py_ssize_t sz[15] = {8, 8, 8, 1, 8, 1, 8, 1, 8, 8, 8, 8, 8, 8, 8};
+    Py_buffer b[15];
+    int nb = 0;
+    PyObject *res = NULL, *out[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    Seg *seg = NULL;
+    for (; nb < 15; nb++) if (get(o[nb], &b[nb], sz[nb], "cp_walk") < 0) goto done;
+    const int64_t *ev_rank = b[0].buf, *ev_slot = b[4].buf, *sl_comm = b[8].buf, *sl_call = b[9].buf;
+    const int64_t *sl_rank = b[11].buf, *cm_last = b[13].buf, *q_prev = b[14].buf;
+    const double *ev_start = b[1].buf, *ev_rel = b[2].buf, *sl_leave = b[6].buf, *sl_enter = b[10].buf;
+    const double *cm_T0 = b[12].buf;
+    const uint8_t *anchor = b[3].buf, *first = b[5].buf, *sl_dep = b[7].buf;
+    Py_ssize_t E = b[0].len / 8, NS = b[6].len / 8, C = b[12].len / 8;
+    Py_ssize_t n = 0, cap = 1024;
+    seg = malloc(sizeof(Seg) * cap);
+    if (!seg) { PyErr_NoMemory(); goto done; }
+    int64_t e = e0_ll, s = -1, guard = guard_ll;
+    int mode = 0, fallback = 0;
+#define PUSH(R, A, B, K, CC, EE) do { \
+        if (n == cap) { Seg *t = realloc(seg, sizeof(Seg) * cap * 2); if (!t) { PyErr_NoMemory(); goto done; } seg = t; cap *= 2; } \
+        seg[n].r = (R); seg[n].t0 = (A); seg[n].t1 = (B); seg[n].k = (K); seg[n].c = (CC); seg[n].e = (EE); n++; } while (0)
+#define CHECK_E(x) do { if ((x) < 0 || (x) >= E) { fallback = 1; goto walked; } } while (0)
+#define CHECK_S(x) do { if ((x) < 0 || (x) >= NS) { fallback = 1; goto walked; } } while (0)
+    CHECK_E(e);
+    while (guard > 0) {
+        guard--;
+        if (mode == 0) {
+            int64_t r = ev_rank[e];
+            if (anchor[e]) {
+                s = ev_slot[e];
+                CHECK_S(s);
+                double L = sl_leave[s];
+                if (L >= ev_start[e]) {
+                    double a = py_max(L, tb);
+                    if (ev_rel[e] > a) PUSH(r, a, ev_rel[e], 1, sl_comm[s], e);
+                    if (L <= tb) break;
+                    mode = 2;
+                    continue;
+                }
+            }
+            double a = py_max(ev_start[e], tb);
+            if (ev_rel[e] > a) {
+                int64_t sl = ev_slot[e];
+                if (sl >= NS) { fallback = 1; goto walked; }
+                PUSH(r, a, ev_rel[e], 1, sl >= 0 ? sl_comm[sl] : -1, e);
+            }
+            mode = 1;
+        } else if (mode == 1) {
+            int64_t r = ev_rank[e];
+            if (first[e] || ev_start[e] <= tb) break;
+            CHECK_E(e - 1);
+            double a = py_max(ev_rel[e - 1], tb);
+            if (ev_start[e] > a) PUSH(r, a, ev_start[e], 0, -1, e);
+            e -= 1;
+            mode = 0;
+        } else {
+            int64_t c = sl_comm[s];
+            if (c < 0 || c >= C) { fallback = 1; goto walked; }
+            int64_t r = sl_rank[s];
+            double L = sl_leave[s];
+            if (sl_dep[s]) {
+                double T0 = cm_T0[c];
+                double a = py_max(T0, tb);
+                if (L > a) PUSH(r, a, L, 2, c, -1);
+                if (T0 <= tb) break;
+                int64_t d = cm_last[c];
+                CHECK_S(d);
+                if (sl_enter[d] >= T0) {
+                    e = sl_call[d]; CHECK_E(e); mode = 1;
+                } else {
+                    int64_t bs = q_prev[c];
+                    if (bs < 0) { e = sl_call[d]; CHECK_E(e); mode = 1; }
+                    else { s = bs; CHECK_S(s); mode = 2; }
+                }
+            } else {
+                double a = py_max(sl_enter[s], tb);
+                if (L > a) PUSH(r, a, L, 2, c, -1);
+                e = sl_call[s];
+                CHECK_E(e);
+                mode = 1;
+            }
+        }
+    }
+walked:
+    if (fallback) { res = Py_None; Py_INCREF(res); goto done; }
+    for (int i = 0; i < 6; i++) {
+        out[i] = PyBytes_FromStringAndSize(NULL, n * 8);
+        if (!out[i]) goto done;
+    }
+    {
+        int64_t *orank = (int64_t *)PyBytes_AS_STRING(out[0]), *okind = (int64_t *)PyBytes_AS_STRING(out[3]);
+        int64_t *ocomm = (int64_t *)PyBytes_AS_STRING(out[4]), *oev = (int64_t *)PyBytes_AS_STRING(out[5]);
+        double *ot0 = (double *)PyBytes_AS_STRING(out[1]), *ot1 = (double *)PyBytes_AS_STRING(out[2]);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Seg *g = &seg[n - 1 - i];
+            orank[i] = g->r; ot0[i] = g->t0; ot1[i] = g->t1; okind[i] = g->k; ocomm[i] = g->c; oev[i] = g->e;
+        }
+    }
+    res = PyTuple_Pack(6, out[0], out[1], out[2], out[3], out[4], out[5]);
+done:
+    free(seg);
+    for (int i = 0; i < 6; i++) Py_XDECREF(out[i]);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"cp_walk", cp_walk, METH_VARARGS, "The critical path's backward walk (critical_path.py)."},
+    {"merge_events", merge_events, METH_VARARGS, "Host events of the rows in order (model.py)."},
+    {"anchors", anchors, METH_VARARGS, "Anchors, residuals, gaps and wait states (model.py)."},
+    {"slot_prev", slot_prev, METH_VARARGS, "Previous slot of the same group (model.py)."},
+    {"sync_points", sync_points, METH_VARARGS, "Synchronisation points of slots (model.py)."},
     {"median_excess", median_excess, METH_VARARGS, "Excess over the median of the others in a group (model.py)."},
     {"replay", replay, METH_VARARGS, "Replay the host model (see commtrace/analysis/replay.py)."},
     {"replay_many", replay_many, METH_VARARGS, "Replay several scenarios in one pass (see replay.py)."},

@@ -343,45 +343,20 @@ def _build(run) -> Model:
         return out
 
     enq, ret, end, tw, twe = rel(t_enq), rel(t_ret), rel(t_end), rel(t_w), rel(t_we)
-    del t_ret, t_end, t_we, have
+    del t_end, have
 
     # ---- events: calls and waits, sorted by (rank, start, call before wait)
-    call_ok = ~np.isnan(enq) & ~np.isnan(ret)
-    wait_ok = ~np.isnan(tw) & ~np.isnan(twe)
-    rid_c = np.flatnonzero(call_ok)
-    rid_w = np.flatnonzero(wait_ok)
-    ev_row = np.concatenate([rid_c, rid_w])
-    ev_is_wait = np.concatenate([np.zeros(len(rid_c), bool), np.ones(len(rid_w), bool)])
-    ev_start = np.concatenate([enq[rid_c], tw[rid_w]])
-    ev_rel = np.concatenate([ret[rid_c], twe[rid_w]])
-    ev_rank = rank_r[ev_row]
-    # rows come ordered by (rank, t_enqueue): the calls are in order already; merge the waits
-    # in with int64 keys (rank << 44 | ns since base; 2^44 ns is 4.9 hours)
-    ck = (rank_r[rid_c] << 44) + (t_enq[rid_c] - base)
-    wk = (rank_r[rid_w] << 44) + (t_w[rid_w] - base)
-    del t_enq, t_w
-    if len(ck) > 1 and not np.all(ck[1:] >= ck[:-1]):
-        co = np.argsort(ck, kind="stable")
+    r = _C.merge_events(rank_r, t_enq, t_ret, t_w, t_we, base, NUL) if _C is not None else None
+    if r is not None:   # one merge in C (the numpy below is its reference)
+        ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev = (
+            np.frombuffer(x, t) for x, t in zip(r, (np.int64, np.bool_, np.float64, np.float64, np.int64, np.int64)))
+        E = len(ev_row)
+        del r
     else:
-        co = None
-    wo = np.argsort(wk, kind="stable")
-    cks = ck if co is None else ck[co]
-    wks = wk[wo]
-    nc = len(ck)
-    # a wait goes after every call with a key <= its own (call before wait on ties)
-    wpos = np.searchsorted(cks, wks, side="right") + np.arange(len(wks))
-    order = np.empty(nc + len(wks), np.int64)
-    is_w = np.zeros(nc + len(wks), bool)
-    is_w[wpos] = True
-    order[wpos] = nc + wo
-    order[~is_w] = np.arange(nc) if co is None else co
-    ev_row, ev_is_wait, ev_start, ev_rel, ev_rank = (a[order] for a in (ev_row, ev_is_wait, ev_start, ev_rel, ev_rank))
-    E = len(ev_row)
-    del ck, wk, co, wo, cks, wks, wpos, order, call_ok, wait_ok, rid_c, rid_w
-    call_ev = np.full(n, -1, np.int64)
-    idx = np.flatnonzero(~is_w)
-    call_ev[ev_row[idx]] = idx
-    del idx, is_w
+        ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev = _events_numpy(
+            rank_r, t_enq, t_w, enq, ret, tw, twe, base, n)
+        E = len(ev_row)
+    del t_enq, t_w, t_ret, t_we
     tick("events")
     ranks, rank_lo = np.unique(ev_rank, return_index=True)
     rank_hi = np.r_[rank_lo[1:], E].astype(np.int64)
@@ -412,7 +387,17 @@ def _build(run) -> Model:
     # previous slot on the same group and rank (collectives only: one collective at a time)
     sl_prev = np.full(nsl, -1, np.int64)
     coll_sl = np.flatnonzero(~s_is_p2p)
-    if len(coll_sl):
+    pv = None
+    if len(coll_sl) and _C is not None:     # slots in enter order per group already: in C
+        gq = _dense_ids([s_pgc[coll_sl], sl_rank[coll_sl].astype(np.int64)])
+        if gq is not None:
+            gfull = np.full(nsl, -1, np.int64)
+            gfull[coll_sl] = gq
+            pv = _C.slot_prev(gfull, np.ascontiguousarray(sl_enter, np.float64), int(gq.max()) + 1)
+            del gfull
+    if pv is not None:
+        sl_prev = np.frombuffer(pv, np.int64)
+    elif len(coll_sl):
         gq = _dense_ids([s_pgc[coll_sl], sl_rank[coll_sl].astype(np.int64)])
         ent = sl_enter[coll_sl]
         if gq is not None and int(gq.max()) < (1 << 19) and _whole_ns(ent):
@@ -457,31 +442,17 @@ def _build(run) -> Model:
 
     tick("slots")
     # ---- events <-> slots, anchors, gaps
-    ev_slot = np.full(E, -1, np.int64)
     sl_of_row = np.full(n, -1, np.int64)
     sl_of_row[s_rid] = np.arange(nsl)
-    ev_slot = sl_of_row[ev_row]
-    has = ev_slot >= 0
-    Lev = np.full(E, np.nan)
-    Lev[has] = sl_leave[ev_slot[has]]
-    ev_anchor = has & (ev_rel >= Lev)
-    ev_rho = np.where(ev_anchor, ev_rel - np.maximum(ev_start, np.nan_to_num(Lev, nan=-np.inf)), 0.0)
-    ev_dur = ev_rel - ev_start
-    # a wait state needs the host to wait: it starts when the host blocked on the op (the
-    # call, or its wait()); an op nobody waited for delayed nobody (metrics.md late sender
-    # takes the wait() start for isend/irecv alike)
-    sl_block = np.full(nsl, np.inf)
-    ai = np.flatnonzero(ev_anchor)
-    if len(ai):
-        np.minimum.at(sl_block, ev_slot[ai], ev_start[ai])
-    blocked = np.isfinite(sl_block)
-    sl_wait = np.where(blocked, np.maximum(0.0, np.minimum(last_enter[sl_comm] if nsl else np.zeros(0), sl_leave)
-                                           - np.where(blocked, sl_block, 0.0)), 0.0)
-    sl_block = np.where(blocked, sl_block, sl_enter)
-    prev_rel = np.r_[0.0, ev_rel[:-1]]
-    ev_gap = np.where(ev_first, ev_start, ev_start - prev_rel)
+    args = (ev_row, ev_start, ev_rel, ev_first, sl_of_row, sl_leave, sl_enter, sl_comm, last_enter)
+    if _C is not None:      # one pass in C (the numpy below is its reference)
+        ev_slot, ev_anchor, ev_rho, ev_dur, ev_gap, sl_block, sl_wait = (
+            np.frombuffer(x, t) for x, t in zip(_C.anchors(*(np.ascontiguousarray(v) for v in args)),
+                                                (np.int64, np.bool_) + (np.float64,) * 5))
+    else:
+        ev_slot, ev_anchor, ev_rho, ev_dur, ev_gap, sl_block, sl_wait = _anchors_numpy(*args)
     ev_step = step_r[ev_row]
-    del Lev, has, sl_of_row, prev_rel, blocked, step_r
+    del sl_of_row, step_r, args
 
     tick("anchors")
     # synchronisation point of each slot: the latest release, at or before its entry, of a
@@ -503,14 +474,24 @@ def _build(run) -> Model:
             gr[o3] = np.cumsum(newk) - 1
             del h3, o3, newk
         ai = np.flatnonzero(ev_anchor)
-        akey = (gr[ev_slot[ai]] << 44) + np.floor(ev_rel[ai]).astype(np.int64)
-        ao = np.argsort(akey, kind="stable")
-        akey_s = akey[ao]
-        arel_s = ev_rel[ai][ao]
-        q = (gr << 44) + np.floor(sl_enter).astype(np.int64)
-        j = np.searchsorted(akey_s, q, "right") - 1
-        okj = (j >= 0) & ((akey_s[np.maximum(j, 0)] >> 44) == gr) if len(akey_s) else np.zeros(nsl, bool)
-        sl_sync[okj] = arel_s[j[okj]]
+        r = None
+        if _C is not None:   # anchors bucketed by group in C (in floor(rel) order already)
+            r = _C.sync_points(np.ascontiguousarray(gr[ev_slot[ai]], np.int64), np.ascontiguousarray(ev_rel[ai]),
+                               np.ascontiguousarray(gr, np.int64), np.ascontiguousarray(sl_enter, np.float64),
+                               int(gr.max()) + 1 if nsl else 0)
+        if r is not None:
+            okj = np.frombuffer(r[0], np.bool_)
+            sl_sync[okj] = np.frombuffer(r[1], np.float64)[okj]
+            akey = ao = akey_s = arel_s = q = j = None
+        else:
+            akey = (gr[ev_slot[ai]] << 44) + np.floor(ev_rel[ai]).astype(np.int64)
+            ao = np.argsort(akey, kind="stable")
+            akey_s = akey[ao]
+            arel_s = ev_rel[ai][ao]
+            q = (gr << 44) + np.floor(sl_enter).astype(np.int64)
+            j = np.searchsorted(akey_s, q, "right") - 1
+            okj = (j >= 0) & ((akey_s[np.maximum(j, 0)] >> 44) == gr) if len(akey_s) else np.zeros(nsl, bool)
+            sl_sync[okj] = arel_s[j[okj]]
         # p2p: an eager send is never waited for, so the previous transfer on the pair counts
         # as the synchronisation point once its call returned (Scalasca: the interval since
         # the previous communication between the two)
@@ -563,6 +544,73 @@ def _build(run) -> Model:
         cm_op=cm_op, cm_pg=cm_pg, cm_seq=cm_seq, cm_bytes=cm_bytes, cm_factor=cm_factor, cm_tcomm=cm_tcomm,
         row_op=rows.labels("op"), row_site=rows.labels("site"), t_begin=t_begin, t_end=t_end_,
         cm_opc=cm_opc, cm_pgc=cm_pgc, op_names=op_names, pg_names=pg_vals)
+
+
+def _anchors_numpy(ev_row, ev_start, ev_rel, ev_first, sl_of_row, sl_leave, sl_enter, sl_comm, last_enter):
+    """_build's anchors, residuals, gaps and wait states in numpy (the reference of
+    `_replay.anchors`): (ev_slot, ev_anchor, ev_rho, ev_dur, ev_gap, sl_block, sl_wait)."""
+    E, nsl = len(ev_row), len(sl_leave)
+    ev_slot = sl_of_row[ev_row]
+    has = ev_slot >= 0
+    Lev = np.full(E, np.nan)
+    Lev[has] = sl_leave[ev_slot[has]]
+    ev_anchor = has & (ev_rel >= Lev)
+    ev_rho = np.where(ev_anchor, ev_rel - np.maximum(ev_start, np.nan_to_num(Lev, nan=-np.inf)), 0.0)
+    ev_dur = ev_rel - ev_start
+    # a wait state needs the host to wait: it starts when the host blocked on the op (the
+    # call, or its wait()); an op nobody waited for delayed nobody (metrics.md late sender
+    # takes the wait() start for isend/irecv alike)
+    sl_block = np.full(nsl, np.inf)
+    ai = np.flatnonzero(ev_anchor)
+    if len(ai):
+        np.minimum.at(sl_block, ev_slot[ai], ev_start[ai])
+    blocked = np.isfinite(sl_block)
+    sl_wait = np.where(blocked, np.maximum(0.0, np.minimum(last_enter[sl_comm] if nsl else np.zeros(0), sl_leave)
+                                           - np.where(blocked, sl_block, 0.0)), 0.0)
+    sl_block = np.where(blocked, sl_block, sl_enter)
+    prev_rel = np.r_[0.0, ev_rel[:-1]]
+    ev_gap = np.where(ev_first, ev_start, ev_start - prev_rel)
+    return ev_slot, ev_anchor, ev_rho, ev_dur, ev_gap, sl_block, sl_wait
+
+
+def _events_numpy(rank_r, t_enq, t_w, enq, ret, tw, twe, base, n):
+    """_build's host events by numpy sorts (the reference of `_replay.merge_events`): (ev_row,
+    ev_is_wait, ev_start, ev_rel, ev_rank, call_ev)."""
+    call_ok = ~np.isnan(enq) & ~np.isnan(ret)
+    wait_ok = ~np.isnan(tw) & ~np.isnan(twe)
+    rid_c = np.flatnonzero(call_ok)
+    rid_w = np.flatnonzero(wait_ok)
+    ev_row = np.concatenate([rid_c, rid_w])
+    ev_is_wait = np.concatenate([np.zeros(len(rid_c), bool), np.ones(len(rid_w), bool)])
+    ev_start = np.concatenate([enq[rid_c], tw[rid_w]])
+    ev_rel = np.concatenate([ret[rid_c], twe[rid_w]])
+    ev_rank = rank_r[ev_row]
+    # rows come ordered by (rank, t_enqueue): the calls are in order already; merge the waits
+    # in with int64 keys (rank << 44 | ns since base; 2^44 ns is 4.9 hours)
+    ck = (rank_r[rid_c] << 44) + (t_enq[rid_c] - base)
+    wk = (rank_r[rid_w] << 44) + (t_w[rid_w] - base)
+    if len(ck) > 1 and not np.all(ck[1:] >= ck[:-1]):
+        co = np.argsort(ck, kind="stable")
+    else:
+        co = None
+    wo = np.argsort(wk, kind="stable")
+    cks = ck if co is None else ck[co]
+    wks = wk[wo]
+    nc = len(ck)
+    # a wait goes after every call with a key <= its own (call before wait on ties)
+    wpos = np.searchsorted(cks, wks, side="right") + np.arange(len(wks))
+    order = np.empty(nc + len(wks), np.int64)
+    is_w = np.zeros(nc + len(wks), bool)
+    is_w[wpos] = True
+    order[wpos] = nc + wo
+    order[~is_w] = np.arange(nc) if co is None else co
+    ev_row, ev_is_wait, ev_start, ev_rel, ev_rank = (a[order] for a in (ev_row, ev_is_wait, ev_start, ev_rel, ev_rank))
+    del ck, wk, co, wo, cks, wks, wpos, order, call_ok, wait_ok, rid_c, rid_w
+    call_ev = np.full(n, -1, np.int64)
+    idx = np.flatnonzero(~is_w)
+    call_ev[ev_row[idx]] = idx
+    del idx, is_w
+    return ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev
 
 
 def _p2p_sql(run) -> pa.Table:
@@ -798,7 +846,7 @@ def _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
         ng = ncoll
     g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
     ex, hp = _C.median_excess(np.ascontiguousarray(g, np.float64), gid, ng)
-    return np.frombuffer(ex, np.float64).copy(), np.frombuffer(hp, np.bool_).copy()
+    return np.frombuffer(ex, np.float64), np.frombuffer(hp, np.bool_)
 
 
 def _other_groups(ev_rank, ev_label, wi, ev_step):

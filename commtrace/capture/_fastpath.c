@@ -674,6 +674,131 @@ static PyObject *drain_columns(PyObject *module, PyObject *unused) {
     return out;
 }
 
+/* drain_records() -> None when empty, else (n, nums, codes, tables): the calls completed since
+ * the last drain as typed column buffers, for the writer to turn into Arrow arrays without a
+ * Python object per row (issue 20). nums: bytes of 10 int64 columns of n values each, one
+ * after the other (seq, peer, root, t0, step, op_id, count, out_bytes, t_return, thread),
+ * LLONG_MIN for null; codes: bytes of 7 int32 columns of n values each (fact, pg index, then
+ * site, api, detail, dtype, device as indices into tables, -1 for None); tables: 5 lists, the
+ * distinct objects of site, api, detail, dtype and device (by identity) in order of first
+ * appearance. Same values as drain_columns(), which stays for bounded capture. */
+#define DR_NUMS 10
+#define DR_CODES 7
+#define DR_OBJS 5
+
+typedef struct { PyObject *key; int code; } DrEnt;
+
+static int dr_code(PyObject *o, DrEnt **tab, Py_ssize_t *cap, PyObject *list) {
+    if (o == NULL || o == Py_None)
+        return -1;
+    Py_ssize_t c = *cap;
+    if (PyList_GET_SIZE(list) * 2 >= c) {   /* grow: rehash */
+        Py_ssize_t nc = c ? c * 4 : 64;
+        DrEnt *nt = (DrEnt *)PyMem_RawCalloc((size_t)nc, sizeof(DrEnt));
+        if (nt == NULL)
+            return -2;
+        for (Py_ssize_t i = 0; i < c; i++) {
+            if ((*tab)[i].key != NULL) {
+                size_t h = ((size_t)(*tab)[i].key >> 4) & (size_t)(nc - 1);
+                while (nt[h].key != NULL)
+                    h = (h + 1) & (size_t)(nc - 1);
+                nt[h] = (*tab)[i];
+            }
+        }
+        PyMem_RawFree(*tab);
+        *tab = nt;
+        *cap = c = nc;
+    }
+    size_t h = ((size_t)o >> 4) & (size_t)(c - 1);
+    while ((*tab)[h].key != NULL) {
+        if ((*tab)[h].key == o)
+            return (*tab)[h].code;
+        h = (h + 1) & (size_t)(c - 1);
+    }
+    int code = (int)PyList_GET_SIZE(list);
+    if (PyList_Append(list, o) != 0)
+        return -2;
+    (*tab)[h].key = o;
+    (*tab)[h].code = code;
+    return code;
+}
+
+static PyObject *drain_records(PyObject *module, PyObject *unused) {
+    Rec *b = buf;
+    Py_ssize_t n = buf_len;
+    if (n == 0)
+        Py_RETURN_NONE;
+    buf = NULL;
+    buf_len = buf_alloc = 0;
+    PyObject *nums = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(long long) * DR_NUMS * n);
+    PyObject *codes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int) * DR_CODES * n);
+    PyObject *lists[DR_OBJS] = {NULL};
+    DrEnt *tabs[DR_OBJS] = {NULL};
+    Py_ssize_t caps[DR_OBJS] = {0};
+    int ok = nums != NULL && codes != NULL;
+    for (int j = 0; j < DR_OBJS && ok; j++) {
+        lists[j] = PyList_New(0);
+        if (lists[j] == NULL)
+            ok = 0;
+    }
+    if (ok) {
+        long long *v = (long long *)PyBytes_AS_STRING(nums);
+        int *k = (int *)PyBytes_AS_STRING(codes);
+        for (Py_ssize_t i = 0; i < n && ok; i++) {
+            Rec *r = &b[i];
+            v[0 * n + i] = r->seq;
+            v[1 * n + i] = r->peer;
+            v[2 * n + i] = r->root;
+            v[3 * n + i] = r->t0;
+            v[4 * n + i] = r->step;
+            v[5 * n + i] = r->op_id;
+            v[6 * n + i] = r->count;
+            v[7 * n + i] = r->outb;
+            v[8 * n + i] = r->t1;
+            v[9 * n + i] = (long long)r->thread;
+            k[0 * n + i] = r->fact;
+            k[1 * n + i] = r->pgidx;
+            PyObject *objs[DR_OBJS] = {r->site, r->api, r->detail, r->dtype, r->dev};
+            for (int j = 0; j < DR_OBJS; j++) {
+                int c = dr_code(objs[j], &tabs[j], &caps[j], lists[j]);
+                if (c == -2) {
+                    ok = 0;
+                    break;
+                }
+                k[(2 + j) * n + i] = c;
+            }
+        }
+    }
+    /* the tables hold their own references now; the records give theirs up */
+    for (Py_ssize_t i = 0; i < n; i++)
+        rec_release(&b[i]);
+    PyMem_RawFree(b);
+    for (int j = 0; j < DR_OBJS; j++)
+        PyMem_RawFree(tabs[j]);
+    PyObject *out = NULL;
+    if (ok) {
+        PyObject *tl = PyTuple_New(DR_OBJS);
+        if (tl != NULL) {
+            for (int j = 0; j < DR_OBJS; j++) {
+                PyTuple_SET_ITEM(tl, j, lists[j]);
+                lists[j] = NULL;
+            }
+            out = Py_BuildValue("(nNNN)", n, nums, codes, tl);
+            nums = codes = NULL;
+        }
+    }
+    for (int j = 0; j < DR_OBJS; j++)
+        Py_XDECREF(lists[j]);
+    Py_XDECREF(nums);
+    Py_XDECREF(codes);
+    if (out == NULL) {
+        n_dropped += (unsigned long long)n;
+        CLEAR_ERR();
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
 /* in_progress(take=False) -> list of pre of the blocking calls in progress. take=True: they
  * are written now as never completed, and not queued again when their call returns. */
 static PyObject *in_progress(PyObject *module, PyObject *args) {
@@ -2279,6 +2404,7 @@ static PyMethodDef methods[] = {
      "set_tseq(on_gap or None): check torch's per-group seq after each call (torchseq.py)."},
     {"async_counts", async_counts, METH_NOARGS,
      "(async path on, async calls recorded in C)."},
+    {"drain_records", drain_records, METH_NOARGS, "drain_records() -> None or (n, nums, codes, tables): typed column buffers (issue 20)."},
     {"drain_columns", drain_columns, METH_NOARGS, "drain_columns() -> None or 19 column lists (F_* fields, t_return_ns)."},
     {"in_progress", in_progress, METH_VARARGS, "in_progress(take=False) -> [pre] of blocking calls in progress."},
     {"take_dropped", take_dropped, METH_NOARGS, "Calls not recorded since the last take (buffer full)."},

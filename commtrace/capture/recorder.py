@@ -200,6 +200,181 @@ def expand_columns(rank: int, c: tuple) -> list:
             c[F_DETAIL], [None if t is None else "return" for t in t1], nones]
 
 
+# Field order of ``_fastpath.drain_records()``'s buffers.
+(D_SEQ, D_PEER, D_ROOT, D_T0, D_STEP, D_OP_ID, D_COUNT, D_OUT_BYTES, D_T1, D_THREAD) = range(10)
+(K_FACT, K_PG, K_SITE, K_API, K_DETAIL, K_DTYPE, K_DEVICE) = range(7)
+_NULL_LL = -(2 ** 63)
+#: Drain the C path's calls as typed buffers (``drain_records``) rather than column lists
+#: (``drain_columns``, still used under bounded capture). Tests and benchmarks flip it.
+RECORD_BUFFERS = True
+
+
+def arrays_of_records(rank: int, drained) -> list:
+    """Schema-order Arrow arrays of the calls drained from the C fast path as typed buffers
+    (``_fastpath.drain_records()``), built with numpy over whole columns: no Python object
+    per row (issue 20). The values are those of :func:`expand_columns` (tests compare them)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n, nums_b, codes_b, tables = drained
+    nums = np.frombuffer(nums_b, dtype=np.int64).reshape(10, n)
+    codes = np.frombuffer(codes_b, dtype=np.int32).reshape(7, n)
+    t_site, t_api, t_detail, t_dtype, t_dev = tables
+
+    def bitmap(mask):
+        return pa.py_buffer(np.packbits(mask, bitorder="little").tobytes())
+
+    def ints(vals, typ, valid=None):
+        """int64 values (``_NULL_LL`` or ~valid: null) as an Arrow array of `typ`."""
+        if valid is None:
+            valid = vals != _NULL_LL
+        nnull = n - int(np.count_nonzero(valid))
+        if nnull == n:
+            return pa.nulls(n, typ)
+        if nnull:
+            vals = np.where(valid, vals, 0)
+        data = vals.astype(np.int32 if typ == pa.int32() else np.int64, copy=False)
+        return pa.Array.from_buffers(typ, n, [bitmap(valid) if nnull else None,
+                                              pa.py_buffer(data.tobytes())], nnull)
+
+    def table_ints(code, table, typ):
+        """Integers of a per-code table (None: null), gathered by `code` (-1: null)."""
+        vals = np.array([_NULL_LL if v is None else int(v) for v in table] + [_NULL_LL],
+                        dtype=np.int64)
+        return ints(vals[code], typ)
+
+    def strings(code, table):
+        """Strings of a per-code table (None: null), gathered by `code` (-1: null): the
+        offsets and the data built with numpy over the column."""
+        enc = [None if v is None else str(v).encode("utf-8", "surrogateescape") for v in table]
+        valid_t = np.array([e is not None for e in enc] + [False], dtype=bool)
+        lens_t = np.array([0 if e is None else len(e) for e in enc] + [0], dtype=np.int64)
+        if not valid_t.any():
+            return pa.nulls(n, pa.string())
+        valid = valid_t[code]
+        nnull = n - int(np.count_nonzero(valid))
+        if nnull == n:
+            return pa.nulls(n, pa.string())
+        lens = lens_t[code]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        total = int(offsets[-1])
+        if len(enc) == 1 or total == 0:   # one value (or all empty): repeat it
+            data = (enc[0] or b"") * (n - nnull) if len(enc) == 1 else b""
+        else:
+            blob = b"".join(e or b"" for e in enc)
+            starts_t = np.zeros(len(enc) + 1, dtype=np.int64)
+            np.cumsum(lens_t[:-1], out=starts_t[1:])
+            # byte i of the column comes from blob[starts[row] + (i - offsets[row])]
+            shift = starts_t[code] - offsets[:-1]
+            idx = np.repeat(shift, lens) + np.arange(total, dtype=np.int64)
+            data = np.frombuffer(blob, dtype=np.uint8)[idx].tobytes()
+        if total > 2 ** 31 - 1:
+            return pa.array([None if not ok else enc[c].decode("utf-8", "surrogateescape")
+                             for ok, c in zip(valid.tolist(), code.tolist())], pa.string())
+        return pa.Array.from_buffers(pa.string(), n, [
+            bitmap(valid) if nnull else None,
+            pa.py_buffer(offsets.astype(np.int32).tobytes()), pa.py_buffer(data)], nnull)
+
+    def bools(vals, valid):
+        nnull = n - int(np.count_nonzero(valid))
+        if nnull == n:
+            return pa.nulls(n, pa.bool_())
+        return pa.Array.from_buffers(pa.bool_(), n, [bitmap(valid) if nnull else None,
+                                                     bitmap(vals & valid)], nnull)
+
+    fact, pgc = codes[K_FACT], codes[K_PG]
+    specs = FAST_SPECS[:]
+    pgs = PG_FACTS[:]
+    seq, count, t1 = nums[D_SEQ], nums[D_COUNT], nums[D_T1]
+    # bytes = count * the dtype's itemsize (a torch dtype; a name string or None: null)
+    isz = np.array([getattr(d, "itemsize", None) if (d is not None and not isinstance(d, str))
+                    else None for d in t_dtype] + [None], dtype=object)
+    isz_t = np.array([_NULL_LL if v is None else int(v) for v in isz], dtype=np.int64)
+    isz_r = isz_t[codes[K_DTYPE]]
+    b_valid = (count != _NULL_LL) & (isz_r != _NULL_LL)
+    nbytes = np.where(b_valid, count * np.where(b_valid, isz_r, 0), _NULL_LL)
+    # out_bytes: the recorded value, else bytes for an in-place op, else 0 (bytes known)
+    inplace = np.array([bool(sp[2]) for sp in specs], dtype=bool)[fact]
+    ob = nums[D_OUT_BYTES]
+    ob = np.where(ob != _NULL_LL, ob,
+                  np.where(inplace, nbytes, np.where(b_valid, 0, _NULL_LL)))
+    # api: the call's own (when truthy), else the wrapper's
+    n_api = len(t_api)
+    api_t = list(t_api) + [sp[1] for sp in specs]
+    api_ok = np.array([bool(a) for a in t_api] + [False], dtype=bool)[codes[K_API]]
+    api_code = np.where(api_ok, codes[K_API], n_api + fact)
+    zeros = np.zeros(n, dtype=np.int32)
+    nulls64 = pa.nulls(n, pa.int64())
+    t1_ok = t1 != _NULL_LL
+    seq_ok = seq != _NULL_LL
+    by = {
+        "kind": strings(zeros, [S.KIND_OP]),
+        "rank": ints(np.full(n, rank, dtype=np.int64), pa.int32()),
+        "pg": strings(pgc, [p[0] for p in pgs]),
+        "pg_size": table_ints(pgc, [p[1] for p in pgs], pa.int32()),
+        "seq": ints(seq, pa.int64()),
+        "op": strings(fact, [sp[0] for sp in specs]),
+        "api": strings(api_code, api_t),
+        "async_op": bools(np.zeros(n, dtype=bool), np.ones(n, dtype=bool)),
+        "backend": strings(pgc, [p[2] for p in pgs]),
+        "device": strings(codes[K_DEVICE], list(t_dev)),
+        "dtype": strings(codes[K_DTYPE], [dtype_name(d) for d in t_dtype]),
+        "count": ints(count, pa.int64()),
+        "bytes": ints(nbytes, pa.int64()),
+        "out_bytes": ints(ob, pa.int64()),
+        "peer": ints(nums[D_PEER], pa.int32()),
+        "root": ints(nums[D_ROOT], pa.int32()),
+        "t_enqueue_ns": ints(nums[D_T0], pa.int64()),
+        "t_return_ns": ints(t1, pa.int64()),
+        "t_end_ns": ints(t1, pa.int64()),
+        "step": ints(nums[D_STEP], pa.int64()),
+        "site": strings(codes[K_SITE], [format_site(v) for v in t_site]),
+        "op_id": ints(nums[D_OP_ID], pa.int64()),
+        "first_on_pg": bools(seq == 0, seq_ok),
+        "thread": ints(nums[D_THREAD], pa.int64()),
+        "detail": strings(codes[K_DETAIL], list(t_detail)),
+        "completion": strings(np.where(t1_ok, 0, -1).astype(np.int32), ["return"]),
+    }
+    out = []
+    for f in S.SCHEMA:
+        a = by.get(f.name)
+        if a is None:
+            a = nulls64 if f.type == pa.int64() else pa.nulls(n, f.type)
+        out.append(a)
+    return out
+
+
+def columns_of_records(drained) -> tuple:
+    """The ``drain_columns()`` form (19 lists) of a ``drain_records()`` result: what the list
+    path builds from the same calls (tests compare the two paths' arrays)."""
+    n, nums_b, codes_b, tables = drained
+    import numpy as np
+
+    nums = np.frombuffer(nums_b, dtype=np.int64).reshape(10, n).tolist()
+    codes = np.frombuffer(codes_b, dtype=np.int32).reshape(7, n).tolist()
+
+    def v(col):
+        return [None if x == _NULL_LL else x for x in col]
+
+    def obj(j):
+        t = tables[j - K_SITE]
+        return [None if c < 0 else t[c] for c in codes[j]]
+
+    out = [None] * 19
+    out[F_SPEC], out[F_PG] = codes[K_FACT], codes[K_PG]
+    out[F_SEQ], out[F_PEER], out[F_ROOT] = v(nums[D_SEQ]), v(nums[D_PEER]), v(nums[D_ROOT])
+    out[F_T0], out[F_STEP], out[F_OP_ID] = v(nums[D_T0]), v(nums[D_STEP]), v(nums[D_OP_ID])
+    out[F_THREAD], out[F_COUNT] = v(nums[D_THREAD]), v(nums[D_COUNT])
+    out[F_SITE], out[F_API], out[F_DETAIL] = obj(K_SITE), obj(K_API), obj(K_DETAIL)
+    out[F_DTYPE], out[F_DEVICE] = obj(K_DTYPE), obj(K_DEVICE)
+    out[F_BYTES] = [None] * n
+    out[F_OUT_BYTES] = v(nums[D_OUT_BYTES])
+    out[F_ASYNC] = [False] * n
+    out[18] = v(nums[D_T1])
+    return tuple(out)
+
+
 _cfast = None  # the C fast path (wrappers.make_wrapper), when built and not turned off
 if os.environ.get("COMMTRACE_PURE_PYTHON", "") in ("", "0"):
     try:
@@ -796,7 +971,10 @@ class Recorder:
                     rows.append(expand(rank, r[0], r[1]) if len(r) == 2 else r)
                 ccols = None
                 if _cfast is not None:
-                    ccols = _cfast.drain_columns()
+                    if RECORD_BUFFERS and _bounded(self) is None and hasattr(_cfast, "drain_records"):
+                        ccols = _cfast.drain_records()   # typed buffers (n, ...): see _write
+                    else:
+                        ccols = _cfast.drain_columns()
                     self._dropped += _cfast.take_dropped()
                 inflight = [p.as_json() for p in list(self._pending.values())
                             if p.row[I_T_END] is None]
@@ -824,10 +1002,26 @@ class Recorder:
         from ..format import writer as W
 
         d = W.rank_dir(self.run_dir, self.rank)
-        n_c = len(ccols[0]) if ccols else 0
+        buffers = ccols is not None and isinstance(ccols[0], int)   # drain_records()
+        n_c = (ccols[0] if buffers else len(ccols[0])) if ccols else 0
         try:
             os.makedirs(d, exist_ok=True)
-            if rows or n_c:
+            if buffers and n_c:
+                # the C path's calls as typed buffers: arrays built over whole columns, the
+                # Python path's rows (async ops, gaps, marks, ...) first as before
+                arrays = arrays_of_records(self.rank, ccols)
+                if rows:
+                    cols = [list(col) for col in zip(*rows)]
+                    cols[I_SITE] = [format_site(v) for v in cols[I_SITE]]
+                    t_py = W.rows_to_table_nopandas({c: cols[i] for i, c in enumerate(COLUMNS)})
+                    import pyarrow as pa
+                    arrays = [pa.concat_arrays([t_py.column(i).chunk(0), a])
+                              for i, a in enumerate(arrays)]
+                table = W.table_of_arrays(arrays)
+                W.write_part(self.run_dir, self.rank, table, self._metadata(),
+                             index=_next_part_index(), compression=W.part_compression(table))
+                self._wrote_part = True
+            elif rows or n_c:
                 cols = [list(col) for col in zip(*rows)] if rows else [[] for _ in COLUMNS]
                 if n_c:
                     for col, more in zip(cols, expand_columns(self.rank, ccols)):
@@ -841,7 +1035,8 @@ class Recorder:
                 if cols[0]:
                     table = W.rows_to_table_nopandas({c: list(cols[i]) for i, c in enumerate(COLUMNS)})
                     path = W.write_part(self.run_dir, self.rank, table, self._metadata(),
-                                        index=_next_part_index())
+                                        index=_next_part_index(),
+                                        compression=W.part_compression(table))
                     if bounded is not None:
                         bounded.written(path, len(cols[0]), cols[I_STEP])
                 if counters:

@@ -1,0 +1,151 @@
+"""The writer's typed column buffers (issue 20): the C fast path's calls are drained as int64 /
+int32 buffers plus tables of their distinct objects (``_fastpath.drain_records``) and turned
+into Arrow arrays over whole columns with numpy, instead of a Python object per row and field.
+The arrays must equal the ones the list path (``drain_columns`` + ``expand_columns`` +
+``rows_to_table_nopandas``) builds from the same calls, on a real 2-rank gloo job; parts
+written through either path hold the same rows; small parts are written uncompressed and
+large ones compress every column that has a value, with the values unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from commtrace.capture import recorder as R
+from commtrace.format import writer as W
+from conftest import ROOT, run_plain, torchrun_cmd
+
+needs_c = pytest.mark.skipif(R._cfast is None, reason="the C fast path is not built here "
+                             "(no compiler, or COMMTRACE_PURE_PYTHON=1)")
+
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "writer_buffers.py")
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("buffers") / "run"
+    run_plain(torchrun_cmd(SCRIPT, out), timeout=240)
+    res = {}
+    for r in (0, 1):
+        with open(out / f"result-{r}.json") as f:
+            res[r] = json.load(f)
+    return out, res
+
+
+@needs_c
+def test_c_built_columns_equal_the_list_built_ones_on_a_2_rank_gloo_job(job):
+    _, res = job
+    for r in (0, 1):
+        got = res[r]
+        assert got["c"] is True
+        # 5 phases of 9 calls on the C path (send on rank 0, recv on rank 1; barrier takes
+        # the Python path)
+        assert got["n"] == 45, got["n"]
+        assert got["diff"] == [] and got["equal"] is True
+        rows = got["rows"]
+        # the planted calls, with the values the trace format promises
+        assert {x["op"] for x in rows} == {"all_reduce", "broadcast", "reduce", "all_gather",
+                                           "reduce_scatter", "all_to_all",
+                                           "send" if r == 0 else "recv"}
+        # mark_step(k) ends each phase: a phase's calls carry the step marked before it
+        assert sorted({x["step"] for x in rows}) == [2, 10, 11, 12, 13]
+        f16 = [x for x in rows if x["dtype"] == "float16"]
+        assert len(f16) == 5 and all(x["count"] == 5 and x["bytes"] == 10 for x in f16)
+        i64 = [x for x in rows if x["dtype"] == "int64"]
+        assert len(i64) == 5 and all(x["bytes"] == 24 and x["pg"] != "0" for x in i64)
+        bc = [x for x in rows if x["op"] == "broadcast"]
+        assert len(bc) == 5 and all(x["root"] == 1 for x in bc)
+        p2p = [x for x in rows if x["op"] in ("send", "recv")]
+        assert len(p2p) == 5 and all(x["peer"] == 1 - r for x in p2p)
+        assert all(x["completion"] == "return" and x["t_end_ns"] == x["t_return_ns"]
+                   and x["t_return_ns"] >= x["t_enqueue_ns"] and x["async_op"] is False
+                   and x["site"].endswith(".py:" + x["site"].rsplit(":", 1)[1])
+                   and x["rank"] == r and x["kind"] == "op" for x in rows)
+        assert len({x["op_id"] for x in rows}) == 45
+
+
+@needs_c
+def test_parts_written_through_either_path_hold_the_same_rows(job):
+    _, res = job
+    volatile = {"t_enqueue_ns", "t_return_ns", "t_end_ns", "op_id", "seq", "step"}
+    for r in (0, 1):
+        d = os.path.join(res[r]["run_dir"], f"rank={r}")
+        parts = sorted((p for p in os.listdir(d) if p.endswith(".parquet")),
+                       key=lambda p: int(p.rsplit("-", 1)[1].split(".")[0]))
+        lists, buffers = (pq.read_table(os.path.join(d, p)) for p in parts[-2:])
+        assert lists.schema.equals(buffers.schema) and lists.num_rows == buffers.num_rows == 11  # + barrier, mark
+
+        def strip(t):
+            return [{k: v for k, v in x.items() if k not in volatile} for x in t.to_pylist()]
+
+        assert strip(lists) == strip(buffers)
+        # the second phase's calls carry the step the first one marked
+        assert set(buffers.filter(pa.compute.equal(buffers["kind"], "op"))["step"].to_pylist()) == {100}
+        # seq goes on counting from one part to the next, per group
+        assert lists["seq"].to_pylist() != buffers["seq"].to_pylist()
+
+
+def test_small_parts_are_uncompressed_large_ones_zstd_but_all_null_columns(tmp_path):
+    def table(n):
+        return W.rows_to_table_nopandas({
+            "kind": ["op"] * n, "rank": [1] * n, "seq": list(range(n)),
+            "site": [f"train.py:{i % 3}" for i in range(n)],
+            "inflight_ids": [[i, i + 1] if i % 2 else None for i in range(n)]})
+
+    for n, zstd in ((10, set()), (W.ZSTD_MIN_ROWS - 1, set()),
+                    (W.ZSTD_MIN_ROWS, {"kind", "rank", "seq", "site", "inflight_ids.list.element"})):
+        t = table(n)
+        p = W.write_part(str(tmp_path), 0, t, {"rank": 0}, index=n,
+                         compression=W.part_compression(t))
+        md = pq.ParquetFile(p).metadata.row_group(0)
+        codecs = {md.column(i).path_in_schema: md.column(i).compression
+                  for i in range(md.num_columns)}
+        assert {c for c, k in codecs.items() if k == "ZSTD"} == zstd, n
+        assert set(codecs.values()) <= {"ZSTD", "UNCOMPRESSED"}
+        back = pq.read_table(p)
+        assert back.schema.remove_metadata().equals(t.schema) and back.equals(
+            t.replace_schema_metadata(back.schema.metadata))
+
+
+def test_arrays_of_records_handle_nulls_and_unknown_dtypes():
+    """Null fields (-2^63 in the buffers, -1 codes), a dtype given by name (bytes unknown) and
+    an api that is empty (the wrapper's then) come out as the list path writes them."""
+    import numpy as np
+
+    R.FAST_SPECS.append(("all_reduce", "all_reduce", True))
+    R.PG_FACTS.append(("9", 2, "gloo"))
+    spec, pg = len(R.FAST_SPECS) - 1, len(R.PG_FACTS) - 1
+    try:
+        import torch
+
+        n = 4
+        N = R._NULL_LL
+        nums = np.array([[0, N, 5, 7], [N, 1, N, N], [N, N, 0, N], [10, 20, 30, 40],
+                         [N, 1, 1, 2], [1, 2, 3, 4], [8, N, 8, 8], [N, N, 99, N],
+                         [15, N, 35, 45], [77, 77, 77, 77]], dtype=np.int64)
+        codes = np.array([[spec] * n, [pg] * n, [0, -1, 1, 0], [-1, 0, 1, -1],
+                          [-1, -1, 0, -1], [0, 1, -1, 2], [0, 0, -1, 1]], dtype=np.int32)
+        tables = ([("a.py", 3), ("b.py", 9)], ["", "all_reduce_coalesced"], ['{"b": 1}'],
+                  [torch.float32, "bfloat16", torch.int8], ["cpu", "cuda:1"])
+        d = (n, nums.tobytes(), codes.tobytes(), tables)
+        got = W.table_of_arrays(R.arrays_of_records(3, d))
+        got.validate(full=True)
+        cols = R.expand_columns(3, R.columns_of_records(d))
+        cols[R.I_SITE] = [R.format_site(v) for v in cols[R.I_SITE]]
+        want = W.rows_to_table_nopandas({c: cols[i] for i, c in enumerate(R.COLUMNS)})
+        assert [c for c in R.COLUMNS if not got[c].equals(want[c])] == []
+        assert got["bytes"].to_pylist() == [32, None, None, 8]
+        assert got["out_bytes"].to_pylist() == [32, None, 99, 8]
+        assert got["api"].to_pylist() == ["all_reduce", "all_reduce", "all_reduce_coalesced",
+                                           "all_reduce"]
+        assert got["site"].to_pylist() == ["a.py:3", None, "b.py:9", "a.py:3"]
+        assert got["first_on_pg"].to_pylist() == [True, None, False, False]
+        assert got["completion"].to_pylist() == ["return", None, "return", "return"]
+        assert got["peer"].type == pa.int32() and got["peer"].to_pylist() == [None, 1, None, None]
+    finally:
+        R.FAST_SPECS.pop()
+        R.PG_FACTS.pop()
