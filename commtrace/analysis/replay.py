@@ -20,7 +20,10 @@ prints the error); a scenario changes gaps, transfer times or which arrivals cou
   hold that group's collectives, and the run ends with the other ranks.
 
 The replay is a discrete-event loop in C (``_replay.c``: each rank advances until it waits for
-a communication that has not completed); without the compiled extension (or with
+a communication that has not completed). Which event waits for which communication does not
+depend on the times, so every scenario takes the same path through the loop: the scenarios
+are replayed together, their times side by side (``replay_many``). Without the compiled
+extension (or with
 ``COMMTRACE_PURE_PYTHON=1``) the same model runs in numpy, all scenarios together, in batches
 of independent communications in a topological order of the dependencies.
 """
