@@ -323,3 +323,50 @@ def test_model_c_shortcuts_fall_back_on_unsorted_input():
                          np.array([3.9, 2.0, 0.5, 1.5]), 2)
     assert np.frombuffer(f, np.bool_).tolist() == [True, False, False, True]
     assert np.frombuffer(v, np.float64)[[0, 3]].tolist() == [3.7, 1.0]
+
+
+@pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
+def test_critical_path_walk_in_c_equals_the_python_loop(run):
+    m = M.build_model(run)
+    a, b = CP.walk(m), CP.walk(m, _python=True)
+    assert a.keys() == b.keys() and len(b["rank"]) > 10
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+
+
+def test_the_c_helpers_are_built_where_a_compiler_is():
+    """The extension is optional (a failed build falls back to numpy silently): where a C
+    compiler exists it must have built, with every helper, or the tests above would skip."""
+    import shutil
+    import sysconfig
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if not shutil.which(cc):
+        pytest.skip(f"no C compiler ({cc})")
+    from commtrace.analysis import _replay
+    for name in ("replay", "replay_many", "median_excess", "merge_events", "anchors", "slot_prev", "sync_points",
+                 "cp_walk", "counting_argsort"):
+        assert hasattr(_replay, name), name
+
+
+def test_stable_argsort_equals_numpys():
+    rng = np.random.default_rng(5)
+    for n, lo, hi in ((0, 0, 1), (1, 3, 4), (1000, -5, 40), (5000, 0, 3), (3000, 10**6, 10**6 + 2000), (100, 0, 10**12)):
+        k = rng.integers(lo, hi, n)
+        assert np.array_equal(M.stable_argsort(k), np.argsort(k, kind="stable"))
+
+
+@pytest.mark.skipif(RP._C is None, reason="the C replay is not built")
+def test_sparse_gap_overrides_equal_the_dense_gaps(run):
+    m = M.build_model(run)
+    sparse = [RP.rank_median(m, int(r)) for r in m.ranks[:3]] + [RP.fix_delay(m, int(np.argmax(m.ev_excess)))]
+    # the same scenarios with every gap written out, and one with both (overrides win)
+    dense = [RP.Scenario(sc.name, sc.kind, sc.params, gap=sc.gap_of(m)) for sc in sparse]
+    g = m.ev_gap * 0.5
+    both = RP.Scenario("both", "x", gap=g, gap_at=sparse[0].gap_at, gap_to=sparse[0].gap_to)
+    ref_both = RP.Scenario("both", "x", gap=both.gap_of(m))
+    assert np.array_equal(ref_both.gap[sparse[0].gap_at], sparse[0].gap_to)
+    a = RP.replay(m, sparse + [both], keep_events=True)
+    b = RP.replay(m, dense + [ref_both], keep_events=True)
+    assert np.array_equal(a.t_end, b.t_end) and np.array_equal(a.step_end, b.step_end)
+    assert np.array_equal(a.ev_rel, b.ev_rel)
+    assert len(set(a.t_end.tolist())) > 1

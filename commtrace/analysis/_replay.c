@@ -167,18 +167,20 @@ fail_bufs:
 
 /* replay_many(rank_lo, rank_hi, dur, rho, anchor, ev_slot, call_slot, sl_comm, sl_dep, sl_prev,
  *             cm_lo, cm_hi, succ_lo, succ, ev_step, n_steps,
- *             gaps, tcs, tc_inds, masks, queues, excls, kept) -> (t_end, step_end)
+ *             gaps, tcs, tc_inds, masks, queues, excls, kept, gap_ats, gap_tos) -> (t_end, step_end)
  *
  * The replay of S scenarios in one pass. Which event waits for which communication, and so the
  * order in which the loop above visits events and resolves communications, depends only on the
  * trace's structure, never on the times: every scenario takes the same path, so the path is
  * walked once and each step computes all S scenarios' times (kept side by side per slot and
- * rank). gaps/tcs/tc_inds/masks/excls: sequences of S buffers (E, S, S float64; S uint8; R uint8
+ * rank; a slot holds its entry until its communication resolves, then its release). gaps/tcs/tc_inds/masks/excls: sequences of S buffers (E, S, S float64; S uint8; R uint8
  * per scenario); queues: sequence of S bools; ev_step: per event its step's position in
  * 0..n_steps-1 or -1. Per scenario, t_end is the latest release on the ranks not excluded (0
  * when none) and step_end[s, k] the latest release of step k's events (-inf when none); NaN
  * propagates as numpy's max does. kept: None, or a writable (S, E) float64 buffer that receives
- * every release. Raises RuntimeError as replay() does. */
+ * every release. gap_ats / gap_tos: per scenario, increasing event indices whose gap is the
+ * matching value instead of gaps[s]'s (a scenario that changes a few gaps shares the measured
+ * array). Raises RuntimeError as replay() does. */
 #define MAXS 64
 
 static int seq_bufs(PyObject *seq, Py_ssize_t S, Py_buffer *out, int *nout, Py_ssize_t itemsize, const char *name) {
@@ -203,12 +205,12 @@ static int seq_bufs(PyObject *seq, Py_ssize_t S, Py_buffer *out, int *nout, Py_s
 #define NB2 15
 
 static PyObject *replay_many(PyObject *self, PyObject *args) {
-    PyObject *objs[NB2], *o_gaps, *o_tcs, *o_tcis, *o_masks, *o_queues, *o_excls, *o_kept;
+    PyObject *objs[NB2], *o_gaps, *o_tcs, *o_tcis, *o_masks, *o_queues, *o_excls, *o_kept, *o_ats, *o_tos;
     Py_ssize_t n_steps;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOnOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4],
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOnOOOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4],
                           &objs[5], &objs[6], &objs[7], &objs[8], &objs[9], &objs[10], &objs[11], &objs[12],
                           &objs[13], &objs[14], &n_steps, &o_gaps, &o_tcs, &o_tcis, &o_masks, &o_queues, &o_excls,
-                          &o_kept))
+                          &o_kept, &o_ats, &o_tos))
         return NULL;
     static const Py_ssize_t sizes[NB2] = {8, 8, 8, 8, 1, 8, 8, 8, 1, 8, 8, 8, 8, 8, 8};
     static const char *names[NB2] = {"rank_lo", "rank_hi", "dur", "rho", "anchor", "ev_slot", "call_slot",
@@ -219,13 +221,14 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "replay_many: 1 to %d scenarios", MAXS);
         return NULL;
     }
-    Py_buffer b[NB2], gb[MAXS], tb[MAXS], ib[MAXS], mb[MAXS], xb[MAXS], kb;
-    int nb = 0, ng = 0, nt = 0, ni = 0, nm = 0, nx = 0, nk = 0;
+    Py_buffer b[NB2], gb[MAXS], tb[MAXS], ib[MAXS], mb[MAXS], xb[MAXS], ab[MAXS], vb[MAXS], kb;
+    int nb = 0, ng = 0, nt = 0, ni = 0, nm = 0, nx = 0, na = 0, nv = 0, nk = 0;
+    int64_t *cur = NULL;
     int queue[MAXS];
     PyObject *res = NULL, *o_tend = NULL, *o_se = NULL;
     int64_t *pos = NULL, *stack = NULL, *next_waiter = NULL, *head = NULL, *arrived = NULL, *cstack = NULL;
     uint8_t *resolved = NULL, *entered = NULL;
-    double *prev = NULL, *enter = NULL, *L = NULL, *start = NULL, *T0 = NULL;
+    double *prev = NULL, *L = NULL, *start = NULL, *T0 = NULL;
     for (; nb < NB2; nb++)
         if (get(objs[nb], &b[nb], sizes[nb], names[nb]) < 0) goto done;
     for (Py_ssize_t s = 0; s < S; s++) {
@@ -237,7 +240,8 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     }
     if (seq_bufs(o_gaps, S, gb, &ng, 8, "gaps") < 0 || seq_bufs(o_tcs, S, tb, &nt, 8, "tcs") < 0 ||
         seq_bufs(o_tcis, S, ib, &ni, 8, "tc_inds") < 0 || seq_bufs(o_masks, S, mb, &nm, 1, "masks") < 0 ||
-        seq_bufs(o_excls, S, xb, &nx, 1, "excls") < 0)
+        seq_bufs(o_excls, S, xb, &nx, 1, "excls") < 0 || seq_bufs(o_ats, S, ab, &na, 8, "gap_ats") < 0 ||
+        seq_bufs(o_tos, S, vb, &nv, 8, "gap_tos") < 0)
         goto done;
     const int64_t *rank_lo = b[0].buf, *rank_hi = b[1].buf;
     const double *dur = b[2].buf, *rho = b[3].buf;
@@ -247,7 +251,9 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     const int64_t *sl_prev = b[9].buf, *cm_lo = b[10].buf, *cm_hi = b[11].buf, *succ_lo = b[12].buf, *succ = b[13].buf;
     const int64_t *ev_step = b[14].buf;
     Py_ssize_t R = b[0].len / 8, E = b[2].len / 8, NS = b[7].len / 8, C = b[10].len / 8;
-    const double *gap[MAXS], *tc[MAXS], *tci[MAXS];
+    const double *gap[MAXS], *tc[MAXS], *tci[MAXS], *gto[MAXS];
+    const int64_t *gat[MAXS];
+    Py_ssize_t ngat[MAXS];
     const uint8_t *mask[MAXS], *excl[MAXS];
     for (Py_ssize_t s = 0; s < S; s++) {
         if (gb[s].len != E * 8 || tb[s].len != NS * 8 || ib[s].len != NS * 8 || mb[s].len != NS || xb[s].len != R) {
@@ -255,6 +261,16 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
             goto done;
         }
         gap[s] = gb[s].buf; tc[s] = tb[s].buf; tci[s] = ib[s].buf; mask[s] = mb[s].buf; excl[s] = xb[s].buf;
+        gat[s] = ab[s].buf; gto[s] = vb[s].buf; ngat[s] = ab[s].len / 8;
+        if (vb[s].len / 8 != ngat[s]) {
+            PyErr_SetString(PyExc_ValueError, "replay_many: gap_ats and gap_tos differ in length");
+            goto done;
+        }
+        for (Py_ssize_t k = 0; k < ngat[s]; k++)
+            if (gat[s][k] < 0 || gat[s][k] >= E || (k && gat[s][k] <= gat[s][k - 1])) {
+                PyErr_SetString(PyExc_ValueError, "replay_many: gap_ats must be increasing event indices");
+                goto done;
+            }
     }
     double *kept = NULL;
     if (o_kept != Py_None) {
@@ -281,13 +297,13 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     arrived = calloc(C + 1, sizeof(int64_t));
     resolved = calloc(C + 1, 1);
     entered = calloc(NS + 1, 1);
-    enter = malloc(sizeof(double) * (NS + 1) * S);
     L = malloc(sizeof(double) * (NS + 1) * S);
     cstack = malloc(sizeof(int64_t) * (C + b[13].len / 8 + 1));
     start = malloc(sizeof(double) * S);
+    cur = malloc(sizeof(int64_t) * (R + 1) * S);
     T0 = malloc(sizeof(double) * S);
-    if (!pos || !prev || !stack || !next_waiter || !head || !arrived || !resolved || !entered || !enter || !L ||
-        !cstack || !start || !T0) {
+    if (!pos || !prev || !stack || !next_waiter || !head || !arrived || !resolved || !entered || !L ||
+        !cstack || !start || !T0 || !cur) {
         PyErr_NoMemory();
         goto done;
     }
@@ -295,20 +311,30 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     for (Py_ssize_t c = 0; c < C; c++) head[c] = -1;
     for (Py_ssize_t r = 0; r < R; r++) {
         pos[r] = rank_lo[r];
-        for (Py_ssize_t s = 0; s < S; s++) prev[r * S + s] = 0.0;
+        for (Py_ssize_t s = 0; s < S; s++) {
+            prev[r * S + s] = 0.0;
+            /* this rank's first gap override: the first index >= rank_lo[r] */
+            Py_ssize_t lo = 0, hi = ngat[s];
+            while (lo < hi) { Py_ssize_t mid = lo + (hi - lo) / 2; if (gat[s][mid] < rank_lo[r]) lo = mid + 1; else hi = mid; }
+            cur[r * S + s] = lo;
+        }
         stack[sp++] = r;
     }
     Py_BEGIN_ALLOW_THREADS
     while (sp > 0) {
         int64_t r = stack[--sp];
         double *pv = prev + r * S;
+        int64_t *cr = cur + r * S;
         while (pos[r] < rank_hi[r]) {
             int64_t e = pos[r];
-            for (Py_ssize_t s = 0; s < S; s++) start[s] = pv[s] + gap[s][e];
+            for (Py_ssize_t s = 0; s < S; s++) {
+                int64_t k = cr[s];
+                start[s] = pv[s] + ((k < ngat[s] && gat[s][k] == e) ? gto[s][k] : gap[s][e]);
+            }
             int64_t cs = call_slot[e];
             if (cs >= 0 && !entered[cs]) {
                 entered[cs] = 1;
-                memcpy(enter + cs * S, start, sizeof(double) * S);
+                memcpy(L + cs * S, start, sizeof(double) * S);   /* the entry, until resolved */
                 int64_t c = sl_comm[cs];
                 arrived[c]++;
                 if (arrived[c] == cm_hi[c] - cm_lo[c]) cstack[csp++] = c;
@@ -323,7 +349,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                     if (!ready) continue;
                     for (Py_ssize_t s = 0; s < S; s++) T0[s] = -INFINITY;
                     for (int64_t j = cm_lo[x]; j < cm_hi[x]; j++) {
-                        const double *en = enter + j * S;
+                        const double *en = L + j * S;      /* entries (x unresolved) */
                         int64_t p = sl_prev[j];
                         const double *lp = p >= 0 ? L + p * S : NULL;
                         for (Py_ssize_t s = 0; s < S; s++) {
@@ -333,15 +359,14 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                         }
                     }
                     for (int64_t j = cm_lo[x]; j < cm_hi[x]; j++) {
-                        const double *en = enter + j * S;
-                        double *lj = L + j * S;
+                        double *lj = L + j * S;            /* entry in, release out */
                         if (sl_dep[j]) {
                             for (Py_ssize_t s = 0; s < S; s++) {
-                                double t = T0[s] > en[s] ? T0[s] : en[s];
+                                double t = T0[s] > lj[s] ? T0[s] : lj[s];
                                 lj[s] = t + tc[s][j];
                             }
                         } else {
-                            for (Py_ssize_t s = 0; s < S; s++) lj[s] = en[s] + tci[s][j];
+                            for (Py_ssize_t s = 0; s < S; s++) lj[s] = lj[s] + tci[s][j];
                         }
                     }
                     resolved[x] = 1;
@@ -374,6 +399,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                     if ((v > *q || isnan(v)) && !isnan(*q)) *q = v;
                 }
                 if (kept) kept[s * E + e] = v;
+                if (cr[s] < ngat[s] && gat[s][cr[s]] == e) cr[s]++;
             }
             pos[r]++;
         }
@@ -388,7 +414,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     res = PyTuple_Pack(2, o_tend, o_se);
 done:
     free(pos); free(prev); free(stack); free(next_waiter); free(head); free(arrived); free(resolved);
-    free(entered); free(enter); free(L); free(cstack); free(start); free(T0);
+    free(entered); free(L); free(cstack); free(start); free(T0); free(cur);
     Py_XDECREF(o_tend); Py_XDECREF(o_se);
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     for (int i = 0; i < ng; i++) PyBuffer_Release(&gb[i]);
@@ -396,6 +422,8 @@ done:
     for (int i = 0; i < ni; i++) PyBuffer_Release(&ib[i]);
     for (int i = 0; i < nm; i++) PyBuffer_Release(&mb[i]);
     for (int i = 0; i < nx; i++) PyBuffer_Release(&xb[i]);
+    for (int i = 0; i < na; i++) PyBuffer_Release(&ab[i]);
+    for (int i = 0; i < nv; i++) PyBuffer_Release(&vb[i]);
     if (nk) PyBuffer_Release(&kb);
     return res;
 }
@@ -555,19 +583,19 @@ static PyObject *merge_events(PyObject *self, PyObject *args) {
         if (tw[i] != NUL && twe[i] != NUL) nw++;
     }
     if (!sorted) { res = Py_None; Py_INCREF(res); goto done; }
-    w = malloc(sizeof(KI) * (nw + 1));
-    tmp = malloc(sizeof(KI) * (nw + 1));
-    if (!w || !tmp) { PyErr_NoMemory(); goto done; }
     Py_ssize_t E = nc + nw;
+    /* the outputs first, the temporaries after them (freed at the heap's top, for reuse) */
     NEWBYTES(orow, E * 8); NEWBYTES(oisw, E); NEWBYTES(ost, E * 8); NEWBYTES(orel, E * 8); NEWBYTES(ork, E * 8);
     NEWBYTES(ocev, n * 8);
+    w = malloc(sizeof(KI) * (nw + 1));
+    if (!w) { PyErr_NoMemory(); goto done; }
     int64_t *ev_row = (int64_t *)PyBytes_AS_STRING(orow), *ev_rank = (int64_t *)PyBytes_AS_STRING(ork);
     int64_t *call_ev = (int64_t *)PyBytes_AS_STRING(ocev);
     uint8_t *isw = (uint8_t *)PyBytes_AS_STRING(oisw);
     double *st = (double *)PyBytes_AS_STRING(ost), *rl = (double *)PyBytes_AS_STRING(orel);
+    int wsorted = 1;
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t j = 0;
-    int wsorted = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         call_ev[i] = -1;
         if (tw[i] != NUL && twe[i] != NUL) {
@@ -577,7 +605,10 @@ static PyObject *merge_events(PyObject *self, PyObject *args) {
             j++;
         }
     }
-    if (!wsorted) merge_sort_ki(w, tmp, nw);
+    if (!wsorted) {
+        tmp = malloc(sizeof(KI) * (nw + 1));
+        if (tmp) merge_sort_ki(w, tmp, nw);
+    }
     Py_ssize_t ci = 0, wi = 0, e = 0;
     while (ci < n || wi < nw) {
         while (ci < n && !(tq[ci] != NUL && tr[ci] != NUL)) ci++;
@@ -600,6 +631,7 @@ static PyObject *merge_events(PyObject *self, PyObject *args) {
         e++;
     }
     Py_END_ALLOW_THREADS
+    if (!wsorted && !tmp) { PyErr_NoMemory(); goto done; }
     res = PyTuple_Pack(6, orow, oisw, ost, orel, ork, ocev);
 done:
     free(w); free(tmp);
@@ -761,11 +793,11 @@ static PyObject *sync_points(PyObject *self, PyObject *args) {
         if (!(f >= 0.0 && f < LIM) || sg[j] < 0 || sg[j] >= G) ok = 0;
     }
     if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    NEWBYTES(ofound, NS); NEWBYTES(oval, NS * 8);     /* the outputs before the temporaries */
     cnt = calloc(G + 1, sizeof(int64_t));
     pos = malloc(sizeof(int64_t) * (A + 1));
     fl = malloc(sizeof(double) * (A + 1));
     if (!cnt || !pos || !fl) { PyErr_NoMemory(); goto done; }
-    NEWBYTES(ofound, NS); NEWBYTES(oval, NS * 8);
     uint8_t *found = (uint8_t *)PyBytes_AS_STRING(ofound);
     double *val = (double *)PyBytes_AS_STRING(oval);
     for (Py_ssize_t i = 0; i < A; i++) cnt[ag[i] + 1]++;
@@ -800,7 +832,163 @@ done:
     return res;
 }
 
+/* cp_walk(ev_rank, ev_start, ev_rel, ev_anchor, ev_slot, ev_first, sl_leave, sl_dep, sl_comm,
+ *         sl_call, sl_enter, sl_rank, cm_T0, cm_last, q_prev, t_begin, e0, guard)
+ *   -> None or (rank, t0, t1, kind, comm, event) as bytes, in time order
+ * critical_path.walk's loop (the Python there is its reference), from the end of event e0;
+ * max(x, y) as Python's (y only when y > x). None when the walk would index an event < 0
+ * (Python would wrap around: the caller runs the Python loop). */
+static inline double py_max(double x, double y) { return y > x ? y : x; }
+
+typedef struct { int64_t r; double t0, t1; int64_t k, c, e; } Seg;
+
+static PyObject *cp_walk(PyObject *self, PyObject *args) {
+    PyObject *o[15];
+    double tb;
+    long long e0_ll, guard_ll;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOdLL", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
+                          &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &tb, &e0_ll, &guard_ll))
+        return NULL;
+    static const Py_ssize_t sz[15] = {8, 8, 8, 1, 8, 1, 8, 1, 8, 8, 8, 8, 8, 8, 8};
+    Py_buffer b[15];
+    int nb = 0;
+    PyObject *res = NULL, *out[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    Seg *seg = NULL;
+    for (; nb < 15; nb++) if (get(o[nb], &b[nb], sz[nb], "cp_walk") < 0) goto done;
+    const int64_t *ev_rank = b[0].buf, *ev_slot = b[4].buf, *sl_comm = b[8].buf, *sl_call = b[9].buf;
+    const int64_t *sl_rank = b[11].buf, *cm_last = b[13].buf, *q_prev = b[14].buf;
+    const double *ev_start = b[1].buf, *ev_rel = b[2].buf, *sl_leave = b[6].buf, *sl_enter = b[10].buf;
+    const double *cm_T0 = b[12].buf;
+    const uint8_t *anchor = b[3].buf, *first = b[5].buf, *sl_dep = b[7].buf;
+    Py_ssize_t E = b[0].len / 8, NS = b[6].len / 8, C = b[12].len / 8;
+    Py_ssize_t n = 0, cap = 1024;
+    seg = malloc(sizeof(Seg) * cap);
+    if (!seg) { PyErr_NoMemory(); goto done; }
+    int64_t e = e0_ll, s = -1, guard = guard_ll;
+    int mode = 0, fallback = 0;
+#define PUSH(R, A, B, K, CC, EE) do { \
+        if (n == cap) { Seg *t = realloc(seg, sizeof(Seg) * cap * 2); if (!t) { PyErr_NoMemory(); goto done; } seg = t; cap *= 2; } \
+        seg[n].r = (R); seg[n].t0 = (A); seg[n].t1 = (B); seg[n].k = (K); seg[n].c = (CC); seg[n].e = (EE); n++; } while (0)
+#define CHECK_E(x) do { if ((x) < 0 || (x) >= E) { fallback = 1; goto walked; } } while (0)
+#define CHECK_S(x) do { if ((x) < 0 || (x) >= NS) { fallback = 1; goto walked; } } while (0)
+    CHECK_E(e);
+    while (guard > 0) {
+        guard--;
+        if (mode == 0) {
+            int64_t r = ev_rank[e];
+            if (anchor[e]) {
+                s = ev_slot[e];
+                CHECK_S(s);
+                double L = sl_leave[s];
+                if (L >= ev_start[e]) {
+                    double a = py_max(L, tb);
+                    if (ev_rel[e] > a) PUSH(r, a, ev_rel[e], 1, sl_comm[s], e);
+                    if (L <= tb) break;
+                    mode = 2;
+                    continue;
+                }
+            }
+            double a = py_max(ev_start[e], tb);
+            if (ev_rel[e] > a) {
+                int64_t sl = ev_slot[e];
+                if (sl >= NS) { fallback = 1; goto walked; }
+                PUSH(r, a, ev_rel[e], 1, sl >= 0 ? sl_comm[sl] : -1, e);
+            }
+            mode = 1;
+        } else if (mode == 1) {
+            int64_t r = ev_rank[e];
+            if (first[e] || ev_start[e] <= tb) break;
+            CHECK_E(e - 1);
+            double a = py_max(ev_rel[e - 1], tb);
+            if (ev_start[e] > a) PUSH(r, a, ev_start[e], 0, -1, e);
+            e -= 1;
+            mode = 0;
+        } else {
+            int64_t c = sl_comm[s];
+            if (c < 0 || c >= C) { fallback = 1; goto walked; }
+            int64_t r = sl_rank[s];
+            double L = sl_leave[s];
+            if (sl_dep[s]) {
+                double T0 = cm_T0[c];
+                double a = py_max(T0, tb);
+                if (L > a) PUSH(r, a, L, 2, c, -1);
+                if (T0 <= tb) break;
+                int64_t d = cm_last[c];
+                CHECK_S(d);
+                if (sl_enter[d] >= T0) {
+                    e = sl_call[d]; CHECK_E(e); mode = 1;
+                } else {
+                    int64_t bs = q_prev[c];
+                    if (bs < 0) { e = sl_call[d]; CHECK_E(e); mode = 1; }
+                    else { s = bs; CHECK_S(s); mode = 2; }
+                }
+            } else {
+                double a = py_max(sl_enter[s], tb);
+                if (L > a) PUSH(r, a, L, 2, c, -1);
+                e = sl_call[s];
+                CHECK_E(e);
+                mode = 1;
+            }
+        }
+    }
+walked:
+    if (fallback) { res = Py_None; Py_INCREF(res); goto done; }
+    for (int i = 0; i < 6; i++) {
+        out[i] = PyBytes_FromStringAndSize(NULL, n * 8);
+        if (!out[i]) goto done;
+    }
+    {
+        int64_t *orank = (int64_t *)PyBytes_AS_STRING(out[0]), *okind = (int64_t *)PyBytes_AS_STRING(out[3]);
+        int64_t *ocomm = (int64_t *)PyBytes_AS_STRING(out[4]), *oev = (int64_t *)PyBytes_AS_STRING(out[5]);
+        double *ot0 = (double *)PyBytes_AS_STRING(out[1]), *ot1 = (double *)PyBytes_AS_STRING(out[2]);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Seg *g = &seg[n - 1 - i];
+            orank[i] = g->r; ot0[i] = g->t0; ot1[i] = g->t1; okind[i] = g->k; ocomm[i] = g->c; oev[i] = g->e;
+        }
+    }
+    res = PyTuple_Pack(6, out[0], out[1], out[2], out[3], out[4], out[5]);
+done:
+    free(seg);
+    for (int i = 0; i < 6; i++) Py_XDECREF(out[i]);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
+/* counting_argsort(keys, K) -> order (bytes, int64)
+ * np.argsort(keys, kind="stable") for integer keys in [0, K), by one counting sort (numpy's
+ * stable sort of int64 is a merge sort). ValueError on a key outside [0, K). */
+static PyObject *counting_argsort(PyObject *self, PyObject *args) {
+    PyObject *ok;
+    Py_ssize_t K;
+    if (!PyArg_ParseTuple(args, "On", &ok, &K)) return NULL;
+    Py_buffer bk;
+    if (get(ok, &bk, 8, "keys") < 0) return NULL;
+    PyObject *res = NULL, *out = NULL;
+    int64_t *cnt = NULL;
+    Py_ssize_t n = bk.len / 8;
+    const int64_t *k = bk.buf;
+    if (K < 0) { PyErr_SetString(PyExc_ValueError, "counting_argsort: K < 0"); goto done; }
+    NEWBYTES(out, n * 8);
+    cnt = calloc(K + 1, sizeof(int64_t));
+    if (!cnt) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (k[i] < 0 || k[i] >= K) { PyErr_SetString(PyExc_ValueError, "counting_argsort: key out of range"); goto done; }
+        cnt[k[i] + 1]++;
+    }
+    for (Py_ssize_t j = 0; j < K; j++) cnt[j + 1] += cnt[j];
+    int64_t *o = (int64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) o[cnt[k[i]]++] = i;
+    res = out; Py_INCREF(res);
+done:
+    free(cnt);
+    Py_XDECREF(out);
+    PyBuffer_Release(&bk);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"counting_argsort", counting_argsort, METH_VARARGS, "Stable argsort of small integer keys (model.py)."},
+    {"cp_walk", cp_walk, METH_VARARGS, "The critical path's backward walk (critical_path.py)."},
     {"merge_events", merge_events, METH_VARARGS, "Host events of the rows in order (model.py)."},
     {"anchors", anchors, METH_VARARGS, "Anchors, residuals, gaps and wait states (model.py)."},
     {"slot_prev", slot_prev, METH_VARARGS, "Previous slot of the same group (model.py)."},

@@ -14,14 +14,16 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .model import Model, build_model
+from .model import _C, Model, build_model
 
 KINDS = ("compute", "host", "comm")
 
 
-def walk(m: Model) -> dict[str, np.ndarray]:
+def walk(m: Model, _python: bool = False) -> dict[str, np.ndarray]:
     """Critical path segments (ns relative to `m.base_ns`), latest first reversed to time
-    order: rank, t0, t1, kind (index into KINDS), comm (-1 if none), event (-1 if none)."""
+    order: rank, t0, t1, kind (index into KINDS), comm (-1 if none), event (-1 if none).
+    The loop runs in C (`_replay.cp_walk`) when built; `_python`: this Python loop, its
+    reference."""
     E = m.n_events
     rk, t0s, t1s, kd, cm, ev = [], [], [], [], [], []
     if E == 0:
@@ -34,6 +36,17 @@ def walk(m: Model) -> dict[str, np.ndarray]:
     tb = m.t_begin
     q_prev = _queued_behind(m)
     e = int(np.argmax(ev_rel))
+    if _C is not None and not _python:   # the same loop in C (this one is its reference)
+        c = np.ascontiguousarray
+        r = _C.cp_walk(c(ev_rank, np.int64), c(ev_start, np.float64), c(ev_rel, np.float64), c(ev_anchor, np.bool_),
+                       c(ev_slot, np.int64), c(ev_first, np.bool_), c(sl_leave, np.float64), c(sl_dep, np.bool_),
+                       c(sl_comm, np.int64), c(sl_call, np.int64), c(sl_enter, np.float64), c(m.sl_rank, np.int64),
+                       c(cm_T0, np.float64), c(cm_last, np.int64), c(q_prev, np.int64), float(tb), e,
+                       4 * E + 4 * len(sl_comm) + 10)
+        if r is not None:
+            return dict(zip(("rank", "t0", "t1", "kind", "comm", "event"),
+                            (np.frombuffer(x, t) for x, t in zip(r, (np.int64, np.float64, np.float64, np.int64,
+                                                                     np.int64, np.int64)))))
     mode = 0          # 0: at the end of event e; 1: at the start of e; 2: at completion of slot s
     s = -1
     guard = 4 * E + 4 * len(sl_comm) + 10

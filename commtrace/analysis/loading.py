@@ -169,7 +169,8 @@ def create_offsets(con, rf: R.RunFiles) -> None:
     offs = offsets(rf.meta)
     con.execute("CREATE OR REPLACE TABLE offsets (rank INTEGER, off BIGINT, rtt BIGINT)")
     if offs:
-        con.executemany("INSERT INTO offsets VALUES (?, ?, ?)", offs)
+        # one statement (integers only): executemany costs about 2.7 ms a row (0.17 s at 64 ranks)
+        con.execute("INSERT INTO offsets VALUES " + ", ".join(f"({int(r)}, {int(o)}, {int(t)})" for r, o, t in offs))
 
 
 def _split(con) -> bool:

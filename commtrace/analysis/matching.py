@@ -75,7 +75,10 @@ def build_collectives(con, t: str, name: str, pgs, members: dict) -> None:
     :func:`finish_collectives` once the wait table exists."""
     con.execute(f"CREATE OR REPLACE TEMP TABLE {name}_m (pg VARCHAR, n_members INTEGER)")
     if members:
-        con.executemany(f"INSERT INTO {name}_m VALUES (?, ?)", [(k, len(v)) for k, v in members.items()])
+        # one statement: executemany costs milliseconds a row (thousands of groups in a large job)
+        rows = [(str(k), len(v)) for k, v in members.items()]
+        con.execute(f"INSERT INTO {name}_m VALUES " + ", ".join(["(?, ?)"] * len(rows)),
+                    [x for r in rows for x in r])
     con.execute(f"CREATE OR REPLACE TABLE {name} AS {collectives_sql(t, pgs, name + '_m')}")
 
 

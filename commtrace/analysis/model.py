@@ -312,7 +312,8 @@ def _build(run) -> Model:
     else:
         cok[:] = False
     cidx = np.flatnonzero(cok)
-    cidx = cidx[np.argsort(rck[cidx], kind="stable")]
+    # (by position in the sorted, unique collective keys: the same order as by the key)
+    cidx = cidx[stable_argsort(kpos[cidx], 0, max(len(kkey) - 1, 0))]
     del cok
     # p2p slots (positions in `rows`)
     row_pgc, pg_vals = rows.dict_values("pg")
@@ -748,6 +749,21 @@ def _implicit_waits(cand, rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL) -> None:
     t_we[j_] = t_end[j_]
 
 
+def stable_argsort(keys: np.ndarray, lo: int | None = None, hi: int | None = None) -> np.ndarray:
+    """np.argsort(keys, kind="stable") for int64 keys; by a counting sort in C when their range
+    (lo..hi, computed when not given) is at most 4 per key (or 2^16)."""
+    keys = np.asarray(keys)
+    n = len(keys)
+    if _C is not None and n > 1 and keys.dtype.kind in "iu":
+        if lo is None:
+            lo, hi = int(keys.min()), int(keys.max())
+        K = hi - lo + 1
+        if K <= max(4 * n, 1 << 16):
+            k = keys.astype(np.int64) - lo if lo else np.ascontiguousarray(keys, np.int64)
+            return np.frombuffer(_C.counting_argsort(k, K), np.int64)
+    return np.argsort(keys, kind="stable")
+
+
 def _dense_ids(cols: list, limit: int = 1 << 25):
     """Equal ids for equal tuples of the int64 columns, numbered 0.. in the tuples' order,
     through a table over the tuples' range (no sort); None when that range exceeds `limit`."""
@@ -846,7 +862,7 @@ def _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
         ng = ncoll
     g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
     ex, hp = _C.median_excess(np.ascontiguousarray(g, np.float64), gid, ng)
-    return np.frombuffer(ex, np.float64).copy(), np.frombuffer(hp, np.bool_).copy()
+    return np.frombuffer(ex, np.float64), np.frombuffer(hp, np.bool_)
 
 
 def _other_groups(ev_rank, ev_label, wi, ev_step):
@@ -861,7 +877,7 @@ def _other_groups(ev_rank, ev_label, wi, ev_step):
     g1 = _dense_ids([np.asarray(ev_rank, np.int64), st, key])
     if g1 is None:
         return None
-    o = np.argsort(g1, kind="stable")
+    o = stable_argsort(g1, 0, int(g1.max()) if len(g1) else 0)
     s1 = g1[o]
     newg = np.r_[True, s1[1:] != s1[:-1]]
     occ = np.empty(n, np.int64)
@@ -884,7 +900,7 @@ def _excess_other(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step):
     g1 = _dense_ids([np.asarray(ev_rank, np.int64), st, key])
     if g1 is None:
         return None
-    o = np.argsort(g1, kind="stable")
+    o = stable_argsort(g1, 0, int(g1.max()) if len(g1) else 0)
     s1 = g1[o]
     newg = np.r_[True, s1[1:] != s1[:-1]]
     occ = np.empty(n, np.int64)

@@ -34,13 +34,16 @@ def rank_chunks(ranks: list[int], total_rows: int, chunk_rows: int = CHUNK_ROWS)
 
 def _rank_step_sql(t: str, where: str) -> str:
     """One pass per (rank, step) (step may be null): ops, bytes, GPU stream waits, time in
-    synchronize(), and the step's first timestamp (its boundary)."""
+    synchronize(), the step's first timestamp (its boundary) and last one (`t_last`, of the rows
+    with an enqueue time; `has_t`: there are such rows)."""
     return f"""
         SELECT rank, step, count(*) FILTER (WHERE kind = 'op') AS ops,
                coalesce(sum(bytes) FILTER (WHERE kind = 'op'), 0)::BIGINT AS bytes,
                coalesce(sum(stream_wait_ns) FILTER (WHERE kind = 'op'), 0)::BIGINT AS stream_wait_ns,
                coalesce(sum(t_return_ns - t_enqueue_ns) FILTER (WHERE kind = 'sync'), 0)::BIGINT AS sync_ns,
-               min(t_enqueue_ns) AS t0, step IS NULL AS nostep
+               min(t_enqueue_ns) AS t0, step IS NULL AS nostep,
+               max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns))
+                 FILTER (WHERE t_enqueue_ns IS NOT NULL) AS t_last, count(t_enqueue_ns) > 0 AS has_t
         FROM {t} WHERE {where} GROUP BY rank, step ORDER BY rank, step"""
 
 
@@ -78,7 +81,9 @@ def _per_step(rs: dict, segs: dict, base: int, stride: int) -> dict:
     order = np.argsort(keys, kind="stable")
     keys, b_rank, b_step = keys[order], b_rank[order], b_step[order]
     out = {"rank": b_rank, "step": b_step, "ops": rs["ops"][m][order].astype(np.int64),
-           "stream_wait_ns": rs["stream_wait_ns"][m][order].astype(np.int64)}
+           "stream_wait_ns": rs["stream_wait_ns"][m][order].astype(np.int64),
+           "t0": rs["t0"][m][order].astype(np.int64), "t_last": rs["t_last"][m][order].astype(np.int64),
+           "has_t": rs["has_t"][m][order].astype(bool)}
     if not len(keys):
         for nm in ("C", "B", "X"):
             out[nm] = np.zeros(0)
@@ -107,12 +112,13 @@ def compute(con, t: str, ranks: list[int], total_rows: int, t_min_ns, t_max_ns, 
             chunk_rows: int = CHUNK_ROWS) -> dict[str, np.ndarray]:
     """Per-rank totals (`rank` plus RANK_COLUMNS, ns / counts as float64) over op table `t`, by
     chunks of ranks; appends the per-(rank, step) figures (rank, step, ops, stream_wait_ns, C,
-    B, X) to DuckDB table `step_table` (created here). `con` may be a cursor of a background
+    B, X, and the step's first and last timestamps t0, t_last: :func:`step_spans_sql`) to DuckDB
+    table `step_table` (created here). `con` may be a cursor of a background
     thread."""
     base = int(t_min_ns or 0)
     stride = IV.keyspace_stride((int(t_max_ns) if t_max_ns is not None else base) - base + 1)
     con.execute(f"""CREATE OR REPLACE TABLE {step_table} (rank BIGINT, step BIGINT, ops BIGINT,
-                    stream_wait_ns BIGINT, C DOUBLE, B DOUBLE, X DOUBLE)""")
+                    stream_wait_ns BIGINT, C DOUBLE, B DOUBLE, X DOUBLE, t0 BIGINT, t_last BIGINT)""")
     rank_u = np.array(sorted(int(r) for r in ranks), np.int64)
     tot = {k: np.zeros(len(rank_u)) for k in RANK_COLUMNS}
     seen = np.zeros(len(rank_u), bool)
@@ -134,14 +140,28 @@ def compute(con, t: str, ranks: list[int], total_rows: int, t_min_ns, t_max_ns, 
         ps = _per_step(rs, segs, base, stride)
         del segs, rs
         if len(ps["rank"]):
+            valid = pa.py_buffer(np.packbits(ps["has_t"], bitorder="little"))
             tbl = pa.table({"rank": Q.np_array(ps["rank"]), "step": Q.np_array(ps["step"]),
                             "ops": Q.np_array(ps["ops"]), "stream_wait_ns": Q.np_array(ps["stream_wait_ns"]),
-                            "C": Q.np_array(ps["C"]), "B": Q.np_array(ps["B"]), "X": Q.np_array(ps["X"])})
+                            "C": Q.np_array(ps["C"]), "B": Q.np_array(ps["B"]), "X": Q.np_array(ps["X"]),
+                            **{k: pa.Array.from_buffers(pa.int64(), len(ps[k]),
+                                                        [valid, pa.py_buffer(np.ascontiguousarray(ps[k]))])
+                               for k in ("t0", "t_last")}})
             con.register("__ov_chunk", tbl)
             con.execute(f"INSERT INTO {step_table} SELECT * FROM __ov_chunk")
             con.unregister("__ov_chunk")
     # Ranks without a row in `t` (a subset of steps) have no figures.
     return {"rank": rank_u[seen], **{k: v[seen] for k, v in tot.items()}}
+
+
+def step_spans_sql(step_table: str) -> str:
+    """SELECT of (rank, step, t0, t_ns) from the `step_table` of :func:`compute`: the step time
+    on that rank, from the step's first event to the next step's first event (the last step: to
+    the rank's last event); what overview.py's step spans compute from the op table, without
+    another pass over it."""
+    return f"""
+        SELECT rank, step, t0, greatest(coalesce(lead(t0) OVER (PARTITION BY rank ORDER BY step), t_last) - t0, 0) AS t_ns
+        FROM {step_table} WHERE t0 IS NOT NULL"""
 
 
 def per_step_sql(step_table: str, wait_rank_step: str) -> str:

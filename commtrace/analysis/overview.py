@@ -56,12 +56,8 @@ def job_state(run, manifest: dict | None = None, snapshots: dict | None = None,
 
 def _step_spans(run):
     """Arrow table (rank, step, t0, t_ns): the step time on that rank, from the step's first event
-    to the next step's first event (the last step: to the rank's last event)."""
-    return run._arrow(f"""
-        SELECT rank, step, t0, greatest(coalesce(lead(t0) OVER (PARTITION BY rank ORDER BY step), t_last) - t0, 0) AS t_ns
-        FROM (SELECT rank, step, min(t_enqueue_ns) AS t0,
-                     max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)) AS t_last
-              FROM {run._t} WHERE step IS NOT NULL AND t_enqueue_ns IS NOT NULL GROUP BY rank, step)""")
+    to the next step's first event (the last step: to the rank's last event): Run.step_spans()."""
+    return run.step_spans()
 
 
 def _fractions(step_ns: float, exposed_s: float, wait_s: float) -> dict:

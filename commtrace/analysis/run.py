@@ -402,7 +402,24 @@ class Run:
         return out
 
     def _compute_overlap(self, con) -> dict:
-        return OV.compute(con, self._t, self.ranks, self._rows, self.t_min_ns, self.t_max_ns, f"{self._t}_ovs")
+        out = OV.compute(con, self._t, self.ranks, self._rows, self.t_min_ns, self.t_max_ns, f"{self._t}_ovs")
+        self._cache["step_spans"] = OV.step_spans_sql(f"{self._t}_ovs")
+        return out
+
+    def step_spans(self) -> pa.Table:
+        """(rank, step, t0, t_ns): the step time on that rank, from the step's first event to
+        the next step's first event (the last step: to the rank's last event); steps with an
+        enqueue time only. From the overlap stage's per-(rank, step) table when it has the
+        timestamps (the DuckDB engine), else one pass over the op table."""
+        self._overlap()
+        q = self._cache.get("step_spans")
+        if q is None:
+            q = f"""
+                SELECT rank, step, t0, greatest(coalesce(lead(t0) OVER (PARTITION BY rank ORDER BY step), t_last) - t0, 0) AS t_ns
+                FROM (SELECT rank, step, min(t_enqueue_ns) AS t0,
+                             max(greatest(t_enqueue_ns, t_return_ns, t_end_ns, t_wait_end_ns)) AS t_last
+                      FROM {self._t} WHERE step IS NOT NULL AND t_enqueue_ns IS NOT NULL GROUP BY rank, step)"""
+        return self.arrow(q)
 
     def start_background(self) -> None:
         """Start the overlap computation on a second DuckDB cursor in a thread, so that it runs
