@@ -370,3 +370,11 @@ def test_sparse_gap_overrides_equal_the_dense_gaps(run):
     assert np.array_equal(a.t_end, b.t_end) and np.array_equal(a.step_end, b.step_end)
     assert np.array_equal(a.ev_rel, b.ev_rel)
     assert len(set(a.t_end.tolist())) > 1
+
+
+def test_remove_rank_selects_the_groups_slots_by_name(run):
+    m = M.build_model(run)
+    for pg in sorted({str(p) for p in m.cm_pg.tolist()}):
+        r = int(m.ranks[-1])
+        ref = (m.sl_rank == r) & (m.cm_pg[m.sl_comm] == pg)
+        assert np.array_equal(RP.remove_rank(m, r, pg).mask, ref) and ref.any()

@@ -543,7 +543,8 @@ def remove_rank(m: Model, rank: int, pg: str) -> Scenario:
     """Rank `rank`'s arrivals no longer hold the collectives of group `pg`, and the run ends
     with the other ranks' last release (the rank's own late work no longer counts: as if a
     spare took its place on that group)."""
-    sel = (m.sl_rank == int(rank)) & (m.cm_pg[m.sl_comm] == pg)
+    codes = np.flatnonzero(m.pg_names == pg)       # (by code: no string per slot)
+    sel = (m.sl_rank == int(rank)) & np.isin(m.cm_pgc[m.sl_comm], codes)
     return Scenario(f"rank {int(rank)} removed from pg {pg}'s critical path", "remove_rank",
                     {"rank": int(rank), "pg": pg}, mask=sel, exclude_ranks=(int(rank),))
 
