@@ -209,8 +209,9 @@ def load_table(con, rf: R.RunFiles, path: str, progress=None) -> list:
     create_offsets(con, rf)
     workers, chunk = 1, LOAD_CHUNK_ROWS
     if split:
-        # At least two chunks per writer, so that they finish together.
-        workers = LOAD_WORKERS
+        # No more writers than the connection's threads; at least two chunks per writer, so
+        # that they finish together.
+        workers = max(1, min(LOAD_WORKERS, int(Q.rows(con, "SELECT current_setting('threads')").fetchone()[0])))
         chunk = min(LOAD_CHUNK_ROWS, max(MIN_CHUNK_ROWS, -(-rf.num_rows // (2 * workers))))
     try:
         pgs = R.distinct_values(con, rf, "pg")
