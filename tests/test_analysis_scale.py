@@ -213,3 +213,18 @@ def test_parallel_load_skips_a_corrupt_part_like_the_serial_one(tmp_path, monkey
     got = _report(str(d))
     assert_same(got, ref)
     shutil.rmtree(d)
+
+
+def test_runs_above_the_parallel_threshold_load_one_chunk_at_a_time(synth_dir, monkeypatch):
+    from commtrace.format import reader as R
+
+    ref = _report(synth_dir)
+    writers = []
+    real_parallel = R._create_parallel
+    monkeypatch.setattr(R, "_create_parallel", lambda *a, **k: (writers.append(a[3]), real_parallel(*a, **k))[1])
+    monkeypatch.setattr(L, "DISK_ROWS", 0)
+    monkeypatch.setattr(L, "LOAD_CHUNK_ROWS", 1500)
+    monkeypatch.setattr(L, "PARALLEL_LOAD_ROWS", 1000)
+    got = _report(synth_dir)
+    assert writers == []
+    assert_same(got, ref)
