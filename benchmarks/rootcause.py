@@ -9,7 +9,8 @@ Synthesises the same run as benchmarks/analysis.py (`commtrace synth`, a planted
 host hazards) and times, in fresh processes and alternating, `commtrace report DIR --format
 json --no-what-if` (the baseline) and `... --what-if`, reading each child's wall time, CPU time
 and peak RSS. Prints the best of each side by side, the difference, and the load average. Then
-times the stages in one process (CPU time): model, delay analysis, critical path, replay.
+times the stages in one process (user + system CPU, page faults): model, delay analysis,
+critical path, replay (with `--before`, `--repeat` times, alternating with the older tree's).
 `--before DIR` adds, in the same alternation, `... --what-if` run with DIR first on PYTHONPATH
 (an older tree, e.g. `git archive REV commtrace | tar -x -C DIR` plus the built extensions):
 before and after side by side under the same load.
@@ -32,17 +33,30 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from analysis import _measured  # noqa: E402  (benchmarks/analysis.py)
 
 STAGES = r"""
-import sys, time
+import resource, sys, time
 import commtrace
 from commtrace.analysis import model as M, delay as D, critical_path as CP, rootcause as RC
 run = commtrace.load(sys.argv[1]); run.collectives(); run.waits()
-out = []
+out, tot = [], 0.0
 for name, f in (("model", lambda: M.build_model(run)), ("delay analysis", lambda: D.attribution(run)),
                 ("critical path", lambda: CP.summary(run)), ("what-if replay", lambda: RC.what_if(run))):
-    t = time.process_time(); w = time.perf_counter(); f()
-    out.append(f"{name} {time.process_time() - t:.2f} s cpu / {time.perf_counter() - w:.2f} s wall")
-print("; ".join(out))
+    r0 = resource.getrusage(resource.RUSAGE_SELF); w = time.perf_counter(); f()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    u, s = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
+    tot += u + s
+    out.append(f"{name} {u + s:.2f} s cpu ({u:.2f} user + {s:.2f} sys, {r1.ru_minflt - r0.ru_minflt} page faults)"
+               f" / {time.perf_counter() - w:.2f} s wall")
+print("; ".join(out) + f"; total {tot:.2f} s cpu, peak RSS "
+      f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 """
+
+
+def _stages(path: str, tree: str) -> str:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = tree + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    lines = subprocess.run([sys.executable, "-c", STAGES, path], capture_output=True, text=True,
+                           env=env).stdout.strip().splitlines()
+    return lines[-1] if lines else "?"   # (DuckDB's own progress bar may precede it)
 
 
 def main() -> int:
@@ -84,9 +98,13 @@ def main() -> int:
                         os.environ.pop("PYTHONPATH", None)
                     else:
                         os.environ["PYTHONPATH"] = old
-        stages = subprocess.run([sys.executable, "-c", STAGES, path], capture_output=True, text=True,
-                                cwd=ROOT).stdout.strip().splitlines()
-        stages = stages[-1] if stages else "?"   # (DuckDB's own progress bar may precede it)
+        # the stages in fresh processes, alternating with --before's when given (from the empty
+        # working directory, the tree's code on PYTHONPATH)
+        st_after, st_before = [], []
+        for _ in range(max(1, a.repeat) if a.before else 1):
+            st_after.append(_stages(path, ROOT))
+            if a.before:
+                st_before.append(_stages(path, os.path.abspath(a.before)))
     finally:
         if tmp and not a.keep:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -104,7 +122,10 @@ def main() -> int:
               f"{max(x[2] for x in before):.0f} MB  (runs: {', '.join(f'{x[0]:.2f}' for x in before)} s)")
         print(f"  added before: {o[0] - b[0]:+.2f} s wall ({100 * (o[0] - b[0]) / b[0]:+.0f}%), "
               f"{o[1] - b[1]:+.2f} s cpu ({100 * (o[1] - b[1]) / b[1]:+.0f}%)")
-    print(f"  stages (one process): {stages}")
+    for x in st_after:
+        print(f"  stages (one process): {x}")
+    for x in st_before:
+        print(f"  stages, before (one process): {x}")
     print(f"machine: {os.cpu_count()} cpus, load average {load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     return 0

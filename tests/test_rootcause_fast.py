@@ -353,3 +353,31 @@ def test_stable_argsort_equals_numpys():
     for n, lo, hi in ((0, 0, 1), (1, 3, 4), (1000, -5, 40), (5000, 0, 3), (3000, 10**6, 10**6 + 2000), (100, 0, 10**12)):
         k = rng.integers(lo, hi, n)
         assert np.array_equal(M.stable_argsort(k), np.argsort(k, kind="stable"))
+
+
+@pytest.mark.skipif(RP._C is None, reason="the C replay is not built")
+def test_sparse_gap_overrides_equal_the_dense_gaps(run):
+    m = M.build_model(run)
+    sparse = [RP.rank_median(m, int(r)) for r in m.ranks[:3]] + [RP.fix_delay(m, int(np.argmax(m.ev_excess)))]
+    # the same scenarios with every gap written out, and one with both (overrides win)
+    dense = [RP.Scenario(sc.name, sc.kind, sc.params, gap=sc.gap_of(m)) for sc in sparse]
+    g = m.ev_gap * 0.5
+    both = RP.Scenario("both", "x", gap=g, gap_at=sparse[0].gap_at, gap_to=sparse[0].gap_to)
+    ref_both = RP.Scenario("both", "x", gap=both.gap_of(m))
+    assert np.array_equal(ref_both.gap[sparse[0].gap_at], sparse[0].gap_to)
+    a = RP.replay(m, sparse + [both], keep_events=True)
+    b = RP.replay(m, dense + [ref_both], keep_events=True)
+    assert np.array_equal(a.t_end, b.t_end) and np.array_equal(a.step_end, b.step_end)
+    assert np.array_equal(a.ev_rel, b.ev_rel)
+    assert len(set(a.t_end.tolist())) > 1
+
+
+def test_remove_rank_selects_the_groups_slots_by_name(run):
+    m = M.build_model(run)
+    hits = 0
+    for pg in sorted({str(p) for p in m.cm_pg.tolist()}):
+        for r in m.ranks.tolist():
+            ref = (m.sl_rank == r) & (m.cm_pg[m.sl_comm] == pg)
+            assert np.array_equal(RP.remove_rank(m, r, pg).mask, ref)
+            hits += int(ref.any())
+    assert hits >= len(m.ranks)

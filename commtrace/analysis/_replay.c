@@ -167,7 +167,7 @@ fail_bufs:
 
 /* replay_many(rank_lo, rank_hi, dur, rho, anchor, ev_slot, call_slot, sl_comm, sl_dep, sl_prev,
  *             cm_lo, cm_hi, succ_lo, succ, ev_step, n_steps,
- *             gaps, tcs, tc_inds, masks, queues, excls, kept) -> (t_end, step_end)
+ *             gaps, tcs, tc_inds, masks, queues, excls, kept, gap_ats, gap_tos) -> (t_end, step_end)
  *
  * The replay of S scenarios in one pass. Which event waits for which communication, and so the
  * order in which the loop above visits events and resolves communications, depends only on the
@@ -178,7 +178,9 @@ fail_bufs:
  * 0..n_steps-1 or -1. Per scenario, t_end is the latest release on the ranks not excluded (0
  * when none) and step_end[s, k] the latest release of step k's events (-inf when none); NaN
  * propagates as numpy's max does. kept: None, or a writable (S, E) float64 buffer that receives
- * every release. Raises RuntimeError as replay() does. */
+ * every release. gap_ats / gap_tos: per scenario, increasing event indices whose gap is the
+ * matching value instead of gaps[s]'s (a scenario that changes a few gaps shares the measured
+ * array). Raises RuntimeError as replay() does. */
 #define MAXS 64
 
 static int seq_bufs(PyObject *seq, Py_ssize_t S, Py_buffer *out, int *nout, Py_ssize_t itemsize, const char *name) {
@@ -203,12 +205,12 @@ static int seq_bufs(PyObject *seq, Py_ssize_t S, Py_buffer *out, int *nout, Py_s
 #define NB2 15
 
 static PyObject *replay_many(PyObject *self, PyObject *args) {
-    PyObject *objs[NB2], *o_gaps, *o_tcs, *o_tcis, *o_masks, *o_queues, *o_excls, *o_kept;
+    PyObject *objs[NB2], *o_gaps, *o_tcs, *o_tcis, *o_masks, *o_queues, *o_excls, *o_kept, *o_ats, *o_tos;
     Py_ssize_t n_steps;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOnOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4],
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOnOOOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4],
                           &objs[5], &objs[6], &objs[7], &objs[8], &objs[9], &objs[10], &objs[11], &objs[12],
                           &objs[13], &objs[14], &n_steps, &o_gaps, &o_tcs, &o_tcis, &o_masks, &o_queues, &o_excls,
-                          &o_kept))
+                          &o_kept, &o_ats, &o_tos))
         return NULL;
     static const Py_ssize_t sizes[NB2] = {8, 8, 8, 8, 1, 8, 8, 8, 1, 8, 8, 8, 8, 8, 8};
     static const char *names[NB2] = {"rank_lo", "rank_hi", "dur", "rho", "anchor", "ev_slot", "call_slot",
@@ -219,8 +221,9 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "replay_many: 1 to %d scenarios", MAXS);
         return NULL;
     }
-    Py_buffer b[NB2], gb[MAXS], tb[MAXS], ib[MAXS], mb[MAXS], xb[MAXS], kb;
-    int nb = 0, ng = 0, nt = 0, ni = 0, nm = 0, nx = 0, nk = 0;
+    Py_buffer b[NB2], gb[MAXS], tb[MAXS], ib[MAXS], mb[MAXS], xb[MAXS], ab[MAXS], vb[MAXS], kb;
+    int nb = 0, ng = 0, nt = 0, ni = 0, nm = 0, nx = 0, na = 0, nv = 0, nk = 0;
+    int64_t *cur = NULL;
     int queue[MAXS];
     PyObject *res = NULL, *o_tend = NULL, *o_se = NULL;
     int64_t *pos = NULL, *stack = NULL, *next_waiter = NULL, *head = NULL, *arrived = NULL, *cstack = NULL;
@@ -237,7 +240,8 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     }
     if (seq_bufs(o_gaps, S, gb, &ng, 8, "gaps") < 0 || seq_bufs(o_tcs, S, tb, &nt, 8, "tcs") < 0 ||
         seq_bufs(o_tcis, S, ib, &ni, 8, "tc_inds") < 0 || seq_bufs(o_masks, S, mb, &nm, 1, "masks") < 0 ||
-        seq_bufs(o_excls, S, xb, &nx, 1, "excls") < 0)
+        seq_bufs(o_excls, S, xb, &nx, 1, "excls") < 0 || seq_bufs(o_ats, S, ab, &na, 8, "gap_ats") < 0 ||
+        seq_bufs(o_tos, S, vb, &nv, 8, "gap_tos") < 0)
         goto done;
     const int64_t *rank_lo = b[0].buf, *rank_hi = b[1].buf;
     const double *dur = b[2].buf, *rho = b[3].buf;
@@ -247,7 +251,9 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     const int64_t *sl_prev = b[9].buf, *cm_lo = b[10].buf, *cm_hi = b[11].buf, *succ_lo = b[12].buf, *succ = b[13].buf;
     const int64_t *ev_step = b[14].buf;
     Py_ssize_t R = b[0].len / 8, E = b[2].len / 8, NS = b[7].len / 8, C = b[10].len / 8;
-    const double *gap[MAXS], *tc[MAXS], *tci[MAXS];
+    const double *gap[MAXS], *tc[MAXS], *tci[MAXS], *gto[MAXS];
+    const int64_t *gat[MAXS];
+    Py_ssize_t ngat[MAXS];
     const uint8_t *mask[MAXS], *excl[MAXS];
     for (Py_ssize_t s = 0; s < S; s++) {
         if (gb[s].len != E * 8 || tb[s].len != NS * 8 || ib[s].len != NS * 8 || mb[s].len != NS || xb[s].len != R) {
@@ -255,6 +261,16 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
             goto done;
         }
         gap[s] = gb[s].buf; tc[s] = tb[s].buf; tci[s] = ib[s].buf; mask[s] = mb[s].buf; excl[s] = xb[s].buf;
+        gat[s] = ab[s].buf; gto[s] = vb[s].buf; ngat[s] = ab[s].len / 8;
+        if (vb[s].len / 8 != ngat[s]) {
+            PyErr_SetString(PyExc_ValueError, "replay_many: gap_ats and gap_tos differ in length");
+            goto done;
+        }
+        for (Py_ssize_t k = 0; k < ngat[s]; k++)
+            if (gat[s][k] < 0 || gat[s][k] >= E || (k && gat[s][k] <= gat[s][k - 1])) {
+                PyErr_SetString(PyExc_ValueError, "replay_many: gap_ats must be increasing event indices");
+                goto done;
+            }
     }
     double *kept = NULL;
     if (o_kept != Py_None) {
@@ -284,9 +300,10 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     L = malloc(sizeof(double) * (NS + 1) * S);
     cstack = malloc(sizeof(int64_t) * (C + b[13].len / 8 + 1));
     start = malloc(sizeof(double) * S);
+    cur = malloc(sizeof(int64_t) * (R + 1) * S);
     T0 = malloc(sizeof(double) * S);
     if (!pos || !prev || !stack || !next_waiter || !head || !arrived || !resolved || !entered || !L ||
-        !cstack || !start || !T0) {
+        !cstack || !start || !T0 || !cur) {
         PyErr_NoMemory();
         goto done;
     }
@@ -294,16 +311,26 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     for (Py_ssize_t c = 0; c < C; c++) head[c] = -1;
     for (Py_ssize_t r = 0; r < R; r++) {
         pos[r] = rank_lo[r];
-        for (Py_ssize_t s = 0; s < S; s++) prev[r * S + s] = 0.0;
+        for (Py_ssize_t s = 0; s < S; s++) {
+            prev[r * S + s] = 0.0;
+            /* this rank's first gap override: the first index >= rank_lo[r] */
+            Py_ssize_t lo = 0, hi = ngat[s];
+            while (lo < hi) { Py_ssize_t mid = lo + (hi - lo) / 2; if (gat[s][mid] < rank_lo[r]) lo = mid + 1; else hi = mid; }
+            cur[r * S + s] = lo;
+        }
         stack[sp++] = r;
     }
     Py_BEGIN_ALLOW_THREADS
     while (sp > 0) {
         int64_t r = stack[--sp];
         double *pv = prev + r * S;
+        int64_t *cr = cur + r * S;
         while (pos[r] < rank_hi[r]) {
             int64_t e = pos[r];
-            for (Py_ssize_t s = 0; s < S; s++) start[s] = pv[s] + gap[s][e];
+            for (Py_ssize_t s = 0; s < S; s++) {
+                int64_t k = cr[s];
+                start[s] = pv[s] + ((k < ngat[s] && gat[s][k] == e) ? gto[s][k] : gap[s][e]);
+            }
             int64_t cs = call_slot[e];
             if (cs >= 0 && !entered[cs]) {
                 entered[cs] = 1;
@@ -372,6 +399,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                     if ((v > *q || isnan(v)) && !isnan(*q)) *q = v;
                 }
                 if (kept) kept[s * E + e] = v;
+                if (cr[s] < ngat[s] && gat[s][cr[s]] == e) cr[s]++;
             }
             pos[r]++;
         }
@@ -386,7 +414,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     res = PyTuple_Pack(2, o_tend, o_se);
 done:
     free(pos); free(prev); free(stack); free(next_waiter); free(head); free(arrived); free(resolved);
-    free(entered); free(L); free(cstack); free(start); free(T0);
+    free(entered); free(L); free(cstack); free(start); free(T0); free(cur);
     Py_XDECREF(o_tend); Py_XDECREF(o_se);
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     for (int i = 0; i < ng; i++) PyBuffer_Release(&gb[i]);
@@ -394,6 +422,8 @@ done:
     for (int i = 0; i < ni; i++) PyBuffer_Release(&ib[i]);
     for (int i = 0; i < nm; i++) PyBuffer_Release(&mb[i]);
     for (int i = 0; i < nx; i++) PyBuffer_Release(&xb[i]);
+    for (int i = 0; i < na; i++) PyBuffer_Release(&ab[i]);
+    for (int i = 0; i < nv; i++) PyBuffer_Release(&vb[i]);
     if (nk) PyBuffer_Release(&kb);
     return res;
 }

@@ -20,7 +20,10 @@ prints the error); a scenario changes gaps, transfer times or which arrivals cou
   hold that group's collectives, and the run ends with the other ranks.
 
 The replay is a discrete-event loop in C (``_replay.c``: each rank advances until it waits for
-a communication that has not completed); without the compiled extension (or with
+a communication that has not completed). Which event waits for which communication does not
+depend on the times, so every scenario takes the same path through the loop: the scenarios
+are replayed together, their times side by side (``replay_many``). Without the compiled
+extension (or with
 ``COMMTRACE_PURE_PYTHON=1``) the same model runs in numpy, all scenarios together, in batches
 of independent communications in a topological order of the dependencies.
 """
@@ -45,11 +48,21 @@ class Scenario:
     kind: str
     params: dict = field(default_factory=dict)
     gap: np.ndarray | None = None        # per event
+    gap_at: np.ndarray | None = None     # increasing event indices whose gap is gap_to's instead
+    gap_to: np.ndarray | None = None
     tc: np.ndarray | None = None         # per slot, transfer time after T0 (dependent slots)
     tc_ind: np.ndarray | None = None     # per slot, duration of an independent slot
     mask: np.ndarray | None = None       # per slot: arrival ignored in T0
     queue: bool = True
     exclude_ranks: tuple = ()            # ranks left out of the run's end
+
+    def gap_of(self, m: "Model") -> np.ndarray:
+        """The scenario's gap of every event (the measured ones where it changes none)."""
+        g = m.ev_gap if self.gap is None else self.gap
+        if self.gap_at is not None and len(self.gap_at):
+            g = g.copy()
+            g[self.gap_at] = self.gap_to
+        return g
 
 
 @dataclass
@@ -285,6 +298,8 @@ def _c_inputs(m: Model) -> dict:
 #: Scenarios replayed together by one pass of the C loop (their times side by side; memory: one
 #: float64 per slot and scenario, 123 MB for 12 scenarios of 1.28M slots).
 C_BATCH = 12
+_NO_AT = np.zeros(0, np.int64)
+_NO_TO = np.zeros(0, np.float64)
 
 
 def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayResult:
@@ -307,8 +322,11 @@ def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayR
     for b0 in range(0, S, C_BATCH):
         batch = scenarios[b0:b0 + C_BATCH]
         gaps, tcs, tcis, masks, queues, excls = [], [], [], [], [], []
+        ats, tos = [], []
         for sc in batch:
             gaps.append(np.ascontiguousarray(m.ev_gap if sc.gap is None else sc.gap, np.float64))
+            ats.append(_NO_AT if sc.gap_at is None else np.ascontiguousarray(sc.gap_at, np.int64))
+            tos.append(_NO_TO if sc.gap_at is None else np.ascontiguousarray(sc.gap_to, np.float64))
             tcs.append(np.ascontiguousarray(m.sl_tc if sc.tc is None else np.where(m.sl_dep, sc.tc, m.sl_tc), np.float64))
             tcis.append(np.ascontiguousarray(m.sl_tc if sc.tc_ind is None else np.where(~m.sl_dep, sc.tc_ind, m.sl_tc),
                                              np.float64))
@@ -319,7 +337,8 @@ def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayR
         k = kept[b0:b0 + len(batch)] if kept is not None else None
         te, se = _C.replay_many(ci["rank_lo"], ci["rank_hi"], ci["dur"], ci["rho"], ci["anchor"], ci["ev_slot"],
                                 ci["call_slot"], ci["sl_comm"], ci["sl_dep"], ci["sl_prev"], ci["cm_lo"], ci["cm_hi"],
-                                ci["succ_lo"], ci["succ"], ev_steppos, nst, gaps, tcs, tcis, masks, queues, excls, k)
+                                ci["succ_lo"], ci["succ"], ev_steppos, nst, gaps, tcs, tcis, masks, queues, excls, k,
+                                ats, tos)
         t_end[b0:b0 + len(batch)] = np.frombuffer(te, np.float64)
         if nst:
             step_end[b0:b0 + len(batch)] = np.frombuffer(se, np.float64).reshape(len(batch), nst)
@@ -335,7 +354,7 @@ def _replay_c_each(m: Model, scenarios: list[Scenario], keep_events: bool) -> Re
     step_end = np.full((S, len(steps)), -np.inf)
     kept = np.empty((S, E)) if keep_events else None
     for i, sc in enumerate(scenarios):
-        gap = np.ascontiguousarray(m.ev_gap if sc.gap is None else sc.gap, np.float64)
+        gap = np.ascontiguousarray(sc.gap_of(m), np.float64)
         tc = np.ascontiguousarray(m.sl_tc if sc.tc is None else np.where(m.sl_dep, sc.tc, m.sl_tc), np.float64)
         tci = np.ascontiguousarray(m.sl_tc if sc.tc_ind is None else np.where(~m.sl_dep, sc.tc_ind, m.sl_tc), np.float64)
         mask = ci["nomask"] if sc.mask is None else np.ascontiguousarray(sc.mask, np.uint8)
@@ -390,8 +409,7 @@ def _replay_numpy(m: Model, scenarios: list[Scenario], keep_events: bool = False
     mask = np.zeros((S, nsl))
     qmask = np.zeros((S, 1))
     for i, sc in enumerate(scenarios):
-        g = m.ev_gap if sc.gap is None else sc.gap
-        off[i] = _offsets(m, plan, g)
+        off[i] = _offsets(m, plan, sc.gap_of(m))
         t = m.sl_tc if sc.tc is None else np.where(m.sl_dep, sc.tc, m.sl_tc)
         ti = m.sl_tc if sc.tc_ind is None else np.where(~m.sl_dep, sc.tc_ind, m.sl_tc)
         tc[i] = t[ps]
@@ -494,17 +512,16 @@ def baseline() -> Scenario:
 
 def rank_median(m: Model, rank: int) -> Scenario:
     """Rank `rank` as fast as the median rank: its gaps cut by their excess."""
-    g = m.ev_gap.copy()
-    sel = m.ev_rank == int(rank)
-    g[sel] -= m.ev_excess[sel]
-    return Scenario(f"rank {int(rank)} as fast as the median rank", "rank_median", {"rank": int(rank)}, gap=g)
+    sel = np.flatnonzero(m.ev_rank == int(rank))
+    return Scenario(f"rank {int(rank)} as fast as the median rank", "rank_median", {"rank": int(rank)},
+                    gap_at=sel, gap_to=m.ev_gap[sel] - m.ev_excess[sel])
 
 
 def fix_delay(m: Model, event: int, label: str = "") -> Scenario:
     """The delay (excess gap) of one event removed."""
-    g = m.ev_gap.copy()
-    g[event] -= m.ev_excess[event]
-    return Scenario(label or f"delay of event {event} removed", "fix_delay", {"event": int(event)}, gap=g)
+    e = np.array([int(event)], np.int64)
+    return Scenario(label or f"delay of event {event} removed", "fix_delay", {"event": int(event)},
+                    gap_at=e, gap_to=m.ev_gap[e] - m.ev_excess[e])
 
 
 def comm_hidden(m: Model) -> Scenario:
@@ -526,7 +543,8 @@ def remove_rank(m: Model, rank: int, pg: str) -> Scenario:
     """Rank `rank`'s arrivals no longer hold the collectives of group `pg`, and the run ends
     with the other ranks' last release (the rank's own late work no longer counts: as if a
     spare took its place on that group)."""
-    sel = (m.sl_rank == int(rank)) & (m.cm_pg[m.sl_comm] == pg)
+    codes = np.flatnonzero(m.pg_names == pg)       # (by code: no string per slot)
+    sel = (m.sl_rank == int(rank)) & np.isin(m.cm_pgc[m.sl_comm], codes)
     return Scenario(f"rank {int(rank)} removed from pg {pg}'s critical path", "remove_rank",
                     {"rank": int(rank), "pg": pg}, mask=sel, exclude_ranks=(int(rank),))
 
