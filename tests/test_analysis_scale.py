@@ -190,3 +190,41 @@ def test_memory_limit_sizes_in_bytes():
     assert size_bytes("512MiB") == 512 << 20 and size_bytes("1TiB") == 1 << 40
     assert size_bytes("2kb") == 2000 and size_bytes("100") == 100
     assert size_bytes("a lot") is None and size_bytes("") is None
+
+
+def test_parallel_load_skips_a_corrupt_part_like_the_serial_one(tmp_path, monkeypatch):
+    """A part whose pages are corrupt behind a valid footer fails inside one of the parallel
+    writers; the load then skips that part with a warning and gives the report of the serial,
+    in-memory load."""
+    import shutil
+
+    d = tmp_path / "run"
+    synth_run(str(d), ranks=4, ops=300, parts_per_rank=3, seed=2)
+    part = sorted((d / "rank=2").glob("*.parquet"))[1]
+    data = bytearray(part.read_bytes())
+    tail = pq.ParquetFile(part).metadata.serialized_size + 8
+    for i in range(4, len(data) - tail, 7):  # garbage in the pages, the footer intact
+        data[i] = 0xA5
+    part.write_bytes(bytes(data))
+    ref = _report(str(d))
+    assert [w for w in ref[0]["warnings"] if part.name in w and "corrupt" in w]
+    monkeypatch.setattr(L, "DISK_ROWS", 0)
+    monkeypatch.setattr(L, "LOAD_CHUNK_ROWS", 300)
+    got = _report(str(d))
+    assert_same(got, ref)
+    shutil.rmtree(d)
+
+
+def test_runs_above_the_parallel_threshold_load_one_chunk_at_a_time(synth_dir, monkeypatch):
+    from commtrace.format import reader as R
+
+    ref = _report(synth_dir)
+    writers = []
+    real_parallel = R._create_parallel
+    monkeypatch.setattr(R, "_create_parallel", lambda *a, **k: (writers.append(a[3]), real_parallel(*a, **k))[1])
+    monkeypatch.setattr(L, "DISK_ROWS", 0)
+    monkeypatch.setattr(L, "LOAD_CHUNK_ROWS", 1500)
+    monkeypatch.setattr(L, "PARALLEL_LOAD_ROWS", 1000)
+    got = _report(synth_dir)
+    assert writers == []
+    assert_same(got, ref)

@@ -45,10 +45,13 @@ DERIVED_ROW_BYTES = 64
 STORE = "store"
 #: Rows per load chunk (whole ranks): bounds the memory of one INSERT.
 LOAD_CHUNK_ROWS = 1_000_000
-#: Chunks inserted at once into the database file of a split connection (reader.py
-#: load_into_duckdb: the write of one chunk is mostly serial); runs kept all in the file (more
-#: than SPLIT_MAX_ROWS rows, memory first) load one chunk at a time.
+#: Chunks inserted at once into the database file of a split connection of at most
+#: PARALLEL_LOAD_ROWS rows (reader.py load_into_duckdb). Measured on two cores: 64 x 20,000
+#: (1.4 M rows), one writer 1.4-1.8 s wall for 1.8 s CPU, two writers 1.1-1.7 s when a core is
+#: free; 512 x 20,000 (11.4 M rows), one writer already keeps both cores busy (7.2-9.2 s wall for
+#: 13.5-14.2 s CPU) and two gave 8.6-10.3 s. Larger runs load one chunk at a time.
 LOAD_WORKERS = 2
+PARALLEL_LOAD_ROWS = 4_000_000
 #: Smallest load chunk when the chunks are cut smaller to give every writer work.
 MIN_CHUNK_ROWS = 200_000
 #: Default DuckDB memory limit: a fraction of the machine's memory, at most 4 GB.
@@ -208,9 +211,10 @@ def load_table(con, rf: R.RunFiles, path: str, progress=None) -> list:
         con.execute(f"USE {STORE}")
     create_offsets(con, rf)
     workers, chunk = 1, LOAD_CHUNK_ROWS
-    if split:
-        # At least two chunks per writer, so that they finish together.
-        workers = LOAD_WORKERS
+    if split and rf.num_rows <= PARALLEL_LOAD_ROWS:
+        # No more writers than the connection's threads; at least two chunks per writer, so
+        # that they finish together.
+        workers = max(1, min(LOAD_WORKERS, int(Q.rows(con, "SELECT current_setting('threads')").fetchone()[0])))
         chunk = min(LOAD_CHUNK_ROWS, max(MIN_CHUNK_ROWS, -(-rf.num_rows // (2 * workers))))
     try:
         pgs = R.distinct_values(con, rf, "pg")
