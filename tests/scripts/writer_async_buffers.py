@@ -57,6 +57,7 @@ def main():
     store = dist.distributed_c10d._get_default_store()
     commtrace.enable(out, flush_interval=3600, hazards="off")
     rec = R.get_recorder()
+    R.ROW_BUFFERS_MIN_ROWS = 1   # every write of this small job through the typed buffers
     writes = []
     orig = rec._write
 
