@@ -256,3 +256,41 @@ def test_findings_skip_the_what_if_on_large_runs(monkeypatch):
     run2 = commtrace.load(os.path.join(os.path.dirname(__file__), "data", "straggler"))
     rep = run2.report(what_if=True)
     assert [f for f in rep["findings"] if f["kind"] == "straggler"][0]["gain_s"] > 0
+
+
+_MALLOC_PROBE = """
+import sys
+import commtrace
+from commtrace.analysis import model as M
+from commtrace.analysis.synth import synth_layout
+out = sys.argv[1]
+synth_layout(out, "tpdp", tp=2, dp=2, steps=3)
+M.build_model(commtrace.load(out))
+lib = M._MALLOC_TUNED
+if sys.argv[2] == "cli":
+    from commtrace.cli import main
+    M._CACHE.clear()
+    rc = main(["report", out, "--what-if", "--format", "json"])
+    assert rc == 0, rc
+print("TUNED", lib, M._MALLOC_TUNED)
+"""
+
+
+@pytest.mark.parametrize("how,env,expected", [
+    ("lib", None, "False False"),      # a program importing the analysis keeps its malloc
+    ("cli", None, "False True"),       # the commtrace command's own process is tuned
+    ("cli", "0", "False False"),       # COMMTRACE_MALLOC_TUNE=0 leaves it alone everywhere
+    ("lib", "1", "True True"),         # =1 opts a library user in
+])
+def test_malloc_tuned_only_in_commtraces_own_process(tmp_path, how, env, expected):
+    import os
+    import subprocess
+    import sys
+    e = {k: v for k, v in os.environ.items() if k != "COMMTRACE_MALLOC_TUNE"}
+    if env is not None:
+        e["COMMTRACE_MALLOC_TUNE"] = env
+    p = subprocess.run([sys.executable, "-c", _MALLOC_PROBE, str(tmp_path / "r"), how],
+                       capture_output=True, text=True, env=e, timeout=300)
+    assert p.returncode == 0, p.stderr
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("TUNED ")]
+    assert line == ["TUNED " + expected]

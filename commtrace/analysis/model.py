@@ -231,14 +231,21 @@ def _retain_freed_memory() -> None:
     system time on (64 x 20,000 ops: about 110,000 faults, 1 to 2 s of system CPU, as much as
     the arithmetic; docs/performance.md). Raising the mmap and trim thresholds makes freed
     arrays reusable: the process keeps up to 1 GB it has freed instead of giving it back, which
-    its peak has already held. Not in a training process (capture never imports this), and
-    `COMMTRACE_MALLOC_TUNE=0` leaves malloc alone."""
+    its peak has already held. Not in a training process (capture never imports this).
+
+    mallopt is process-wide, so it is done only where commtrace owns the process: the
+    `commtrace` command sets `commtrace.analysis.TUNE_MALLOC`. A program that imports the
+    analysis as a library keeps its malloc settings unless it sets that flag itself.
+    `COMMTRACE_MALLOC_TUNE=0` leaves malloc alone everywhere; `=1` tunes it in any process."""
     global _MALLOC_TUNED
     if _MALLOC_TUNED:
         return
-    _MALLOC_TUNED = True
-    if os.environ.get("COMMTRACE_MALLOC_TUNE", "1") == "0" or not sys.platform.startswith("linux"):
+    env = os.environ.get("COMMTRACE_MALLOC_TUNE")
+    import commtrace.analysis as _pkg
+    wanted = env == "1" or (env != "0" and getattr(_pkg, "TUNE_MALLOC", False))
+    if not wanted or not sys.platform.startswith("linux"):
         return
+    _MALLOC_TUNED = True
     try:
         import ctypes
         libc = ctypes.CDLL(None)

@@ -209,6 +209,22 @@ _NULL_LL = -(2 ** 63)
 RECORD_BUFFERS = True
 
 
+_np_state = None
+
+
+def _numpy_ok() -> bool:
+    """numpy importable (torch has imported it already in a rank; without it the writer keeps
+    the list path rather than lose the part)."""
+    global _np_state
+    if _np_state is None:
+        try:
+            import numpy  # noqa: F401
+            _np_state = True
+        except Exception:
+            _np_state = False
+    return _np_state
+
+
 def arrays_of_records(rank: int, drained) -> list:
     """Schema-order Arrow arrays of the calls drained from the C fast path as typed buffers
     (``_fastpath.drain_records()``), built with numpy over whole columns: no Python object
@@ -971,7 +987,8 @@ class Recorder:
                     rows.append(expand(rank, r[0], r[1]) if len(r) == 2 else r)
                 ccols = None
                 if _cfast is not None:
-                    if RECORD_BUFFERS and _bounded(self) is None and hasattr(_cfast, "drain_records"):
+                    if (RECORD_BUFFERS and _bounded(self) is None and _numpy_ok()
+                            and hasattr(_cfast, "drain_records")):
                         ccols = _cfast.drain_records()   # typed buffers (n, ...): see _write
                     else:
                         ccols = _cfast.drain_columns()

@@ -68,6 +68,8 @@ def cli():
 
 def main(argv=None) -> int:
     """Entry point of the `commtrace` command; returns the exit code."""
+    import commtrace.analysis  # an empty package: cheap, and never a rank's import
+    commtrace.analysis.TUNE_MALLOC = True  # this process is commtrace's own (model.py)
     try:
         rv = cli.main(args=argv, prog_name="commtrace", standalone_mode=False)
     except click.exceptions.Abort:
