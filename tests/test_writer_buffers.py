@@ -274,3 +274,45 @@ def test_parts_with_async_rows_written_through_either_path_hold_the_same_rows(as
                     for x in t.to_pylist()]
 
         assert strip(lists) == strip(buffers)
+
+
+@needs_c
+def test_arrays_of_rows_handle_nulls_single_values_and_values_that_do_not_fit():
+    """Columns null throughout, a single value with and without nulls, a list column, a site
+    pair and a site string come out as the list path writes them; a value of another type
+    (a bool in an integer column, an int32 column out of range, a number in a bool column)
+    sends the rows to the list path (None)."""
+    base = dict.fromkeys(R.COLUMNS)
+    base.update(kind="op", rank=1, pg="0", pg_size=2, op="all_reduce", api="all_reduce",
+                async_op=True, backend="gloo", device="cpu", dtype="float32", count=4,
+                bytes=16, out_bytes=16, t_enqueue_ns=10, t_return_ns=20, step=3,
+                site=("a.py", 3), op_id=7, thread=123, completion="callback")
+    rows = []
+    for i in range(5):
+        r = dict(base, seq=i, op_id=7 + i, t_end_ns=30 + i if i != 2 else None)
+        if i == 1:
+            r.update(site="b.py:9", inflight_ids=[1, 2], error="RuntimeError: x", dtype=None,
+                     first_on_pg=True, completion=None)
+        if i == 3:
+            r.update(kind="gap", pg=None, async_op=None, first_on_pg=False, peer=1)
+        rows.append([r[c] for c in R.COLUMNS])
+
+    def lists(rs):
+        cols = [list(col) for col in zip(*rs)]
+        cols[R.I_SITE] = [R.format_site(v) for v in cols[R.I_SITE]]
+        return W.rows_to_table_nopandas({c: cols[i] for i, c in enumerate(R.COLUMNS)})
+
+    got = W.table_of_arrays(R.arrays_of_rows(1, rows))
+    got.validate(full=True)
+    want = lists(rows)
+    assert [c for c in R.COLUMNS if not got[c].equals(want[c])] == []
+    assert got["site"].to_pylist() == ["a.py:3", "b.py:9", "a.py:3", "a.py:3", "a.py:3"]
+    assert got["inflight_ids"].to_pylist() == [None, [1, 2], None, None, None]
+    assert got["t_end_ns"].to_pylist() == [30, 31, None, 33, 34]
+    assert got["torch_seq"].null_count == 5 and got["rank"].to_pylist() == [1] * 5
+    for col, bad in (("seq", True), ("rank", 2 ** 31), ("async_op", 1), ("count", 2 ** 64)):
+        odd = [list(r) for r in rows]
+        odd[4][R.IDX[col]] = bad
+        assert R.arrays_of_rows(1, odd) is None, col
+    # a row of another length
+    assert R.arrays_of_rows(1, rows + [rows[0][:-1]]) is None

@@ -799,14 +799,15 @@ static PyObject *drain_records(PyObject *module, PyObject *unused) {
     return out;
 }
 
-/* pack_rows(rows, kinds) -> None or (n, nums, codes, tables): queued full rows (async ops of
+/* pack_rows(rows, kinds) -> None or (n, nums, codes, tables, nulls): queued full rows (async ops of
  * either path, marks, gaps, ...: lists or tuples of len(kinds) values, schema order) as typed
  * column buffers, for the writer to build Arrow arrays over whole columns with no Python
  * object per row and field (issue 20). kinds: bytes, one letter per column: 'i' integer
  * column (nums: n int64 values, LLONG_MIN for None), 'b' bool column (codes: 0, 1, -1 for
  * None), 'o' any other column (codes: index into its table of distinct objects by identity,
  * -1 for None). nums holds the 'i' columns one after the other, codes the 'b' and 'o'
- * columns, each in column order; tables: one list per 'o' column, in column order.
+ * columns, each in column order; tables: one list per 'o' column, in column order; nulls:
+ * the count of None per column (int64, every column).
  * None when a value does not fit its column's letter (a bool or non-int in an integer column,
  * an int beyond int64 or equal to LLONG_MIN, a non-bool in a bool column, a row of another
  * length): the writer then takes the list path for these rows. Reads the rows only; calls no
@@ -837,7 +838,11 @@ static PyObject *pack_rows(PyObject *module, PyObject *args) {
     PyObject *tl = PyTuple_New(n_o);
     DrEnt **tabs = (DrEnt **)PyMem_RawCalloc((size_t)(n_o ? n_o : 1), sizeof(DrEnt *));
     Py_ssize_t *caps = (Py_ssize_t *)PyMem_RawCalloc((size_t)(n_o ? n_o : 1), sizeof(Py_ssize_t));
-    int ok = nums != NULL && codes != NULL && tl != NULL && tabs != NULL && caps != NULL;
+    PyObject *nulls = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(long long) * ncol);
+    int ok = nums != NULL && codes != NULL && tl != NULL && tabs != NULL && caps != NULL &&
+             nulls != NULL;
+    if (nulls != NULL)
+        memset(PyBytes_AS_STRING(nulls), 0, sizeof(long long) * (size_t)ncol);
     for (Py_ssize_t j = 0; j < n_o && ok; j++) {
         PyObject *l = PyList_New(0);
         if (l == NULL)
@@ -849,6 +854,7 @@ static PyObject *pack_rows(PyObject *module, PyObject *args) {
     if (ok) {
         long long *v = (long long *)PyBytes_AS_STRING(nums);
         int *k = (int *)PyBytes_AS_STRING(codes);
+        long long *nn = (long long *)PyBytes_AS_STRING(nulls);
         for (Py_ssize_t i = 0; i < n && ok && fits; i++) {
             PyObject *row = PyList_GET_ITEM(rows, i);
             PyObject **it;
@@ -863,6 +869,7 @@ static PyObject *pack_rows(PyObject *module, PyObject *args) {
             Py_ssize_t a = 0, c = 0, o = 0;
             for (Py_ssize_t j = 0; j < ncol; j++) {
                 PyObject *x = it[j];
+                nn[j] += x == Py_None;
                 if (kd[j] == 'i') {
                     long long y = NONE_LL;
                     if (x != Py_None) {
@@ -906,9 +913,10 @@ static PyObject *pack_rows(PyObject *module, PyObject *args) {
     PyMem_RawFree(caps);
     PyObject *out = NULL;
     if (ok && fits) {
-        out = Py_BuildValue("(nNNN)", n, nums, codes, tl);
-        nums = codes = tl = NULL;
+        out = Py_BuildValue("(nNNNN)", n, nums, codes, tl, nulls);
+        nums = codes = tl = nulls = NULL;
     }
+    Py_XDECREF(nulls);
     Py_XDECREF(nums);
     Py_XDECREF(codes);
     Py_XDECREF(tl);

@@ -257,6 +257,12 @@ def _kit(n: int):
         """Strings of a per-code table (None: null), gathered by `code` (-1: null): the
         offsets and the data built with numpy over the column."""
         enc = [None if v is None else str(v).encode("utf-8", "surrogateescape") for v in table]
+        if (len(enc) == 1 and enc[0] is not None and n * len(enc[0]) < 2 ** 31
+                and int(code.min()) == 0):
+            # one value on every row (kind, pg, backend, dtype, ... of most parts)
+            offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(enc[0]))
+            return pa.Array.from_buffers(pa.string(), n, [
+                None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(enc[0] * n)], 0)
         valid_t = np.array([e is not None for e in enc] + [False], dtype=bool)
         lens_t = np.array([0 if e is None else len(e) for e in enc] + [0], dtype=np.int64)
         if not valid_t.any():
@@ -375,10 +381,10 @@ def arrays_of_records(rank: int, drained) -> list:
 #: (``_fastpath.pack_rows``) and turned into Arrow arrays with numpy (issue 20), rather than
 #: one Python list per column and value. Tests and benchmarks flip it.
 ROW_BUFFERS = True
-#: ... from this many queued rows on: below it the list path costs less (numpy's fixed cost
-#: per column; 10 rows: 0.20-0.25 ms lists, 0.27-0.30 ms buffers; 200 rows: 0.63 against 0.33
-#: ms; 1,000 rows: 2.4 against 0.65 ms, thread CPU of the conversion, world size 1).
-ROW_BUFFERS_MIN_ROWS = 32
+#: ... from this many queued rows on: below it numpy's fixed cost per column outweighs what
+#: it saves (inside a flush of async rows at world size 1, the conversion's thread CPU: 50
+#: rows 0.43 ms lists against 0.54 buffers, 200 rows about even, 5,000 rows about half).
+ROW_BUFFERS_MIN_ROWS = 256
 _ROW_KINDS = None   # pack_rows' column letters, from the schema
 
 
@@ -408,14 +414,21 @@ def arrays_of_rows(rank: int, rows: list):
     packed = _cfast.pack_rows(rows, kinds)
     if packed is None:
         return None
-    n, nums_b, codes_b, tables = packed
+    n, nums_b, codes_b, tables, nulls_b = packed
     n_i = kinds.count(b"i")
+    nulls = np.frombuffer(nulls_b, dtype=np.int64).tolist()
     nums = np.frombuffer(nums_b, dtype=np.int64).reshape(n_i, n)
     codes = np.frombuffer(codes_b, dtype=np.int32).reshape(len(kinds) - n_i, n)
     ints, _table_ints, strings, bools = _kit(n)
     out = []
     a = c = o = 0
-    for f, kd in zip(S.SCHEMA, kinds):
+    for j, (f, kd) in enumerate(zip(S.SCHEMA, kinds)):
+        if nulls[j] == n:   # null throughout (most of an async row's optional columns)
+            a += kd == 0x69
+            c += kd != 0x69
+            o += kd == 0x6f
+            out.append(pa.nulls(n, f.type))
+            continue
         if kd == 0x69:   # 'i'
             vals = nums[a]
             a += 1
