@@ -9,8 +9,15 @@ in one run:
 - ``buffers``: this version: typed buffers (``drain_records``) turned into Arrow arrays with
   numpy over whole columns, and the same compression.
 
+With ``--ops async`` the N calls are async ``all_reduce`` + ``wait()`` (the C async path: one
+full row per op in the write queue) and the modes switch how the writer turns those rows
+into arrays: ``before`` and ``lists`` one Python list per column (``recorder.ROW_BUFFERS``
+off; zstd throughout / this version's compression), ``buffers`` the rows packed into typed
+buffers in C (``_fastpath.pack_rows``) and built with numpy.
+
     python benchmarks/writer_flush.py
     python benchmarks/writer_flush.py --rows 10 800 5000 --reps 25 --json flush.json
+    python benchmarks/writer_flush.py --ops async --rows 100 5000
 
 It prints, per part size, the median thread CPU per flush (ms) and per row (us), with a 95%
 interval, and the load average before and after.
@@ -31,7 +38,7 @@ from common import free_port, median_ci, uptime
 MODES = ("before", "lists", "buffers")
 
 
-def measure(sizes, reps: int) -> dict:
+def measure(sizes, reps: int, ops: str = "blocking") -> dict:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())
     import torch
@@ -56,11 +63,18 @@ def measure(sizes, reps: int) -> dict:
             for rep in range(reps + 2):
                 for k in range(len(MODES)):
                     mode = MODES[(rep + k) % len(MODES)]
-                    R.RECORD_BUFFERS = mode == "buffers"
+                    if ops == "async":
+                        R.ROW_BUFFERS = mode == "buffers"
+                    else:
+                        R.RECORD_BUFFERS = mode == "buffers"
                     W.part_compression = (lambda tab: "zstd") if mode == "before" else new_comp
                     with rec._write_lock:   # the writer thread held off: this part has n rows
-                        for _ in range(n):
-                            dist.all_reduce(t)
+                        if ops == "async":
+                            for _ in range(n):
+                                dist.all_reduce(t, async_op=True).wait()
+                        else:
+                            for _ in range(n):
+                                dist.all_reduce(t)
                         c0 = time.thread_time()
                         rec.flush()
                         c1 = time.thread_time()
@@ -70,7 +84,7 @@ def measure(sizes, reps: int) -> dict:
                           "us_per_row": [x * 1e6 / n for x in [statistics.median(v), *median_ci(v)]]}
                       for m, v in cpu.items()}
     finally:
-        R.RECORD_BUFFERS = True
+        R.RECORD_BUFFERS = R.ROW_BUFFERS = True
         W.part_compression = new_comp
         commtrace.disable()
         dist.destroy_process_group()
@@ -82,17 +96,20 @@ def main(argv=None) -> int:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Examples:\n  python benchmarks/writer_flush.py\n"
-               "  python benchmarks/writer_flush.py --rows 10 800 5000 --reps 25 --json flush.json")
+               "  python benchmarks/writer_flush.py --rows 10 800 5000 --reps 25 --json flush.json\n"
+               "  python benchmarks/writer_flush.py --ops async --rows 100 5000")
     ap.add_argument("--rows", type=int, nargs="+", default=[10, 100, 800, 5000],
                     help="rows per part (default 10 100 800 5000)")
     ap.add_argument("--reps", type=int, default=15, help="parts per mode and size (default 15)")
+    ap.add_argument("--ops", choices=("blocking", "async"), default="blocking",
+                    help="blocking all_reduce (default) or async all_reduce + wait()")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args(argv)
     if any(n < 1 for n in a.rows) or a.reps < 3:
         ap.error("--rows must be >= 1 and --reps >= 3")
     load0 = uptime()
-    print(f"writer_flush: {load0}", flush=True)
-    res = measure(a.rows, a.reps)
+    print(f"writer_flush ({a.ops} ops): {load0}", flush=True)
+    res = measure(a.rows, a.reps, a.ops)
     load1 = uptime()
     print("rows/part  mode      CPU per part ms [95% CI]      CPU per row us")
     for n, by in res.items():
@@ -102,7 +119,7 @@ def main(argv=None) -> int:
     print(f"load: {load0} -> {load1}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"results": res, "load": [load0, load1]}, f, indent=1)
+            json.dump({"ops": a.ops, "results": res, "load": [load0, load1]}, f, indent=1)
     return 0
 
 

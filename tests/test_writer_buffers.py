@@ -192,3 +192,85 @@ def test_async_rows_waiting_in_the_write_queue_are_not_tracked_by_the_gc(tmp_pat
     assert int(n) >= 290 and int(tracked) <= 300 - 290
     assert last == "True"    # the switch works: the comparison in async_gc.py is real
     assert set(eval(how)) <= {"callback", "observed", "wait"}
+
+
+ASYNC_SCRIPT = os.path.join(ROOT, "tests", "scripts", "writer_async_buffers.py")
+
+
+@pytest.fixture(scope="module")
+def async_job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("async_buffers") / "run"
+    run_plain(torchrun_cmd(ASYNC_SCRIPT, out), timeout=240)
+    res = {}
+    for r in (0, 1):
+        with open(out / f"result-{r}.json") as f:
+            res[r] = json.load(f)
+    return out, res
+
+
+@needs_c
+def test_queued_async_rows_packed_equal_the_list_built_ones_on_a_2_rank_gloo_job(async_job):
+    """Every write of a real 2-rank gloo job with async collectives + waits (of the C async
+    path), one op never waited and one in flight across a flush: the rows' arrays built from
+    pack_rows' typed buffers equal the list path's, and the guarantees hold (the op in flight
+    is listed in _inflight.json and written once it completed, with its completion time)."""
+    _, res = async_job
+    for r in (0, 1):
+        got = res[r]
+        assert got["c"] is True
+        on, n0 = got["async_counts"]
+        assert on == 1 and got["async_counts_end"][1] - n0 >= 5 * 7   # the C async path
+        ws = [w for w in got["writes"]]
+        assert ws and all(w["packed"] and w["equal"] and w["diff"] == [] for w in ws), \
+            [{k: v for k, v in w.items() if k != "rows"} for w in ws]
+        rows = [x for w in ws for x in w["rows"]]
+        asy = [x for x in rows if x["async_op"] is True]
+        # 10 phases of 7 async ops, the op never waited and the one in flight across a flush
+        assert sum(w["async"] for w in ws) == len(asy) == 72
+        assert len({x["op_id"] for x in asy}) == 72
+        assert {x["op"] for x in asy} == {"all_reduce", "broadcast", "all_gather",
+                                         "reduce_scatter", "send" if r == 0 else "recv"}
+        assert {x["dtype"] for x in asy} == {"float32", "float16", "int64"}
+        assert all(x["t_end_ns"] is not None and x["t_end_ns"] >= x["t_enqueue_ns"]
+                   and x["completion"] in ("callback", "observed", "wait")
+                   and x["rank"] == r and x["backend"] == "gloo" for x in asy)
+        waited = [x for x in asy if x["count"] not in (7, 9)]
+        assert all(x["t_wait_end_ns"] >= x["t_wait_ns"] >= x["t_return_ns"] for x in waited)
+        # never waited: written at the final flush, its end from the future
+        never = [(i, x) for i, w in enumerate(ws) for x in w["rows"] if x["count"] == 7]
+        assert len(never) == 1 and ws[never[0][0]]["final"] is True
+        assert never[0][1]["t_wait_ns"] is None and never[0][1]["completion"] in ("callback",
+                                                                                  "observed")
+        late = [(i, x) for i, w in enumerate(ws) for x in w["rows"] if x["count"] == 9]
+        assert len(late) == 1 and late[0][1]["op_id"] == got["late_id"][0]
+        assert late[0][1]["t_wait_end_ns"] >= late[0][1]["t_end_ns"] or \
+            late[0][1]["completion"] == "wait"
+    # rank 0 flushed while its op could not complete (rank 1 joined after): listed in flight,
+    # in the snapshot and the write, and written by a later write once it completed
+    r0 = res[0]
+    late_id = r0["late_id"][0]
+    assert late_id in r0["inflight_mid"]
+    mid = [i for i, w in enumerate(r0["writes"]) if late_id in w["inflight"]]
+    late_at = [i for i, w in enumerate(r0["writes"]) for x in w["rows"] if x["op_id"] == late_id]
+    assert mid and late_at and late_at[0] > mid[0]
+
+
+@needs_c
+def test_parts_with_async_rows_written_through_either_path_hold_the_same_rows(async_job):
+    _, res = async_job
+    for r in (0, 1):
+        d = os.path.join(res[r]["run_dir"], f"rank={r}")
+        parts = sorted((p for p in os.listdir(d) if p.endswith(".parquet")),
+                       key=lambda p: int(p.rsplit("-", 1)[1].split(".")[0]))
+        # ROW_BUFFERS off, then on (then the final part: the op never waited)
+        lists, buffers = (pq.read_table(os.path.join(d, p)) for p in parts[-3:-1])
+        assert lists.schema.equals(buffers.schema)
+        assert lists.num_rows == buffers.num_rows == 9   # 7 async, 1 blocking, the mark
+        assert lists["async_op"].to_pylist().count(True) == 7
+
+        def strip(t):
+            return [{k: v for k, v in x.items() if not k.startswith("t_")
+                     and k not in ("op_id", "seq", "step", "completion")}
+                    for x in t.to_pylist()]
+
+        assert strip(lists) == strip(buffers)

@@ -799,6 +799,126 @@ static PyObject *drain_records(PyObject *module, PyObject *unused) {
     return out;
 }
 
+/* pack_rows(rows, kinds) -> None or (n, nums, codes, tables): queued full rows (async ops of
+ * either path, marks, gaps, ...: lists or tuples of len(kinds) values, schema order) as typed
+ * column buffers, for the writer to build Arrow arrays over whole columns with no Python
+ * object per row and field (issue 20). kinds: bytes, one letter per column: 'i' integer
+ * column (nums: n int64 values, LLONG_MIN for None), 'b' bool column (codes: 0, 1, -1 for
+ * None), 'o' any other column (codes: index into its table of distinct objects by identity,
+ * -1 for None). nums holds the 'i' columns one after the other, codes the 'b' and 'o'
+ * columns, each in column order; tables: one list per 'o' column, in column order.
+ * None when a value does not fit its column's letter (a bool or non-int in an integer column,
+ * an int beyond int64 or equal to LLONG_MIN, a non-bool in a bool column, a row of another
+ * length): the writer then takes the list path for these rows. Reads the rows only; calls no
+ * Python code, so the rows are read as of one moment. */
+static PyObject *pack_rows(PyObject *module, PyObject *args) {
+    PyObject *rows, *kinds;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &rows, &PyBytes_Type, &kinds))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(rows), ncol = PyBytes_GET_SIZE(kinds);
+    const char *kd = PyBytes_AS_STRING(kinds);
+    Py_ssize_t n_i = 0, n_k = 0, n_o = 0;
+    for (Py_ssize_t j = 0; j < ncol; j++) {
+        if (kd[j] == 'i')
+            n_i++;
+        else if (kd[j] == 'b')
+            n_k++;
+        else if (kd[j] == 'o')
+            n_k++, n_o++;
+        else {
+            PyErr_SetString(PyExc_ValueError, "pack_rows: kinds are 'i', 'b' or 'o'");
+            return NULL;
+        }
+    }
+    if (n == 0)
+        Py_RETURN_NONE;
+    PyObject *nums = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(long long) * n_i * n);
+    PyObject *codes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int) * n_k * n);
+    PyObject *tl = PyTuple_New(n_o);
+    DrEnt **tabs = (DrEnt **)PyMem_RawCalloc((size_t)(n_o ? n_o : 1), sizeof(DrEnt *));
+    Py_ssize_t *caps = (Py_ssize_t *)PyMem_RawCalloc((size_t)(n_o ? n_o : 1), sizeof(Py_ssize_t));
+    int ok = nums != NULL && codes != NULL && tl != NULL && tabs != NULL && caps != NULL;
+    for (Py_ssize_t j = 0; j < n_o && ok; j++) {
+        PyObject *l = PyList_New(0);
+        if (l == NULL)
+            ok = 0;
+        else
+            PyTuple_SET_ITEM(tl, j, l);
+    }
+    int fits = 1;
+    if (ok) {
+        long long *v = (long long *)PyBytes_AS_STRING(nums);
+        int *k = (int *)PyBytes_AS_STRING(codes);
+        for (Py_ssize_t i = 0; i < n && ok && fits; i++) {
+            PyObject *row = PyList_GET_ITEM(rows, i);
+            PyObject **it;
+            if (PyList_CheckExact(row) && PyList_GET_SIZE(row) == ncol)
+                it = ((PyListObject *)row)->ob_item;
+            else if (PyTuple_CheckExact(row) && PyTuple_GET_SIZE(row) == ncol)
+                it = ((PyTupleObject *)row)->ob_item;
+            else {
+                fits = 0;
+                break;
+            }
+            Py_ssize_t a = 0, c = 0, o = 0;
+            for (Py_ssize_t j = 0; j < ncol; j++) {
+                PyObject *x = it[j];
+                if (kd[j] == 'i') {
+                    long long y = NONE_LL;
+                    if (x != Py_None) {
+                        if (!PyLong_CheckExact(x)) {
+                            fits = 0;
+                            break;
+                        }
+                        int of = 0;
+                        y = PyLong_AsLongLongAndOverflow(x, &of);
+                        if (of != 0 || y == NONE_LL || (y == -1 && PyErr_Occurred())) {
+                            CLEAR_ERR();
+                            fits = 0;
+                            break;
+                        }
+                    }
+                    v[a++ * n + i] = y;
+                } else if (kd[j] == 'b') {
+                    if (x == Py_None)
+                        k[c++ * n + i] = -1;
+                    else if (x == Py_True || x == Py_False)
+                        k[c++ * n + i] = x == Py_True;
+                    else {
+                        fits = 0;
+                        break;
+                    }
+                } else {
+                    int code = dr_code(x, &tabs[o], &caps[o], PyTuple_GET_ITEM(tl, o));
+                    if (code == -2) {
+                        ok = 0;
+                        break;
+                    }
+                    k[c++ * n + i] = code;
+                    o++;
+                }
+            }
+        }
+    }
+    for (Py_ssize_t j = 0; tabs != NULL && j < n_o; j++)
+        PyMem_RawFree(tabs[j]);
+    PyMem_RawFree(tabs);
+    PyMem_RawFree(caps);
+    PyObject *out = NULL;
+    if (ok && fits) {
+        out = Py_BuildValue("(nNNN)", n, nums, codes, tl);
+        nums = codes = tl = NULL;
+    }
+    Py_XDECREF(nums);
+    Py_XDECREF(codes);
+    Py_XDECREF(tl);
+    if (out == NULL) {
+        CLEAR_ERR();
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
 /* in_progress(take=False) -> list of pre of the blocking calls in progress. take=True: they
  * are written now as never completed, and not queued again when their call returns. */
 static PyObject *in_progress(PyObject *module, PyObject *args) {
@@ -2423,6 +2543,7 @@ static PyMethodDef methods[] = {
     {"async_counts", async_counts, METH_NOARGS,
      "(async path on, async calls recorded in C)."},
     {"set_untrack_rows", set_untrack_rows, METH_O, "set_untrack_rows(flag): untrack async rows from the cyclic GC (default True)."},
+    {"pack_rows", pack_rows, METH_VARARGS, "pack_rows(rows, kinds) -> None or (n, nums, codes, tables): queued rows as typed column buffers (issue 20)."},
     {"drain_records", drain_records, METH_NOARGS, "drain_records() -> None or (n, nums, codes, tables): typed column buffers (issue 20)."},
     {"drain_columns", drain_columns, METH_NOARGS, "drain_columns() -> None or 19 column lists (F_* fields, t_return_ns)."},
     {"in_progress", in_progress, METH_VARARGS, "in_progress(take=False) -> [pre] of blocking calls in progress."},

@@ -225,17 +225,11 @@ def _numpy_ok() -> bool:
     return _np_state
 
 
-def arrays_of_records(rank: int, drained) -> list:
-    """Schema-order Arrow arrays of the calls drained from the C fast path as typed buffers
-    (``_fastpath.drain_records()``), built with numpy over whole columns: no Python object
-    per row (issue 20). The values are those of :func:`expand_columns` (tests compare them)."""
+def _kit(n: int):
+    """numpy builders of Arrow arrays of n values (ints, table_ints, strings, bools), shared
+    by :func:`arrays_of_records` and :func:`arrays_of_rows`."""
     import numpy as np
     import pyarrow as pa
-
-    n, nums_b, codes_b, tables = drained
-    nums = np.frombuffer(nums_b, dtype=np.int64).reshape(10, n)
-    codes = np.frombuffer(codes_b, dtype=np.int32).reshape(7, n)
-    t_site, t_api, t_detail, t_dtype, t_dev = tables
 
     def bitmap(mask):
         return pa.py_buffer(np.packbits(mask, bitorder="little").tobytes())
@@ -299,6 +293,22 @@ def arrays_of_records(rank: int, drained) -> list:
         return pa.Array.from_buffers(pa.bool_(), n, [bitmap(valid) if nnull else None,
                                                      bitmap(vals & valid)], nnull)
 
+    return ints, table_ints, strings, bools
+
+
+def arrays_of_records(rank: int, drained) -> list:
+    """Schema-order Arrow arrays of the calls drained from the C fast path as typed buffers
+    (``_fastpath.drain_records()``), built with numpy over whole columns: no Python object
+    per row (issue 20). The values are those of :func:`expand_columns` (tests compare them)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n, nums_b, codes_b, tables = drained
+    nums = np.frombuffer(nums_b, dtype=np.int64).reshape(10, n)
+    codes = np.frombuffer(codes_b, dtype=np.int32).reshape(7, n)
+    t_site, t_api, t_detail, t_dtype, t_dev = tables
+    ints, table_ints, strings, bools = _kit(n)
+
     fact, pgc = codes[K_FACT], codes[K_PG]
     specs = FAST_SPECS[:]
     pgs = PG_FACTS[:]
@@ -358,6 +368,78 @@ def arrays_of_records(rank: int, drained) -> list:
         if a is None:
             a = nulls64 if f.type == pa.int64() else pa.nulls(n, f.type)
         out.append(a)
+    return out
+
+
+#: Queued full rows (async ops, marks, gaps, ...) packed into typed buffers in C
+#: (``_fastpath.pack_rows``) and turned into Arrow arrays with numpy (issue 20), rather than
+#: one Python list per column and value. Tests and benchmarks flip it.
+ROW_BUFFERS = True
+#: ... from this many queued rows on: below it the list path costs less (numpy's fixed cost
+#: per column; 10 rows: 0.20-0.25 ms lists, 0.27-0.30 ms buffers; 200 rows: 0.63 against 0.33
+#: ms; 1,000 rows: 2.4 against 0.65 ms, thread CPU of the conversion, world size 1).
+ROW_BUFFERS_MIN_ROWS = 32
+_ROW_KINDS = None   # pack_rows' column letters, from the schema
+
+
+def _row_kinds() -> bytes:
+    global _ROW_KINDS
+    if _ROW_KINDS is None:
+        import pyarrow as pa
+
+        _ROW_KINDS = b"".join(b"i" if f.type in (pa.int32(), pa.int64()) else
+                           b"b" if f.type == pa.bool_() else b"o" for f in S.SCHEMA)
+    return _ROW_KINDS
+
+
+def arrays_of_rows(rank: int, rows: list):
+    """Schema-order Arrow arrays of queued full rows (lists in COLUMNS order, the call site a
+    raw (file, line) pair), packed by ``_fastpath.pack_rows`` into typed buffers and built
+    with numpy over whole columns: no Python object per row and field (issue 20). The values
+    are those of the list path (``rows_to_table_nopandas`` over ``zip(*rows)``; tests compare
+    them). None when the rows do not fit the buffers (a value of an unexpected type, an int32
+    value out of range): the caller takes the list path."""
+    import numpy as np
+    import pyarrow as pa
+
+    from ..format import writer as W
+
+    kinds = _row_kinds()
+    packed = _cfast.pack_rows(rows, kinds)
+    if packed is None:
+        return None
+    n, nums_b, codes_b, tables = packed
+    n_i = kinds.count(b"i")
+    nums = np.frombuffer(nums_b, dtype=np.int64).reshape(n_i, n)
+    codes = np.frombuffer(codes_b, dtype=np.int32).reshape(len(kinds) - n_i, n)
+    ints, _table_ints, strings, bools = _kit(n)
+    out = []
+    a = c = o = 0
+    for f, kd in zip(S.SCHEMA, kinds):
+        if kd == 0x69:   # 'i'
+            vals = nums[a]
+            a += 1
+            if f.type == pa.int32():
+                ok = vals != _NULL_LL
+                if ok.any() and (vals[ok].min() < -2 ** 31 or vals[ok].max() >= 2 ** 31):
+                    return None   # the list path's conversion decides
+            out.append(ints(vals, f.type))
+        elif kd == 0x62:  # 'b'
+            k = codes[c]
+            c += 1
+            out.append(bools(k == 1, k >= 0))
+        else:
+            k = codes[c]
+            table = tables[o]
+            c += 1
+            o += 1
+            if f.type == pa.string():
+                if f.name == "site":
+                    table = [format_site(v) for v in table]
+                out.append(strings(k, table))
+            else:   # inflight_ids: the values, then the list path's conversion
+                out.append(W.array_from_list([None if x < 0 else table[x] for x in k.tolist()],
+                                             f.type))
     return out
 
 
@@ -1023,17 +1105,31 @@ class Recorder:
         n_c = (ccols[0] if buffers else len(ccols[0])) if ccols else 0
         try:
             os.makedirs(d, exist_ok=True)
-            if buffers and n_c:
-                # the C path's calls as typed buffers: arrays built over whole columns, the
-                # Python path's rows (async ops, gaps, marks, ...) first as before
-                arrays = arrays_of_records(self.rank, ccols)
+            # Queued full rows (async ops of either path, gaps, marks, ...) as typed buffers
+            # too (pack_rows) from ROW_BUFFERS_MIN_ROWS rows on, where the C path is built,
+            # numpy imports and capture is not bounded (its split works on column lists).
+            row_buffers = (ROW_BUFFERS and RECORD_BUFFERS and len(rows) >= ROW_BUFFERS_MIN_ROWS
+                           and _cfast is not None and hasattr(_cfast, "pack_rows")
+                           and _bounded(self) is None and _numpy_ok())
+            if (buffers and n_c) or (row_buffers and not n_c):
+                # arrays built over whole columns: the queued rows first, then the C path's
+                # blocking calls (typed buffers), as before
+                arrays = None
                 if rows:
-                    cols = [list(col) for col in zip(*rows)]
-                    cols[I_SITE] = [format_site(v) for v in cols[I_SITE]]
-                    t_py = W.rows_to_table_nopandas({c: cols[i] for i, c in enumerate(COLUMNS)})
-                    import pyarrow as pa
-                    arrays = [pa.concat_arrays([t_py.column(i).chunk(0), a])
-                              for i, a in enumerate(arrays)]
+                    if row_buffers:
+                        arrays = arrays_of_rows(self.rank, rows)
+                    if arrays is None:   # the list path for these rows
+                        cols = [list(col) for col in zip(*rows)]
+                        cols[I_SITE] = [format_site(v) for v in cols[I_SITE]]
+                        t_py = W.rows_to_table_nopandas({c: cols[i] for i, c in enumerate(COLUMNS)})
+                        arrays = [t_py.column(i).chunk(0) for i in range(len(COLUMNS))]
+                if buffers and n_c:
+                    more = arrays_of_records(self.rank, ccols)
+                    if arrays is None:
+                        arrays = more
+                    else:
+                        import pyarrow as pa
+                        arrays = [pa.concat_arrays([x, y]) for x, y in zip(arrays, more)]
                 table = W.table_of_arrays(arrays)
                 W.write_part(self.run_dir, self.rank, table, self._metadata(),
                              index=_next_part_index(), compression=W.part_compression(table))
