@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from common import c_fast_path, free_port, median_ci, thread_cpu_ns
+from common import c_fast_path, free_port, median_ci, pin_cpus, thread_cpu_ns
 
 
 def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
@@ -41,6 +41,7 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
     from commtrace.capture import recorder as R
     from commtrace.capture import registry
 
+    cpus = pin_cpus(rank, args.pin)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     tmp = tempfile.mkdtemp(prefix="commtrace-bench-")
     commtrace.enable(output=tmp, stack=True, nvtx=True)
@@ -151,6 +152,7 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
         "per_op": per_op,
         "rows_recorded": None,
         "c_fast_path": c_fast_path(),
+        "pin": args.pin, "cpus": cpus,
     }
     try:
         import pyarrow.dataset as ds
@@ -233,7 +235,12 @@ def _worker(rank, world, init, args, q):
 def run(world: int, args) -> dict:
     init = f"tcp://127.0.0.1:{free_port()}"
     if world == 1:
-        return _bench(0, 1, init, args)
+        keep = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        try:
+            return _bench(0, 1, init, args)
+        finally:  # world size 1 runs in this process: the next world size's ranks start unpinned
+            if keep is not None:
+                os.sched_setaffinity(0, keep)
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -259,7 +266,8 @@ def report(r: dict) -> list[str]:
     out = [f"world size {r['world_size']}: {r['rounds']} rounds x {r['ops_per_round']} ops "
            f"({'async all_reduce + wait' if r.get('async_op') else 'all_reduce'} of "
            f"{r['numel']} float32, gloo), C fast path "
-           f"{'on' if r['c_fast_path'] else 'OFF'}, load average {r.get('load', '?')}",
+           f"{'on' if r['c_fast_path'] else 'OFF'}, pinned: {r.get('pin', 'none')}, "
+           f"load average {r.get('load', '?')}",
            f"  {'us per op, median [95% CI]':<34} {'wall':>26} {'thread CPU':>26}",
            f"  {'untraced':<34} {_fmt(r['untraced_us']):>26} {_fmt(r['cpu_untraced_us']):>26}"]
     rows = [("commtrace adds", "commtrace_added_us"), ("torch.profiler adds", "profiler_added_us"),
@@ -310,6 +318,10 @@ def main(argv=None) -> int:
                     help="blocks of the per-op interleaved measurement (0: skip it)")
     ap.add_argument("--async-op", action="store_true",
                     help="time all_reduce(async_op=True).wait() instead of the blocking call")
+    ap.add_argument("--pin", choices=["none", "one", "each"], default="none",
+                    help="CPU affinity of the ranks and their threads: none (the scheduler's), one "
+                    "(all on the first CPU), each (rank r on CPU r). At world size 1 'one' keeps "
+                    "gloo's thread on the caller's CPU: the untraced baseline is then stable")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -62,7 +62,7 @@ import sys
 import tempfile
 import time
 
-from common import bootstrap_ratio_ci, free_port, load_of, median_ci, thread_cpu_s, uptime
+from common import bootstrap_ratio_ci, free_port, load_of, median_ci, pin_cpus, thread_cpu_s, uptime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -130,16 +130,6 @@ def _nice_of(thread):
 MODES = ("untraced", "traced", "control")
 
 
-def _pin(rank: int, how: str) -> list | None:
-    """Pin this rank (and the threads it starts: gloo's, the writer) to CPUs; the CPUs."""
-    if how == "none" or not hasattr(os, "sched_setaffinity"):
-        return None
-    cpus = sorted(os.sched_getaffinity(0))
-    mine = {cpus[0]} if how == "one" else {cpus[rank % len(cpus)]}
-    os.sched_setaffinity(0, mine)
-    return sorted(mine)
-
-
 def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin="none") -> None:
     """One rank (a forked child): puts its round times and writer figures on `q`.
 
@@ -158,7 +148,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         import commtrace
         from commtrace.capture import recorder as R
 
-        cpus = _pin(rank, pin)
+        cpus = pin_cpus(rank, pin)
         torch.set_num_threads(1)
         commtrace.enable(output=out)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

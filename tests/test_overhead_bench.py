@@ -18,10 +18,12 @@ def test_overhead_benchmark_small_run(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead.py"),
                         "--world-size", "1", "--rounds", "4", "--ops", "20", "--blocks", "60",
-                        "--json", str(out)], capture_output=True, text=True, timeout=240, env=env)
+                        "--pin", "one", "--json", str(out)], capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     (r,) = json.loads(out.read_text())
     assert r["world_size"] == 1 and r["rounds"] == 4 and r["ops_per_round"] == 20
+    if hasattr(os, "sched_setaffinity"):  # pinned to one CPU of those this test may use
+        assert r["pin"] == "one" and len(r["cpus"]) == 1 and r["cpus"][0] in os.sched_getaffinity(0)
     # every traced call is a row: warm-up (20) + rounds (4 x 20) + per-op warm-up and blocks,
     # and the barrier that starts the per-op blocks (the recorder is on there)
     assert r["op_rows_recorded"] == 20 + 4 * 20 + 200 + 60 + 1

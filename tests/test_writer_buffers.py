@@ -25,15 +25,20 @@ needs_c = pytest.mark.skipif(R._cfast is None, reason="the C fast path is not bu
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "writer_buffers.py")
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    out = tmp_path_factory.mktemp("buffers") / "run"
-    run_plain(torchrun_cmd(SCRIPT, out), timeout=240)
+def _run_job(tmp_path_factory, name, script):
+    """Run `script` on 2 gloo ranks; (the run directory, each rank's result-<r>.json)."""
+    out = tmp_path_factory.mktemp(name) / "run"
+    run_plain(torchrun_cmd(script, out), timeout=240)
     res = {}
     for r in (0, 1):
         with open(out / f"result-{r}.json") as f:
             res[r] = json.load(f)
     return out, res
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return _run_job(tmp_path_factory, "buffers", SCRIPT)
 
 
 @needs_c
@@ -199,13 +204,7 @@ ASYNC_SCRIPT = os.path.join(ROOT, "tests", "scripts", "writer_async_buffers.py")
 
 @pytest.fixture(scope="module")
 def async_job(tmp_path_factory):
-    out = tmp_path_factory.mktemp("async_buffers") / "run"
-    run_plain(torchrun_cmd(ASYNC_SCRIPT, out), timeout=240)
-    res = {}
-    for r in (0, 1):
-        with open(out / f"result-{r}.json") as f:
-            res[r] = json.load(f)
-    return out, res
+    return _run_job(tmp_path_factory, "async_buffers", ASYNC_SCRIPT)
 
 
 @needs_c

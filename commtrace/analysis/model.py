@@ -897,23 +897,7 @@ def _excess_other(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step):
     """_excess_by_sort for events that are not a collective's, with the groups numbered through
     tables over the columns' ranges and one int64 argsort by (group, gap) (gaps are whole ns);
     None when a range is too large for a table (the caller then sorts as _excess_by_sort)."""
-    n = len(ev_gap)
-    lab = _dense_ids([np.asarray(ev_label, np.int64)])
-    if lab is None:
-        return None
-    key = lab * 2 + ev_is_wait.astype(np.int64)
-    st = np.asarray(ev_step, np.int64)
-    # occurrence of key within (rank, step), in event order: rank-major ids are nearly sorted
-    g1 = _dense_ids([np.asarray(ev_rank, np.int64), st, key])
-    if g1 is None:
-        return None
-    o = stable_argsort(g1, 0, int(g1.max()) if len(g1) else 0)
-    s1 = g1[o]
-    newg = np.r_[True, s1[1:] != s1[:-1]]
-    occ = np.empty(n, np.int64)
-    occ[o] = np.arange(n) - np.flatnonzero(newg)[np.cumsum(newg) - 1]
-    del o, s1, newg, g1
-    gid = _dense_ids([key, st, occ])
+    gid = _other_groups(ev_rank, ev_label, np.asarray(ev_is_wait).astype(np.int64), ev_step)
     if gid is None or int(gid.max()) >= (1 << 19):
         return None
     g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
