@@ -682,7 +682,13 @@ class Recorder:
         #: returns). The writer thread lists them in _inflight.json: a rank hung inside a
         #: blocking collective must show which one. dict set/pop are atomic under the GIL.
         self._blocking: dict[int, list] = {}
-        self._listeners: list = [self._pending_changed]
+        self._listeners: list = []
+        #: Listeners accept a late "nothing pending" (set_lazy_idle): the 0 of a >0 -> 0
+        #: transition is owed (_idle_owed) and delivered by the writer thread at its next wake
+        #: (within IDLE_WAKE_S), unless an op becomes pending first, whose 0 -> >0 is then not
+        #: told either: a loop of one async op and its wait() calls no listener per op.
+        self.lazy_idle = False
+        self._idle_owed = False
         self._pend_lock = threading.Lock()
         self._write_lock = threading.RLock()
         # The writer thread sleeps on this lock (held while nobody rang): wake() releases it.
@@ -694,6 +700,7 @@ class Recorder:
         #: for IDLE_AFTER_S): the next op that becomes pending rings it.
         self._polling = False
         self._deep = False
+        self._listening = False
         #: op_id -> PendingOp of the ops the writer polls (a Work without a future, not
         #: complete): its 1 ms cycles look at these only, not at every pending op. Pruned by
         #: the cycles (released or completed ops), refilled by add_pending and _service.
@@ -798,8 +805,37 @@ class Recorder:
 
     def add_pending_listener(self, fn) -> None:
         """`fn(count)` is called when the number of pending async ops goes 0 -> >0 or >0 -> 0
-        (from any thread). Exceptions in `fn` are logged once."""
+        (from any thread). Exceptions in `fn` are logged once. With :meth:`set_lazy_idle` the
+        >0 -> 0 is told late, by the writer thread, and a 0 -> >0 before it not at all."""
         self._listeners.append(fn)
+
+    def set_lazy_idle(self, lazy: bool) -> None:
+        """Whether the listeners accept a late 0 (hazard detection's basic mode does: with
+        nothing pending its checks find nothing). A change tells no listener anything owed:
+        the caller re-reads the pending count itself (hazards.install)."""
+        self.lazy_idle = bool(lazy)
+        self._idle_owed = False
+
+    def _tell_idle(self) -> None:
+        """The pending count went >0 -> 0: tell the listeners now, or owe it (lazy_idle)."""
+        if self.lazy_idle:
+            self._idle_owed = True
+        else:
+            self._notify(0)
+
+    def _tell_busy(self) -> None:
+        """The pending count went 0 -> >0: tell the listeners, unless the 0 before is still
+        owed (then they were never told it, and nothing changed for them)."""
+        if self._idle_owed:
+            self._idle_owed = False
+        else:
+            self._notify(1)
+
+    def _pay_idle(self) -> None:
+        """Deliver an owed 0 (writer thread); the listeners re-read the count themselves."""
+        if self._idle_owed and not self._pending:
+            self._idle_owed = False
+            self._notify(0)
 
     # ------------------------------------------------------------------ rows
 
@@ -857,7 +893,7 @@ class Recorder:
         if p.work is not None and not has_future and _pollable(row):
             self._polled[p.op_id] = p   # before wake(): see _sleep_s
         if n0 == 0 and self._listeners:
-            self._notify(1)
+            self._tell_busy()
         return p
 
     def add_pending_tensors(self, row, results, tensors=()) -> PendingOp:
@@ -941,7 +977,7 @@ class Recorder:
         else:
             self.append_row(p.row)
         if n == 0 and self._listeners:
-            self._notify(0)
+            self._tell_idle()
 
     def wake(self) -> None:
         """Have the writer thread poll the Work objects without a future soon (an op to poll
@@ -957,9 +993,10 @@ class Recorder:
             pass
 
     def _pending_changed(self, count) -> None:
-        """Pending listener: an op became pending while the writer thread sleeps until its
-        next flush (nothing pending for IDLE_AFTER_S): wake it, it looks every IDLE_WAKE_S
-        from now on."""
+        """Pending listener, registered only while the writer thread sleeps until its next
+        flush (nothing pending for IDLE_AFTER_S): an op became pending, wake it (it looks
+        every IDLE_WAKE_S from then on). Not a listener otherwise: a loop of async ops calls
+        no Python function of the writer's per op."""
         if count and self._deep:
             self._deep = False
             self._ring()
@@ -1010,6 +1047,13 @@ class Recorder:
             timeout = self._sleep_s(now, next_flush, next_service, busy_until, interval)
             rung = bell.acquire(True, timeout) if timeout > 0 else bell.acquire(False)
             st["wakeups"] += 1
+            self._deep = False
+            if self._listening:
+                self._listening = False
+                try:   # in place: the C path holds this list
+                    self._listeners.remove(self._pending_changed)
+                except ValueError:
+                    pass
             if self._stop.is_set():
                 break
             try:
@@ -1056,11 +1100,20 @@ class Recorder:
             self._polling = True
             return POLL_INTERVAL_S
         t = (next_flush - now) if self.auto_flush else interval
-        self._deep = True
         if (self._pending or now < busy_until or self.device_timer is not None
                 or _CH._enabled or _CH.HOOKED or self._device_rows):
+            return max(0.0, min(t, next_service - now, interval))
+        # Asleep until the next flush: the first op that becomes pending rings (the listener,
+        # then the flag, then an owed "nothing pending" told, then the count read: an op made
+        # pending after that read is told to the listener; an owed 0 would swallow it).
+        self._listeners.append(self._pending_changed)
+        self._listening = True
+        self._deep = True
+        if self._idle_owed:
+            self._pay_idle()
+        if self._pending:
             self._deep = False
-            t = min(t, next_service - now)
+            return max(0.0, min(t, next_service - now, interval))
         return max(0.0, min(t, interval))
 
     def _poll_works(self) -> None:
@@ -1129,6 +1182,8 @@ class Recorder:
             for row in list(self._device_rows.values()):
                 self.append_row(row)
             self._device_rows.clear()
+        if self._idle_owed:
+            self._pay_idle()
 
     def _poll_device(self) -> None:
         """Fill device times (t_start_ns, t_end_ns, stream_wait_ns) reported by the device
