@@ -1120,7 +1120,7 @@ static unsigned long long n_async;  /* async calls recorded here */
 static PyObject *s_get_future, *s_add_done_callback, *s_acquire, *s_release, *s_notify,
     *s_wake, *s_itemsize, *s_dropped, *s_by_storage, *s_pending, *s_ready, *s_pend_lock,
     *s_listeners, *s_blocking, *s_config, *s_hazards, *s_off, *s_async_completion, *s_wait_s,
-    *s_name_attr, *s_append_m;
+    *s_name_attr, *s_append_m, *s_lazy_idle, *s_idle_owed;
 
 /* Row columns (schema order, as recorder.expand writes them; checked in set_async). */
 enum { C_KIND, C_RANK, C_PG, C_PG_SIZE, C_SEQ, C_OP, C_API, C_ASYNC, C_BACKEND, C_DEVICE,
@@ -1164,6 +1164,8 @@ static inline void pset(PyObject *p, int i, PyObject *v) {
 static struct {
     PyObject *rec;   /* strong */
     PyObject *ready, *pending, *by_key, *lock, *listeners, *blocking;
+    PyObject *rdict;  /* its __dict__: lazy_idle, _idle_owed (Recorder._tell_idle / _busy) */
+    PyObject *acquire, *release;   /* _pend_lock's bound methods (no lookup per op) */
     int hazards;     /* tensors kept for hazard detection (config.hazards != "off") */
     int callback;    /* completion from the future's callback (config.async_completion) */
     int now_ok;      /* rec.now_ns is time.time_ns (no injected skew): this clock is its */
@@ -1176,10 +1178,16 @@ static int as_cache(PyObject *rec) {
         return 0;
     Py_CLEAR(acst.rec); Py_CLEAR(acst.ready); Py_CLEAR(acst.pending); Py_CLEAR(acst.by_key);
     Py_CLEAR(acst.lock); Py_CLEAR(acst.listeners); Py_CLEAR(acst.blocking);
+    Py_CLEAR(acst.rdict); Py_CLEAR(acst.acquire); Py_CLEAR(acst.release);
+    acst.rdict = dict_of(rec);
     acst.ready = PyObject_GetAttr(rec, s_ready);
     acst.pending = PyObject_GetAttr(rec, s_pending);
     acst.by_key = PyObject_GetAttr(rec, s_by_key);
     acst.lock = PyObject_GetAttr(rec, s_pend_lock);
+    if (acst.lock != NULL) {
+        acst.acquire = PyObject_GetAttr(acst.lock, s_acquire);
+        acst.release = PyObject_GetAttr(acst.lock, s_release);
+    }
     acst.listeners = PyObject_GetAttr(rec, s_listeners);
     acst.blocking = PyObject_GetAttr(rec, s_blocking);
     PyObject *cap = PyObject_GetAttr(rec, s_cap);
@@ -1193,6 +1201,7 @@ static int as_cache(PyObject *rec) {
     int ok = acst.ready && acst.pending && PyDict_Check(acst.pending) && acst.by_key &&
              PyDict_Check(acst.by_key) && acst.lock && acst.listeners &&
              PyList_Check(acst.listeners) && acst.blocking && PyDict_Check(acst.blocking) &&
+             acst.rdict != NULL && acst.acquire != NULL && acst.release != NULL &&
              cap && PyLong_Check(cap) && hz && PyUnicode_Check(hz);
     if (ok) {
         acst.cap = PyLong_AsSsize_t(cap);
@@ -1205,6 +1214,7 @@ static int as_cache(PyObject *rec) {
     if (!ok) {
         Py_CLEAR(acst.ready); Py_CLEAR(acst.pending); Py_CLEAR(acst.by_key);
         Py_CLEAR(acst.lock); Py_CLEAR(acst.listeners); Py_CLEAR(acst.blocking);
+        Py_CLEAR(acst.rdict); Py_CLEAR(acst.acquire); Py_CLEAR(acst.release);
         return -1;
     }
     acst.rec = rec;
@@ -1248,7 +1258,7 @@ static void as_append(PyObject *rec, PyObject *row) {
 }
 
 static inline int as_lock(void) {
-    PyObject *x = PyObject_CallMethodNoArgs(acst.lock, s_acquire);
+    PyObject *x = PyObject_CallNoArgs(acst.acquire);
     Py_XDECREF(x);
     if (x == NULL) {
         CLEAR_ERR();
@@ -1258,7 +1268,7 @@ static inline int as_lock(void) {
 }
 
 static inline void as_unlock(void) {
-    PyObject *x = PyObject_CallMethodNoArgs(acst.lock, s_release);
+    PyObject *x = PyObject_CallNoArgs(acst.release);
     Py_XDECREF(x);
     CLEAR_ERR();
 }
@@ -1290,6 +1300,33 @@ static void as_notify(PyObject *rec, int count) {
     }
     Py_DECREF(n);
     CLEAR_ERR();
+}
+
+/* Recorder._tell_idle / _tell_busy: the pending count went >0 -> 0 / 0 -> >0. With
+ * lazy_idle (hazard detection's basic mode) the 0 is owed to the writer thread, and a 0 -> >0
+ * while it is owed tells nothing: no listener call per op in a loop of one op and its wait. */
+static void as_tell_idle(PyObject *rec) {
+    if (PyList_GET_SIZE(acst.listeners) == 0)
+        return;
+    PyObject *lazy = PyDict_GetItemWithError(acst.rdict, s_lazy_idle);
+    if (lazy == Py_True) {
+        if (PyDict_SetItem(acst.rdict, s_idle_owed, Py_True) == 0)
+            return;
+    }
+    CLEAR_ERR();
+    as_notify(rec, 0);
+}
+
+static void as_tell_busy(PyObject *rec) {
+    if (PyList_GET_SIZE(acst.listeners) == 0)
+        return;
+    PyObject *owed = PyDict_GetItemWithError(acst.rdict, s_idle_owed);
+    if (owed == Py_True) {
+        if (PyDict_SetItem(acst.rdict, s_idle_owed, Py_False) == 0)
+            return;
+    }
+    CLEAR_ERR();
+    as_notify(rec, 1);
 }
 
 /* Recorder.complete: keep the earliest completion time, and how it was obtained. */
@@ -1350,7 +1387,7 @@ static void as_release(PyObject *rec, PyObject *p) {
     }
     as_append(rec, pget(p, P_ROW));
     if (n == 0)
-        as_notify(rec, 0);
+        as_tell_idle(rec);
 }
 
 /* The future's done-callback: the completion time (runs on the backend's thread, GIL held). */
@@ -1567,14 +1604,18 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
             return;
         }
     }
-    /* An op that ended before its callback is attached gets no notification: one look first
-     * (future.done(); without a callback, is_completed()), and if it has ended, its end is
-     * the moment it was seen complete ("observed", an upper bound). */
-    PyObject *look = fut != NULL ? PyObject_CallMethodNoArgs(fut, s_done)
-                                 : PyObject_CallMethodNoArgs(work, s_is_completed);
-    int done = look == Py_True;
-    Py_XDECREF(look);
-    CLEAR_ERR();
+    /* Without a callback: one look (is_completed()), and if the op has ended, its end is the
+     * moment it was seen complete ("observed", an upper bound). With one, no look: torch runs
+     * the callback of a future already complete at once, inside add_done_callback, which
+     * then completes the row as "observed" (DoneCB.attaching). A look (future.done(), a
+     * pybind call) cost 0.3-0.4 us per op and told nothing the attach does not. */
+    int done = 0;
+    if (fut == NULL) {
+        PyObject *look = PyObject_CallMethodNoArgs(work, s_is_completed);
+        done = look == Py_True;
+        Py_XDECREF(look);
+        CLEAR_ERR();
+    }
     long long t_seen = now_ns();
     PyObject *p = as_new_pending(row, tensors);
     Py_DECREF(tensors);
@@ -1613,7 +1654,7 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
         as_unlock();
     }
     if (n0 == 0)
-        as_notify(rec, 1);
+        as_tell_busy(rec);
     if (done)
         as_complete(row, t_seen, s_how_observed);
     if (fut != NULL && t_ddp_take != NULL) {
@@ -1642,8 +1683,16 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
 
 /* wrappers._run + _finish for an async call whose record `r` is built (its references are
  * released here). Returns the call's result (or NULL with its exception set). */
+/* The torch seq check of an async call (tseq_after's arguments; g NULL: none). */
+typedef struct {
+    PyObject *g, *name;
+    Py_ssize_t slot;
+    long long lo, op_id, seq;
+} TseqArgs;
+
 static PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObject *y,
-                          PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+                          PyObject *const *args, size_t nargsf, PyObject *kwnames,
+                          TseqArgs *ts) {
     PyObject *row = as_row(r);
     rec_release(r);
     if (row == NULL) {
@@ -1652,6 +1701,13 @@ static PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObje
         t_depth = 1;
         PyObject *ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
         t_depth = 0;
+        if (ts->g != NULL) {
+            PyObject *et, *ev, *etb;
+            PyErr_Fetch(&et, &ev, &etb);
+            tseq_after(rec, ts->g, ts->slot, ts->name, ts->lo, ts->op_id, ts->seq, -1);
+            CLEAR_ERR();
+            PyErr_Restore(et, ev, etb);
+        }
         return ret;
     }
     PyObject *opid = PyList_GET_ITEM(row, C_OP_ID);
@@ -1664,6 +1720,14 @@ static PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObje
     t_depth = 0;
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
+    if (ts->g != NULL) {
+        /* torch's number, read before the completion callback is attached: the getter
+         * releases the GIL, and once the callback is attached the backend's thread may be
+         * waiting for it (at world size 1 on one CPU the read then cost a thread switch each
+         * way). A call that raised may still have issued its number. */
+        tseq_after(rec, ts->g, ts->slot, ts->name, ts->lo, ts->op_id, ts->seq, -1);
+        CLEAR_ERR();
+    }
     int mine = as_recache(rec) == 0;
     if (mine && listed) {   /* Recorder.end_blocking: False when a final flush already wrote it */
         mine = PyDict_GetItemWithError(acst.blocking, opid) != NULL &&
@@ -2154,14 +2218,8 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         }
         if (is_async) {
             /* An async op: its own path (the row, the pending-op registry, the completion). */
-            ret = as_issue(c, rec, &r, x_arg, y_arg, args, nargsf, kwnames);
-            if (tkey != NULL) {
-                /* a call that raised may still have issued its number */
-                PyObject *et, *ev, *etb;
-                PyErr_Fetch(&et, &ev, &etb);
-                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq, -1);
-                PyErr_Restore(et, ev, etb);
-            }
+            TseqArgs ts = {tkey, tname, tslot, tlo, t_opid, t_seq};
+            ret = as_issue(c, rec, &r, x_arg, y_arg, args, nargsf, kwnames, &ts);
             goto done;
         }
         /* In flight while the call runs (_inflight.json, final flush): a slot of its own. */
@@ -2920,6 +2978,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_wake, "wake"); INTERN(s_itemsize, "itemsize"); INTERN(s_dropped, "_dropped");
     INTERN(s_by_storage, "_by_storage"); INTERN(s_pending, "_pending");
     INTERN(s_ready, "_ready"); INTERN(s_pend_lock, "_pend_lock");
+    INTERN(s_lazy_idle, "lazy_idle"); INTERN(s_idle_owed, "_idle_owed");
     INTERN(s_listeners, "_listeners"); INTERN(s_blocking, "_blocking");
     INTERN(s_config, "config"); INTERN(s_hazards, "hazards"); INTERN(s_off, "off");
     INTERN(s_async_completion, "async_completion"); INTERN(s_wait_s, "wait");

@@ -3,7 +3,9 @@
 yet. The value read may be stale (on NCCL the comm kernel may not even have started).
 
 How it stays free when nothing is pending: the recorder calls our pending listener when the
-number of pending async ops goes 0 -> >0 and >0 -> 0. The host-read methods of ``torch.Tensor``
+number of pending async ops goes 0 -> >0 and >0 -> 0 (in basic mode the recorder tells the
+>0 -> 0 late, from its writer thread: a loop of one async op and its wait() then calls the
+listener only at its start; with nothing pending a check finds nothing). The host-read methods of ``torch.Tensor``
 (``item``, ``tolist``, ``cpu``, ``numpy``, ``__repr__``, ``__str__``, ``__format__``) are
 replaced by checking wrappers the first time an op becomes pending, and torch's originals are
 put back once nothing has been pending for ``UNPATCH_AFTER_S`` (checked by the next host read,
@@ -383,6 +385,13 @@ def install(recorder=None, mode: str = "basic") -> bool:
                 _S.mode = mode
                 _S.installed = True
                 recorder.add_pending_listener(_on_pending)
+            # Basic mode takes a late "nothing pending" (its checks then find nothing): the
+            # recorder may tell it from its writer thread, not at every wait() (a loop of one
+            # async op and its wait() then calls no listener per op). Full mode's torch-function
+            # mode must leave at once.
+            lazy = getattr(recorder, "set_lazy_idle", None)
+            if lazy is not None:
+                lazy(mode == "basic")
         _on_pending()
         return True
     except Exception as e:

@@ -666,6 +666,12 @@ class Recorder:
         #: blocking collective must show which one. dict set/pop are atomic under the GIL.
         self._blocking: dict[int, list] = {}
         self._listeners: list = []
+        #: Listeners accept a late "nothing pending" (set_lazy_idle): the 0 of a >0 -> 0
+        #: transition is owed (_idle_owed) and delivered by the writer thread at its next wake
+        #: (within IDLE_WAKE_S), unless an op becomes pending first, whose 0 -> >0 is then not
+        #: told either: a loop of one async op and its wait() calls no listener per op.
+        self.lazy_idle = False
+        self._idle_owed = False
         self._pend_lock = threading.Lock()
         self._write_lock = threading.RLock()
         self._wake = threading.Event()
@@ -763,8 +769,37 @@ class Recorder:
 
     def add_pending_listener(self, fn) -> None:
         """`fn(count)` is called when the number of pending async ops goes 0 -> >0 or >0 -> 0
-        (from any thread). Exceptions in `fn` are logged once."""
+        (from any thread). Exceptions in `fn` are logged once. With :meth:`set_lazy_idle` the
+        >0 -> 0 is told late, by the writer thread, and a 0 -> >0 before it not at all."""
         self._listeners.append(fn)
+
+    def set_lazy_idle(self, lazy: bool) -> None:
+        """Whether the listeners accept a late 0 (hazard detection's basic mode does: with
+        nothing pending its checks find nothing). A change tells no listener anything owed:
+        the caller re-reads the pending count itself (hazards.install)."""
+        self.lazy_idle = bool(lazy)
+        self._idle_owed = False
+
+    def _tell_idle(self) -> None:
+        """The pending count went >0 -> 0: tell the listeners now, or owe it (lazy_idle)."""
+        if self.lazy_idle:
+            self._idle_owed = True
+        else:
+            self._notify(0)
+
+    def _tell_busy(self) -> None:
+        """The pending count went 0 -> >0: tell the listeners, unless the 0 before is still
+        owed (then they were never told it, and nothing changed for them)."""
+        if self._idle_owed:
+            self._idle_owed = False
+        else:
+            self._notify(1)
+
+    def _pay_idle(self) -> None:
+        """Deliver an owed 0 (writer thread); the listeners re-read the count themselves."""
+        if self._idle_owed and not self._pending:
+            self._idle_owed = False
+            self._notify(0)
 
     # ------------------------------------------------------------------ rows
 
@@ -820,7 +855,7 @@ class Recorder:
                 return p
             self._pending[p.op_id] = p
         if n0 == 0 and self._listeners:
-            self._notify(1)
+            self._tell_busy()
         return p
 
     def add_pending_tensors(self, row, results, tensors=()) -> PendingOp:
@@ -904,7 +939,7 @@ class Recorder:
         else:
             self.append_row(p.row)
         if n == 0 and self._listeners:
-            self._notify(0)
+            self._tell_idle()
 
     def wake(self) -> None:
         self._wake.set()
@@ -1005,6 +1040,8 @@ class Recorder:
             for row in list(self._device_rows.values()):
                 self.append_row(row)
             self._device_rows.clear()
+        if self._idle_owed:
+            self._pay_idle()
 
     def _poll_device(self) -> None:
         """Fill device times (t_start_ns, t_end_ns, stream_wait_ns) reported by the device

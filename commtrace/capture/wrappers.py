@@ -384,20 +384,14 @@ def _track_work(rec, row, work, tensors, token):
                 _nofuture.add(key)
                 fut = None
         if fut is not None:
-            # An op that ended before its callback is attached gets no notification: its end
-            # is only known to precede the moment it was seen complete, looked at first thing
+            # An op that ended before its callback is attached gets no notification of its
+            # end: torch runs the callback of a future already complete at once, inside
+            # add_done_callback, and its end is then only known to precede that moment
             # (column completion = "observed": t_end_ns is an upper bound, the op ended in
-            # [t_enqueue_ns, t_end_ns]).
-            try:
-                done = fut.done()
-            except Exception:
-                done = False
-            t_seen = rec.now_ns()
+            # [t_enqueue_ns, t_end_ns]). No future.done() look first: it tells nothing more
+            # (the C path does the same).
             p = rec.add_pending(row, key_obj=work, work=work, has_future=True,
                                 tensors=tensors, device_token=token)
-            if done:
-                rec.complete(p, t_seen, "observed")
-                return p
             attaching = [True]
 
             def _done(_f, p=p, rec=rec, attaching=attaching):
