@@ -344,7 +344,7 @@ def test_the_c_helpers_are_built_where_a_compiler_is():
         pytest.skip(f"no C compiler ({cc})")
     from commtrace.analysis import _replay
     for name in ("replay", "replay_many", "median_excess", "merge_events", "anchors", "slot_prev", "sync_points",
-                 "cp_walk", "counting_argsort"):
+                 "cp_walk", "counting_argsort", "search_along"):
         assert hasattr(_replay, name), name
 
 
@@ -381,3 +381,104 @@ def test_remove_rank_selects_the_groups_slots_by_name(run):
             assert np.array_equal(RP.remove_rank(m, r, pg).mask, ref)
             hits += int(ref.any())
     assert hits >= len(m.ranks)
+
+
+@pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
+def test_search_along_equals_numpys_searchsorted():
+    """`_replay.search_along` (delay analysis' interval ends) is np.searchsorted whatever the
+    order the queries are taken in: sorted, reversed, random, with repeated keys and queries
+    beyond either end; None for unsorted keys or an order that is no permutation."""
+    rng = np.random.default_rng(3)
+    for n, m, span in ((0, 5, 10), (1, 4, 3), (50, 200, 20), (5000, 3000, 10**6), (4000, 4000, 500), (10, 0, 5)):
+        keys = np.sort(rng.integers(0, span, n)).astype(np.int64)
+        q = rng.integers(-3, span + 3, m).astype(np.int64)
+        for order in (np.argsort(q, kind="stable"), np.arange(m)[::-1], rng.permutation(m), np.arange(m)):
+            order = np.ascontiguousarray(order, np.int64)
+            for side in ("left", "right"):
+                r = M._C.search_along(keys, q, order, side == "right")
+                assert np.array_equal(np.frombuffer(r, np.int64), np.searchsorted(keys, q, side)), (n, m, side)
+    keys = np.array([1, 5, 3], np.int64)
+    q = np.array([2, 4], np.int64)
+    assert M._C.search_along(keys, q, np.arange(2, dtype=np.int64), False) is None
+    keys = np.array([1, 3, 5], np.int64)
+    assert M._C.search_along(keys, q, np.array([1, 1], np.int64), False) is None
+    assert M._C.search_along(keys, q, np.array([0, 2], np.int64), False) is None
+
+
+def test_delay_attribution_with_and_without_the_c_search(run, monkeypatch):
+    """Delay analysis by `_replay.search_along` equals the numpy searches (the reference),
+    array by array, on the randomized runs."""
+    m = M.build_model(run)
+    a = D.attribute(m)
+    monkeypatch.setattr(M, "_C", None)
+    b = D.attribute(m)
+    assert set(a) == set(b)
+    for k in a:
+        if isinstance(a[k], np.ndarray):
+            assert np.array_equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+_HUGEPAGE_PROBE = """
+import sys
+import commtrace
+from numpy._core import multiarray as MA
+from commtrace.analysis import model as M
+from commtrace.analysis.synth import synth_layout
+out = sys.argv[1]
+synth_layout(out, "tpdp", tp=2, dp=2, steps=3)
+before = MA._get_madvise_hugepage()
+MA._set_madvise_hugepage(True)
+M.build_model(commtrace.load(out))
+lib = MA._get_madvise_hugepage()
+if sys.argv[2] == "cli":
+    from commtrace.cli import main
+    M._CACHE.clear()
+    assert main(["report", out, "--what-if", "--format", "json"]) == 0
+print("HUGE", lib, MA._get_madvise_hugepage())
+"""
+
+
+@pytest.mark.parametrize("how,expected", [("lib", "True True"), ("cli", "True False")])
+def test_numpy_huge_pages_off_only_in_commtraces_own_process(tmp_path, how, expected):
+    """The `commtrace` command's process stops numpy's madvise(MADV_HUGEPAGE) with its malloc
+    tuning (model._no_huge_pages: huge-page faults cost the 64 x 20,000 what-if 0.6-0.9 s of
+    system time); a program that imports the analysis keeps numpy's setting."""
+    import os
+    import subprocess
+    import sys
+    if not hasattr(__import__("numpy")._core.multiarray, "_set_madvise_hugepage"):
+        pytest.skip("numpy without _set_madvise_hugepage")
+    e = {k: v for k, v in os.environ.items() if k != "COMMTRACE_MALLOC_TUNE"}
+    p = subprocess.run([sys.executable, "-c", _HUGEPAGE_PROBE, str(tmp_path / "r"), how],
+                       capture_output=True, text=True, env=e, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert [ln for ln in p.stdout.splitlines() if ln.startswith("HUGE ")] == ["HUGE " + expected]
+
+
+def test_partition_order_equals_the_lexsort():
+    """_p2p_slots' order of the send/recv rows within (pg, op, rank, peer) by (t_enqueue_ns,
+    op_id, row id): a counting sort of the partitions where the rows' own order is that, the
+    lexsort elsewhere (equal times with op_ids out of row order, ranges too large)."""
+    rng = np.random.default_rng(9)
+    for n, tspan, big in ((0, 5, False), (1, 5, False), (400, 10**9, False), (3000, 40, False), (3000, 40, True)):
+        rank = np.sort(rng.integers(0, 6, n))
+        t = rng.integers(0, tspan, n)
+        o = np.lexsort((t, rank))                  # rows in (rank, t) order, as _Rows gives them
+        rank, t = rank[o], t[o]
+        pg = rng.integers(0, 3, n) * (10**9 if big else 1)
+        is_send = rng.integers(0, 2, n)
+        peer = rng.integers(0, 6, n)
+        op_id = rng.integers(0, 50, n)
+        rid = rng.permutation(n)
+        calls = []
+
+        def ties():
+            calls.append(1)
+            return op_id, rid
+        got = M._partition_order([pg, is_send, rank, peer], t, ties)
+        ref = np.lexsort((rid, op_id, t, peer, rank, is_send, pg))
+        assert np.array_equal(got, ref), (n, tspan, big)
+        if n and tspan > 10**6 and not big:
+            assert not calls                        # no equal times: op_id and row id never read

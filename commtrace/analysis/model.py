@@ -182,6 +182,17 @@ class _Rows:
             return v[self.perm]
         return v if v.flags.writeable else v.copy()     # (a zero-copy view of Arrow's buffer)
 
+    def col_at(self, name: str, idx: np.ndarray, fill=None, dtype=None) -> np.ndarray:
+        """`col(name)[idx]`, reading only those rows (Arrow's take): no conversion and
+        permutation of the whole column for a few of its rows."""
+        src = idx if self.perm is None else self.perm[idx]
+        a = self.t.column(name).take(pa.array(np.asarray(src, np.int64)))
+        if fill is not None and a.null_count:
+            a = a.fill_null(fill)
+        v = a.to_numpy(zero_copy_only=False)
+        v = v.astype(dtype, copy=False) if dtype is not None else v
+        return v if v.flags.writeable else v.copy()
+
     def release(self) -> None:
         """Drop the numeric columns (the labels keep the strings)."""
         self.t = self.t.select(["op", "site"])
@@ -255,6 +266,29 @@ def _retain_freed_memory() -> None:
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     mallopt(M_MMAP_THRESHOLD, 512 << 20)
     mallopt(M_TRIM_THRESHOLD, 1 << 30)
+    _no_huge_pages()
+
+
+def _no_huge_pages() -> None:
+    """Stop numpy asking for transparent huge pages (madvise(MADV_HUGEPAGE) on every array
+    of 4 MB or more), in the same processes as `_retain_freed_memory`.
+
+    Where the kernel's THP mode is `madvise` with `defrag` on `madvise` (this project's
+    machines), each huge page a fresh array touches is allocated, compacted for and zeroed
+    (2 MB) in the page fault: on the 64 x 20,000 what-if that was 0.6-0.9 s of system CPU
+    (`clear_page_erms` alone a quarter of the root-cause stages' samples in `perf`), against
+    0.1 s more user time for 4 kB pages (docs/performance.md). The arrays here are built once
+    and read a few times, so huge pages buy little TLB reach back."""
+    try:
+        from numpy._core import multiarray as _ma
+    except ImportError:  # numpy < 2
+        try:
+            from numpy.core import multiarray as _ma
+        except ImportError:
+            return
+    setter = getattr(_ma, "_set_madvise_hugepage", None)
+    if setter is not None:
+        setter(False)
 
 
 def build_model(run) -> Model:
@@ -654,18 +688,19 @@ def _p2p_slots(rows: "_Rows", rck, rank_r, t_enq, t_end, t_ret, pgc, pg_vals, op
     if "send" not in names[:-1] or "recv" not in names[:-1]:
         return empty
     c_send, c_recv = names.index("send"), names.index("recv")
-    peer = rows.col("peer", fill=-1, dtype=np.int64)
-    x = np.flatnonzero((rck < 0) & ((op_codes == c_send) | (op_codes == c_recv)) & (peer >= 0) & (pgc >= 0)
+    x = np.flatnonzero((rck < 0) & ((op_codes == c_send) | (op_codes == c_recv)) & (pgc >= 0)
                        & (t_enq != NUL) & (t_end != NUL) & (t_ret != NUL))
+    peer = rows.col_at("peer", x, fill=-1, dtype=np.int64)
+    x, pr = x[peer >= 0], peer[peer >= 0]
+    del peer
     if not len(x):
         return empty
     big = np.iinfo(np.int64).max
     is_send = op_codes[x] == c_send
-    rk, pr, pg = rank_r[x], peer[x], pgc[x]
-    op_id = rows.col("op_id", fill=big, dtype=np.int64)[x]
-    rid = rows.col("orid", dtype=np.int64)[x]
+    rk, pg = rank_r[x], pgc[x]
     # ps: row_number() over (pg, op, rank, peer) ordered by (t_enqueue_ns, op_id); row id on ties
-    o = np.lexsort((rid, op_id, t_enq[x], pr, rk, is_send, pg))
+    o = _partition_order([pg, is_send.astype(np.int64), rk, pr], t_enq[x],
+                         lambda: (rows.col_at("op_id", x, fill=big, dtype=np.int64), rows.col_at("orid", x, dtype=np.int64)))
     part = np.r_[True, (pg[o][1:] != pg[o][:-1]) | (is_send[o][1:] != is_send[o][:-1]) | (rk[o][1:] != rk[o][:-1])
                  | (pr[o][1:] != pr[o][:-1])]
     ps = np.empty(len(x), np.int64)
@@ -684,7 +719,7 @@ def _p2p_slots(rows: "_Rows", rck, rank_r, t_enq, t_end, t_ret, pgc, pg_vals, op
             & (ps[o2][1:] == ps[o2][:-1]) & is_send[o2][:-1] & ~is_send[o2][1:])
     k = np.flatnonzero(same)
     si, ri = o2[k], o2[k + 1]
-    b = rows.col("bytes", dtype=np.float64)[x]       # null -> NaN
+    b = rows.col_at("bytes", x, dtype=np.float64)    # null -> NaN
     cb = np.where(np.isnan(b[si]), b[ri], b[si])
     cb = np.where(np.isnan(cb), 0.0, cb)
     # two members per pair, by rank (send first on equal ranks)
@@ -693,6 +728,31 @@ def _p2p_slots(rows: "_Rows", rck, rank_r, t_enq, t_end, t_ret, pgc, pg_vals, op
     mem = np.stack([first, second], 1).ravel()
     two = lambda a: np.repeat(a, 2)  # noqa: E731
     return x[mem], two(ps[si]), two(src[si]), two(dst[si]), two(cb)
+
+
+def _partition_order(part_cols: list, t: np.ndarray, ties) -> np.ndarray:
+    """np.lexsort((rid, op_id, t, *reversed(part_cols))) for rows in (rank, t) order, where
+    `ties()` returns (op_id, rid) (read only when needed): the partitions by a counting sort
+    of their dense ids, which keeps the rows' order within each; that is the lexsort's when
+    the rows of a partition come in increasing (t, op_id, rid), checked, else the lexsort.
+    (_p2p_slots: 0.12 s of lexsort over the 284,000 send/recv rows of the 64 x 20,000 run.)"""
+    pid = _dense_ids(part_cols)
+    if pid is not None:
+        o = stable_argsort(pid, 0, int(pid.max()) if len(pid) else 0)
+        same = pid[o][1:] == pid[o][:-1]
+        ts = t[o]
+        up = ts[1:] > ts[:-1]
+        if np.all(up | ~same):
+            return o
+        op_id, rid = ties()
+        a, b = op_id[o], rid[o]
+        eq = ts[1:] == ts[:-1]
+        up |= eq & ((a[1:] > a[:-1]) | ((a[1:] == a[:-1]) & (b[1:] > b[:-1])))
+        if np.all(up | ~same):
+            return o
+    else:
+        op_id, rid = ties()
+    return np.lexsort((rid, op_id, t) + tuple(reversed(part_cols)))
 
 
 def _implicit_wait_rows(run, rows: "_Rows") -> np.ndarray:
