@@ -806,8 +806,11 @@ class Recorder:
     def add_pending_listener(self, fn) -> None:
         """`fn(count)` is called when the number of pending async ops goes 0 -> >0 or >0 -> 0
         (from any thread). Exceptions in `fn` are logged once. With :meth:`set_lazy_idle` the
-        >0 -> 0 is told late, by the writer thread, and a 0 -> >0 before it not at all."""
-        self._listeners.append(fn)
+        >0 -> 0 is told late, by the writer thread, and a 0 -> >0 before it not at all.
+        Adding a listener already there changes nothing (hazards.install after uninstall on
+        the same recorder added it again: each transition then called it once per install)."""
+        if fn not in self._listeners:
+            self._listeners.append(fn)
 
     def set_lazy_idle(self, lazy: bool) -> None:
         """Whether the listeners accept a late 0 (hazard detection's basic mode does: with
