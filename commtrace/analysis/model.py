@@ -44,7 +44,7 @@ try:  # the C helpers (commtrace/analysis/_replay.c); numpy does the same withou
 except ImportError:
     _C = None
 
-ROW_COLUMNS = ["rank", "op_id", "op", "pg", "seq", "peer", "async_op", "bytes", "pg_size", "t_enqueue_ns",
+ROW_COLUMNS = ["rank", "op_id", "op", "pg", "seq", "peer", "bytes", "t_enqueue_ns",
                "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_ns", "step", "site"]
 
 # Rows whose completion the user's program waits on in C++, where no wait() is recorded: DDP's
@@ -204,6 +204,13 @@ class _Rows:
     def codes(self, name: str) -> np.ndarray:
         c = _codes(self.t, name)
         return c if self.perm is None else c[self.perm]
+
+    def codes_at(self, name: str, idx: np.ndarray) -> np.ndarray:
+        """Integer codes of a string column at rows `idx` (equal strings, equal codes among
+        them; null -> -1), encoding only those rows."""
+        src = idx if self.perm is None else self.perm[idx]
+        d = self.t.column(name).take(pa.array(np.asarray(src, np.int64))).combine_chunks().dictionary_encode()
+        return d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
 
     def labels(self, name: str) -> _Labels:
         return _Labels(self.t.column(name), self.perm)
@@ -557,14 +564,23 @@ def _build(run) -> Model:
     tick("sync")
     # ---- excess gap: gap minus the median gap of the same event (site, op, call/wait, step,
     # occurrence) on the other ranks that have it
-    lab = rows.codes("site") * 4096 + op_codes
     ev_coll = np.where(ev_slot >= 0, sl_comm[np.maximum(ev_slot, 0)] if nsl else -1, -1)
     if C:
         cc = np.maximum(ev_coll, 0)
         ev_coll = np.where((ev_coll >= 0) & ~cm_is_p2p[cc] & (cm_hi[cc] - cm_lo[cc] >= 2), ev_coll, -1)
-    ev_excess, ev_has_peers = _excess(ev_rank, lab[ev_row], ev_is_wait, ev_gap, ev_first, ev_step, ev_coll,
+        del cc
+    # (site, op) labels: _excess compares them only between the events outside a collective
+    # (ev_coll < 0), so only those rows' sites are encoded (0 elsewhere)
+    ev_lab = np.zeros(E, np.int64)
+    oth = np.flatnonzero(ev_coll < 0)
+    if len(oth):
+        orow = ev_row[oth]
+        ev_lab[oth] = rows.codes_at("site", orow) * 4096 + op_codes[orow]
+        del orow
+    del oth
+    ev_excess, ev_has_peers = _excess(ev_rank, ev_lab, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll,
                                       slots=(sl_call, ev_slot, cm_lo, cm_hi, ~cm_is_p2p & (cm_hi - cm_lo >= 2)))
-    del lab, ev_coll, ret, twe
+    del ev_lab, ev_coll, ret, twe
 
     tick("excess")
     # ---- window: from the first release of a rank that waited for another, to the last release
