@@ -895,7 +895,7 @@ def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, s
     if slots is None or not len(ev_gap):
         return _excess_by_sort(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
     if _C is not None:
-        r = _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
+        r = _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, slots)
         if r is not None:
             return r
     sl_call, ev_slot, cm_lo, cm_hi, comm_ok = slots
@@ -927,10 +927,14 @@ def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, s
     return ex, hp
 
 
-def _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll):
+def _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, slots=None):
     """_excess by `_replay.median_excess`: one group id per event (a collective's calls, its
     wait()s, and the other events' (key, step, occurrence) groups of _excess_other), and the
-    medians per group in C. None when the other events' groups do not fit _dense_ids' tables."""
+    medians per group in C. With `slots` (as _excess), the collectives' groups are read by
+    slot (`_replay.median_excess_comms`) and only the other events go through the group ids.
+    None when the other events' groups do not fit _dense_ids' tables."""
+    if slots is not None:
+        return _excess_c_slots(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, slots)
     wi = ev_is_wait.astype(np.int64)
     gid = np.where(ev_coll >= 0, ev_coll * 2 + wi, -1)
     ncoll = int(ev_coll.max()) * 2 + 2 if len(ev_coll) else 0
@@ -946,6 +950,34 @@ def _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
     g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
     ex, hp = _C.median_excess(np.ascontiguousarray(g, np.float64), gid, ng)
     return np.frombuffer(ex, np.float64), np.frombuffer(hp, np.bool_)
+
+
+def _excess_c_slots(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, slots):
+    """_excess_c with the collectives' groups by slot: a communication's members' calls
+    (sl_call) and wait()s (the wait event of each slot) for each comm_ok communication, the
+    groups of _excess' matrix path; the other events (ev_coll < 0) by their group ids."""
+    sl_call, ev_slot, cm_lo, cm_hi, comm_ok = slots
+    E = len(ev_gap)
+    other = np.flatnonzero(ev_coll < 0)
+    g_o = None
+    if len(other):
+        g_o = _other_groups(ev_rank[other], ev_label[other], ev_is_wait[other].astype(np.int64), ev_step[other])
+        if g_o is None:
+            return None
+    g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
+    wi = np.flatnonzero(ev_is_wait & (ev_slot >= 0))
+    wait_ev = np.full(len(sl_call), -1, np.int64)
+    wait_ev[ev_slot[wi]] = wi
+    del wi
+    ex = np.zeros(E)
+    hp = np.zeros(E, np.uint8)
+    _C.median_excess_comms(g, np.ascontiguousarray(sl_call, np.int64), wait_ev, np.ascontiguousarray(cm_lo, np.int64),
+                           np.ascontiguousarray(cm_hi, np.int64), np.ascontiguousarray(comm_ok, np.uint8), ex, hp)
+    if len(other):
+        exo, hpo = _C.median_excess(np.ascontiguousarray(g[other]), g_o, int(g_o.max()) + 1 if len(g_o) else 0)
+        ex[other] = np.frombuffer(exo, np.float64)
+        hp[other] = np.frombuffer(hpo, np.uint8)
+    return ex, hp.view(np.bool_)
 
 
 def _other_groups(ev_rank, ev_label, wi, ev_step):
