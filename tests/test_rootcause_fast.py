@@ -515,3 +515,36 @@ def test_median_excess_by_slots_equals_the_group_ids():
         assert np.array_equal(ex, np.frombuffer(rex, np.float64))
         assert np.array_equal(hp, np.frombuffer(rhp, np.uint8))
         assert hp.any() and (ex > 0).any()
+
+
+@pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
+def test_sync_points_in_any_slot_order_equal_the_search():
+    """`_replay.sync_points` searches each slot from its group's previous answer: for slots in
+    any order (sorted, reversed, random) the answer is the last anchor of the slot's group
+    with floor(rel) <= floor(enter), as the searchsorted of model._build finds it."""
+    rng = np.random.default_rng(17)
+    for A, NS, G in ((0, 10, 3), (1, 5, 1), (500, 800, 4), (5000, 3000, 40)):
+        ag = np.sort(rng.integers(0, G, A)).astype(np.int64)
+        arel = np.empty(A)
+        for k in range(G):
+            sel = ag == k
+            arel[sel] = np.sort(rng.integers(0, 2000, sel.sum()) + rng.random(sel.sum()))
+        perm = rng.permutation(A)                  # the groups' anchors interleaved
+        ag, arel = ag[perm], arel[perm]
+        # within a group the anchors come in floor order (as the model's do)
+        ag_k, arel_k = ag.copy(), arel.copy()
+        for k in range(G):
+            idx = np.flatnonzero(ag == k)
+            arel_k[idx] = np.sort(arel[idx])
+        sg = rng.integers(0, G, NS).astype(np.int64)
+        sen = rng.integers(0, 2100, NS) + rng.random(NS)
+        for order in (np.arange(NS), np.arange(NS)[::-1], rng.permutation(NS)):
+            r = M._C.sync_points(ag_k, arel_k, sg[order], sen[order], G)
+            found, val = np.frombuffer(r[0], np.bool_), np.frombuffer(r[1], np.float64)
+            akey = (ag_k << 44) + np.floor(arel_k).astype(np.int64)
+            ao = np.argsort(akey, kind="stable")
+            q = (sg[order] << 44) + np.floor(sen[order]).astype(np.int64)
+            j = np.searchsorted(akey[ao], q, "right") - 1
+            ok = (j >= 0) & ((akey[ao][np.maximum(j, 0)] >> 44) == sg[order]) if A else np.zeros(NS, bool)
+            assert np.array_equal(found, ok)
+            assert np.array_equal(val[ok], arel_k[ao][j[ok]])

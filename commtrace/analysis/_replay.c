@@ -893,7 +893,7 @@ static PyObject *sync_points(PyObject *self, PyObject *args) {
     Py_buffer b[4];
     int nb = 0;
     PyObject *res = NULL, *ofound = NULL, *oval = NULL;
-    int64_t *cnt = NULL, *pos = NULL;
+    int64_t *cnt = NULL, *pos = NULL, *hint = NULL;
     double *fl = NULL;
     for (; nb < 4; nb++) if (get(o[nb], &b[nb], 8, "sync_points") < 0) goto done;
     const int64_t *ag = b[0].buf, *sg = b[2].buf;
@@ -931,20 +931,39 @@ static PyObject *sync_points(PyObject *self, PyObject *args) {
         for (int64_t p = cnt[k] + 1; p < cnt[k + 1]; p++)
             if (fl[p] < fl[p - 1]) { ok = 0; break; }
     if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    /* each slot's answer is searched from its group's previous answer outwards (galloping,
+     * then a binary search in the bracket): a group's slots come in about time order, so a
+     * search reads a few anchors next to the last one instead of ~15 cache misses */
+    hint = malloc(sizeof(int64_t) * (G + 1));
+    if (!hint) { PyErr_NoMemory(); goto done; }
+    memcpy(hint, cnt, sizeof(int64_t) * (G + 1));
     for (Py_ssize_t j = 0; j < NS; j++) {
         int64_t k = sg[j];
         double q = floor(sen[j]);
-        int64_t lo = cnt[k], hi = cnt[k + 1];     /* first p in [lo, hi) with fl[p] > q */
+        int64_t L = cnt[k], H = cnt[k + 1], h = hint[k], lo, hi;   /* first p in [L, H) with fl[p] > q */
+        if (h < H && fl[h] <= q) {
+            int64_t step = 1;
+            lo = h + 1;
+            hi = lo;
+            while (hi < H && fl[hi] <= q) { lo = hi + 1; hi += step; step *= 2; }
+            if (hi > H) hi = H;
+        } else {
+            int64_t step = 1;
+            hi = h;
+            lo = h;
+            while (lo > L && fl[lo - 1] > q) { hi = lo - 1; lo -= step; step *= 2; if (lo < L) lo = L; }
+        }
         while (lo < hi) {
             int64_t mid = lo + (hi - lo) / 2;
             if (fl[mid] > q) hi = mid; else lo = mid + 1;
         }
+        hint[k] = lo;
         if (lo > cnt[k]) { found[j] = 1; val[j] = arel[pos[lo - 1]]; }
         else { found[j] = 0; val[j] = NAN; }
     }
     res = PyTuple_Pack(2, ofound, oval);
 done:
-    free(cnt); free(pos); free(fl);
+    free(cnt); free(pos); free(fl); free(hint);
     Py_XDECREF(ofound); Py_XDECREF(oval);
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     return res;
