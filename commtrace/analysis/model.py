@@ -488,6 +488,9 @@ def _build(run) -> Model:
     del queue, T0_sl, tc_dep, newc, enq, end, tw, call_ev
     if C:
         del is_last, cand
+    # (freed as soon as they are read: the model's peak is what the page faults cost)
+    del s_seq, s_factor, s_cbytes, p_ps, p_src, p_dst, p_bytes, rank_r
+    coll_sl = gq = None
 
     tick("slots")
     # ---- events <-> slots, anchors, gaps
@@ -544,6 +547,7 @@ def _build(run) -> Model:
         # p2p: an eager send is never waited for, so the previous transfer on the pair counts
         # as the synchronisation point once its call returned (Scalasca: the interval since
         # the previous communication between the two)
+        ai = None
         p2 = np.flatnonzero(s_is_p2p)
         if len(p2):
             o4 = p2[np.lexsort((sl_enter[p2], gr[p2]))]
@@ -560,6 +564,7 @@ def _build(run) -> Model:
     miss = np.isnan(sl_sync)
     sl_sync[miss] = first_start[sl_rank[miss]] if nsl else sl_sync[miss]
     sl_sync = np.minimum(sl_sync, sl_enter)
+    del s_src, s_dst, s_pgc, s_rid, s_is_p2p, ret, twe
 
     tick("sync")
     # ---- excess gap: gap minus the median gap of the same event (site, op, call/wait, step,
@@ -580,7 +585,7 @@ def _build(run) -> Model:
     del oth
     ev_excess, ev_has_peers = _excess(ev_rank, ev_lab, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll,
                                       slots=(sl_call, ev_slot, cm_lo, cm_hi, ~cm_is_p2p & (cm_hi - cm_lo >= 2)))
-    del ev_lab, ev_coll, ret, twe
+    del ev_lab, ev_coll
 
     tick("excess")
     # ---- window: from the first release of a rank that waited for another, to the last release
