@@ -29,10 +29,12 @@ here) so that a change of the machine's load moves the three rounds of a set ali
 untraced or control round the recorder is off and its write lock is held. By default
 (``--writer sync``) the traced rounds write their rows themselves, on the training thread and
 inside their time: a part at the end of the round in which a flush interval (2 s) of traced
-time has passed, and one at the end of the last traced round. The writer's work (Parquet
-encoding) is thus charged in full to the traced rounds (an upper bound). ``--writer async``
-leaves the flushes to the writer thread, whose work then lands in traced rounds or between
-rounds.
+time has passed, and one at the end of the last traced round; the writer thread writes no
+part on its own schedule then (``Recorder.auto_flush``; it still polls and releases the
+pending ops), so the parts are those of a traced run of the same traced time. The writer's work
+(Parquet encoding) is thus charged in full to the traced rounds (an upper bound). ``--writer
+async`` leaves the flushes to the writer thread, whose work then lands in traced rounds or
+between rounds (a part per flush interval of wall time, untraced rounds included).
 
 Figures, each with a 95% percentile-bootstrap interval over the sets (distribution-free):
 - traced / untraced: the ratio of the total traced to the total untraced step time (each
@@ -45,7 +47,8 @@ Figures, each with a 95% percentile-bootstrap interval over the sets (distributi
   traced / untraced and control / untraced: less sensitive to other jobs than wall time;
 - the load average (``uptime``) at the start and end of each workload, the untraced baseline,
   and the writer's CPU per op (its thread's CPU time over the rounds plus the flushes written
-  by traced rounds, per op recorded in traced rounds).
+  by traced rounds, per op recorded in traced rounds), and the writer thread's wake-ups per
+  second of the rounds with their causes (its counters, ``Recorder.writer_stats``).
 
 ``--pin one`` puts both ranks (and every thread they start) on the first CPU, ``--pin each``
 rank r on CPU r; ``--pin none`` (the default) leaves placement to the scheduler.
@@ -173,6 +176,16 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         R._set_recorder(None)
         dist.barrier()
         rec.flush()   # the warm-ups' rows written now: the writer's CPU below is the rounds'
+        if sync:
+            # The traced rounds write a part per flush interval of traced time, as the writer
+            # thread of a traced run does per interval of its time; the writer thread here
+            # writes none on its own schedule (its interval would run in untraced rounds too:
+            # three times the parts per traced second, each a third of the rows). It still
+            # polls, releases and services the pending ops.
+            rec.auto_flush = False
+            rec.wake()
+        ws0 = dict(getattr(rec, "writer_stats", {}))
+        t_rounds0 = time.perf_counter()
         w_cpu0 = thread_cpu_s(writer) if writer is not None else None
         pc, cpu = time.perf_counter, time.process_time
         times = {m: [] for m in MODES}
@@ -221,6 +234,8 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                 times[mode].append((t1 - t0) / steps)
                 cpus_s[mode].append((c1 - c0) / steps)
         w_cpu = thread_cpu_s(writer) if writer is not None else None
+        t_rounds = time.perf_counter() - t_rounds0
+        ws = {k: v - ws0.get(k, 0) for k, v in getattr(rec, "writer_stats", {}).items()}
         nice = _nice_of(writer)
         nice_added = None if nice is None else nice - os.getpriority(os.PRIO_PROCESS, 0)
         c0 = time.thread_time()
@@ -234,7 +249,8 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                "sync_cpu_s": sync_cpu, "sync_flushes": n_sync, "cpus": cpus,
                "writer_cpu_s": (w_cpu - w_cpu0) if w_cpu is not None and w_cpu0 is not None
                else None, "final_flush_cpu_s": final_cpu, "writer_nice": nice,
-               "writer_nice_added": nice_added})
+               "writer_nice_added": nice_added, "writer_stats": ws, "rounds_s": t_rounds,
+               "traced_s": sum(times["traced"]) * steps})
     except BaseException as e:  # the parent reports it
         q.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
         raise
@@ -330,6 +346,11 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int, timeout: f
         "sync_flush_cpu_s": [r.get("sync_cpu_s") for r in res],
         "final_flush_cpu_s": [r.get("final_flush_cpu_s") for r in res],
         "writer_nice": [r.get("writer_nice") for r in res],
+        # the writer thread's own counters over the rounds (wake-ups, of them rung, polling
+        # cycles, services, timed flushes), each rank, and the rounds' wall and traced time
+        "writer_stats": [r.get("writer_stats") for r in res],
+        "rounds_s": [r.get("rounds_s") for r in res],
+        "traced_s": [r.get("traced_s") for r in res],
         "writer_nice_added": [r.get("writer_nice_added") for r in res],
         "load_start": load_of(up0), "load_end": load_of(up1), "uptime_start": up0, "uptime_end": up1,
     }
@@ -372,7 +393,19 @@ def report(r: dict) -> list[str]:
         f"{r['median_ratio_ci95'][0]:.4f}, {r['median_ratio_ci95'][1]:.4f}])",
         "  writer thread CPU per op: " + (f"{w:.2f} us" if w is not None else "n/a")
         + f" (writer nice {r['writer_nice']})",
-    ]
+    ] + _wakeup_lines(r)
+
+
+def _wakeup_lines(r: dict) -> list[str]:
+    """The writer thread's wake-ups per second of the rounds, by rank and cause."""
+    out = []
+    for i, (ws, t) in enumerate(zip(r.get("writer_stats") or [], r.get("rounds_s") or [])):
+        if not ws or not t:
+            continue
+        out.append(f"  rank {i} writer wake-ups: {ws.get('wakeups', 0) / t:.1f}/s over {t:.1f} s "
+                   f"of rounds (rung {ws.get('rung', 0)}, polling cycles {ws.get('polls', 0)}, "
+                   f"services {ws.get('services', 0)}, timed flushes {ws.get('flushes', 0)})")
+    return out
 
 
 def main(argv=None) -> int:

@@ -1559,6 +1559,13 @@ static PyObject *as_new_pending(PyObject *row, PyObject *tensors) {
     return p;
 }
 
+/* Set by the DDP comm hook (section "DDP's comm hook in C" below) while it issues its
+ * all_reduce: as_track then attaches no DoneCB and hands the future and the row over, and the
+ * hook's own continuation stamps the completion (one callback on the backend's thread per
+ * bucket instead of two). New references; NULLs when not handed over. */
+typedef struct { PyObject *fut, *row; } DdpTake;
+static _Thread_local DdpTake *t_ddp_take;
+
 /* wrappers._track_work for a Work whose type this wrapper has seen complete through its
  * future (the first of each type goes to the Python function, which also patches the wait()
  * of a Work subclass that has its own). */
@@ -1648,9 +1655,14 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
     }
     if (n0 == 0)
         as_tell_busy(rec);
-    if (done) {
+    if (done)
         as_complete(row, t_seen, s_how_observed);
-    } else if (fut != NULL) {
+    if (fut != NULL && t_ddp_take != NULL) {
+        /* the DDP hook's continuation stamps its completion (ddp_then) */
+        Py_INCREF(fut); Py_INCREF(row);
+        t_ddp_take->fut = fut;
+        t_ddp_take->row = row;
+    } else if (!done && fut != NULL) {
         DoneCB *cb = PyObject_New(DoneCB, &DoneType);
         if (cb != NULL) {
             cb->vectorcall = done_vectorcall;
@@ -2582,7 +2594,323 @@ static PyObject *usr1_count(PyObject *module, PyObject *unused) {
 }
 #endif
 
+/* ---------------------------------------------------------------------------------------
+ * DDP's comm hook in C (issue 20; commtrace/capture/ddp.py, which registers it).
+ *
+ * Without a comm hook of the user's, commtrace registers one hook on a DDP model to see its
+ * gradient all-reduces. In Python that hook is a frame per bucket (the dispatcher, torch's
+ * allreduce_hook, torch's all_reduce, commtrace's wrapper) and two callbacks per bucket on the
+ * backend's thread, each taking the GIL: commtrace's completion stamp and allreduce_hook's
+ * `.then(lambda fut: fut.value()[0])`. ddp_hook does the same work from C, for the common
+ * case (a CPU bucket of a real floating dtype, tracing on, no hook of the user's, the async C
+ * path usable); anything else goes to the Python dispatcher (ddp._dispatch), unchanged:
+ *   - the bucket is scaled as DDP's Reducer scales gradients without a hook (ddp.py
+ *     _HookState.scale: `mul_(1 / world size)` as its copy into the bucket does, or `div_`
+ *     for a model whose gradients are views of the bucket);
+ *   - its all_reduce is recorded by a FastCtx of commtrace's all_reduce wrapper (the same
+ *     row, seq, site, torch-seq claim, pending op and in-flight listing as any async
+ *     all_reduce), with tls api/detail set as the dispatcher sets them; that ctx calls
+ *     ddp_allreduce (ProcessGroup.allreduce with the options torch's all_reduce builds) instead
+ *     of torch's Python all_reduce;
+ *   - DDP needs a Future whose value is the bucket as a Python object (PythonCommHook::
+ *     parseHookResult asserts a PyObject), which `.then` gives: the continuation (ddp_then)
+ *     is a C object that also stamps the op's completion (what DoneCB does), so one callback
+ *     per bucket takes the GIL on the backend's thread. An error of the all_reduce reaches DDP as it does
+ *     through allreduce_hook: value() raises in the continuation, the Future carries it.
+ * ------------------------------------------------------------------------------------- */
+static struct {
+    PyObject *fallback;    /* ddp._dispatch(state, bucket) */
+    PyObject *ctx;         /* FastCtx of all_reduce calling ddp_allreduce */
+    PyObject *recmod, *recmod_d;
+    PyObject *tls;         /* wrappers.tls */
+    PyObject *details;     /* ddp._bucket_detail: bucket index -> detail text */
+    PyObject *detail_of;   /* ddp._detail_of(bucket) */
+    PyObject *dtypes;      /* dtypes whose buckets are taken here (a frozenset) */
+    PyObject *op_sum;      /* ReduceOp.SUM */
+    PyObject *opts;        /* AllreduceOptions: reduceOp SUM, asyncOp True */
+    PyObject *coalesce;    /* torch's _world.pg_coalesce_state (a dict) */
+    PyObject *orig;        /* torch's all_reduce, for any other call of ddp_allreduce */
+    PyObject *api;         /* "ddp_comm_hook" */
+    int on;
+} dh;
+static unsigned long long n_ddp, n_ddp_fallback;
+static PyObject *s_user_hook, *s_scale, *s_buffer, *s_index, *s_allreduce, *s_then, *s_value;
+
+/* The continuation of one bucket's all_reduce (the `.then` callback of its Work's future). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *row;             /* NULL: only the value (the op's stamp is someone else's) */
+    int attaching;             /* run at once by then(): the op ended while it was attached */
+} DdpThen;
+
+static PyObject *ddp_then_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                     PyObject *kwnames) {
+    long long t = now_ns();
+    DdpThen *d = (DdpThen *)self;
+    if (PyVectorcall_NARGS(nargsf) != 1) {
+        PyErr_SetString(PyExc_TypeError, "ddp_then(future)");
+        return NULL;
+    }
+    if (d->row != NULL) {
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        as_complete(d->row, t, d->attaching ? s_how_observed : s_how_callback);
+        Py_CLEAR(d->row);
+        CLEAR_ERR();
+        PyErr_Restore(et, ev, etb);
+    }
+    /* fut.value()[0], as allreduce_hook's lambda: raises the all_reduce's error, if any. (The
+     * op stays pending until the writer thread releases it, as DoneCB's: releasing it here
+     * empties the pending set after every bucket, and each 0 <-> 1 change calls the hazard
+     * listener, a Python function, twice per bucket: +25 us per bucket at world size 1.) */
+    PyObject *v = PyObject_CallMethodNoArgs(args[0], s_value);
+    if (v == NULL)
+        return NULL;
+    PyObject *x = PySequence_GetItem(v, 0);
+    Py_DECREF(v);
+    return x;
+}
+
+static void ddp_then_dealloc(DdpThen *d) {
+    Py_CLEAR(d->row);
+    Py_TYPE(d)->tp_free((PyObject *)d);
+}
+
+static PyTypeObject DdpThenType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "commtrace.capture._fastpath.DdpThen",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    VECTORCALL_SLOTS(DdpThen, ddp_then_dealloc),
+    .tp_doc = "Continuation of a DDP bucket's all_reduce recorded by commtrace.",
+};
+
+/* ddp_allreduce(tensor, op, group, async_op): what torch's all_reduce does for the hook's
+ * call (a dense real tensor, ReduceOp.SUM, a group this rank is a member of, async, not in a
+ * coalescing block): group.allreduce([tensor], opts). Any other call goes to torch's. */
+static PyObject *ddp_allreduce(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs == 4 && dh.on && args[1] == dh.op_sum && args[2] != Py_None &&
+        args[3] == Py_True && PyDict_Check(dh.coalesce) && PyDict_GET_SIZE(dh.coalesce) == 0) {
+        PyObject *lst = PyList_New(1);
+        if (lst == NULL)
+            return NULL;
+        Py_INCREF(args[0]);
+        PyList_SET_ITEM(lst, 0, args[0]);
+        PyObject *av[3] = {args[2], lst, dh.opts};
+        PyObject *w = PyObject_VectorcallMethod(s_allreduce, av,
+                                                3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(lst);
+        return w;
+    }
+    if (dh.orig == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ddp_allreduce: not set up");
+        return NULL;
+    }
+    return PyObject_Vectorcall(dh.orig, args, nargs, NULL);
+}
+
+static PyObject *ddp_fallback(PyObject *state, PyObject *bucket) {
+    n_ddp_fallback++;
+    PyObject *av[2] = {state, bucket};
+    return PyObject_Vectorcall(dh.fallback, av, 2, NULL);
+}
+
+/* ddp_hook(state, bucket): the comm hook commtrace registers (state: ddp._HookState). */
+static PyObject *ddp_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "ddp_hook(state, bucket)");
+        return NULL;
+    }
+    PyObject *state = args[0], *bucket = args[1];
+    if (!dh.on)
+        return ddp_fallback(state, bucket);
+    PyObject *rec = NULL, *scale = NULL, *buf = NULL, *idx = NULL, *detail = NULL,
+             *st = NULL, *prev_api = NULL, *prev_detail = NULL, *work = NULL, *ret = NULL;
+    DdpTake take = {NULL, NULL};
+    rec = fast_attr(dh.recmod_d, dh.recmod, s_recorder);
+    if (rec == NULL || rec == Py_None || t_depth)
+        goto fallback;
+    {
+        PyObject *uh = PyObject_GetAttr(state, s_user_hook);
+        int none = uh == Py_None;
+        Py_XDECREF(uh);
+        if (!none)
+            goto fallback;
+    }
+    /* (method name, factor, group): None when this model's buckets are not for this path */
+    scale = PyObject_GetAttr(state, s_scale);
+    if (scale == NULL || !PyTuple_Check(scale) || PyTuple_GET_SIZE(scale) != 3)
+        goto fallback;
+    buf = PyObject_CallMethodNoArgs(bucket, s_buffer);
+    if (buf == NULL || !exact_tensor(buf))
+        goto fallback;
+    {
+        PyObject *dev = PyObject_Vectorcall(t_getdev, &buf, 1, NULL);
+        long d = dev != NULL && PyLong_Check(dev) ? PyLong_AsLong(dev) : 0;
+        Py_XDECREF(dev);
+        if (d != -1)
+            goto fallback;   /* not a CPU tensor: the device timer, CUDA streams: Python */
+        PyObject *dt = Py_TYPE(t_dtype)->tp_descr_get(t_dtype, buf, (PyObject *)Py_TYPE(buf));
+        int ok = dt != NULL && PySet_Contains(dh.dtypes, dt) == 1;
+        Py_XDECREF(dt);
+        if (!ok)
+            goto fallback;
+    }
+    idx = PyObject_CallMethodNoArgs(bucket, s_index);
+    detail = idx != NULL ? PyDict_GetItemWithError(dh.details, idx) : NULL;
+    if (detail != NULL) {
+        Py_INCREF(detail);
+    } else {
+        CLEAR_ERR();
+        detail = PyObject_CallOneArg(dh.detail_of, bucket);
+        if (detail == NULL)
+            goto fallback;
+    }
+    st = t_state;
+    if (st == NULL) {
+        st = PyObject_GetAttr(dh.tls, s_dict);
+        if (st == NULL || !PyDict_Check(st)) {
+            Py_CLEAR(st);
+            goto fallback;
+        }
+        t_state = st;      /* the thread keeps one reference for good (as ctx_vectorcall) */
+        Py_INCREF(st);
+    } else {
+        Py_INCREF(st);
+    }
+    prev_api = PyDict_GetItemWithError(st, s_api);
+    prev_detail = PyDict_GetItemWithError(st, s_detail);
+    if (prev_api == NULL || prev_detail == NULL)
+        goto fallback;
+    Py_INCREF(prev_api);
+    Py_INCREF(prev_detail);
+    /* From here on the hook is this path's: DDP's numerics first (as allreduce_hook, the
+     * division before the all_reduce) */
+    {
+        PyObject *av[2] = {buf, PyTuple_GET_ITEM(scale, 1)};
+        PyObject *r = PyObject_VectorcallMethod(PyTuple_GET_ITEM(scale, 0), av,
+                                                2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    if (PyDict_SetItem(st, s_api, dh.api) != 0 || PyDict_SetItem(st, s_detail, detail) != 0)
+        CLEAR_ERR();
+    {
+        PyObject *av[4] = {buf, dh.op_sum, PyTuple_GET_ITEM(scale, 2), Py_True};
+        t_ddp_take = &take;
+        work = PyObject_Vectorcall(dh.ctx, av, 4, NULL);
+        t_ddp_take = NULL;
+    }
+    {
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        if (PyDict_SetItem(st, s_api, prev_api) != 0 ||
+            PyDict_SetItem(st, s_detail, prev_detail) != 0)
+            CLEAR_ERR();
+        PyErr_Restore(et, ev, etb);
+    }
+    if (work == NULL)
+        goto done;
+    n_ddp++;
+    {
+        DdpThen *cb = PyObject_New(DdpThen, &DdpThenType);
+        if (cb == NULL)
+            goto done;
+        cb->vectorcall = ddp_then_vectorcall;
+        cb->row = take.row;
+        take.row = NULL;
+        PyObject *fut = take.fut;
+        take.fut = NULL;
+        if (fut == NULL)
+            fut = PyObject_CallMethodNoArgs(work, s_get_future);
+        if (fut != NULL) {
+            cb->attaching = 1;
+            PyObject *av[2] = {fut, (PyObject *)cb};
+            ret = PyObject_VectorcallMethod(s_then, av, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                            NULL);
+            cb->attaching = 0;
+            Py_DECREF(fut);
+        }
+        Py_DECREF(cb);
+    }
+    goto done;
+
+fallback:
+    CLEAR_ERR();
+    Py_XDECREF(rec); Py_XDECREF(scale); Py_XDECREF(buf); Py_XDECREF(idx);
+    Py_XDECREF(detail); Py_XDECREF(st);
+    return ddp_fallback(state, bucket);
+done:
+    Py_XDECREF(take.fut); Py_XDECREF(take.row);
+    Py_XDECREF(rec); Py_XDECREF(scale); Py_XDECREF(buf); Py_XDECREF(idx);
+    Py_XDECREF(detail); Py_XDECREF(st); Py_XDECREF(prev_api); Py_XDECREF(prev_detail);
+    Py_XDECREF(work);
+    return ret;
+}
+
+/* ddp_setup(fallback, ctx, recorder_module, tls, details, detail_of, dtypes, op_sum, opts,
+ *           pg_coalesce_state, torch_all_reduce, api) */
+static PyObject *ddp_setup(PyObject *module, PyObject *args) {
+    PyObject *v[12];
+    if (!PyArg_ParseTuple(args, "OOOOO!OO!OOO!OU", &v[0], &v[1], &v[2], &v[3], &PyDict_Type,
+                          &v[4], &v[5], &PyFrozenSet_Type, &v[6], &v[7], &v[8], &PyDict_Type,
+                          &v[9], &v[10], &v[11]))
+        return NULL;
+    if (Py_TYPE(v[1]) != &FastCtxType) {
+        PyErr_SetString(PyExc_TypeError, "ddp_setup: ctx must be a FastCtx");
+        return NULL;
+    }
+    PyObject **slots[12] = {&dh.fallback, &dh.ctx, &dh.recmod, &dh.tls, &dh.details,
+                            &dh.detail_of, &dh.dtypes, &dh.op_sum, &dh.opts, &dh.coalesce,
+                            &dh.orig, &dh.api};
+    for (int i = 0; i < 12; i++) {
+        Py_INCREF(v[i]);
+        Py_XSETREF(*slots[i], v[i]);
+    }
+    PyObject *d = dict_of(dh.recmod);
+    Py_XSETREF(dh.recmod_d, d);
+    CLEAR_ERR();
+    dh.on = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *ddp_off(PyObject *module, PyObject *unused) {
+    dh.on = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *ddp_counts(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("(KK)", n_ddp, n_ddp_fallback);
+}
+
+static int ddp_init(void) {
+    if (PyType_Ready(&DdpThenType) < 0)
+        return -1;
+#define DDP_INTERN(var, text) do { var = PyUnicode_InternFromString(text); if (!var) return -1; } while (0)
+    DDP_INTERN(s_user_hook, "user_hook"); DDP_INTERN(s_scale, "scale");
+    DDP_INTERN(s_buffer, "buffer"); DDP_INTERN(s_index, "index");
+    DDP_INTERN(s_allreduce, "allreduce"); DDP_INTERN(s_then, "then");
+    DDP_INTERN(s_value, "value");
+#undef DDP_INTERN
+    return 0;
+}
+
+#define DDP_METHODS                                                                          \
+    {"ddp_hook", (PyCFunction)(void (*)(void))ddp_hook, METH_FASTCALL,                      \
+     "ddp_hook(state, bucket): commtrace's DDP comm hook (ddp.py)."},                       \
+    {"ddp_allreduce", (PyCFunction)(void (*)(void))ddp_allreduce, METH_FASTCALL,            \
+     "ddp_allreduce(tensor, op, group, async_op): the DDP hook's all_reduce."},             \
+    {"ddp_setup", ddp_setup, METH_VARARGS, "ddp_setup(...): turn ddp_hook's C path on."},   \
+    {"ddp_off", ddp_off, METH_NOARGS, "Send every bucket to the Python dispatcher."},        \
+    {"ddp_counts", ddp_counts, METH_NOARGS, "(buckets issued by ddp_hook, handed to Python)."},
+
+/* ---------------------------------------------------------------------------------------
+ * End of DDP's comm hook in C.
+ * ------------------------------------------------------------------------------------- */
+
 static PyMethodDef methods[] = {
+    DDP_METHODS
 #if defined(SIGUSR1) && !defined(_WIN32)
     {"usr1_install", usr1_install, METH_NOARGS,
      "Count SIGUSR1 (chained to the handler it replaces); returns the count so far."},
@@ -2629,6 +2957,8 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     if (PyType_Ready(&FastCtxType) < 0 || PyType_Ready(&WaitType) < 0 ||
         PyType_Ready(&AroundType) < 0 || PyType_Ready(&DoneType) < 0 ||
         PyType_Ready(&CountersType) < 0 || PyType_Ready(&OpIdsType) < 0)
+        return NULL;
+    if (ddp_init() < 0)
         return NULL;
     INTERN(s_recorder, "_recorder"); INTERN(s_dict, "__dict__"); INTERN(s_depth, "depth");
     INTERN(s_coalesce, "coalesce"); INTERN(s_api, "api");

@@ -26,31 +26,69 @@ from .registry import patch, restore
 from .wrappers import tls
 
 _DDP = None
+_dist = None   # torch.distributed (its all_reduce: commtrace's wrapper once installed)
 _installed = False
 
 
 class _HookState:
-    """State of the dispatcher: the DDP process group and the user's hook, if any."""
+    """State of the dispatcher: the DDP process group, the user's hook, if any, and how
+    commtrace's own all-reduce scales a bucket (:func:`_scale_of`)."""
 
-    __slots__ = ("process_group", "user_hook", "user_state", "ddp_ref", "__weakref__")
+    __slots__ = ("process_group", "user_hook", "user_state", "ddp_ref", "scale", "__weakref__")
 
     def __init__(self, process_group):
         self.process_group = process_group
         self.user_hook = None
         self.user_state = None
+        self.scale = None
 
 
 _default_hooks = None   # torch.distributed.algorithms.ddp_comm_hooks.default_hooks, once imported
 _bucket_detail: dict = {}   # bucket index -> its detail text (built once: this runs per bucket)
 
 
-def _allreduce_hook(process_group, bucket):
+def _scale_of(ddp, process_group):
+    """``(method, factor, group)``: how commtrace's hook scales a bucket so that the gradients
+    are DDP's own without a hook, bit for bit, or None (then torch's ``allreduce_hook``).
+
+    Without a comm hook DDP's Reducer divides each gradient by the world size while copying it
+    into the bucket: ``mul_out(bucket_view, grad, 1 / world_size)``; with a hook it copies the
+    gradient as is and the hook divides. torch's ``allreduce_hook`` divides with ``div_``, which
+    on CPU rounds differently from multiplying by the reciprocal (at 3 ranks a third of the
+    elements differ in the last bit; at a power of two both are exact), and costs twice as much
+    (300k floats: 52 us against 24 us here). So the bucket is multiplied by ``1 / world_size``,
+    as DDP does, except where a gradient is a view of its bucket (``gradient_as_bucket_view``),
+    which DDP divides in place with ``div_``: there ``div_``. Mixed precision: torch's hook."""
+    try:
+        ws = int(process_group.size())
+        if ws < 1 or getattr(ddp, "mixed_precision", None) is not None:
+            return None
+        if getattr(ddp, "gradient_as_bucket_view", False):
+            return ("div_", ws, process_group)
+        return ("mul_", 1.0 / ws, process_group)
+    except Exception:
+        return None
+
+
+def _first(fut):
+    return fut.value()[0]
+
+
+def _allreduce_hook(state, bucket):
+    """DDP's all-reduce of one bucket with DDP's own numerics (:func:`_scale_of`); the C hook
+    (``_fastpath.ddp_hook``) does the same."""
+    sc = state.scale
+    if sc is not None:
+        meth, factor, pg = sc
+        buf = bucket.buffer()
+        getattr(buf, meth)(factor)
+        return _dist.all_reduce(buf, group=pg, async_op=True).get_future().then(_first)
     global _default_hooks
     if _default_hooks is None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         _default_hooks = default_hooks
-    return _default_hooks.allreduce_hook(process_group, bucket)
+    return _default_hooks.allreduce_hook(state.process_group, bucket)
 
 
 def _detail_of(bucket):
@@ -71,14 +109,14 @@ def _dispatch(state: _HookState, bucket):
     if rec is None:
         if hook is not None:
             return hook(state.user_state, bucket)
-        return _allreduce_hook(state.process_group, bucket)
+        return _allreduce_hook(state, bucket)
     prev_api, prev_detail = tls.api, tls.detail
     tls.detail = _detail_of(bucket)
     try:
         if hook is not None:
             return hook(state.user_state, bucket)
         tls.api = "ddp_comm_hook"
-        return _allreduce_hook(state.process_group, bucket)
+        return _allreduce_hook(state, bucket)
     finally:
         tls.api, tls.detail = prev_api, prev_detail
 
@@ -93,19 +131,62 @@ def _annotate(fn):
     return fn
 
 
+_c_hook = False   # _fastpath.ddp_hook once set up, None without it (False: not tried yet)
+
+
+def _hook_in_c():
+    """commtrace's comm hook in C (``_fastpath.ddp_hook``), set up on first use; None where the
+    C fast path is not built, ``COMMTRACE_PURE_PYTHON=1`` or ``COMMTRACE_DDP_C=0``."""
+    global _c_hook
+    if _c_hook is not False:
+        return _c_hook
+    _c_hook = None
+    import os
+
+    from . import wrappers as W
+
+    cf = W._cfast
+    if cf is None or not hasattr(cf, "ddp_setup") or os.environ.get(
+            "COMMTRACE_DDP_C", "1") in ("0", ""):
+        return None
+    try:
+        import torch
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        from .registry import original_of
+
+        ctx = W.fast_twin("all_reduce", cf.ddp_allreduce)
+        if ctx is None:
+            return None
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        opts.asyncOp = True
+        dtypes = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
+        cf.ddp_setup(_dispatch, ctx, _R, tls, _bucket_detail, _detail_of, dtypes,
+                     dist.ReduceOp.SUM, opts, c10d._world.pg_coalesce_state,
+                     original_of(c10d.all_reduce), "ddp_comm_hook")
+        _c_hook = cf.ddp_hook
+    except Exception as e:
+        log.warn_once("ddp-c", "DDP comm hook in C unavailable; using the Python one", e)
+    return _c_hook
+
+
 def _install_dispatcher(ddp, orig_register, user_hook=None, user_state=None) -> bool:
     state = _HookState(ddp.process_group)
     state.user_hook, state.user_state = user_hook, user_state
+    state.scale = _scale_of(ddp, ddp.process_group)
     if user_hook is None:
         # No hook of the user's: register with the reducer only, as register_comm_hook does
         # minus its bookkeeping, so that DDP reads as without commtrace: its logging data has
         # no "comm_hook" and its hook list (which DDP's Python reducer under compiled autograd
-        # calls with other arguments) stays empty.
+        # calls with other arguments) stays empty. The hook is the dispatcher, in C where
+        # built (it hands anything but the common case to the Python one).
         import torch.distributed as dist
 
         _annotate(_dispatch)
         ddp._check_comm_hook(_dispatch)
-        dist._register_comm_hook(ddp.reducer, state, _dispatch)
+        dist._register_comm_hook(ddp.reducer, state, _hook_in_c() or _dispatch)
     else:
         orig_register(ddp, state, _dispatch)
     ddp.__dict__["_commtrace_hook_state"] = state
@@ -125,7 +206,7 @@ def _install_dispatcher(ddp, orig_register, user_hook=None, user_state=None) -> 
 def install() -> bool:
     """Patch ``DistributedDataParallel.forward`` and ``register_comm_hook``; idempotent. Call
     once torch is fully imported (at init_process_group)."""
-    global _DDP, _installed
+    global _DDP, _dist, _installed
     if _installed:
         return True
     try:
@@ -134,6 +215,9 @@ def install() -> bool:
         log.warn_once("ddp-import", "DDP capture unavailable", e)
         return False
     _DDP = DDP
+    import torch.distributed as dist
+
+    _dist = dist
     _annotate(_dispatch)
     orig_forward = DDP.forward
     orig_register = DDP.register_comm_hook

@@ -805,8 +805,8 @@ def make_wrapper(api: str, orig, spec):
     if _cfast is not None and not is_object and not always_async and (single or inout):
         try:
             r0, r1 = (peer or root or ("", ""))
-            ctx = _cfast.make_ctx(
-                orig, wrapper, _on_error, _R, tls, _pg_cache, _world, nvtx_ranges,
+            ctx_args = (
+                wrapper, _on_error, _R, tls, _pg_cache, _world, nvtx_ranges,
                 _R._time_ns, _sites._code_internal, _sites._site_pairs, site_of_frame,
                 _dev_names, fact,
                 {"group": (g_i, g_n, g_d), "x": (x_i, x_n, x_d),
@@ -814,6 +814,8 @@ def make_wrapper(api: str, orig, spec):
                  "async": (a_i, a_n, a_d), "r0": reader.slot(r0), "r1": reader.slot(r1)},
                 {"has_y": inout, "has_root": bool(root), "has_peer": bool(peer),
                  "is_send": is_send})
+            ctx = _cfast.make_ctx(orig, *ctx_args)
+            _CTX_ARGS[api] = ctx_args
         except Exception as e:
             log.warn_once("cfast", "C fast path unavailable; using the Python one", e)
         else:
@@ -828,6 +830,20 @@ def make_wrapper(api: str, orig, spec):
     setattr(wrapper, ORIGINAL_ATTR, orig)
     wrapper.__commtrace_reader__ = reader
     return wrapper
+
+
+#: api -> the arguments of its FastCtx after torch's function (for :func:`fast_twin`)
+_CTX_ARGS: dict = {}
+
+
+def fast_twin(api: str, orig):
+    """A C fast-path context recording calls exactly as the wrapper of `api` does, whose
+    call of torch's function is a call of `orig` instead (same arguments); None without the C
+    path. ddp.py's C comm hook issues its all_reduce through one (no torch Python frame)."""
+    args = _CTX_ARGS.get(api)
+    if _cfast is None or args is None:
+        return None
+    return _cfast.make_ctx(orig, *args)
 
 
 def _on_error(rec, pre, t1, exc) -> None:

@@ -1,0 +1,85 @@
+"""DDP traced through commtrace's comm hook computes the gradients of untraced DDP, bit for bit
+(issue 20): the same model and data trained four times in one job, under `commtrace run`:
+
+- "untraced": tracing off (commtrace's recorder unset): DDP's own C++ all-reduce, which divides
+  each gradient by the world size as it copies it into the bucket;
+- "traced_c": tracing on: commtrace's hook, in C where built (_fastpath.ddp_hook);
+- "traced_py": tracing on, the C hook told to hand every bucket to the Python dispatcher;
+- "torch_hook": tracing off, torch's ``allreduce_hook`` registered by hand (``div_`` by the world
+  size): the planted difference, which at 3 ranks rounds differently from DDP's own.
+
+Prints one JSON line per rank: whether each model's parameters equal the untraced model's after
+the last step, the time window of each traced model's steps, and the C hook's counts."""
+
+import json
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from commtrace.capture import recorder as R
+from commtrace.capture import wrappers as W
+
+STEPS = 4
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+rec = R.get_recorder()
+assert rec is not None, "run under commtrace run"
+cf = W._cfast if W._cfast is not None and hasattr(W._cfast, "ddp_hook") else None
+
+
+def build():
+    torch.manual_seed(0)
+    # ~550k parameters: three gradient buckets of at most 1 MB
+    model = nn.Sequential(nn.Linear(32, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    ddp = DDP(model, bucket_cap_mb=1)
+    return ddp, torch.optim.SGD(ddp.parameters(), lr=0.5)
+
+
+def train(ddp, opt):
+    gen = torch.Generator().manual_seed(1000 + rank)
+    t0 = time.time_ns()
+    for _ in range(STEPS):
+        x = torch.randn(16, 32, generator=gen) * 3
+        y = torch.randint(0, 10, (16,), generator=gen)
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [t0, time.time_ns()]
+
+
+def flat(ddp):
+    return torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
+
+
+out = {"rank": rank, "world": world, "thread": __import__("threading").get_ident(),
+       "c_hook": cf is not None}
+R._set_recorder(None)
+ref = build()
+train(*ref)
+R._set_recorder(rec)
+c = build()
+out["window_c"] = train(*c)
+out["counts_c"] = list(cf.ddp_counts()) if cf is not None else None
+py = build()
+if cf is not None:
+    cf.ddp_off()   # every bucket to the Python dispatcher (ddp._dispatch)
+out["window_py"] = train(*py)
+out["counts_py"] = list(cf.ddp_counts()) if cf is not None else None
+R._set_recorder(None)
+th = build()
+th[0].register_comm_hook(th[0].process_group, default_hooks.allreduce_hook)
+train(*th)
+R._set_recorder(rec)
+want = flat(ref[0])
+out["equal"] = {name: bool(torch.equal(flat(m[0]), want))
+                for name, m in (("traced_c", c), ("traced_py", py), ("torch_hook", th))}
+out["n_params"] = int(want.numel())
+print("DDPEQ " + json.dumps(out), flush=True)
+dist.barrier()
+dist.destroy_process_group()
