@@ -58,7 +58,12 @@ def test_pending_ops_looked_at_every_idle_wake_and_all_written(job):
     rows = [x for x in load_rows(out) if x["kind"] == "op" and x["op"] == "all_reduce"
             and x["async_op"]]
     for r in (0, 1):
+        # asleep until its next flush, the writer was rung by the first op that became
+        # pending (its pending listener), then not again while ops stayed pending
+        assert res[r]["deep_before_first_op"] is True
+        assert res[r]["first_op"]["rung"] == 1, res[r]["first_op"]
         c = res[r]["pending"]
+        assert c["rung"] == 0, (r, c)
         assert c["flushes"] >= 2 and c["polls"] == 0, (r, c)
         assert c["services"] >= c["flushes"], (r, c)
         assert c["wakeups"] <= c["flushes"] * (per_flush + 1) + 2, (r, c)

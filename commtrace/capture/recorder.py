@@ -4,7 +4,10 @@ The training thread only builds Python lists (one per row, columns in ``schema.C
 order) and appends them to a deque; the writer thread converts them to Arrow and writes one
 Parquet part per flush (``--flush-interval``), rewrites ``rank=<r>/_inflight.json`` atomically
 with the ops still in flight, polls ``Work.is_completed()`` for Work objects that have no
-future (gloo point-to-point), and reads back device times when a device timer is set.
+future and end by themselves (not gloo's point-to-point Works, which only ``wait()`` ends:
+``WAIT_ONLY``), releases finished async ops, and reads back device times when a device timer
+is set. It wakes only when one of these is due (``_run``): a wake-up costs it 20-60 us of CPU
+on a loaded VM and takes the GIL from the training thread.
 
 Hooks used by the other capture modules are documented in ``docs/dev/interfaces.md``
 ("Capture: recorder hooks"): :func:`get_recorder`, :meth:`Recorder.now_ns`,

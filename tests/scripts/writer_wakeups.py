@@ -100,8 +100,25 @@ def main():
             kept.pop(0)
         time.sleep(0.005)
 
+    # the writer sleeps from flush to flush now; the first op that becomes pending rings it
+    # (issued just after a flush, once the writer is asleep again: its next flush is a flush
+    # interval away, no timed wake-up can see the op first; the peer joins when it gets here)
     dist.barrier()
+    f0 = rec.writer_stats["flushes"]
+    t_end = time.monotonic() + 30
+    while rec.writer_stats["flushes"] == f0 and time.monotonic() < t_end:
+        time.sleep(0.002)
+    while not rec._deep and time.monotonic() < t_end:
+        time.sleep(0.002)
+    res["deep_before_first_op"] = rec._deep
+    a = snap(rec)
     res["pending_t0_ns"] = time.time_ns()
+    pending()
+    t_end = time.monotonic() + 30
+    while rec.writer_stats["rung"] == a["rung"] and time.monotonic() < t_end:
+        time.sleep(0.01)
+    res["first_op"] = diff(a, snap(rec))
+    dist.barrier()
     res["pending"] = until_flushes(rec, 4, pending)
     res["pending_t1_ns"] = time.time_ns()
     res["pending_issued"] = issued[0]
