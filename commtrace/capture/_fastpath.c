@@ -25,11 +25,10 @@
  * The wrapper's entry checks (recorder, thread state, NVTX, device timer, step) keep their
  * last answers with the tags they were read under and redo the lookups only when a tag moved:
  * after a blocking op's wait the caches are cold and each lookup is four or five distinct
- * lines (dict, keys, index, entry, key), reading the tag is one (docs/performance.md). */
-#if PY_VERSION_HEX < 0x030E0000
-#if defined(__GNUC__)
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-#endif
+ * lines (dict, keys, index, entry, key), reading the tag is one (docs/performance.md).
+ * Only up to 3.11: from 3.12 the tag is deprecated and an instance's attributes can be stored
+ * beside a materialized __dict__, so there every call does the lookups, as before. */
+#if PY_VERSION_HEX < 0x030C0000
 #define HAVE_DVER 1
 #define DVER(d) (((PyDictObject *)(d))->ma_version_tag)
 #else
