@@ -1,6 +1,6 @@
 """Step time of real training loops, traced against untraced, in one run (issue 20).
 
-    python benchmarks/steps.py                          # every workload, ~3 minutes on 2 cores
+    python benchmarks/steps.py                          # every workload, ~8 minutes on 2 cores
     python benchmarks/steps.py --workloads ddp async_loop --rounds 60 --json steps.json
 
 What users see is the time of a training step, not the cost of one op. Each workload runs on
@@ -19,20 +19,30 @@ before the process group exists, with `commtrace run`'s defaults: call sites, ha
 detection, 2 s flushes). Three modes: "untraced" (a copy of the workload built, warmed up
 and run with tracing off), "traced" (the same copy run with tracing on; for DDP a second copy
 built with tracing on, since commtrace's comm hook replaces DDP's C++ all-reduce, the untraced
-copy keeping the latter) and "control", a second untraced copy. Two copies of one workload in
-one process do not run equally fast (memory placement): in runs of this benchmark two
-untraced copies of the FSDP2 sample differed by up to 15%, with intervals that excluded 1,
-which is why traced runs on the untraced copy wherever it can and why control / untraced is
-printed. Each set of rounds runs K steps of each mode, in an order that rotates (each mode
-first, second and last in turn), with a barrier before each round; rounds are short (50-80 ms
-here) so that a change of the machine's load moves the three rounds of a set alike. During an
-untraced or control round the recorder is off and its write lock is held. By default
+copy keeping the latter) and "control", untraced again, run the way traced is: on the
+untraced copy, on a second copy for DDP (``--control copy``: always a second copy). Two copies
+of one workload in one process do not run equally fast (memory placement): in runs of this
+benchmark two untraced copies of the FSDP2 sample differed by up to 15%, with intervals that
+excluded 1, which is why traced runs on the untraced copy wherever it can, and why the
+control does too: control / untraced then shows what the comparison itself gives with no
+tracing (the run's resolution), not a difference between copies that traced / untraced does
+not have. Each set of rounds runs K steps of each mode, with a barrier before each round, in
+a balanced order (``ORDERS``: over six sets each mode is first, second and last twice and
+follows each other mode equally often). K is calibrated after the warm-up so that a round
+lasts ``--duration`` (0.4 s by default: K = duration / the untraced step time of the slower
+rank, at least 1), and the number of sets follows from ``--budget`` (90 s of rounds per
+workload: 72 sets). The first version ran a fixed small K (rounds of 5-50 ms, at the scale of
+the scheduler's time slices on 2 cores): two untraced copies then differed by up to 5-9% at
+the 95% bound. During an untraced or control round the recorder is off and its write lock is
+held. By default
 (``--writer sync``) the traced rounds write their rows themselves, on the training thread and
 inside their time: a part at the end of the round in which a flush interval (2 s) of traced
-time has passed, and one at the end of the last traced round. The writer's work (Parquet
-encoding) is thus charged in full to the traced rounds (an upper bound). ``--writer async``
-leaves the flushes to the writer thread, whose work then lands in traced rounds or between
-rounds.
+time has passed, and one at the end of the last traced round; the writer thread writes no
+part on its own schedule then (``Recorder.auto_flush``; it still polls and releases the
+pending ops), so the parts are those of a traced run of the same traced time. The writer's work
+(Parquet encoding) is thus charged in full to the traced rounds (an upper bound). ``--writer
+async`` leaves the flushes to the writer thread, whose work then lands in traced rounds or
+between rounds (a part per flush interval of wall time, untraced rounds included).
 
 Figures, each with a 95% percentile-bootstrap interval over the sets (distribution-free):
 - traced / untraced: the ratio of the total traced to the total untraced step time (each
@@ -45,10 +55,12 @@ Figures, each with a 95% percentile-bootstrap interval over the sets (distributi
   traced / untraced and control / untraced: less sensitive to other jobs than wall time;
 - the load average (``uptime``) at the start and end of each workload, the untraced baseline,
   and the writer's CPU per op (its thread's CPU time over the rounds plus the flushes written
-  by traced rounds, per op recorded in traced rounds).
+  by traced rounds, per op recorded in traced rounds), and the writer thread's wake-ups per
+  second of the rounds with their causes (its counters, ``Recorder.writer_stats``).
 
 ``--pin one`` puts both ranks (and every thread they start) on the first CPU, ``--pin each``
 rank r on CPU r; ``--pin none`` (the default) leaves placement to the scheduler.
+``--duration 0`` gives the first version's fixed steps per round (``DEFAULTS``) and 90 sets.
 """
 
 from __future__ import annotations
@@ -66,12 +78,26 @@ from common import bootstrap_ratio_ci, free_port, load_of, median_ci, pin_cpus, 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: workload -> (warm-up steps, steps per round) by default: rounds of 50-80 ms here, short
-#: enough that a change of the machine's load moves the three rounds of a set alike
+#: workload -> (warm-up steps, steps per round with --duration 0: the rounds of the first
+#: version, 5-50 ms here, at the scale of the scheduler's time slices: too short to resolve 2%)
 DEFAULTS = {"ddp": (10, 8), "fsdp2": (4, 2), "pipeline": (5, 3), "async_loop": (20, 25),
             "soak": (2, 1)}
 WORKLOADS = list(DEFAULTS)
-ROUNDS = 90
+#: target wall time of one round (s): the steps per round are calibrated to it from the
+#: untraced copy's step time after the warm-up (both ranks' slower), at least 1
+DURATION = 0.4
+#: wall time of the rounds per workload (s) that sets the default number of sets:
+#: BUDGET / (3 * DURATION), a multiple of 6 (the balanced order below), at least 6
+BUDGET = 90.0
+ROUNDS = 90   # sets of rounds when neither --rounds nor a duration is given (--duration 0)
+#: the order of the three rounds in six consecutive sets (cycling): each mode first, second and
+#: last twice, and each mode right after each other mode 3 times in the chain of 18 rounds
+#: (cyclically), so whatever a round leaves behind (the writer's polling after a traced round,
+#: caches) lands on the untraced and the control rounds alike. The first version rotated three
+#: orders (u t c, t c u, c u t): control followed traced in 2 sets of 3, untraced in 1.
+ORDERS = (("untraced", "traced", "control"), ("untraced", "control", "traced"),
+          ("control", "traced", "untraced"), ("traced", "untraced", "control"),
+          ("traced", "control", "untraced"), ("control", "untraced", "traced"))
 #: workloads whose traced copy must be built with tracing on (DDP: commtrace's comm hook)
 SEPARATE_COPY = ("ddp",)
 PIN = "none"
@@ -130,15 +156,33 @@ def _nice_of(thread):
 MODES = ("untraced", "traced", "control")
 
 
-def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin="none") -> None:
+def _calibrate(fn, st, duration: float) -> float:
+    """Seconds per step of `fn`, timed over at least 2 steps and a quarter of `duration`."""
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn(st, n)
+        n += 1
+        el = time.perf_counter() - t0
+        if n >= 2 and el >= duration / 4:
+            return el / n
+
+
+def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin="none",
+          duration=0.0, control="mirror") -> None:
     """One rank (a forked child): puts its round times and writer figures on `q`.
 
     Modes: "untraced" (a copy of the workload built, warmed up and run with the recorder off),
     "traced" (run with the recorder on: the same copy, except for DDP, whose traced copy is
     built with the recorder on so that it gets commtrace's comm hook) and "control", a second
     untraced copy: control / untraced is what the comparison of two copies gives with no
-    tracing at all (this run's resolution, and the difference between two copies)."""
+    tracing at all (this run's resolution, and the difference between two copies).
+
+    With control="mirror" the control is run the way the traced mode is: on the untraced
+    copy where traced is, a second copy for DDP; control="copy" always builds a second copy
+    (the first version's design: it shows the difference between two copies).
+    steps=None: calibrated, duration / the untraced copy's step time (the slower rank's)."""
     same_copy = workload not in SEPARATE_COPY
+    same_control = same_copy and control == "mirror"
     try:
         import threading
 
@@ -158,10 +202,10 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
             raise RuntimeError("tracing did not start")
         copies = {}
         for mode in ("untraced", "traced", "control"):
-            if mode == "traced" and same_copy:
+            if (mode == "traced" and same_copy) or (mode == "control" and same_control):
                 # the untraced copy, with the recorder on: no difference between two copies
                 # of the workload enters the comparison (wrappers with the recorder off call
-                # torch's function at once: about 0.1 us per op)
+                # torch's function at once: about 0.1 us per op); the control mirrors it
                 copies[mode] = copies["untraced"]
                 continue
             R._set_recorder(rec if mode == "traced" else None)
@@ -172,7 +216,25 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         writer = next((t for t in threading.enumerate() if t.name == "commtrace-writer"), None)
         R._set_recorder(None)
         dist.barrier()
+        calib_s = None
+        if steps is None:
+            st, fn = copies["untraced"]
+            calib = torch.tensor([_calibrate(fn, st, duration)], dtype=torch.float64)
+            dist.all_reduce(calib, op=dist.ReduceOp.MAX)
+            calib_s = float(calib.item())
+            steps = max(1, round(duration / calib_s))
+            dist.barrier()
         rec.flush()   # the warm-ups' rows written now: the writer's CPU below is the rounds'
+        if sync:
+            # The traced rounds write a part per flush interval of traced time, as the writer
+            # thread of a traced run does per interval of its time; the writer thread here
+            # writes none on its own schedule (its interval would run in untraced rounds too:
+            # three times the parts per traced second, each a third of the rows). It still
+            # polls, releases and services the pending ops.
+            rec.auto_flush = False
+            rec.wake()
+        ws0 = dict(getattr(rec, "writer_stats", {}))
+        t_rounds0 = time.perf_counter()
         w_cpu0 = thread_cpu_s(writer) if writer is not None else None
         pc, cpu = time.perf_counter, time.process_time
         times = {m: [] for m in MODES}
@@ -184,9 +246,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         windows = []
         lock = rec._write_lock
         for r in range(rounds):
-            k = r % len(MODES)
-            order = MODES[k:] + MODES[:k]   # each mode first, second and last in turn
-            for mode in order:
+            for mode in ORDERS[r % len(ORDERS)]:   # balanced: see ORDERS
                 st, fn = copies[mode]
                 R._set_recorder(None)
                 dist.barrier()
@@ -221,6 +281,8 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                 times[mode].append((t1 - t0) / steps)
                 cpus_s[mode].append((c1 - c0) / steps)
         w_cpu = thread_cpu_s(writer) if writer is not None else None
+        t_rounds = time.perf_counter() - t_rounds0
+        ws = {k: v - ws0.get(k, 0) for k, v in getattr(rec, "writer_stats", {}).items()}
         nice = _nice_of(writer)
         nice_added = None if nice is None else nice - os.getpriority(os.PRIO_PROCESS, 0)
         c0 = time.thread_time()
@@ -234,7 +296,8 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                "sync_cpu_s": sync_cpu, "sync_flushes": n_sync, "cpus": cpus,
                "writer_cpu_s": (w_cpu - w_cpu0) if w_cpu is not None and w_cpu0 is not None
                else None, "final_flush_cpu_s": final_cpu, "writer_nice": nice,
-               "writer_nice_added": nice_added})
+               "writer_nice_added": nice_added, "writer_stats": ws, "rounds_s": t_rounds,
+               "traced_s": sum(times["traced"]) * steps, "steps": steps, "calib_s": calib_s})
     except BaseException as e:  # the parent reports it
         q.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
         raise
@@ -256,10 +319,11 @@ def _ops_in_windows(out: str, res: list) -> int:
     return n
 
 
-def run_workload(workload: str, rounds: int, warmup: int, steps: int, timeout: float,
-                 sync: bool = True, pin: str = "none") -> dict:
+def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, timeout: float,
+                 sync: bool = True, pin: str = "none", duration: float = 0.0,
+                 control: str = "mirror") -> dict:
     """One 2-rank job of `rounds` sets of rounds (untraced, traced, control); the paired ratios
-    and figures."""
+    and figures. steps=None: calibrated to rounds of `duration` seconds."""
     import multiprocessing as mp
     import shutil
 
@@ -268,9 +332,10 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int, timeout: f
     q = ctx.Queue()
     out = tempfile.mkdtemp(prefix="commtrace-steps-")
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, workload, out, warmup, steps, rounds, sync, q,
-                                                     pin))
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, workload, out, warmup, steps, rounds,
+                                             sync, q, pin, duration, control))
              for r in range(2)]
+    t_start = time.perf_counter()
     for p in procs:
         p.start()
     res = []
@@ -286,7 +351,9 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int, timeout: f
     if errs:
         raise RuntimeError(f"{workload}: {errs[0]}")
     up1 = uptime()
+    wall_s = time.perf_counter() - t_start
     res.sort(key=lambda r: r["rank"])
+    steps = res[0]["steps"]
     n_ops = _ops_in_windows(out, res)
     shutil.rmtree(out, ignore_errors=True)
     per = {m: [statistics.mean(r["times"][m][i] for r in res) for i in range(rounds)]
@@ -306,6 +373,12 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int, timeout: f
     return {
         "workload": workload, "rounds": rounds, "writer": "sync" if sync else "async",
         "warmup_steps": warmup, "steps_per_round": steps, "pin": pin,
+        # the round's target wall time (0: steps per round fixed), the step time the steps
+        # were calibrated from (the slower rank's, s; None when --steps was given), the
+        # control's copy ("mirror": as traced, "copy": a second copy) and the job's wall time
+        "round_target_s": duration if res[0].get("calib_s") is not None else 0.0, "calibrated_step_s":
+        res[0].get("calib_s"), "control": control, "wall_s": wall_s,
+        "round_ms": statistics.median(per["untraced"]) * steps * 1e3,
         "cpus": [r.get("cpus") for r in res],
         "untraced_step_ms": u_ms, "traced_step_ms": statistics.median(per["traced"]) * 1e3,
         "control_step_ms": statistics.median(per["control"]) * 1e3,
@@ -330,6 +403,11 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int, timeout: f
         "sync_flush_cpu_s": [r.get("sync_cpu_s") for r in res],
         "final_flush_cpu_s": [r.get("final_flush_cpu_s") for r in res],
         "writer_nice": [r.get("writer_nice") for r in res],
+        # the writer thread's own counters over the rounds (wake-ups, of them rung, polling
+        # cycles, services, timed flushes), each rank, and the rounds' wall and traced time
+        "writer_stats": [r.get("writer_stats") for r in res],
+        "rounds_s": [r.get("rounds_s") for r in res],
+        "traced_s": [r.get("traced_s") for r in res],
         "writer_nice_added": [r.get("writer_nice_added") for r in res],
         "load_start": load_of(up0), "load_end": load_of(up1), "uptime_start": up0, "uptime_end": up1,
     }
@@ -354,9 +432,13 @@ def report(r: dict) -> list[str]:
     qlo, qhi = r["control_cpu_ratio_ci95"]
     return [
         f"{r['workload']}: {r['rounds']} sets of rounds x {r['steps_per_round']} steps "
-        f"(untraced, traced, control; 2 ranks, gloo, rows written by "
+        + (f"(calibrated to {1e3 * r['round_target_s']:.0f} ms rounds from a "
+           f"{1e3 * r['calibrated_step_s']:.3f} ms step) " if r.get("calibrated_step_s") else "")
+        + f"(untraced, traced, control{' = a second copy' if r.get('control') == 'copy' else ''}; "
+        f"2 ranks, gloo, rows written by "
         f"{'the traced rounds' if r['writer'] == 'sync' else 'the writer thread'}; pinned: "
-        f"{r['pin']}), load average {r['load_start']} -> {r['load_end']}",
+        f"{r['pin']}), load average {r['load_start']} -> {r['load_end']}, "
+        f"{r.get('wall_s', 0):.0f} s",
         f"  untraced step {r['untraced_step_ms']:.3f} ms, traced {r['traced_step_ms']:.3f} ms, "
         f"control {r['control_step_ms']:.3f} ms (medians of the rounds); "
         f"{r['ops_per_step_per_rank']:.1f} ops per step per rank",
@@ -372,25 +454,49 @@ def report(r: dict) -> list[str]:
         f"{r['median_ratio_ci95'][0]:.4f}, {r['median_ratio_ci95'][1]:.4f}])",
         "  writer thread CPU per op: " + (f"{w:.2f} us" if w is not None else "n/a")
         + f" (writer nice {r['writer_nice']})",
-    ]
+    ] + _wakeup_lines(r)
+
+
+def _wakeup_lines(r: dict) -> list[str]:
+    """The writer thread's wake-ups per second of the rounds, by rank and cause."""
+    out = []
+    for i, (ws, t) in enumerate(zip(r.get("writer_stats") or [], r.get("rounds_s") or [])):
+        if not ws or not t:
+            continue
+        out.append(f"  rank {i} writer wake-ups: {ws.get('wakeups', 0) / t:.1f}/s over {t:.1f} s "
+                   f"of rounds (rung {ws.get('rung', 0)}, polling cycles {ws.get('polls', 0)}, "
+                   f"services {ws.get('services', 0)}, timed flushes {ws.get('flushes', 0)})")
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Defaults (warm-up steps, steps per round): " + ", ".join(
+        epilog="Warm-up steps, and steps per round with --duration 0: " + ", ".join(
             f"{w} {a}+{b}" for w, (a, b) in DEFAULTS.items()) + ".\n\nExamples:\n"
         "  python benchmarks/steps.py\n"
         "  python benchmarks/steps.py --workloads ddp fsdp2 --rounds 60 --json steps.json\n"
+        "  python benchmarks/steps.py --workloads pipeline --duration 1 --budget 300\n"
+        "  python benchmarks/steps.py --workloads pipeline --control copy   # two copies\n"
         "  COMMTRACE_WRITER_NICE=0 python benchmarks/steps.py --workloads soak\n"
         "  COMMTRACE_PURE_PYTHON=1 python benchmarks/steps.py --workloads async_loop")
     ap.add_argument("--workloads", nargs="*", default=WORKLOADS, choices=WORKLOADS)
-    ap.add_argument("--rounds", type=int, default=ROUNDS,
-                    help=f"sets of rounds (untraced, traced, control) per workload (default "
-                    f"{ROUNDS})")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="sets of rounds (untraced, traced, control) per workload (default: "
+                    f"--budget / (3 x --duration), a multiple of 6; {ROUNDS} with --duration 0)")
+    ap.add_argument("--duration", type=float, default=DURATION,
+                    help="target wall time of a round, s: the steps per round are calibrated "
+                    f"to it after the warm-up (default {DURATION}; 0: the fixed steps per round "
+                    "of the first version, below)")
+    ap.add_argument("--budget", type=float, default=BUDGET,
+                    help=f"wall time of the rounds per workload, s, that sets the default "
+                    f"--rounds (default {BUDGET:.0f})")
     ap.add_argument("--steps", type=int, default=None,
-                    help="steps per round (default: by workload)")
+                    help="steps per round (default: calibrated to --duration)")
+    ap.add_argument("--control", choices=["mirror", "copy"], default="mirror",
+                    help="mirror (default): the control runs as the traced mode does, on the "
+                    "untraced copy (a second copy for DDP); copy: always a second copy")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps of each copy")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per workload")
     ap.add_argument("--writer", choices=["sync", "async"], default="sync",
@@ -402,8 +508,15 @@ def main(argv=None) -> int:
                     "the first CPU), each (rank r on CPU r)" + f" (default {PIN})")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args(argv)
-    if a.rounds < 1:
+    if a.rounds is not None and a.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if a.duration < 0 or a.budget <= 0:
+        ap.error("--duration must be >= 0 and --budget > 0")
+    if a.steps is not None and a.steps < 1:
+        ap.error("--steps must be at least 1")
+    if a.rounds is None:
+        a.rounds = (max(6, 6 * round(a.budget / (3 * a.duration) / 6)) if a.duration > 0
+                    and a.steps is None else ROUNDS)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Warm the parent: the forked ranks start with torch, the samples' imports and DDP loaded.
     import torch  # noqa: F401
@@ -417,8 +530,9 @@ def main(argv=None) -> int:
     results = []
     for w in a.workloads:
         dw, ds_ = DEFAULTS[w]
-        r = run_workload(w, a.rounds, a.warmup if a.warmup is not None else dw, a.steps or ds_,
-                         a.timeout, a.writer == "sync", a.pin)
+        steps = a.steps if a.steps is not None else (None if a.duration > 0 else ds_)
+        r = run_workload(w, a.rounds, a.warmup if a.warmup is not None else dw, steps,
+                         a.timeout, a.writer == "sync", a.pin, a.duration, a.control)
         r["c_fast_path"] = wrappers._cfast is not None
         results.append(r)
         print("\n".join(report(r)), flush=True)

@@ -203,3 +203,39 @@ def test_wrapper_lists_the_blocking_collective_it_is_stuck_in(tmp_path, gloo1):
         release.set()
         R._set_recorder(None)
         rec.close()
+
+
+def test_pending_listener_lazy_idle_and_added_once(tmp_path):
+    """Pending-op listeners (issue 20): told at once by default; with set_lazy_idle the >0 -> 0
+    is owed and paid by the writer thread's next turn, and a 0 -> >0 while it is owed tells
+    nothing (a loop of one async op and its wait() calls no listener per op). A listener
+    added twice is called once (hazards re-installed on the same recorder)."""
+    from commtrace.capture import hazards
+
+    rec = make_rec(tmp_path)
+    calls = []
+    rec.add_pending_listener(calls.append)
+    rec.add_pending_listener(calls.append)
+    assert len(rec._listeners) == 1
+    rec._release(rec.add_pending(op_row(rec)))
+    assert calls == [1, 0]
+    rec.set_lazy_idle(True)
+    for _ in range(5):
+        rec._release(rec.add_pending(op_row(rec)))
+    assert calls == [1, 0, 1] and rec._idle_owed
+    p = rec.add_pending(op_row(rec))  # the listener still holds "pending": nothing owed
+    assert calls == [1, 0, 1] and not rec._idle_owed
+    rec._service(final=False)
+    assert calls == [1, 0, 1]
+    rec._release(p)
+    rec._service(final=False)         # the writer's turn pays the owed 0
+    assert calls == [1, 0, 1, 0] and not rec._idle_owed
+    rec._listeners.clear()
+    try:
+        for mode in ("basic", "off", "basic", "full", "basic"):
+            hazards.install(rec, mode)      # "off" uninstalls
+            assert rec._listeners == [hazards._on_pending]
+            if mode != "off":
+                assert rec.lazy_idle == (mode == "basic")
+    finally:
+        hazards.uninstall()

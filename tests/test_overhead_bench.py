@@ -18,7 +18,7 @@ def test_overhead_benchmark_small_run(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead.py"),
                         "--world-size", "1", "--rounds", "4", "--ops", "20", "--blocks", "60",
-                        "--pin", "one", "--json", str(out)], capture_output=True, text=True, timeout=240, env=env)
+                        "--pin", "one", "--sweep-kb", "64", "--json", str(out)], capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     (r,) = json.loads(out.read_text())
     assert r["world_size"] == 1 and r["rounds"] == 4 and r["ops_per_round"] == 20
@@ -40,6 +40,12 @@ def test_overhead_benchmark_small_run(tmp_path):
     lo, hi = po["cpu_commtrace_added_ci95_us"]
     assert lo <= po["cpu_commtrace_added_us"] <= hi
     lines = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("target,")]
+    assert [ln.split(":")[0].split(",")[1].strip() for ln in lines] == ["wall time", "thread CPU"]
+    # the per-op means (what the median leaves out) and the verdict on the rounds too
+    lo, hi = po["cpu_commtrace_added_mean_ci95_us"]
+    assert lo <= po["cpu_commtrace_added_mean_us"] <= hi and po["sweep_kb"] == 64
+    assert "commtrace adds, mean" in p.stdout and "64 KB of memory written before each op" in p.stdout
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("target (rounds),")]
     assert [ln.split(":")[0].split(",")[1].strip() for ln in lines] == ["wall time", "thread CPU"]
 
 

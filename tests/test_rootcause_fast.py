@@ -344,7 +344,7 @@ def test_the_c_helpers_are_built_where_a_compiler_is():
         pytest.skip(f"no C compiler ({cc})")
     from commtrace.analysis import _replay
     for name in ("replay", "replay_many", "median_excess", "merge_events", "anchors", "slot_prev", "sync_points",
-                 "cp_walk", "counting_argsort", "search_along"):
+                 "cp_walk", "counting_argsort", "search_along", "median_excess_comms"):
         assert hasattr(_replay, name), name
 
 
@@ -482,3 +482,69 @@ def test_partition_order_equals_the_lexsort():
         assert np.array_equal(got, ref), (n, tspan, big)
         if n and tspan > 10**6 and not big:
             assert not calls                        # no equal times: op_id and row id never read
+
+
+@pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
+def test_median_excess_by_slots_equals_the_group_ids():
+    """`_replay.median_excess_comms` (a collective's calls and wait()s read by slot) equals
+    `median_excess` over group ids comm * 2 + is_wait, on random communications of 1 to 70
+    members (some not comm_ok, some without waits, NaN gaps, equal values)."""
+    rng = np.random.default_rng(21)
+    for C in (1, 40, 300):
+        size = rng.integers(1, 71, C)
+        cm_lo = np.r_[0, np.cumsum(size)[:-1]].astype(np.int64)
+        cm_hi = (cm_lo + size).astype(np.int64)
+        nsl = int(size.sum())
+        E = 3 * nsl
+        ev = rng.permutation(E).astype(np.int64)
+        sl_call = ev[:nsl].copy()
+        wait_ev = np.where(rng.random(nsl) < 0.6, ev[nsl:2 * nsl], -1).astype(np.int64)
+        comm_ok = (rng.random(C) < 0.8).astype(np.uint8)
+        g = rng.integers(0, 7, E).astype(float) * 100.0
+        g[rng.random(E) < 0.1] = np.nan
+        ex = np.zeros(E)
+        hp = np.zeros(E, np.uint8)
+        assert M._C.median_excess_comms(g, sl_call, wait_ev, cm_lo, cm_hi, comm_ok, ex, hp) is None
+        gid = np.full(E, -1, np.int64)
+        comm = np.repeat(np.arange(C), size)
+        okc = comm_ok[comm].astype(bool)
+        gid[sl_call[okc]] = comm[okc] * 2
+        w = okc & (wait_ev >= 0)
+        gid[wait_ev[w]] = comm[w] * 2 + 1
+        rex, rhp = M._C.median_excess(g, gid, 2 * C)
+        assert np.array_equal(ex, np.frombuffer(rex, np.float64))
+        assert np.array_equal(hp, np.frombuffer(rhp, np.uint8))
+        assert hp.any() and (ex > 0).any()
+
+
+@pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
+def test_sync_points_in_any_slot_order_equal_the_search():
+    """`_replay.sync_points` searches each slot from its group's previous answer: for slots in
+    any order (sorted, reversed, random) the answer is the last anchor of the slot's group
+    with floor(rel) <= floor(enter), as the searchsorted of model._build finds it."""
+    rng = np.random.default_rng(17)
+    for A, NS, G in ((0, 10, 3), (1, 5, 1), (500, 800, 4), (5000, 3000, 40)):
+        ag = np.sort(rng.integers(0, G, A)).astype(np.int64)
+        arel = np.empty(A)
+        for k in range(G):
+            sel = ag == k
+            arel[sel] = np.sort(rng.integers(0, 2000, sel.sum()) + rng.random(sel.sum()))
+        perm = rng.permutation(A)                  # the groups' anchors interleaved
+        ag, arel = ag[perm], arel[perm]
+        # within a group the anchors come in floor order (as the model's do)
+        ag_k, arel_k = ag.copy(), arel.copy()
+        for k in range(G):
+            idx = np.flatnonzero(ag == k)
+            arel_k[idx] = np.sort(arel[idx])
+        sg = rng.integers(0, G, NS).astype(np.int64)
+        sen = rng.integers(0, 2100, NS) + rng.random(NS)
+        for order in (np.arange(NS), np.arange(NS)[::-1], rng.permutation(NS)):
+            r = M._C.sync_points(ag_k, arel_k, sg[order], sen[order], G)
+            found, val = np.frombuffer(r[0], np.bool_), np.frombuffer(r[1], np.float64)
+            akey = (ag_k << 44) + np.floor(arel_k).astype(np.int64)
+            ao = np.argsort(akey, kind="stable")
+            q = (sg[order] << 44) + np.floor(sen[order]).astype(np.int64)
+            j = np.searchsorted(akey[ao], q, "right") - 1
+            ok = (j >= 0) & ((akey[ao][np.maximum(j, 0)] >> 44) == sg[order]) if A else np.zeros(NS, bool)
+            assert np.array_equal(found, ok)
+            assert np.array_equal(val[ok], arel_k[ao][j[ok]])

@@ -2,10 +2,12 @@
 run of two workloads (the figures themselves are measured by the benchmark, not asserted here;
 the op counts and the structure of the output are)."""
 
+import itertools
 import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -20,14 +22,18 @@ def test_steps_benchmark_small_run(tmp_path):
     out = tmp_path / "s.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "steps.py"),
-                        "--workloads", "async_loop", "pipeline", "--rounds", "3", "--steps", "5",
-                        "--warmup", "2", "--json", str(out)],
+                        "--workloads", "async_loop", "pipeline", "--rounds", "3",
+                        "--duration", "0.05", "--warmup", "2", "--json", str(out)],
                        capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     res = {r["workload"]: r for r in json.loads(out.read_text())}
     assert set(res) == {"async_loop", "pipeline"}
     for r in res.values():
-        assert r["rounds"] == 3 and r["steps_per_round"] == 5 and len(r["ratios"]) == 3
+        # steps per round calibrated to 50 ms rounds from the slower rank's untraced step
+        assert r["rounds"] == 3 and len(r["ratios"]) == 3 and r["round_target_s"] == 0.05
+        assert 0 < r["calibrated_step_s"] < 10
+        assert r["steps_per_round"] == max(1, round(0.05 / r["calibrated_step_s"]))
+        assert r["control"] == "mirror" and r["wall_s"] > 0
         for k in ("ratio", "control_ratio", "cpu_ratio", "control_cpu_ratio"):
             lo, hi = r[k + "_ci95"]
             assert lo <= r[k] <= hi, k
@@ -43,10 +49,29 @@ def test_steps_benchmark_small_run(tmp_path):
     assert res["async_loop"]["ops_per_step_per_rank"] == 8
     assert res["pipeline"]["ops_per_step_per_rank"] == 8
     text = p.stdout
-    for w in ("async_loop", "pipeline"):
-        assert f"{w}: 3 sets of rounds x 5 steps" in text
+    for w, r in res.items():
+        assert (f"{w}: 3 sets of rounds x {r['steps_per_round']} steps (calibrated to 50 ms "
+                f"rounds") in text
     assert text.count("traced / untraced step time:") == 2
     assert text.count("writer thread CPU per op:") == 2
     assert text.count("control / untraced step time") == 2
     assert text.count("process CPU per step (all threads)") == 2
     assert "target <= 2%" in text   # the pipeline's verdict line
+
+
+def test_round_order_is_balanced():
+    """The six orders of a cycle of sets: each mode at each position twice, and each mode right
+    after each other mode equally often in the chain of rounds (cyclically), none after itself:
+    what a round leaves behind lands on untraced and control rounds alike."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import steps
+    finally:
+        sys.path.pop(0)
+    orders = steps.ORDERS
+    assert sorted(orders) == sorted(itertools.permutations(steps.MODES))
+    for pos in range(3):
+        assert Counter(o[pos] for o in orders) == {m: 2 for m in steps.MODES}
+    chain = [m for o in orders for m in o]
+    pairs = Counter(zip(chain, chain[1:] + chain[:1]))
+    assert pairs == {(a, b): 3 for a in steps.MODES for b in steps.MODES if a != b}

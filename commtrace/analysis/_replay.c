@@ -553,6 +553,97 @@ done:
     return res;
 }
 
+/* median_excess_comms(g, sl_call, wait_ev, cm_lo, cm_hi, comm_ok, ex, hp) -> None
+ * median_excess for the groups of the collectives, written into ex (float64) and hp (uint8),
+ * both of len(g) and zeroed by the caller: for each communication c with comm_ok[c], its
+ * members' calls (sl_call[s], s in cm_lo[c]..cm_hi[c]-1) form one group and their waits
+ * (wait_ev[s] >= 0) another; NaN values take no part. The same arithmetic as median_excess,
+ * but the groups are read by slot instead of gathered by a counting sort over every event:
+ * a collective's members lie in 64 ranks' event ranges, read as 64 streams, where the
+ * counting sort wrote each event to a different cache line (0.13 s of the 64 x 20,000 model). */
+static PyObject *median_excess_comms(PyObject *self, PyObject *args) {
+    PyObject *o[8];
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7])) return NULL;
+    static const Py_ssize_t sizes[8] = {8, 8, 8, 8, 8, 1, 8, 1};
+    static const char *names[8] = {"g", "sl_call", "wait_ev", "cm_lo", "cm_hi", "comm_ok", "ex", "hp"};
+    Py_buffer b[8];
+    int nb = 0;
+    PyObject *res = NULL;
+    VI *buf = NULL, *tmp = NULL;
+    for (; nb < 8; nb++) {
+        int flags = PyBUF_C_CONTIGUOUS | (nb >= 6 ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(o[nb], &b[nb], flags) < 0) goto done;
+        if (b[nb].len % sizes[nb]) {
+            PyErr_Format(PyExc_ValueError, "median_excess_comms: bad buffer size (%s)", names[nb]);
+            nb++;
+            goto done;
+        }
+    }
+    const double *g = b[0].buf;
+    const int64_t *sl_call = b[1].buf, *wait_ev = b[2].buf, *cm_lo = b[3].buf, *cm_hi = b[4].buf;
+    const uint8_t *ok = b[5].buf;
+    double *ex = b[6].buf;
+    uint8_t *hp = b[7].buf;
+    Py_ssize_t E = b[0].len / 8, NS = b[1].len / 8, C = b[3].len / 8;
+    if (b[2].len / 8 != NS || b[4].len / 8 != C || b[5].len != C || b[6].len / 8 != E || b[7].len != E) {
+        PyErr_SetString(PyExc_ValueError, "median_excess_comms: bad sizes");
+        goto done;
+    }
+    Py_ssize_t maxn = 0;
+    for (Py_ssize_t c = 0; c < C; c++) {
+        if (cm_lo[c] < 0 || cm_hi[c] > NS || cm_hi[c] < cm_lo[c]) {
+            PyErr_SetString(PyExc_ValueError, "median_excess_comms: slot range out of bounds");
+            goto done;
+        }
+        if (cm_hi[c] - cm_lo[c] > maxn) maxn = cm_hi[c] - cm_lo[c];
+    }
+    for (Py_ssize_t j = 0; j < NS; j++)
+        if (sl_call[j] >= E || wait_ev[j] >= E) {
+            PyErr_SetString(PyExc_ValueError, "median_excess_comms: event out of range");
+            goto done;
+        }
+    buf = malloc(sizeof(VI) * (maxn + 1));
+    tmp = malloc(sizeof(VI) * (maxn + 1));
+    if (!buf || !tmp) { PyErr_NoMemory(); goto done; }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t c = 0; c < C; c++) {
+        if (!ok[c]) continue;
+        for (int w = 0; w < 2; w++) {
+            const int64_t *ev = w ? wait_ev : sl_call;
+            Py_ssize_t n = 0;
+            for (int64_t j = cm_lo[c]; j < cm_hi[c]; j++) {
+                int64_t e = ev[j];
+                if (e < 0 || isnan(g[e])) continue;
+                buf[n].v = g[e];
+                buf[n].i = e;
+                n++;
+            }
+            if (n < 2) continue;
+            VI *a = buf;
+            if (n <= 48) sort_vi(a, n); else sort_vi_large(a, tmp, n);
+            Py_ssize_t m = n - 1, half = m / 2;
+            for (Py_ssize_t p = 0; p < n; p++) {
+                double hi = a[half >= p ? half + 1 : half].v, med;
+                if (m % 2 == 1) med = hi;
+                else {
+                    Py_ssize_t j = half - 1;
+                    med = 0.5 * (a[j >= p ? j + 1 : j].v + hi);
+                }
+                double d = a[p].v - med;
+                ex[a[p].i] = 0.0 >= d ? 0.0 : d;
+                hp[a[p].i] = 1;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    free(buf); free(tmp);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
 /* ------------------------------------------------------------------ host model (model.py)
  * Linear passes of model._build, each equal to the numpy code it replaces (which stays as the
  * fallback and the reference of tests/test_rootcause_fast.py). They return None where their
@@ -802,7 +893,7 @@ static PyObject *sync_points(PyObject *self, PyObject *args) {
     Py_buffer b[4];
     int nb = 0;
     PyObject *res = NULL, *ofound = NULL, *oval = NULL;
-    int64_t *cnt = NULL, *pos = NULL;
+    int64_t *cnt = NULL, *pos = NULL, *hint = NULL;
     double *fl = NULL;
     for (; nb < 4; nb++) if (get(o[nb], &b[nb], 8, "sync_points") < 0) goto done;
     const int64_t *ag = b[0].buf, *sg = b[2].buf;
@@ -840,20 +931,39 @@ static PyObject *sync_points(PyObject *self, PyObject *args) {
         for (int64_t p = cnt[k] + 1; p < cnt[k + 1]; p++)
             if (fl[p] < fl[p - 1]) { ok = 0; break; }
     if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    /* each slot's answer is searched from its group's previous answer outwards (galloping,
+     * then a binary search in the bracket): a group's slots come in about time order, so a
+     * search reads a few anchors next to the last one instead of ~15 cache misses */
+    hint = malloc(sizeof(int64_t) * (G + 1));
+    if (!hint) { PyErr_NoMemory(); goto done; }
+    memcpy(hint, cnt, sizeof(int64_t) * (G + 1));
     for (Py_ssize_t j = 0; j < NS; j++) {
         int64_t k = sg[j];
         double q = floor(sen[j]);
-        int64_t lo = cnt[k], hi = cnt[k + 1];     /* first p in [lo, hi) with fl[p] > q */
+        int64_t L = cnt[k], H = cnt[k + 1], h = hint[k], lo, hi;   /* first p in [L, H) with fl[p] > q */
+        if (h < H && fl[h] <= q) {
+            int64_t step = 1;
+            lo = h + 1;
+            hi = lo;
+            while (hi < H && fl[hi] <= q) { lo = hi + 1; hi += step; step *= 2; }
+            if (hi > H) hi = H;
+        } else {
+            int64_t step = 1;
+            hi = h;
+            lo = h;
+            while (lo > L && fl[lo - 1] > q) { hi = lo - 1; lo -= step; step *= 2; if (lo < L) lo = L; }
+        }
         while (lo < hi) {
             int64_t mid = lo + (hi - lo) / 2;
             if (fl[mid] > q) hi = mid; else lo = mid + 1;
         }
+        hint[k] = lo;
         if (lo > cnt[k]) { found[j] = 1; val[j] = arel[pos[lo - 1]]; }
         else { found[j] = 0; val[j] = NAN; }
     }
     res = PyTuple_Pack(2, ofound, oval);
 done:
-    free(cnt); free(pos); free(fl);
+    free(cnt); free(pos); free(fl); free(hint);
     Py_XDECREF(ofound); Py_XDECREF(oval);
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     return res;
@@ -1093,6 +1203,7 @@ static PyMethodDef methods[] = {
     {"anchors", anchors, METH_VARARGS, "Anchors, residuals, gaps and wait states (model.py)."},
     {"slot_prev", slot_prev, METH_VARARGS, "Previous slot of the same group (model.py)."},
     {"sync_points", sync_points, METH_VARARGS, "Synchronisation points of slots (model.py)."},
+    {"median_excess_comms", median_excess_comms, METH_VARARGS, "median_excess for the collectives' groups, by slot (model.py)."},
     {"median_excess", median_excess, METH_VARARGS, "Excess over the median of the others in a group (model.py)."},
     {"replay", replay, METH_VARARGS, "Replay the host model (see commtrace/analysis/replay.py)."},
     {"replay_many", replay_many, METH_VARARGS, "Replay several scenarios in one pass (see replay.py)."},

@@ -257,9 +257,17 @@ def cost_by_rank(run) -> dict[int, tuple[float, float]]:
     out = {}
     if not m.n_events:
         return out
-    pos = np.searchsorted(m.ranks, m.ev_rank)
+    cached = getattr(m, "_cost_by_rank", None)
+    if cached is not None and cached[0] is a:
+        return dict(cached[1])
+    # the events are in rank order, rank i's in rank_lo[i]..rank_hi[i]: the position of each
+    # event's rank in m.ranks by a repeat (a searchsorted of 2M events took 20-40 ms)
+    pos = np.repeat(np.arange(len(m.ranks)), m.rank_hi - m.rank_lo)
+    if len(pos) != m.n_events or not np.array_equal(m.ranks[pos], m.ev_rank):
+        pos = np.searchsorted(m.ranks, m.ev_rank)
     dsum = np.bincount(pos, weights=a["ev_direct"], minlength=len(m.ranks))
     psum = np.bincount(pos, weights=a["ev_prop"], minlength=len(m.ranks))
     for r, x, y in zip(m.ranks.tolist(), dsum.tolist(), psum.tolist()):
         out[int(r)] = (x / 1e9, y / 1e9)
+    m._cost_by_rank = (a, dict(out))
     return out

@@ -44,7 +44,7 @@ try:  # the C helpers (commtrace/analysis/_replay.c); numpy does the same withou
 except ImportError:
     _C = None
 
-ROW_COLUMNS = ["rank", "op_id", "op", "pg", "seq", "peer", "async_op", "bytes", "pg_size", "t_enqueue_ns",
+ROW_COLUMNS = ["rank", "op_id", "op", "pg", "seq", "peer", "bytes", "t_enqueue_ns",
                "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_ns", "step", "site"]
 
 # Rows whose completion the user's program waits on in C++, where no wait() is recorded: DDP's
@@ -204,6 +204,13 @@ class _Rows:
     def codes(self, name: str) -> np.ndarray:
         c = _codes(self.t, name)
         return c if self.perm is None else c[self.perm]
+
+    def codes_at(self, name: str, idx: np.ndarray) -> np.ndarray:
+        """Integer codes of a string column at rows `idx` (equal strings, equal codes among
+        them; null -> -1), encoding only those rows."""
+        src = idx if self.perm is None else self.perm[idx]
+        d = self.t.column(name).take(pa.array(np.asarray(src, np.int64))).combine_chunks().dictionary_encode()
+        return d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
 
     def labels(self, name: str) -> _Labels:
         return _Labels(self.t.column(name), self.perm)
@@ -481,6 +488,9 @@ def _build(run) -> Model:
     del queue, T0_sl, tc_dep, newc, enq, end, tw, call_ev
     if C:
         del is_last, cand
+    # (freed as soon as they are read: the model's peak is what the page faults cost)
+    del s_seq, s_factor, s_cbytes, p_ps, p_src, p_dst, p_bytes, rank_r
+    coll_sl = gq = None
 
     tick("slots")
     # ---- events <-> slots, anchors, gaps
@@ -537,6 +547,7 @@ def _build(run) -> Model:
         # p2p: an eager send is never waited for, so the previous transfer on the pair counts
         # as the synchronisation point once its call returned (Scalasca: the interval since
         # the previous communication between the two)
+        ai = None
         p2 = np.flatnonzero(s_is_p2p)
         if len(p2):
             o4 = p2[np.lexsort((sl_enter[p2], gr[p2]))]
@@ -553,18 +564,28 @@ def _build(run) -> Model:
     miss = np.isnan(sl_sync)
     sl_sync[miss] = first_start[sl_rank[miss]] if nsl else sl_sync[miss]
     sl_sync = np.minimum(sl_sync, sl_enter)
+    del s_src, s_dst, s_pgc, s_rid, s_is_p2p, ret, twe
 
     tick("sync")
     # ---- excess gap: gap minus the median gap of the same event (site, op, call/wait, step,
     # occurrence) on the other ranks that have it
-    lab = rows.codes("site") * 4096 + op_codes
     ev_coll = np.where(ev_slot >= 0, sl_comm[np.maximum(ev_slot, 0)] if nsl else -1, -1)
     if C:
         cc = np.maximum(ev_coll, 0)
         ev_coll = np.where((ev_coll >= 0) & ~cm_is_p2p[cc] & (cm_hi[cc] - cm_lo[cc] >= 2), ev_coll, -1)
-    ev_excess, ev_has_peers = _excess(ev_rank, lab[ev_row], ev_is_wait, ev_gap, ev_first, ev_step, ev_coll,
+        del cc
+    # (site, op) labels: _excess compares them only between the events outside a collective
+    # (ev_coll < 0), so only those rows' sites are encoded (0 elsewhere)
+    ev_lab = np.zeros(E, np.int64)
+    oth = np.flatnonzero(ev_coll < 0)
+    if len(oth):
+        orow = ev_row[oth]
+        ev_lab[oth] = rows.codes_at("site", orow) * 4096 + op_codes[orow]
+        del orow
+    del oth
+    ev_excess, ev_has_peers = _excess(ev_rank, ev_lab, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll,
                                       slots=(sl_call, ev_slot, cm_lo, cm_hi, ~cm_is_p2p & (cm_hi - cm_lo >= 2)))
-    del lab, ev_coll, ret, twe
+    del ev_lab, ev_coll
 
     tick("excess")
     # ---- window: from the first release of a rank that waited for another, to the last release
@@ -879,7 +900,7 @@ def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, s
     if slots is None or not len(ev_gap):
         return _excess_by_sort(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
     if _C is not None:
-        r = _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
+        r = _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, slots)
         if r is not None:
             return r
     sl_call, ev_slot, cm_lo, cm_hi, comm_ok = slots
@@ -911,10 +932,14 @@ def _excess(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, s
     return ex, hp
 
 
-def _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll):
+def _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, slots=None):
     """_excess by `_replay.median_excess`: one group id per event (a collective's calls, its
     wait()s, and the other events' (key, step, occurrence) groups of _excess_other), and the
-    medians per group in C. None when the other events' groups do not fit _dense_ids' tables."""
+    medians per group in C. With `slots` (as _excess), the collectives' groups are read by
+    slot (`_replay.median_excess_comms`) and only the other events go through the group ids.
+    None when the other events' groups do not fit _dense_ids' tables."""
+    if slots is not None:
+        return _excess_c_slots(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, slots)
     wi = ev_is_wait.astype(np.int64)
     gid = np.where(ev_coll >= 0, ev_coll * 2 + wi, -1)
     ncoll = int(ev_coll.max()) * 2 + 2 if len(ev_coll) else 0
@@ -930,6 +955,34 @@ def _excess_c(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll)
     g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
     ex, hp = _C.median_excess(np.ascontiguousarray(g, np.float64), gid, ng)
     return np.frombuffer(ex, np.float64), np.frombuffer(hp, np.bool_)
+
+
+def _excess_c_slots(ev_rank, ev_label, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll, slots):
+    """_excess_c with the collectives' groups by slot: a communication's members' calls
+    (sl_call) and wait()s (the wait event of each slot) for each comm_ok communication, the
+    groups of _excess' matrix path; the other events (ev_coll < 0) by their group ids."""
+    sl_call, ev_slot, cm_lo, cm_hi, comm_ok = slots
+    E = len(ev_gap)
+    other = np.flatnonzero(ev_coll < 0)
+    g_o = None
+    if len(other):
+        g_o = _other_groups(ev_rank[other], ev_label[other], ev_is_wait[other].astype(np.int64), ev_step[other])
+        if g_o is None:
+            return None
+    g = np.where(ev_first, np.nan, np.maximum(ev_gap, 0.0))
+    wi = np.flatnonzero(ev_is_wait & (ev_slot >= 0))
+    wait_ev = np.full(len(sl_call), -1, np.int64)
+    wait_ev[ev_slot[wi]] = wi
+    del wi
+    ex = np.zeros(E)
+    hp = np.zeros(E, np.uint8)
+    _C.median_excess_comms(g, np.ascontiguousarray(sl_call, np.int64), wait_ev, np.ascontiguousarray(cm_lo, np.int64),
+                           np.ascontiguousarray(cm_hi, np.int64), np.ascontiguousarray(comm_ok, np.uint8), ex, hp)
+    if len(other):
+        exo, hpo = _C.median_excess(np.ascontiguousarray(g[other]), g_o, int(g_o.max()) + 1 if len(g_o) else 0)
+        ex[other] = np.frombuffer(exo, np.float64)
+        hp[other] = np.frombuffer(hpo, np.uint8)
+    return ex, hp.view(np.bool_)
 
 
 def _other_groups(ev_rank, ev_label, wi, ev_step):

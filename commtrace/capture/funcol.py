@@ -374,7 +374,9 @@ def _make_wait(orig):
             row[I_T_WAIT_END] = t1
             rec.complete(p, t1, "wait")
             p.waited = True
-            rec.wake()
+            # Completed and waited: queued here, as Work.wait does (a wake-up of the writer
+            # thread per wait cost more than the op).
+            rec._release(p)
         except Exception:
             pass
         return out

@@ -4,7 +4,10 @@ The training thread only builds Python lists (one per row, columns in ``schema.C
 order) and appends them to a deque; the writer thread converts them to Arrow and writes one
 Parquet part per flush (``--flush-interval``), rewrites ``rank=<r>/_inflight.json`` atomically
 with the ops still in flight, polls ``Work.is_completed()`` for Work objects that have no
-future (gloo point-to-point), and reads back device times when a device timer is set.
+future and end by themselves (not gloo's point-to-point Works, which only ``wait()`` ends:
+``WAIT_ONLY``), releases finished async ops, and reads back device times when a device timer
+is set. It wakes only when one of these is due (``_run``): a wake-up costs it 20-60 us of CPU
+on a loaded VM and takes the GIL from the training thread.
 
 Hooks used by the other capture modules are documented in ``docs/dev/interfaces.md``
 ("Capture: recorder hooks"): :func:`get_recorder`, :meth:`Recorder.now_ns`,
@@ -83,15 +86,27 @@ I_TORCH_SEQ = IDX["torch_seq"]
 #: most MAX_POLL works are looked at per cycle.
 POLL_INTERVAL_S = 0.001
 MAX_POLL = 512
+#: (backend, op) of Works that only wait() completes: ProcessGroupGloo's SendWork and RecvWork
+#: (isend / irecv) override wait() alone, which finishes the Work; is_completed() reads the
+#: flag that finish sets, so it stays False until wait() returns, however long ago the data
+#: left (torch's ProcessGroupGloo.cpp; tests/test_writer_wakeups.py checks it on the installed
+#: torch). Polling them would never see them end: they are not polled, and stay in flight
+#: until waited, as they did when they were polled every POLL_INTERVAL_S.
+WAIT_ONLY = frozenset({("gloo", "send"), ("gloo", "recv")})
 #: A completed async op whose Work is still referenced but never waited is written after this
 #: many flush intervals (its t_wait stays null).
 HOLD_FLUSHES = 2
 #: Until the first part is written, flush this often (then every --flush-interval): a rank that
 #: crashes early still leaves its first ops (docs/trace-format.md).
 FIRST_FLUSH_S = 0.2
-#: The writer thread's wake-up period while no op is in flight (seconds; 0.05 with ops in
-#: flight, POLL_INTERVAL_S with Work objects to poll).
+#: While async ops are pending (or were, less than IDLE_AFTER_S ago), the writer thread looks
+#: at them this often (seconds): it releases those completed and waited or whose Work is gone
+#: (their tensors, kept for hazard detection, are let go then). 0.05 with a device timer or
+#: NCCL completion hooks, POLL_INTERVAL_S with Work objects to poll.
 IDLE_WAKE_S = 0.25
+#: With nothing pending for this long, the writer thread sleeps until its next flush; the next
+#: op that becomes pending wakes it (recorder's own pending listener).
+IDLE_AFTER_S = 1.0
 #: ... for at most this long (a rank that issues nothing does not rewrite its snapshot 5x/s).
 FIRST_FLUSH_WINDOW_S = 10.0
 
@@ -587,6 +602,11 @@ def _row_json(row) -> dict:
     return d
 
 
+def _pollable(row) -> bool:
+    """Whether polling ``is_completed()`` can see this op end (see WAIT_ONLY)."""
+    return (row[I_BACKEND], row[I_OP]) not in WAIT_ONLY
+
+
 def _bounded(rec):
     """The recorder's bounded-capture filter (capture/window.py), None when everything is
     recorded; built on first use from the config."""
@@ -674,7 +694,26 @@ class Recorder:
         self._idle_owed = False
         self._pend_lock = threading.Lock()
         self._write_lock = threading.RLock()
-        self._wake = threading.Event()
+        # The writer thread sleeps on this lock (held while nobody rang): wake() releases it.
+        # A bare lock, not an Event: ringing costs the ringing thread one C call, no Condition.
+        self._bell = threading.Lock()
+        self._bell.acquire()
+        #: The writer thread is polling Work objects every POLL_INTERVAL_S: a new op to poll is
+        #: seen within that, no ring needed. / It sleeps until its next flush (nothing pending
+        #: for IDLE_AFTER_S): the next op that becomes pending rings it.
+        self._polling = False
+        self._deep = False
+        self._listening = False
+        #: op_id -> PendingOp of the ops the writer polls (a Work without a future, not
+        #: complete): its 1 ms cycles look at these only, not at every pending op. Pruned by
+        #: the cycles (released or completed ops), refilled by add_pending and _service.
+        self._polled: dict = {}
+        #: The writer thread's counters (its own thread only): wake-ups, of them rung by
+        #: wake(), polling cycles, services of the pending ops, timed flushes.
+        self.writer_stats = {"wakeups": 0, "rung": 0, "polls": 0, "services": 0, "flushes": 0}
+        #: False: the writer thread writes no part on its own schedule, whoever set it calls
+        #: flush() (benchmarks/steps.py --writer sync: traced rounds write their own parts).
+        self.auto_flush = True
         self._stop = threading.Event()
         self._closed = False
         self._close_done = False
@@ -770,8 +809,11 @@ class Recorder:
     def add_pending_listener(self, fn) -> None:
         """`fn(count)` is called when the number of pending async ops goes 0 -> >0 or >0 -> 0
         (from any thread). Exceptions in `fn` are logged once. With :meth:`set_lazy_idle` the
-        >0 -> 0 is told late, by the writer thread, and a 0 -> >0 before it not at all."""
-        self._listeners.append(fn)
+        >0 -> 0 is told late, by the writer thread, and a 0 -> >0 before it not at all.
+        Adding a listener already there changes nothing (hazards.install after uninstall on
+        the same recorder added it again: each transition then called it once per install)."""
+        if fn not in self._listeners:
+            self._listeners.append(fn)
 
     def set_lazy_idle(self, lazy: bool) -> None:
         """Whether the listeners accept a late 0 (hazard detection's basic mode does: with
@@ -854,6 +896,8 @@ class Recorder:
                 self._dropped += 1
                 return p
             self._pending[p.op_id] = p
+        if p.work is not None and not has_future and _pollable(row):
+            self._polled[p.op_id] = p   # before wake(): see _sleep_s
         if n0 == 0 and self._listeners:
             self._tell_busy()
         return p
@@ -942,7 +986,26 @@ class Recorder:
             self._tell_idle()
 
     def wake(self) -> None:
-        self._wake.set()
+        """Have the writer thread poll the Work objects without a future soon (an op to poll
+        was added, a wait returned without completing one). Free when there is nothing to
+        poll or it is polling already."""
+        if self._polled and not self._polling:
+            self._ring()
+
+    def _ring(self) -> None:
+        try:
+            self._bell.release()
+        except RuntimeError:   # rung already, not yet heard
+            pass
+
+    def _pending_changed(self, count) -> None:
+        """Pending listener, registered only while the writer thread sleeps until its next
+        flush (nothing pending for IDLE_AFTER_S): an op became pending, wake it (it looks
+        every IDLE_WAKE_S from then on). Not a listener otherwise: a loop of async ops calls
+        no Python function of the writer's per op."""
+        if count and self._deep:
+            self._deep = False
+            self._ring()
 
     # ------------------------------------------------------------------ writer thread
 
@@ -975,33 +1038,113 @@ class Recorder:
             log.warn_once("writer-import", "trace writer unavailable", e)
         interval = max(0.05, float(self.config.flush_interval))
         first = min(FIRST_FLUSH_S, interval)
-        t_start = time.monotonic()
+        mono = time.monotonic
+        t_start = mono()
         next_flush = t_start + first
+        next_service = t_start + IDLE_WAKE_S
+        busy_until = t_start + IDLE_AFTER_S   # looks every IDLE_WAKE_S until then at least
+        st = self.writer_stats
+        bell = self._bell
+        # Every wake-up costs this thread 30-100 us of CPU on a loaded 2-core VM (the timed
+        # wait's system calls, the GIL), and takes the GIL from the training thread: it wakes
+        # only when something is due (docs/performance.md, "The writer thread's wake-ups").
         while not self._stop.is_set():
-            pending = list(self._pending.values())[:MAX_POLL]
-            has_poll = any(p.work is not None and p.row[I_T_END] is None for p in pending)
-            if has_poll:
-                timeout = POLL_INTERVAL_S
-            elif pending or self.device_timer is not None or _CH._enabled or _CH.HOOKED:
-                timeout = min(0.05, interval)
-            else:
-                # Nothing in flight: nothing to poll or release before the next flush. Each
-                # wake-up costs this thread about 0.1 ms of CPU on a loaded machine (and takes
-                # the GIL), so it wakes 4x/s instead of 20x/s (an op that needs polling wakes
-                # it at once; one completed by its future is looked at within IDLE_WAKE_S).
-                timeout = min(IDLE_WAKE_S, max(0.0, next_flush - time.monotonic()), interval)
-            self._wake.wait(timeout)
-            self._wake.clear()
+            now = mono()
+            timeout = self._sleep_s(now, next_flush, next_service, busy_until, interval)
+            rung = bell.acquire(True, timeout) if timeout > 0 else bell.acquire(False)
+            st["wakeups"] += 1
+            self._deep = False
+            if self._listening:
+                self._listening = False
+                try:   # in place: the C path holds this list
+                    self._listeners.remove(self._pending_changed)
+                except ValueError:
+                    pass
             if self._stop.is_set():
                 break
             try:
-                self._service(final=False)
-                if time.monotonic() >= next_flush:
+                now = mono()
+                if rung:
+                    # an op to poll (looked at once when issued), a device-timed op, an op that
+                    # became pending: nothing is due at once, the next sleep is shorter
+                    st["rung"] += 1
+                    busy_until = now + IDLE_AFTER_S
+                elif self._polled:
+                    self._poll_works()
+                flush_due = self.auto_flush and now >= next_flush
+                if now >= next_service or flush_due:
+                    st["services"] += 1
+                    self._service(final=False)
+                    now = mono()
+                    next_service = now + self._service_period()
+                    if self._pending:
+                        busy_until = now + IDLE_AFTER_S
+                if flush_due:
+                    st["flushes"] += 1
                     self.flush()
-                    early = not self._wrote_part and time.monotonic() < t_start + FIRST_FLUSH_WINDOW_S
-                    next_flush = time.monotonic() + (first if early else interval)
+                    early = not self._wrote_part and mono() < t_start + FIRST_FLUSH_WINDOW_S
+                    next_flush = mono() + (first if early else interval)
             except Exception as e:  # never die silently, never raise
                 log.warn_once("writer", "writer thread error", e)
+
+    def _service_period(self) -> float:
+        """Seconds between services of the pending ops: 0.05 with a device timer or NCCL
+        completion hooks (their records are merged, device times read back), else
+        IDLE_WAKE_S."""
+        if self.device_timer is not None or _CH._enabled or _CH.HOOKED:
+            return 0.05
+        return IDLE_WAKE_S
+
+    def _sleep_s(self, now, next_flush, next_service, busy_until, interval) -> float:
+        """How long the writer thread sleeps: POLL_INTERVAL_S while Work objects are to be
+        polled, until the next service while ops are pending (or were, recently), else
+        until the next flush. The flags are cleared before the state they describe is read:
+        a thread that adds an op to poll (or the first pending op) after that read sees the
+        flag down and rings."""
+        self._polling = False
+        if self._polled:
+            self._polling = True
+            return POLL_INTERVAL_S
+        t = (next_flush - now) if self.auto_flush else interval
+        if (self._pending or now < busy_until or self.device_timer is not None
+                or _CH._enabled or _CH.HOOKED or self._device_rows):
+            return max(0.0, min(t, next_service - now, interval))
+        # Asleep until the next flush: the first op that becomes pending rings (the listener,
+        # then the flag, then an owed "nothing pending" told, then the count read: an op made
+        # pending after that read is told to the listener; an owed 0 would swallow it).
+        self._listeners.append(self._pending_changed)
+        self._listening = True
+        self._deep = True
+        if self._idle_owed:
+            self._pay_idle()
+        if self._pending:
+            self._deep = False
+            return max(0.0, min(t, next_service - now, interval))
+        return max(0.0, min(t, interval))
+
+    def _poll_works(self) -> None:
+        """One polling cycle: ``is_completed()`` of the Work objects without a future that
+        are still in flight (at most MAX_POLL); completed, released or waited ones leave the
+        set."""
+        self.writer_stats["polls"] += 1
+        polled = self._polled
+        pending = self._pending
+        now = self.now_ns()
+        n = 0
+        for op_id, p in list(polled.items()):
+            w = p.work
+            if w is None or p.row[I_T_END] is not None or op_id not in pending:
+                polled.pop(op_id, None)
+                continue
+            if n >= MAX_POLL:
+                break
+            n += 1
+            try:
+                if w.is_completed():
+                    self.complete(p, now, "observed")
+                    polled.pop(op_id, None)
+            except Exception:
+                polled.pop(op_id, None)   # polled again by the next service, if still pending
 
     def _service(self, final: bool) -> None:
         """Read device times, poll Work objects without a future, release finished pending ops.
@@ -1017,11 +1160,16 @@ class Recorder:
         polled = 0
         for p in list(self._pending.values()):
             row = p.row
-            if row[I_T_END] is None and p.work is not None and not p.has_future and polled < MAX_POLL:
+            if (row[I_T_END] is None and p.work is not None and not p.has_future
+                    and polled < MAX_POLL and _pollable(row)):
                 polled += 1
                 try:
                     if p.work.is_completed():
                         self.complete(p, now, "observed")
+                    elif not final:
+                        # polled every POLL_INTERVAL_S from now on (an op the C path added
+                        # without waking this thread: --async-completion wait)
+                        self._polled[p.op_id] = p
                 except Exception:
                     pass
             if final:
@@ -1240,7 +1388,7 @@ class Recorder:
             pass
         try:
             self._stop.set()
-            self._wake.set()
+            self._ring()
             t = self._thread
             if t is not None and t is not threading.current_thread():
                 t.join(timeout=5.0)
