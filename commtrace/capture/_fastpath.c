@@ -449,6 +449,47 @@ static inline size_t site_hash(PyObject *code, int lasti) {
 }
 
 /* The call site: (file, line) of the first user frame above the wrapper; new ref. */
+#if PY_VERSION_HEX >= 0x030B0000
+/* sites.site_of_frame(f) for a frame `f` whose code is internal, walking out from its caller:
+ * frames whose code is known internal are skipped, the first known user frame's (file, line)
+ * comes from sites._site_pairs. NULL (no error) when the walk meets a code object not
+ * classified yet or a pair not cached: the caller asks site_of_frame, which fills the caches.
+ * Py_None when no user frame is left. */
+static PyObject *site_walk(FastCtx *c, PyFrameObject *f) {
+    PyFrameObject *g = PyFrame_GetBack(f);   /* new ref */
+    PyObject *res = NULL;
+    while (g != NULL) {
+        PyCodeObject *code = PyFrame_GetCode(g);
+        PyObject *k = PyLong_FromVoidPtr(code);
+        PyObject *internal = k != NULL ? PyDict_GetItemWithError(c->code_internal, k) : NULL;
+        if (internal == Py_True) {
+            PyFrameObject *up = PyFrame_GetBack(g);
+            Py_DECREF(k);
+            Py_DECREF(code);
+            Py_DECREF(g);
+            g = up;
+            continue;
+        }
+        if (internal == Py_False) {
+            PyObject *li = PyLong_FromLong(PyFrame_GetLasti(g));
+            PyObject *key = li == NULL ? NULL : PyTuple_Pack(2, k, li);
+            Py_XDECREF(li);
+            if (key != NULL) {
+                res = PyDict_GetItemWithError(c->site_pairs, key);
+                Py_XINCREF(res);
+                Py_DECREF(key);
+            }
+        }
+        Py_XDECREF(k);
+        Py_DECREF(code);
+        Py_DECREF(g);
+        CLEAR_ERR();
+        return res;
+    }
+    Py_RETURN_NONE;
+}
+#endif
+
 static PyObject *call_site(FastCtx *c) {
 #if PY_VERSION_HEX >= 0x030B0000
     /* The wrapper is a C callable: the current Python frame is the caller's. */
@@ -486,6 +527,13 @@ static PyObject *call_site(FastCtx *c) {
             }
         }
     }
+    if (res == NULL && k != NULL && !user && !PyErr_Occurred() &&
+        PyDict_GetItemWithError(c->code_internal, k) == Py_True)
+        /* Called from torch's or commtrace's code (DDP's comm hook inside backward(), FSDP2's
+         * collectives): sites.site_of_frame's walk, in C, over frames whose code is known; the
+         * first user frame's pair from the shared cache. Not cached here by the innermost
+         * frame: the user frame above it varies. */
+        res = site_walk(c, f);
     if (res == NULL) {
         if (PyErr_Occurred())
             CLEAR_ERR();
