@@ -394,6 +394,8 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
         # the same comparison between two untraced copies: 1 up to this run's resolution
         "control_ratio": sum(per["control"]) / sum(per["untraced"]),
         "control_ratio_ci95": bootstrap_ratio_ci(per["control"], per["untraced"]),
+        # the per-set control / untraced ratios (the spread the interval above comes from)
+        "control_ratios": [c / u for c, u in zip(per["control"], per["untraced"])],
         # the process's CPU time (training, backend and writer threads) per step, both ranks
         "untraced_cpu_ms": sum(pcpu["untraced"]) / rounds * 1e3,
         "cpu_ratio": sum(pcpu["traced"]) / sum(pcpu["untraced"]),
