@@ -362,3 +362,46 @@ def test_waited_async_op_is_queued_by_wait_itself(traced):
     (r,) = _rows(rec)
     assert r["async_op"] and r["t_end_ns"] == t_wait_end - 5
     assert r["t_enqueue_ns"] <= r["t_wait_ns"] <= r["t_wait_end_ns"] == t_wait_end
+
+
+@needs_c
+def test_c_path_entry_checks_follow_changes_between_calls(traced):
+    """The C path keeps its entry checks' answers while the dicts they come from are unchanged
+    (dict version tags): a change between two calls (the thread's api / detail override, the
+    step, a nesting depth, the recorder itself) is seen by the very next call, with the rows
+    the Python path writes in the same state."""
+    import torch
+
+    rec, pg = traced
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        return None
+
+    w = _wrap(all_reduce)
+    both = lambda: (w(torch.ones(4), group=pg), w.__commtrace_python__(torch.ones(4), group=pg))
+    both()                                  # caches warm: no override, no step yet
+    Wr.tls.api, Wr.tls.detail = "ddp_comm_hook", "bucket 3"
+    try:
+        both()
+    finally:
+        Wr.tls.api, Wr.tls.detail = None, None
+    rec.step = 5
+    both()
+    fast0, slow0, _ = cfast.counts()
+    Wr.tls.depth = 1                        # nested: not a row, handed to Python
+    try:
+        w(torch.ones(4), group=pg)
+    finally:
+        Wr.tls.depth = 0
+    R._set_recorder(None)                   # tracing off: not a row, torch's call only
+    w(torch.ones(4), group=pg)
+    R._set_recorder(rec)
+    fast1, slow1, _ = cfast.counts()
+    assert (fast1, slow1) == (fast0, slow0 + 1)
+    both()
+    assert cfast.counts()[0] == fast1 + 1
+    rows = _rows(rec)
+    got = [(r["api"], r["detail"], r["step"]) for r in rows]
+    assert got == [("all_reduce", None, None)] * 2 + [("ddp_comm_hook", "bucket 3", None)] * 2 \
+        + [("all_reduce", None, 5)] * 4, got
+    assert [r["seq"] for r in rows] == list(range(8))

@@ -30,8 +30,10 @@ VOLATILE = {"t_enqueue_ns", "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_
 def _job(tmp_path, nproc, env=None):
     p = run_traced(tmp_path, torchrun_cmd(os.path.join(SCRIPTS, "ddp_hook_equal.py"),
                                           nproc=nproc), env=env, timeout=240)
-    res = sorted((json.loads(line.split("DDPEQ ", 1)[1]) for line in p.stdout.splitlines()
-                  if line.startswith("DDPEQ ")), key=lambda r: r["rank"])
+    # torchrun may join two ranks' lines ("...}DDPEQ {..."): decode each object where it starts
+    dec = json.JSONDecoder()
+    res = sorted((dec.raw_decode(part)[0] for part in p.stdout.split("DDPEQ ")[1:]),
+                 key=lambda r: r["rank"])
     assert [r["rank"] for r in res] == list(range(nproc)), p.stdout[-2000:]
     return res, load_rows(tmp_path)
 

@@ -19,6 +19,22 @@
 
 /* Clear a pending error of commtrace's own (the check is cheaper than the clear). */
 #define CLEAR_ERR() do { if (PyErr_Occurred()) PyErr_Clear(); } while (0)
+
+/* A dict's version tag (PEP 509): CPython gives every modification of any dict a new,
+ * process-unique value, so an unchanged tag means the same keys and the same value objects.
+ * The wrapper's entry checks (recorder, thread state, NVTX, device timer, step) keep their
+ * last answers with the tags they were read under and redo the lookups only when a tag moved:
+ * after a blocking op's wait the caches are cold and each lookup is four or five distinct
+ * lines (dict, keys, index, entry, key), reading the tag is one (docs/performance.md).
+ * Only up to 3.11: from 3.12 the tag is deprecated and an instance's attributes can be stored
+ * beside a materialized __dict__, so there every call does the lookups, as before. */
+#if PY_VERSION_HEX < 0x030C0000
+#define HAVE_DVER 1
+#define DVER(d) (((PyDictObject *)(d))->ma_version_tag)
+#else
+#define HAVE_DVER 0
+#define DVER(d) ((uint64_t)0)
+#endif
 #include <time.h>
 #include <signal.h>
 
@@ -433,6 +449,47 @@ static inline size_t site_hash(PyObject *code, int lasti) {
 }
 
 /* The call site: (file, line) of the first user frame above the wrapper; new ref. */
+#if PY_VERSION_HEX >= 0x030B0000
+/* sites.site_of_frame(f) for a frame `f` whose code is internal, walking out from its caller:
+ * frames whose code is known internal are skipped, the first known user frame's (file, line)
+ * comes from sites._site_pairs. NULL (no error) when the walk meets a code object not
+ * classified yet or a pair not cached: the caller asks site_of_frame, which fills the caches.
+ * Py_None when no user frame is left. */
+static PyObject *site_walk(FastCtx *c, PyFrameObject *f) {
+    PyFrameObject *g = PyFrame_GetBack(f);   /* new ref */
+    PyObject *res = NULL;
+    while (g != NULL) {
+        PyCodeObject *code = PyFrame_GetCode(g);
+        PyObject *k = PyLong_FromVoidPtr(code);
+        PyObject *internal = k != NULL ? PyDict_GetItemWithError(c->code_internal, k) : NULL;
+        if (internal == Py_True) {
+            PyFrameObject *up = PyFrame_GetBack(g);
+            Py_DECREF(k);
+            Py_DECREF(code);
+            Py_DECREF(g);
+            g = up;
+            continue;
+        }
+        if (internal == Py_False) {
+            PyObject *li = PyLong_FromLong(PyFrame_GetLasti(g));
+            PyObject *key = li == NULL ? NULL : PyTuple_Pack(2, k, li);
+            Py_XDECREF(li);
+            if (key != NULL) {
+                res = PyDict_GetItemWithError(c->site_pairs, key);
+                Py_XINCREF(res);
+                Py_DECREF(key);
+            }
+        }
+        Py_XDECREF(k);
+        Py_DECREF(code);
+        Py_DECREF(g);
+        CLEAR_ERR();
+        return res;
+    }
+    Py_RETURN_NONE;
+}
+#endif
+
 static PyObject *call_site(FastCtx *c) {
 #if PY_VERSION_HEX >= 0x030B0000
     /* The wrapper is a C callable: the current Python frame is the caller's. */
@@ -470,6 +527,13 @@ static PyObject *call_site(FastCtx *c) {
             }
         }
     }
+    if (res == NULL && k != NULL && !user && !PyErr_Occurred() &&
+        PyDict_GetItemWithError(c->code_internal, k) == Py_True)
+        /* Called from torch's or commtrace's code (DDP's comm hook inside backward(), FSDP2's
+         * collectives): sites.site_of_frame's walk, in C, over frames whose code is known; the
+         * first user frame's pair from the shared cache. Not cached here by the innermost
+         * frame: the user frame above it varies. */
+        res = site_walk(c, f);
     if (res == NULL) {
         if (PyErr_Occurred())
             CLEAR_ERR();
@@ -1034,8 +1098,32 @@ static _Thread_local PyObject *t_tseq_g;   /* borrowed (the call holds it): read
 static _Thread_local long long t_tseq_hi = -1;   /* read at wait(), -1: not read */
 static int ts_at_wait = 1;   /* 0: read after the call (benchmarks/gapcheck.py compares) */
 
+static PyTypeObject *ts_type;   /* strong: the type whose getter ts_fn is */
+static PyObject *ts_fn;          /* type(g)._get_sequence_number_for_group, a builtin */
+
 static long long tseq_read(PyObject *g) {
-    PyObject *v = PyObject_CallMethodNoArgs(g, s_get_tseq);
+    PyObject *v;
+    if (Py_TYPE(g) != ts_type) {
+        /* torch's getter is a pybind builtin on the class: called with the group as its
+         * argument, with no bound method made per call. A Python override, or an instance
+         * attribute, is called the ordinary way. */
+        PyObject *f = PyObject_GetAttr((PyObject *)Py_TYPE(g), s_get_tseq);
+        PyObject *gd = f == NULL ? NULL : dict_of(g);
+        int own = gd != NULL && PyDict_GetItemWithError(gd, s_get_tseq) != NULL;
+        Py_XDECREF(gd);
+        CLEAR_ERR();
+        if (f != NULL && PyCFunction_Check(f) && !own) {
+            Py_XSETREF(ts_fn, f);
+            Py_INCREF(Py_TYPE(g));
+            Py_XSETREF(ts_type, Py_TYPE(g));
+        } else {
+            Py_XDECREF(f);
+            v = PyObject_CallMethodNoArgs(g, s_get_tseq);
+            goto got;
+        }
+    }
+    v = PyObject_CallOneArg(ts_fn, g);
+got:;
     long long x = as_ll(v);
     Py_XDECREF(v);
     if (x == NONE_LL || x < 0) {
@@ -1958,6 +2046,19 @@ static PyObject *async_counts(PyObject *module, PyObject *unused) {
 
 #define SLOW() do { last_slow_line = __LINE__; goto slow; } while (0)
 
+/* The entry checks' last answers and the dict tags they were read under (HAVE_DVER, above):
+ * the GIL guards them. Borrowed values: each dict holds its value while its tag is unchanged. */
+static struct {
+    PyObject *recmod_d; uint64_t recmod_v; PyObject *rec; int rec_ok;
+    PyObject *nvtx_d; uint64_t nvtx_v; int nvtx_ok;            /* NVTX seen inactive */
+    PyObject *rdict; uint64_t rdict_v; long long step; int rd_ok;   /* device timer None */
+} ent;
+static _Thread_local PyObject *t_st_d;     /* the thread's state dict, depth 0, no coalescing */
+static _Thread_local uint64_t t_st_v;
+static _Thread_local PyObject *t_api, *t_detail;
+/* Set by a blocking call this path records, for its own Work.wait (wait_vectorcall). */
+static _Thread_local int t_blk_wait;
+
 static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames) {
     FastCtx *c = (FastCtx *)self;
@@ -1967,12 +2068,32 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
              *root = NULL, *seq = NULL, *site = NULL, *op_id = NULL, *step = NULL,
              *ret = NULL;
     PyObject *tkey = NULL, *tname = NULL;   /* torch seq check (tseq_after): group, name */
-    long long t0, seq_v = -1, tlo = -1;
+    PyObject *api = NULL, *detail = NULL;   /* borrowed (the thread's state dict holds them) */
+    long long t0, seq_v = -1, tlo = -1, step_v = NONE_LL;
     Py_ssize_t tslot = -1;
 
-    rec = fast_attr(c->recmod_d, c->recmod, s_recorder);
-    if (rec == NULL)
-        SLOW();
+    /* The recorder (recorder._recorder): the last answer while the module's dict is unchanged. */
+    if (HAVE_DVER && ent.rec_ok && c->recmod_d == ent.recmod_d &&
+        DVER(ent.recmod_d) == ent.recmod_v) {
+        rec = ent.rec;
+        Py_INCREF(rec);
+    } else {
+        ent.rec_ok = 0;
+        tmp = c->recmod_d != NULL ? PyDict_GetItemWithError(c->recmod_d, s_recorder) : NULL;
+        if (tmp != NULL) {
+            rec = tmp;
+            Py_INCREF(rec);
+            ent.recmod_d = c->recmod_d;
+            ent.recmod_v = DVER(c->recmod_d);
+            ent.rec = rec;   /* borrowed: the dict holds it while its tag is unchanged */
+            ent.rec_ok = HAVE_DVER;
+        } else {
+            CLEAR_ERR();
+            rec = PyObject_GetAttr(c->recmod, s_recorder);
+            if (rec == NULL)
+                SLOW();
+        }
+    }
     if (rec == Py_None || t_depth) {
         /* Tracing off, or a call made inside a call this path is recording: not a row. */
         Py_DECREF(rec);
@@ -1991,28 +2112,95 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     } else {
         Py_INCREF(st);
     }
-    /* Nested call, coalescing manager, object-collective accumulation: Python handles it. */
-    tmp = PyDict_GetItemWithError(st, s_depth);
-    if (tmp == NULL || !PyLong_CheckExact(tmp) || PyLong_AsLong(tmp) != 0)
-        SLOW();
-    tmp = PyDict_GetItemWithError(st, s_coalesce);
-    if (tmp == NULL || tmp != Py_None)
-        SLOW();
-    tmp = fast_attr(c->nvtx_d, c->nvtx, s_active);
-    if (tmp == NULL)
-        SLOW();
-    {
+    /* Nested call, coalescing manager, object-collective accumulation: Python handles it.
+     * The api / detail overrides of rows issued in this context come from the same dict. */
+    if (HAVE_DVER && t_st_d == st && DVER(st) == t_st_v) {
+        api = t_api;
+        detail = t_detail;
+    } else {
+        t_st_d = NULL;
+        tmp = PyDict_GetItemWithError(st, s_depth);
+        if (tmp == NULL || !PyLong_CheckExact(tmp) || PyLong_AsLong(tmp) != 0)
+            SLOW();
+        tmp = PyDict_GetItemWithError(st, s_coalesce);
+        if (tmp == NULL || tmp != Py_None)
+            SLOW();
+        api = PyDict_GetItemWithError(st, s_api);
+        detail = api == NULL && PyErr_Occurred() ? NULL : PyDict_GetItemWithError(st, s_detail);
+        CLEAR_ERR();
+        api = api ? api : Py_None;           /* borrowed: the dict holds them */
+        detail = detail ? detail : Py_None;
+        if (HAVE_DVER) {
+            t_st_d = st;
+            t_st_v = DVER(st);
+            t_api = api;
+            t_detail = detail;
+        }
+    }
+    /* NVTX ranges (nvtx_ranges.active): checked again only when its module's dict changed. */
+    if (!(HAVE_DVER && ent.nvtx_ok && c->nvtx_d == ent.nvtx_d &&
+          DVER(ent.nvtx_d) == ent.nvtx_v)) {
+        ent.nvtx_ok = 0;
+        tmp = c->nvtx_d != NULL ? PyDict_GetItemWithError(c->nvtx_d, s_active) : NULL;
+        int in_dict = tmp != NULL;
+        if (in_dict) {
+            Py_INCREF(tmp);
+        } else {
+            CLEAR_ERR();
+            tmp = PyObject_GetAttr(c->nvtx, s_active);
+            if (tmp == NULL)
+                SLOW();
+        }
         int act = PyObject_IsTrue(tmp);
         Py_DECREF(tmp);
         if (act != 0)
             SLOW();
+        if (in_dict && HAVE_DVER) {
+            ent.nvtx_d = c->nvtx_d;
+            ent.nvtx_v = DVER(c->nvtx_d);
+            ent.nvtx_ok = 1;
+        }
     }
-    tmp = fast_attr(cst.rdict, rec, s_device_timer);
-    if (tmp == NULL)
-        SLOW();
-    Py_DECREF(tmp);
-    if (tmp != Py_None)
-        SLOW();
+    /* The device timer (must be None here) and the step: from the recorder's __dict__. */
+    {
+        PyObject *rd = cst.rdict;
+        if (HAVE_DVER && ent.rd_ok && rd != NULL && rd == ent.rdict &&
+            DVER(rd) == ent.rdict_v) {
+            step_v = ent.step;
+        } else {
+            ent.rd_ok = 0;
+            PyObject *dt = rd != NULL ? PyDict_GetItemWithError(rd, s_device_timer) : NULL;
+            int in_dict = dt != NULL;
+            if (in_dict) {
+                if (dt != Py_None)
+                    SLOW();
+            } else {
+                CLEAR_ERR();
+                dt = PyObject_GetAttr(rec, s_device_timer);
+                if (dt == NULL)
+                    SLOW();
+                Py_DECREF(dt);
+                if (dt != Py_None)
+                    SLOW();
+            }
+            step = rd != NULL ? PyDict_GetItemWithError(rd, s_step) : NULL;
+            if (step != NULL) {
+                Py_INCREF(step);
+            } else {
+                in_dict = 0;
+                CLEAR_ERR();
+                step = PyObject_GetAttr(rec, s_step);
+            }
+            step_v = as_ll(step);
+            CLEAR_ERR();
+            if (in_dict && HAVE_DVER) {
+                ent.rdict = rd;
+                ent.rdict_v = DVER(rd);
+                ent.step = step_v;
+                ent.rd_ok = 1;
+            }
+        }
+    }
     t0 = now_ns();
 
     /* Group -> PgInfo (cached by the Python side on first sight). */
@@ -2180,8 +2368,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         r.peer = as_ll(peer);
         r.root = as_ll(root);
         r.t0 = t0;
-        step = fast_attr(cst.rdict, rec, s_step);
-        r.step = as_ll(step);
+        r.step = step_v;
         r.count = as_ll(count);
         r.outb = as_ll(outb);
         r.thread = PyThread_get_thread_ident();
@@ -2198,12 +2385,9 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             op_id = PyIter_Next(cst.op_ids);
             r.op_id = as_ll(op_id);
         }
-        PyObject *api = PyDict_GetItemWithError(st, s_api);
-        PyObject *detail = PyDict_GetItemWithError(st, s_detail);
-        CLEAR_ERR();
         r.site = site; Py_INCREF(site);
-        r.api = api ? api : Py_None; Py_INCREF(r.api);
-        r.detail = detail ? detail : Py_None; Py_INCREF(r.detail);
+        r.api = api; Py_INCREF(r.api);
+        r.detail = detail; Py_INCREF(r.detail);
         r.dtype = dtype; Py_INCREF(dtype);
         r.dev = dev; Py_INCREF(dev);
         CLEAR_ERR();
@@ -2233,9 +2417,15 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
                 break;
             }
         }
+        /* What the row took is in r: let go of the rest now, while it is warm (after the
+         * wait it is not). The thread's state dict stays held by t_state. */
+        Py_CLEAR(st); Py_CLEAR(info); Py_CLEAR(count); Py_CLEAR(dtype); Py_CLEAR(dev);
+        Py_CLEAR(outb); Py_CLEAR(peer); Py_CLEAR(root); Py_CLEAR(seq); Py_CLEAR(site);
+        Py_CLEAR(op_id); Py_CLEAR(step);
         /* Inner wrapped calls are not rows of their own: C wrappers read t_depth, the
          * Python ones ask depth() (the same rule as tls.depth on the Python path). */
         t_depth = 1;
+        t_blk_wait = 1;
         /* A plain collective's number is read at its wait() (t_tseq_g, above tseq_after). */
         t_tseq_hi = -1;
         t_tseq_g = tkey != NULL && !c->has_peer && ts_at_wait ? tkey : NULL;
@@ -2243,6 +2433,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
         long long t1 = now_ns();
         t_depth = 0;
+        t_blk_wait = 0;
         t_tseq_g = NULL;
         long long thi = t_tseq_hi;
         t_tseq_hi = -1;
@@ -2374,6 +2565,13 @@ static PyObject *wait_vectorcall(PyObject *self, PyObject *const *args, size_t n
         PyObject *g = t_tseq_g;
         t_tseq_g = NULL;
         t_tseq_hi = tseq_read(g);
+    }
+    if (t_blk_wait) {
+        /* The first wait inside a blocking call this path records is that call's own Work,
+         * made inside it: not an op commtrace tracks (inner calls are not rows), so the
+         * Python wait would find nothing to do. No recorder or pending-op lookups. */
+        t_blk_wait = 0;
+        return PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
     }
     PyObject *rec = fast_attr(w->recmod_d, w->recmod, s_recorder);
     if (rec == NULL) {
@@ -2530,6 +2728,7 @@ static PyObject *depth(PyObject *module, PyObject *unused) {
 
 static PyObject *invalidate(PyObject *module, PyObject *unused) {
     pg_gen++;
+    ent.rec_ok = ent.nvtx_ok = ent.rd_ok = 0;
     for (Py_ssize_t i = 0; i < n_ctxs; i++) {
         FastCtx *c = ctxs[i];
         Py_CLEAR(c->last_key); Py_CLEAR(c->last_name); Py_CLEAR(c->last_info);

@@ -1050,7 +1050,11 @@ class Recorder:
         # only when something is due (docs/performance.md, "The writer thread's wake-ups").
         while not self._stop.is_set():
             now = mono()
-            timeout = self._sleep_s(now, next_flush, next_service, busy_until, interval)
+            try:
+                timeout = self._sleep_s(now, next_flush, next_service, busy_until, interval)
+            except Exception as e:  # never die: look again soon
+                log.warn_once("writer-sleep", "writer thread error", e)
+                timeout = min(IDLE_WAKE_S, interval)
             rung = bell.acquire(True, timeout) if timeout > 0 else bell.acquire(False)
             st["wakeups"] += 1
             self._deep = False
