@@ -157,14 +157,23 @@ MODES = ("untraced", "traced", "control")
 
 
 def _calibrate(fn, st, duration: float) -> float:
-    """Seconds per step of `fn`, timed over at least 2 steps and a quarter of `duration`."""
-    n, t0 = 0, time.perf_counter()
+    """Seconds per step of `fn` on the slower rank, timed over 4, 8, 16, ... steps until they
+    take a quarter of `duration` there. Every rank runs the same steps (the decision to go on
+    is taken on the ranks' maximum): a step's collectives must match across ranks."""
+    import torch
+    import torch.distributed as dist
+
+    n = 4
     while True:
-        fn(st, n)
-        n += 1
-        el = time.perf_counter() - t0
-        if n >= 2 and el >= duration / 4:
-            return el / n
+        dist.barrier()
+        t0 = time.perf_counter()
+        for i in range(n):
+            fn(st, i)
+        el = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(el, op=dist.ReduceOp.MAX)
+        if el.item() >= duration / 4 or n >= 4096:
+            return el.item() / n
+        n *= 2
 
 
 def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin="none",
@@ -219,9 +228,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         calib_s = None
         if steps is None:
             st, fn = copies["untraced"]
-            calib = torch.tensor([_calibrate(fn, st, duration)], dtype=torch.float64)
-            dist.all_reduce(calib, op=dist.ReduceOp.MAX)
-            calib_s = float(calib.item())
+            calib_s = _calibrate(fn, st, duration)
             steps = max(1, round(duration / calib_s))
             dist.barrier()
         rec.flush()   # the warm-ups' rows written now: the writer's CPU below is the rounds'
@@ -387,6 +394,8 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
         # the same comparison between two untraced copies: 1 up to this run's resolution
         "control_ratio": sum(per["control"]) / sum(per["untraced"]),
         "control_ratio_ci95": bootstrap_ratio_ci(per["control"], per["untraced"]),
+        # the per-set control / untraced ratios (the spread the interval above comes from)
+        "control_ratios": [c / u for c, u in zip(per["control"], per["untraced"])],
         # the process's CPU time (training, backend and writer threads) per step, both ranks
         "untraced_cpu_ms": sum(pcpu["untraced"]) / rounds * 1e3,
         "cpu_ratio": sum(pcpu["traced"]) / sum(pcpu["untraced"]),

@@ -33,7 +33,7 @@ def test_steps_benchmark_small_run(tmp_path):
         assert r["rounds"] == 3 and len(r["ratios"]) == 3 and r["round_target_s"] == 0.05
         assert 0 < r["calibrated_step_s"] < 10
         assert r["steps_per_round"] == max(1, round(0.05 / r["calibrated_step_s"]))
-        assert r["control"] == "mirror" and r["wall_s"] > 0
+        assert r["control"] == "mirror" and r["wall_s"] > 0 and len(r["control_ratios"]) == 3
         for k in ("ratio", "control_ratio", "cpu_ratio", "control_cpu_ratio"):
             lo, hi = r[k + "_ci95"]
             assert lo <= r[k] <= hi, k
