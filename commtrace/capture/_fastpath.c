@@ -74,6 +74,10 @@ typedef struct {
     /* The async path (as_issue): the Work type whose ops are tracked in C, once the Python
      * _track_work has seen one of them complete through a future (strong ref), else NULL. */
     PyObject *as_work_type;
+    /* Its Works have no future and only wait() ends them (recorder.WAIT_ONLY: gloo's
+     * isend / irecv): the backend they were learned on, else NULL. */
+    PyObject *as_nofut_backend;
+    int always_async;      /* isend / irecv: every call is async (ApiSpec.always_async) */
 } FastCtx;
 
 /* Interned names. */
@@ -102,6 +106,7 @@ static void ctx_clear_refs(FastCtx *c) {
     Py_CLEAR(c->g_n); Py_CLEAR(c->g_d); Py_CLEAR(c->x_n); Py_CLEAR(c->x_d); Py_CLEAR(c->y_n);
     Py_CLEAR(c->y_d); Py_CLEAR(c->a_n); Py_CLEAR(c->a_d); Py_CLEAR(c->r0_n); Py_CLEAR(c->r0_d);
     Py_CLEAR(c->r1_n); Py_CLEAR(c->r1_d); Py_CLEAR(c->as_work_type);
+    Py_CLEAR(c->as_nofut_backend);
 }
 
 /* Every live context (borrowed: a context leaves in its dealloc), so that invalidate() can drop
@@ -1665,14 +1670,39 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
         CLEAR_ERR();
         return;
     }
-    if (c->as_work_type == NULL || (PyObject *)Py_TYPE(work) != c->as_work_type) {
+    int learned = c->as_work_type != NULL && (PyObject *)Py_TYPE(work) == c->as_work_type;
+    int nofut = 0;
+    if (learned && c->as_nofut_backend != NULL) {
+        /* a Work without a future: tracked here only on the backend it was learned on */
+        PyObject *b = PyList_GET_ITEM(row, C_BACKEND);
+        learned = nofut = b == c->as_nofut_backend ||
+            (PyUnicode_Check(b) && PyUnicode_Compare(b, c->as_nofut_backend) == 0);
+        CLEAR_ERR();
+    }
+    if (!learned) {
         PyObject *p = PyObject_CallFunctionObjArgs(as_track_py, rec, row, work, tensors,
                                                    Py_None, NULL);
         if (p != NULL && Py_TYPE(p) == (PyTypeObject *)as_pending_type &&
-            (pget(p, P_HAS_FUTURE) == Py_True || !acst.callback) &&
             pget(p, P_DEVTOK) == Py_None) {
-            Py_INCREF(Py_TYPE(work));
-            Py_XSETREF(c->as_work_type, (PyObject *)Py_TYPE(work));
+            if (pget(p, P_HAS_FUTURE) == Py_True || !acst.callback) {
+                Py_INCREF(Py_TYPE(work));
+                Py_XSETREF(c->as_work_type, (PyObject *)Py_TYPE(work));
+                Py_CLEAR(c->as_nofut_backend);
+            } else if (pget(p, P_WORK) == work && pget(p, P_NVTX) == Py_None) {
+                /* No future (gloo's isend / irecv): tracked here when the writer does not
+                 * poll it either (recorder._pollable false: only wait() ends it), so that
+                 * the C path need not list it for polling. */
+                PyObject *pf = PyObject_GetAttrString(c->recmod, "_pollable");
+                PyObject *pv = pf ? PyObject_CallOneArg(pf, row) : NULL;
+                if (pv == Py_False) {
+                    Py_INCREF(Py_TYPE(work));
+                    Py_XSETREF(c->as_work_type, (PyObject *)Py_TYPE(work));
+                    PyObject *b = PyList_GET_ITEM(row, C_BACKEND);
+                    Py_INCREF(b);
+                    Py_XSETREF(c->as_nofut_backend, b);
+                }
+                Py_XDECREF(pf); Py_XDECREF(pv);
+            }
         }
         Py_XDECREF(p);
         Py_DECREF(tensors);
@@ -1680,7 +1710,7 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
         return;
     }
     PyObject *fut = NULL;
-    if (acst.callback) {
+    if (acst.callback && !nofut) {
         fut = PyObject_CallMethodNoArgs(work, s_get_future);
         if (fut == NULL) {   /* not this time: the Python function decides */
             CLEAR_ERR();
@@ -1745,6 +1775,15 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
         as_tell_busy(rec);
     if (done)
         as_complete(row, t_seen, s_how_observed);
+    if (nofut && acst.callback) {
+        /* _track_work's rec.wake(): free unless the writer has other Works to poll */
+        PyObject *pl = PyDict_GetItemString(acst.rdict, "_polled");
+        if (pl == NULL || !PyDict_Check(pl) || PyDict_GET_SIZE(pl) > 0) {
+            PyObject *z = PyObject_CallMethodNoArgs(rec, s_wake);
+            Py_XDECREF(z);
+        }
+        CLEAR_ERR();
+    }
     if (fut != NULL && t_ddp_take != NULL) {
         /* the DDP hook's continuation stamps its completion (ddp_then) */
         Py_INCREF(fut); Py_INCREF(row);
@@ -2251,6 +2290,12 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     }
     int is_async = 0;
     PyObject *x_arg = NULL, *y_arg = NULL;   /* borrowed: the tensors (hazard detection) */
+    if (c->always_async) {
+        /* isend / irecv: recorded here when the recorder allows the async path */
+        if (!as_usable(rec))
+            SLOW();
+        is_async = 1;
+    }
     if (c->a_n != Py_None) {
         PyObject *a = slot(args, nargs, kwnames, c->a_i, c->a_n, c->a_d);
         int t = a == Py_False || a == Py_None ? 0 : PyObject_IsTrue(a);
@@ -2533,7 +2578,7 @@ static PyObject *make_ctx(PyObject *module, PyObject *args) {
     }
     struct { const char *k; int *v; } fl[] = {
         {"has_y", &c->has_y}, {"has_root", &c->has_root}, {"has_peer", &c->has_peer},
-        {"is_send", &c->is_send},
+        {"is_send", &c->is_send}, {"always_async", &c->always_async},
     };
     for (size_t j = 0; j < sizeof(fl) / sizeof(fl[0]); j++) {
         PyObject *v = PyDict_GetItemString(flags, fl[j].k);

@@ -802,7 +802,8 @@ def make_wrapper(api: str, orig, spec):
 
     inout = bool(in_name) and in_kind == "" and bool(out_name) and out_kind == "" \
         and out_name != in_name
-    if _cfast is not None and not is_object and not always_async and (single or inout):
+    if _cfast is not None and not is_object and (single or inout) \
+            and (not always_async or hasattr(_cfast, "set_async")):
         try:
             r0, r1 = (peer or root or ("", ""))
             ctx_args = (
@@ -813,7 +814,7 @@ def make_wrapper(api: str, orig, spec):
                  "y": reader.slot(out_name) if inout else (1 << 30, None, None),
                  "async": (a_i, a_n, a_d), "r0": reader.slot(r0), "r1": reader.slot(r1)},
                 {"has_y": inout, "has_root": bool(root), "has_peer": bool(peer),
-                 "is_send": is_send})
+                 "is_send": is_send, "always_async": always_async})
             ctx = _cfast.make_ctx(orig, *ctx_args)
             _CTX_ARGS[api] = ctx_args
         except Exception as e:

@@ -1,6 +1,6 @@
 """Async ops of the shapes the C async path records (issue 20), for the test that the C and
 the Python paths write the same rows: every tensor collective with async_op=True and wait(),
-several in flight waited out of order, a host read before wait (a hazard row), Works dropped
+several in flight waited out of order, isend / irecv, a host read before wait (a hazard row), Works dropped
 unwaited, and DDP's gradient all-reduce through commtrace's comm hook."""
 
 import torch
@@ -31,6 +31,20 @@ w.wait()
 # not waited: the Works are dropped at once (written when complete)
 for _ in range(3):
     dist.all_reduce(torch.ones(3), async_op=True)
+# point-to-point (gloo: Works without a future, ended only by wait()), then several in
+# flight waited in reverse order
+peer = 1 - rank
+for i in range(3):
+    if rank == 0:
+        dist.isend(torch.full((5,), float(i)), dst=peer).wait()
+        dist.irecv(torch.empty(5), src=peer).wait()
+    else:
+        dist.irecv(torch.empty(5), src=peer).wait()
+        dist.isend(torch.full((5,), float(i)), dst=peer).wait()
+ws = [dist.isend(torch.ones(7), dst=peer) for _ in range(3)]
+ws += [dist.irecv(torch.empty(7), src=peer) for _ in range(3)]
+for w in reversed(ws):
+    w.wait()
 # DDP's gradient all-reduce (commtrace's comm hook: api ddp_comm_hook, detail names the bucket)
 torch.manual_seed(0)
 m = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)))
