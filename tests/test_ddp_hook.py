@@ -145,3 +145,35 @@ def test_ddp_pure_python_gradients_equal_untraced(tmp_path):
     res, rows = _job(tmp_path, 2, env={"COMMTRACE_PURE_PYTHON": "1"})
     assert not any(r["c_hook"] for r in res)
     _check(res, rows, torch_hook_equal=True)
+
+
+@needs_c
+@pytest.mark.parametrize("kind", ["c++", "c"])
+def test_ddp_join_shadow_allreduces_complete(tmp_path, request, kind):
+    """DDP's join mode: the joined rank's shadow all-reduces run the hook through
+    ``Reducer._run_comm_hook`` and are waited in Python, never read by ``parseHookResult``;
+    the C++ hook's completion times (queued by its continuations without the GIL) are written
+    by the writer thread's service all the same: every bucket's row has its end time."""
+    if kind == "c++":
+        env = {"COMMTRACE_CACHE_DIR": request.getfixturevalue("cxx_hook_cache")}
+    else:
+        env = {"COMMTRACE_DDP_CXX": "0"}
+    p = run_traced(tmp_path, torchrun_cmd(os.path.join(SCRIPTS, "ddp_join.py")), env=env,
+                   timeout=240)
+    dec = json.JSONDecoder()
+    res = sorted((dec.raw_decode(part)[0] for part in p.stdout.split("DDPJOIN ")[1:]),
+                 key=lambda r: r["rank"])
+    assert [r["rank"] for r in res] == [0, 1], p.stdout[-2000:]
+    assert all(r["hook_kind"] == (kind if kind == "c++" else None) for r in res), res
+    rows = load_rows(tmp_path)
+    per_rank = {}
+    for r in res:
+        ops = [x for x in rows if x["kind"] == "op" and x["rank"] == r["rank"]
+               and x["api"] == "ddp_comm_hook"]
+        per_rank[r["rank"]] = ops
+        for x in ops:
+            assert x["t_end_ns"] is not None and x["completion"] in ("callback", "observed"), x
+            assert x["t_enqueue_ns"] <= x["t_return_ns"] <= x["t_end_ns"]
+    # rank 1 joined after 2 of 6 steps: its DDP shadowed rank 0's later buckets
+    assert res[1]["steps"] < res[0]["steps"]
+    assert len(per_rank[1]) == len(per_rank[0]) > 0, {k: len(v) for k, v in per_rank.items()}

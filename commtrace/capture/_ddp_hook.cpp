@@ -13,7 +13,8 @@
 //   - parseHookResult (the training thread, after DDP has waited for the bucket) takes the
 //     GIL only when stamps are queued, and writes them into their rows (as_complete: the
 //     writer thread releases an op with a future only once its row has an end time, so a
-//     stamp written here rather than on the backend's thread changes no row).
+//     stamp written here rather than on the backend's thread changes no row); so do the next
+//     runHook and the writer thread's service (flush_all), whichever comes first.
 // Anything ddp_issue does not take (a hook of the user's, tracing off, a CUDA bucket, ...)
 // goes to the Python dispatcher (ddp._dispatch) as through PythonCommHook.
 //
@@ -50,6 +51,8 @@ constexpr const char* kCapsule = "commtrace.capture._fastpath.ddp_cxx_api";
 // Completion stamps queued by the continuations (any thread) until a thread holding the GIL
 // writes them into their rows. Shared with the continuations, which may outlive the hook.
 struct Stamps {
+  explicit Stamps(const DdpCxxApi* a) : api(a) {}
+  const DdpCxxApi* api;
   struct Stamp {
     PyObject* row;   // a reference owned by the stamp, released with the GIL
     long long t;
@@ -66,7 +69,7 @@ struct Stamps {
   }
 
   // The GIL is held.
-  void flush(const DdpCxxApi* api) {
+  void flush() {
     if (n.load(std::memory_order_acquire) == 0)
       return;
     std::vector<Stamp> got;
@@ -81,6 +84,29 @@ struct Stamps {
     }
   }
 };
+
+// Every hook's stamps, for flush_all (the writer thread's service: stamps of buckets whose
+// result DDP does not read through parseHookResult, e.g. the shadow all-reduces of DDP's join
+// mode, are written within a service period, and before the rows are written at close).
+std::mutex registry_mu;
+std::vector<std::weak_ptr<Stamps>> registry;
+
+void flush_all() {   // the GIL is held (called from Python)
+  std::vector<std::shared_ptr<Stamps>> live;
+  {
+    std::lock_guard<std::mutex> g(registry_mu);
+    std::vector<std::weak_ptr<Stamps>> kept;
+    for (auto& w : registry) {
+      if (auto s = w.lock()) {
+        live.push_back(s);
+        kept.push_back(w);
+      }
+    }
+    registry.swap(kept);
+  }
+  for (auto& s : live)
+    s->flush();
+}
 
 // One issued bucket's continuation state.
 struct Pending {
@@ -101,7 +127,10 @@ class CommtraceHook : public c10d::CommHookInterface {
  public:
   CommtraceHook(py::object state, py::object fallback, const DdpCxxApi* api)
       : state_(std::move(state)), fallback_(std::move(fallback)), api_(api),
-        stamps_(std::make_shared<Stamps>()) {}
+        stamps_(std::make_shared<Stamps>(api)) {
+    std::lock_guard<std::mutex> g(registry_mu);
+    registry.push_back(stamps_);
+  }
 
   ~CommtraceHook() override {
     if (!Py_IsInitialized()) {
@@ -111,14 +140,14 @@ class CommtraceHook : public c10d::CommHookInterface {
       return;
     }
     py::gil_scoped_acquire gil;
-    stamps_->flush(api_);
+    stamps_->flush();
     state_ = py::object();
     fallback_ = py::object();
   }
 
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
     py::gil_scoped_acquire gil;
-    stamps_->flush(api_);
+    stamps_->flush();
     PyObject* buf = THPVariable_Wrap(bucket.getBufferRef());
     if (buf == nullptr)
       throw python_error();
@@ -170,7 +199,7 @@ class CommtraceHook : public c10d::CommHookInterface {
   at::Tensor parseHookResult(const c10::IValue& result) override {
     if (stamps_->n.load(std::memory_order_acquire) != 0) {
       py::gil_scoped_acquire gil;
-      stamps_->flush(api_);
+      stamps_->flush();
     }
     if (result.isPyObject()) {
       // a future of the Python dispatcher's: its value is a Python object
@@ -213,4 +242,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "commtrace's DDP comm hook in C++ (built against the installed torch)";
   m.attr("API_VERSION") = kApiVersion;
   m.def("register", &register_hook, "register(reducer, state, fallback, capsule)");
+  m.def("flush_all", &flush_all,
+        "Write the completion times queued by every hook's continuations into their rows.");
 }

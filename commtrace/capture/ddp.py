@@ -192,6 +192,9 @@ def _register_cxx(ddp, state, c_hook) -> bool:
         log.warn_once("ddp-cxx", "the C++ DDP comm hook did not register; using the C one", e)
         return False
     ddp.__dict__["_commtrace_hook_kind"] = "c++"
+    fl = getattr(mod, "flush_all", None)
+    if fl is not None and fl not in _R.STAMP_FLUSHERS:
+        _R.STAMP_FLUSHERS.append(fl)
     return True
 
 
