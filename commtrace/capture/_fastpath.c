@@ -395,6 +395,57 @@ static PyObject *dict_of(PyObject *obj) {
  * method lookup. Other types (subclasses) go through the ordinary method calls. */
 static PyObject *t_numel, *t_getdev, *t_dtype, *t_types;
 
+/* What those three accessors touch first, prefetched when a call enters this path (issue 20).
+ * At 2 ranks every op enters with cold caches (its previous wait slept while gloo's threads
+ * and other processes ran), and the tensor's facts were the largest part of what the wrapper
+ * adds: a knock-out build (2026-12-02 10:19-10:50 UTC, 2 ranks pinned, load 5-8) gave 1.8-2.5
+ * us of thread CPU per op for numel + dtype + get_device, against 0.5-1.2 for any one of them.
+ * Their code is torch's (cannot be kept warm from here) but its addresses are known: the
+ * PyMethodDef / getset functions of the descriptors. Prefetched at entry, their misses overlap
+ * the entry checks and the group lookup instead of stalling one after the other. Addresses
+ * only: nothing of torch's is read or called here. */
+#define PF_MAX 16
+static const void *pf_addr[PF_MAX];
+static int pf_n, pf_on = 1;
+
+static void pf_add(const void *p, int lines) {
+    for (int i = 0; p != NULL && i < lines && pf_n < PF_MAX; i++)
+        pf_addr[pf_n++] = (const char *)p + 64 * i;
+}
+
+static void pf_setup(void) {
+    pf_n = 0;
+    PyObject *meth[2] = {t_numel, t_getdev};
+    for (int i = 0; i < 2; i++) {
+        if (meth[i] != NULL && Py_IS_TYPE(meth[i], &PyMethodDescr_Type)) {
+            PyMethodDef *m = ((PyMethodDescrObject *)meth[i])->d_method;
+            pf_add(meth[i], 1);
+            pf_add(m, 1);
+            pf_add((const void *)m->ml_meth, 2);
+        }
+    }
+    if (t_dtype != NULL && Py_IS_TYPE(t_dtype, &PyGetSetDescr_Type)) {
+        PyGetSetDef *g = ((PyGetSetDescrObject *)t_dtype)->d_getset;
+        pf_add(t_dtype, 1);
+        pf_add((const void *)g->get, 2);
+    }
+}
+
+/* *flag = truth of arg; returns the previous value as a bool (the set_* switches). */
+static PyObject *swap_flag(int *flag, PyObject *arg) {
+    int old = *flag;
+    int v = PyObject_IsTrue(arg);
+    if (v < 0)
+        return NULL;
+    *flag = v;
+    return PyBool_FromLong(old);
+}
+
+/* set_prefetch(flag) -> the previous flag (benchmarks compare with it off). */
+static PyObject *set_prefetch(PyObject *module, PyObject *arg) {
+    return swap_flag(&pf_on, arg);
+}
+
 static PyObject *set_tensor_api(PyObject *module, PyObject *args) {
     PyObject *numel, *getdev, *dtype, *types;
     if (!PyArg_ParseTuple(args, "OOOO!", &numel, &getdev, &dtype, &PyTuple_Type, &types))
@@ -407,6 +458,7 @@ static PyObject *set_tensor_api(PyObject *module, PyObject *args) {
     Py_INCREF(getdev); Py_XSETREF(t_getdev, getdev);
     Py_INCREF(dtype); Py_XSETREF(t_dtype, dtype);
     Py_INCREF(types); Py_XSETREF(t_types, types);
+    pf_setup();
     Py_RETURN_NONE;
 }
 
@@ -1163,12 +1215,7 @@ static void tseq_after(PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *na
 /* set_tseq_at_wait(flag) -> the previous flag: a blocking call's number read at its wait()
  * (1, the default) or after the call returns (0). */
 static PyObject *set_tseq_at_wait(PyObject *module, PyObject *arg) {
-    int old = ts_at_wait;
-    int v = PyObject_IsTrue(arg);
-    if (v < 0)
-        return NULL;
-    ts_at_wait = v;
-    return PyBool_FromLong(old);
+    return swap_flag(&ts_at_wait, arg);
 }
 
 /* set_tseq(on_gap or None): turn the gap check on (off). */
@@ -1483,19 +1530,39 @@ static void as_release(PyObject *rec, PyObject *p) {
         as_tell_idle(rec);
 }
 
-/* The future's done-callback: the completion time (runs on the backend's thread, GIL held). */
+/* A completion callback of one async op (runs on the backend's thread, GIL held): it stamps
+ * the op's row with the time it ran. The future's done-callback (done_vectorcall) and the DDP
+ * hook's continuation (ddp_then_vectorcall, below) are this object with their own vectorcall. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *row;
-    int attaching;   /* run at once by add_done_callback: the op ended while it was attached */
+    PyObject *row;   /* NULL: nothing to stamp (the op's stamp is someone else's) */
+    int attaching;   /* run at once by add_done_callback / then: the op ended while attached */
 } DoneCB;
+
+static PyTypeObject DoneType;
+
+/* A new callback for row (a new reference to it is taken), attaching until its caller says. */
+static DoneCB *done_new(PyObject *row, vectorcallfunc vc) {
+    DoneCB *cb = PyObject_New(DoneCB, &DoneType);
+    if (cb == NULL)
+        return NULL;
+    cb->vectorcall = vc;
+    cb->row = row;
+    Py_XINCREF(row);
+    cb->attaching = 1;
+    return cb;
+}
+
+/* Recorder.complete of the callback's row at t: "observed" while attaching, else "callback". */
+static void done_stamp(DoneCB *d, long long t) {
+    if (d->row != NULL)
+        as_complete(d->row, t, d->attaching ? s_how_observed : s_how_callback);
+}
 
 static PyObject *done_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
-    long long t = now_ns();
-    DoneCB *d = (DoneCB *)self;
-    as_complete(d->row, t, d->attaching ? s_how_observed : s_how_callback);
+    done_stamp((DoneCB *)self, now_ns());
     Py_RETURN_NONE;
 }
 
@@ -1509,7 +1576,8 @@ static PyTypeObject DoneType = {
     .tp_name = "commtrace.capture._fastpath.Done",
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     VECTORCALL_SLOTS(DoneCB, done_dealloc),
-    .tp_doc = "Completion callback of one async op recorded by commtrace.",
+    .tp_doc = "Completion callback of one async op recorded by commtrace (a future's "
+              "done-callback, or a DDP bucket's continuation).",
 };
 
 /* The full row of an async call (recorder.expand(rank, pre, None) of its record). */
@@ -1790,12 +1858,8 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
         t_ddp_take->fut = fut;
         t_ddp_take->row = row;
     } else if (!done && fut != NULL) {
-        DoneCB *cb = PyObject_New(DoneCB, &DoneType);
+        DoneCB *cb = done_new(row, done_vectorcall);
         if (cb != NULL) {
-            cb->vectorcall = done_vectorcall;
-            cb->row = row;
-            Py_INCREF(row);
-            cb->attaching = 1;
             PyObject *x2 = PyObject_CallMethodOneArg(fut, s_add_done_callback, (PyObject *)cb);
             cb->attaching = 0;
             Py_XDECREF(x2);
@@ -2111,6 +2175,14 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     long long t0, seq_v = -1, tlo = -1, step_v = NONE_LL;
     Py_ssize_t tslot = -1;
 
+    if (pf_on) {
+        /* torch's tensor accessors, the tensor, the device names (pf_setup, above) */
+        for (int i = 0; i < pf_n; i++)
+            __builtin_prefetch(pf_addr[i]);
+        if (c->x_i >= 0 && c->x_i < nargs)
+            __builtin_prefetch(args[c->x_i]);
+        __builtin_prefetch(c->dev_names);
+    }
     /* The recorder (recorder._recorder): the last answer while the module's dict is unchanged. */
     if (HAVE_DVER && ent.rec_ok && c->recmod_d == ent.recmod_d &&
         DVER(ent.recmod_d) == ent.recmod_v) {
@@ -2880,18 +2952,12 @@ static struct {
 static unsigned long long n_ddp, n_ddp_fallback;
 static PyObject *s_user_hook, *s_scale, *s_buffer, *s_index, *s_allreduce, *s_then, *s_value;
 
-/* The continuation of one bucket's all_reduce (the `.then` callback of its Work's future). */
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *row;             /* NULL: only the value (the op's stamp is someone else's) */
-    int attaching;             /* run at once by then(): the op ended while it was attached */
-} DdpThen;
-
+/* The continuation of one bucket's all_reduce (the `.then` callback of its Work's future): a
+ * DoneCB (done_new) whose row, if any, it stamps once, then the bucket's value. */
 static PyObject *ddp_then_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                      PyObject *kwnames) {
     long long t = now_ns();
-    DdpThen *d = (DdpThen *)self;
+    DoneCB *d = (DoneCB *)self;
     if (PyVectorcall_NARGS(nargsf) != 1) {
         PyErr_SetString(PyExc_TypeError, "ddp_then(future)");
         return NULL;
@@ -2899,7 +2965,7 @@ static PyObject *ddp_then_vectorcall(PyObject *self, PyObject *const *args, size
     if (d->row != NULL) {
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
-        as_complete(d->row, t, d->attaching ? s_how_observed : s_how_callback);
+        done_stamp(d, t);
         Py_CLEAR(d->row);
         CLEAR_ERR();
         PyErr_Restore(et, ev, etb);
@@ -2915,19 +2981,6 @@ static PyObject *ddp_then_vectorcall(PyObject *self, PyObject *const *args, size
     Py_DECREF(v);
     return x;
 }
-
-static void ddp_then_dealloc(DdpThen *d) {
-    Py_CLEAR(d->row);
-    Py_TYPE(d)->tp_free((PyObject *)d);
-}
-
-static PyTypeObject DdpThenType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "commtrace.capture._fastpath.DdpThen",
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    VECTORCALL_SLOTS(DdpThen, ddp_then_dealloc),
-    .tp_doc = "Continuation of a DDP bucket's all_reduce recorded by commtrace.",
-};
 
 /* ddp_allreduce(tensor, op, group, async_op): what torch's all_reduce does for the hook's
  * call (a dense real tensor, ReduceOp.SUM, a group this rank is a member of, async, not in a
@@ -3058,18 +3111,15 @@ static PyObject *ddp_hook(PyObject *module, PyObject *const *args, Py_ssize_t na
         goto done;
     n_ddp++;
     {
-        DdpThen *cb = PyObject_New(DdpThen, &DdpThenType);
+        DoneCB *cb = done_new(take.row, ddp_then_vectorcall);
         if (cb == NULL)
             goto done;
-        cb->vectorcall = ddp_then_vectorcall;
-        cb->row = take.row;
-        take.row = NULL;
+        Py_CLEAR(take.row);
         PyObject *fut = take.fut;
         take.fut = NULL;
         if (fut == NULL)
             fut = PyObject_CallMethodNoArgs(work, s_get_future);
         if (fut != NULL) {
-            cb->attaching = 1;
             PyObject *av[2] = {fut, (PyObject *)cb};
             ret = PyObject_VectorcallMethod(s_then, av, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
                                             NULL);
@@ -3129,8 +3179,6 @@ static PyObject *ddp_counts(PyObject *module, PyObject *unused) {
 }
 
 static int ddp_init(void) {
-    if (PyType_Ready(&DdpThenType) < 0)
-        return -1;
 #define DDP_INTERN(var, text) do { var = PyUnicode_InternFromString(text); if (!var) return -1; } while (0)
     DDP_INTERN(s_user_hook, "user_hook"); DDP_INTERN(s_scale, "scale");
     DDP_INTERN(s_buffer, "buffer"); DDP_INTERN(s_index, "index");
@@ -3176,6 +3224,8 @@ static PyMethodDef methods[] = {
     {"async_off", async_off, METH_NOARGS, "Hand async calls to the Python wrapper again."},
     {"set_tseq_at_wait", set_tseq_at_wait, METH_O,
      "set_tseq_at_wait(flag) -> previous: read a blocking call's torch seq at its wait()."},
+    {"set_prefetch", set_prefetch, METH_O,
+     "set_prefetch(flag) -> previous: prefetch torch's tensor accessors at entry (default on)."},
     {"set_tseq", set_tseq, METH_O,
      "set_tseq(on_gap or None): check torch's per-group seq after each call (torchseq.py)."},
     {"async_counts", async_counts, METH_NOARGS,
