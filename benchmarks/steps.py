@@ -532,10 +532,14 @@ def main(argv=None) -> int:
     import torch.distributed  # noqa: F401
     import torch.nn.parallel  # noqa: F401
 
-    from commtrace.capture import wrappers
+    from commtrace.capture import accel, wrappers
 
+    # DDP's comm hook: C++ where `commtrace accel build` built it for this torch, else C
+    ddp_hook = ("python" if wrappers._cfast is None or os.environ.get("COMMTRACE_DDP_C") == "0"
+                else "c++" if accel.load() is not None else "c")
     print(f"steps: torch {torch.__version__}, C fast path "
-          f"{'on' if wrappers._cfast is not None else 'OFF'}; {uptime()}", flush=True)
+          f"{'on' if wrappers._cfast is not None else 'OFF'}, DDP comm hook {ddp_hook}; "
+          f"{uptime()}", flush=True)
     results = []
     for w in a.workloads:
         dw, ds_ = DEFAULTS[w]
@@ -543,6 +547,7 @@ def main(argv=None) -> int:
         r = run_workload(w, a.rounds, a.warmup if a.warmup is not None else dw, steps,
                          a.timeout, a.writer == "sync", a.pin, a.duration, a.control)
         r["c_fast_path"] = wrappers._cfast is not None
+        r["ddp_comm_hook"] = ddp_hook
         results.append(r)
         print("\n".join(report(r)), flush=True)
     if a.json:

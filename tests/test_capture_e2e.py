@@ -61,7 +61,10 @@ def ddp_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("ddp")
     out, counts = d / "trace", d / "counts"
     p = run_traced(out, torchrun_cmd(os.path.join(SCRIPTS, "capture_ddp_count.py"), "--steps", 12),
-                   opts=("--flush-interval", "0.5"), env={"COUNT_DIR": str(counts)})
+                   opts=("--flush-interval", "0.5"),
+                   # the count is of the hook registered through dist._register_comm_hook: not
+                   # the C++ hook (commtrace accel build), registered on the Reducer in C++
+                   env={"COUNT_DIR": str(counts), "COMMTRACE_DDP_CXX": "0"})
     n = {r: json.load(open(counts / f"rank{r}.json"))["n"] for r in (0, 1)}
     return out, load_rows(out), n, p
 

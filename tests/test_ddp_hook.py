@@ -1,5 +1,6 @@
 """commtrace's DDP comm hook (issue 20): traced DDP computes untraced DDP's gradients bit for bit,
-and the hook in C records the rows the Python dispatcher records.
+and the hook in C, and the hook in C++ (built here as a user builds it: ``commtrace accel
+build``), record the rows the Python dispatcher records.
 
 One real gloo job (tests/scripts/ddp_hook_equal.py) trains the same model on the same data four
 times: untraced (DDP's C++ all-reduce), traced through the C hook, traced through the Python
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -40,7 +42,34 @@ def _job(tmp_path, nproc, env=None):
 
 @pytest.fixture(scope="module")
 def job2(tmp_path_factory):
-    return _job(tmp_path_factory.mktemp("ddp-hook-2"), 2)
+    # the C hook: the C++ one off, whatever is built in this user's cache
+    return _job(tmp_path_factory.mktemp("ddp-hook-2"), 2, env={"COMMTRACE_DDP_CXX": "0"})
+
+
+@pytest.fixture(scope="session")
+def cxx_hook_cache(request):
+    """The C++ hook built for this torch, as ``commtrace accel build`` builds it, into a cache
+    directory kept between test sessions (pytest's cache: a rebuild only when torch, Python,
+    commtrace's version or the source change). Skipped only without a C++ compiler."""
+    if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
+        pytest.skip("no C++ compiler (c++ / g++ / $CXX): the C++ DDP hook cannot be built")
+    d = str(request.config.cache.mkdir("commtrace-accel"))
+    import subprocess
+    import sys
+
+    from conftest import clean_env
+
+    p = subprocess.run([sys.executable, "-m", "commtrace", "accel", "build"],
+                       env=clean_env({"COMMTRACE_CACHE_DIR": d}), capture_output=True,
+                       text=True, timeout=1200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return d
+
+
+@pytest.fixture(scope="module")
+def job2_cxx(tmp_path_factory, cxx_hook_cache):
+    return _job(tmp_path_factory.mktemp("ddp-hook-2-cxx"), 2,
+                env={"COMMTRACE_CACHE_DIR": cxx_hook_cache})
 
 
 def _ddp_rows(rows, rank, window):
@@ -87,7 +116,18 @@ def _check(res, rows, torch_hook_equal):
 
 def test_ddp_traced_gradients_equal_untraced_and_c_rows_equal_python_rows(job2):
     res, rows = job2
+    assert all(r["hook_kind"] is None for r in res), res   # COMMTRACE_DDP_CXX=0
     # 2 ranks: torch's div_ by 2 is exact too
+    _check(res, rows, torch_hook_equal=True)
+
+
+@needs_c
+def test_ddp_cxx_hook_gradients_equal_untraced_and_rows_equal_python_rows(job2_cxx):
+    """The C++ hook (registered on DDP's C++ Reducer; it records through the C hook's code and
+    stamps completions without the GIL on gloo's thread): the same gradients, bit for bit,
+    and the same rows as the Python dispatcher's, completed through the Work's future."""
+    res, rows = job2_cxx
+    assert all(r["hook_kind"] == "c++" for r in res), res
     _check(res, rows, torch_hook_equal=True)
 
 
@@ -105,3 +145,35 @@ def test_ddp_pure_python_gradients_equal_untraced(tmp_path):
     res, rows = _job(tmp_path, 2, env={"COMMTRACE_PURE_PYTHON": "1"})
     assert not any(r["c_hook"] for r in res)
     _check(res, rows, torch_hook_equal=True)
+
+
+@needs_c
+@pytest.mark.parametrize("kind", ["c++", "c"])
+def test_ddp_join_shadow_allreduces_complete(tmp_path, request, kind):
+    """DDP's join mode: the joined rank's shadow all-reduces run the hook through
+    ``Reducer._run_comm_hook`` and are waited in Python, never read by ``parseHookResult``;
+    the C++ hook's completion times (queued by its continuations without the GIL) are written
+    by the writer thread's service all the same: every bucket's row has its end time."""
+    if kind == "c++":
+        env = {"COMMTRACE_CACHE_DIR": request.getfixturevalue("cxx_hook_cache")}
+    else:
+        env = {"COMMTRACE_DDP_CXX": "0"}
+    p = run_traced(tmp_path, torchrun_cmd(os.path.join(SCRIPTS, "ddp_join.py")), env=env,
+                   timeout=240)
+    dec = json.JSONDecoder()
+    res = sorted((dec.raw_decode(part)[0] for part in p.stdout.split("DDPJOIN ")[1:]),
+                 key=lambda r: r["rank"])
+    assert [r["rank"] for r in res] == [0, 1], p.stdout[-2000:]
+    assert all(r["hook_kind"] == (kind if kind == "c++" else None) for r in res), res
+    rows = load_rows(tmp_path)
+    per_rank = {}
+    for r in res:
+        ops = [x for x in rows if x["kind"] == "op" and x["rank"] == r["rank"]
+               and x["api"] == "ddp_comm_hook"]
+        per_rank[r["rank"]] = ops
+        for x in ops:
+            assert x["t_end_ns"] is not None and x["completion"] in ("callback", "observed"), x
+            assert x["t_enqueue_ns"] <= x["t_return_ns"] <= x["t_end_ns"]
+    # rank 1 joined after 2 of 6 steps: its DDP shadowed rank 0's later buckets
+    assert res[1]["steps"] < res[0]["steps"]
+    assert len(per_rank[1]) == len(per_rank[0]) > 0, {k: len(v) for k, v in per_rank.items()}

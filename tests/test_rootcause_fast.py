@@ -548,3 +548,63 @@ def test_sync_points_in_any_slot_order_equal_the_search():
             ok = (j >= 0) & ((akey[ao][np.maximum(j, 0)] >> 44) == sg[order]) if A else np.zeros(NS, bool)
             assert np.array_equal(found, ok)
             assert np.array_equal(val[ok], arel_k[ao][j[ok]])
+
+
+def test_delay_passes_in_c_equal_numpy_and_are_taken(run, monkeypatch):
+    """`_replay.delay_intervals` and `delay_locate` (delay.USE_C) equal the numpy reference
+    value by value on the randomized runs, and the C intervals are taken there (not a silent
+    fallback); unsorted event keys make the C intervals decline (False)."""
+    if M._C is None:
+        pytest.skip("the C extension is not built")
+    m = M.build_model(run)
+    taken = []
+    real = D._intervals_c
+
+    def spy(*a, **k):
+        r = real(*a, **k)
+        taken.append(r is not None)
+        return r
+    monkeypatch.setattr(D, "_intervals_c", spy)
+    a = D.attribute(m)
+    assert taken == [True]
+    monkeypatch.setattr(D, "USE_C", False)
+    b = D.attribute(m)
+    assert set(a) == set(b)
+    for k in a:
+        if isinstance(a[k], np.ndarray):
+            assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+    # locate alone, with calls at -1 (numpy's add.at wraps them to the last event) and NaN gaps
+    rng = np.random.default_rng(3)
+    E, nsl = m.n_events, len(m.sl_comm)
+    ws = np.sort(rng.choice(nsl, size=min(nsl, 50), replace=False)).astype(np.int64)
+    d = rng.integers(0, nsl, nsl).astype(np.int64)
+    s_lo = rng.integers(0, E + 1, nsl).astype(np.int64)
+    s_hi = np.minimum(E, s_lo + rng.integers(0, 4, nsl)).astype(np.int64)
+    direct, prop = rng.random(nsl), rng.random(nsl) * (rng.random(nsl) < 0.5)
+    gpos = np.where(rng.random(E) < 0.3, 0.0, rng.random(E))
+    cg = np.r_[0.0, np.cumsum(gpos)]
+    mm = type("Mm", (), {})()
+    mm.ev_excess = np.where(rng.random(E) < 0.7, 0.0, rng.random(E))
+    mm.sl_call = np.where(rng.random(nsl) < 0.2, -1, rng.integers(0, E, nsl)).astype(np.int64)
+    out = []
+    for use_c in (True, False):
+        ev_d, ev_p = np.zeros(E), np.zeros(E)
+        if use_c:
+            M._C.delay_locate(ws, d, s_lo, s_hi, direct, prop, mm.ev_excess, gpos, cg, mm.sl_call, ev_d, ev_p)
+        else:
+            D._locate_numpy(mm, ws, d, s_lo, s_hi, direct, prop, gpos, cg, ev_d, ev_p)
+        out.append((ev_d, ev_p))
+    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
+    # event keys out of order: the C pass declines
+    m2 = type("M2", (), {})()
+    for k in ("sl_rank", "sl_sync", "sl_enter", "sl_comm", "ev_rank", "ev_first", "ev_gap", "sl_call"):
+        setattr(m2, k, getattr(m, k))
+    m2.ev_start = m.ev_start[::-1].copy()
+    m2.n_events = m.n_events
+    rk = m.sl_rank.astype(np.int64) << 44
+    so, keys = D._order_by_key(rk + np.floor(m.sl_block).astype(np.int64), m.sl_block, m.sl_rank)
+    omega = np.where(np.isfinite(m.sl_wait), m.sl_wait, 0.0)
+    if E > 1 and len(np.unique(m.ev_start)) > 1:
+        assert D._intervals_c(m2, so, keys, omega, m.cm_last[m.sl_comm], np.ones(nsl, bool)) is None

@@ -467,6 +467,24 @@ static void sort_vi_large(VI *a, VI *tmp, Py_ssize_t n) {
     if (src != a) memcpy(a, src, sizeof(VI) * n);
 }
 
+/* For a group's n >= 2 values sorted in a: ex[a[p].i] = max(0, a[p].v - median of the other
+ * n - 1 values) and hp[a[p].i] = 1 (median_excess and median_excess_comms). */
+static void median_others(const VI *a, Py_ssize_t n, double *ex, uint8_t *hp) {
+    Py_ssize_t m = n - 1, half = m / 2;
+    for (Py_ssize_t p = 0; p < n; p++) {
+        /* the others' j-th value skips position p */
+        double hi = a[half >= p ? half + 1 : half].v, med;
+        if (m % 2 == 1) med = hi;
+        else {
+            Py_ssize_t j = half - 1;
+            med = 0.5 * (a[j >= p ? j + 1 : j].v + hi);
+        }
+        double d = a[p].v - med;
+        ex[a[p].i] = 0.0 >= d ? 0.0 : d;
+        hp[a[p].i] = 1;
+    }
+}
+
 static PyObject *median_excess(PyObject *self, PyObject *args) {
     PyObject *og, *ogr;
     Py_ssize_t G;
@@ -524,19 +542,7 @@ static PyObject *median_excess(PyObject *self, PyObject *args) {
                     }
                     sort_vi_large(a, tmp, c);
                 }
-                Py_ssize_t m = c - 1, half = m / 2;
-                for (Py_ssize_t p = 0; p < c; p++) {
-                    /* the others' j-th value skips position p */
-                    double hi = a[half >= p ? half + 1 : half].v, med;
-                    if (m % 2 == 1) med = hi;
-                    else {
-                        Py_ssize_t j = half - 1;
-                        med = 0.5 * (a[j >= p ? j + 1 : j].v + hi);
-                    }
-                    double d = a[p].v - med;
-                    ex[a[p].i] = 0.0 >= d ? 0.0 : d;
-                    hp[a[p].i] = 1;
-                }
+                median_others(a, c, ex, hp);
             }
             free(tmp);
         } else {
@@ -621,18 +627,7 @@ static PyObject *median_excess_comms(PyObject *self, PyObject *args) {
             if (n < 2) continue;
             VI *a = buf;
             if (n <= 48) sort_vi(a, n); else sort_vi_large(a, tmp, n);
-            Py_ssize_t m = n - 1, half = m / 2;
-            for (Py_ssize_t p = 0; p < n; p++) {
-                double hi = a[half >= p ? half + 1 : half].v, med;
-                if (m % 2 == 1) med = hi;
-                else {
-                    Py_ssize_t j = half - 1;
-                    med = 0.5 * (a[j >= p ? j + 1 : j].v + hi);
-                }
-                double d = a[p].v - med;
-                ex[a[p].i] = 0.0 >= d ? 0.0 : d;
-                hp[a[p].i] = 1;
-            }
+            median_others(a, n, ex, hp);
         }
     }
     Py_END_ALLOW_THREADS
@@ -1195,8 +1190,245 @@ done:
     return res;
 }
 
+/* ------------------------------------------------------------------ delay analysis (delay.py)
+ * The synchronisation intervals' sums of delay.attribute and its location of the costs on the
+ * delayer's events, each one pass over arrays the caller allocates, equal value by value to the
+ * numpy code they replace (delay._intervals_numpy and delay._locate_numpy, the references of
+ * tests/test_rootcause_fast.py). Sums are taken in the order numpy takes them (cumsum and
+ * np.add.at are sequential). */
+
+static int getbufs(PyObject *args, const char *fname, int n, Py_buffer *b, const Py_ssize_t *isz,
+                   const char *wr, const char **names) {
+    if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != n) {
+        PyErr_Format(PyExc_TypeError, "%s: %d arguments", fname, n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        int flags = PyBUF_C_CONTIGUOUS | (wr[i] == 'w' ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(args, i), &b[i], flags) < 0) {
+            for (int j = 0; j < i; j++) PyBuffer_Release(&b[j]);
+            return -1;
+        }
+        if (b[i].len % isz[i]) {
+            PyErr_Format(PyExc_ValueError, "%s: bad buffer size (%s)", fname, names[i]);
+            for (int j = 0; j <= i; j++) PyBuffer_Release(&b[j]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* galloping np.searchsorted(k, q[o[i]], side) for i in order o (search_along's loop) */
+static void gallop(const int64_t *k, Py_ssize_t n, const int64_t *q, const int64_t *o, Py_ssize_t m, int right,
+                   int64_t *r) {
+    Py_ssize_t h = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t x = q[o[i]];
+#define BEFORE(p) (right ? k[p] <= x : k[p] < x)
+        Py_ssize_t lo, hi;
+        if (h < n && BEFORE(h)) {
+            Py_ssize_t step = 1;
+            lo = h + 1;
+            hi = lo;
+            while (hi < n && BEFORE(hi)) { lo = hi + 1; hi += step; step *= 2; }
+            if (hi > n) hi = n;
+        } else {
+            Py_ssize_t step = 1;
+            hi = h;
+            lo = h;
+            while (lo > 0 && !BEFORE(lo - 1)) { hi = lo - 1; lo -= step; step *= 2; if (lo < 0) lo = 0; }
+        }
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (BEFORE(mid)) lo = mid + 1; else hi = mid;
+        }
+#undef BEFORE
+        r[o[i]] = lo;
+        h = lo;
+    }
+}
+
+/* floor(x) as int64 for a finite x within int64's range (numpy's astype); 0 and *bad = 1 else */
+static inline int64_t floor_i64(double x, int *bad) {
+    double f = floor(x);
+    if (!(f >= -9.2e18 && f <= 9.2e18)) { *bad = 1; return 0; }
+    return (int64_t)f;
+}
+
+/* delay_intervals(so, keys, sl_rank, sl_sync, sl_enter, omega, ev_rank, ev_start, ev_first, ev_gap,
+ *                 d_slot, waiting, lo, hi, s_lo, s_hi, W, comp, f, gpos, cg) -> bool
+ * delay._intervals_numpy into the last nine arrays (int64 lo, hi, s_lo, s_hi and float64 W, comp,
+ * f of the slots; gpos of the events, cg of E + 1). False (nothing meaningful written) where
+ * its shortcut does not hold: a time that is not finite, or event keys out of order. */
+static PyObject *delay_intervals(PyObject *self, PyObject *args) {
+    enum { N = 21 };
+    static const Py_ssize_t isz[N] = {8, 8, 8, 8, 8, 8, 8, 8, 1, 8, 8, 1, 8, 8, 8, 8, 8, 8, 8, 8, 8};
+    static const char wr[N + 1] = "rrrrrrrrrrrrwwwwwwwww";
+    static const char *names[N] = {"so", "keys", "sl_rank", "sl_sync", "sl_enter", "omega", "ev_rank", "ev_start",
+                                   "ev_first", "ev_gap", "d_slot", "waiting", "lo", "hi", "s_lo", "s_hi", "W",
+                                   "comp", "f", "gpos", "cg"};
+    Py_buffer b[N];
+    if (getbufs(args, "delay_intervals", N, b, isz, wr, names) < 0) return NULL;
+    PyObject *res = NULL;
+    int64_t *qs = NULL, *qe = NULL, *ek = NULL;
+    double *cum = NULL;
+    const int64_t *so = b[0].buf, *keys = b[1].buf, *sl_rank = b[2].buf, *ev_rank = b[6].buf, *d = b[10].buf;
+    const double *sync = b[3].buf, *enter = b[4].buf, *omega = b[5].buf, *ev_start = b[7].buf, *gap = b[9].buf;
+    const uint8_t *first = b[8].buf, *waiting = b[11].buf;
+    int64_t *lo = b[12].buf, *hi = b[13].buf, *s_lo = b[14].buf, *s_hi = b[15].buf;
+    double *W = b[16].buf, *comp = b[17].buf, *f = b[18].buf, *gpos = b[19].buf, *cg = b[20].buf;
+    Py_ssize_t NS = b[0].len / 8, E = b[6].len / 8;
+    int sizes_ok = b[1].len / 8 == NS && b[2].len / 8 == NS && b[3].len / 8 == NS && b[4].len / 8 == NS
+                   && b[5].len / 8 == NS && b[7].len / 8 == E && b[8].len == E && b[9].len / 8 == E
+                   && b[10].len / 8 == NS && b[11].len == NS;
+    for (int i = 12; i < 19; i++) sizes_ok = sizes_ok && b[i].len / 8 == NS;
+    sizes_ok = sizes_ok && b[19].len / 8 == E && b[20].len / 8 == E + 1;
+    if (!sizes_ok) { PyErr_SetString(PyExc_ValueError, "delay_intervals: bad sizes"); goto done; }
+    for (Py_ssize_t j = 0; j < NS; j++)
+        if (so[j] < 0 || so[j] >= NS || d[j] < 0 || d[j] >= NS) {
+            PyErr_SetString(PyExc_ValueError, "delay_intervals: index out of range");
+            goto done;
+        }
+    qs = malloc(sizeof(int64_t) * (NS + 1));
+    qe = malloc(sizeof(int64_t) * (NS + 1));
+    ek = malloc(sizeof(int64_t) * (E + 1));
+    cum = malloc(sizeof(double) * (NS + 1));
+    if (!qs || !qe || !ek || !cum) { PyErr_NoMemory(); goto done; }
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < NS && !bad; j++) {
+        qs[j] = wrap_key(sl_rank[j], floor_i64(sync[j], &bad));
+        qe[j] = wrap_key(sl_rank[j], floor_i64(enter[j], &bad));
+    }
+    for (Py_ssize_t e = 0; e < E && !bad; e++) {
+        ek[e] = wrap_key(ev_rank[e], floor_i64(ev_start[e], &bad));
+        if (e && ek[e] < ek[e - 1]) bad = 1;
+    }
+    for (Py_ssize_t i = 1; i < NS && !bad; i++)
+        if (keys[i] < keys[i - 1]) bad = 1;
+    if (!bad) {
+        cum[0] = 0.0;
+        for (Py_ssize_t i = 0; i < NS; i++) cum[i + 1] = cum[i] + omega[so[i]];
+        gallop(keys, NS, qs, so, NS, 0, lo);
+        gallop(keys, NS, qe, so, NS, 0, hi);
+        gallop(ek, E, qs, so, NS, 1, s_lo);
+        gallop(ek, E, qe, so, NS, 1, s_hi);
+        cg[0] = 0.0;
+        for (Py_ssize_t e = 0; e < E; e++) {
+            double g = gap[e];
+            gpos[e] = first[e] ? 0.0 : np_max(g, 0.0);
+            cg[e + 1] = cg[e] + gpos[e];
+        }
+        for (Py_ssize_t j = 0; j < NS; j++) {
+            W[j] = cum[hi[j]] - cum[lo[j]];
+            comp[j] = cg[s_hi[j]] - cg[s_lo[j]];
+        }
+        for (Py_ssize_t j = 0; j < NS; j++) {
+            int64_t k = d[j];
+            double ec = np_max(0.0, comp[k] - comp[j]), ew = np_max(0.0, W[k] - W[j]);
+            double tot = ec + ew;
+            double fj = tot > 0 ? ec / tot : 1.0;
+            f[j] = waiting[j] ? fj : 1.0;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    res = bad ? Py_False : Py_True;
+    Py_INCREF(res);
+done:
+    free(qs); free(qe); free(ek); free(cum);
+    for (int i = 0; i < N; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
+/* delay_locate(ws, d_slot, s_lo, s_hi, direct, prop, x, gpos, cg, sl_call, ev_d, ev_p) -> None
+ * delay._locate_numpy: the delay costs of the waiting slots ws (int64, increasing) spread over
+ * the delayer's events in (s_lo, s_hi] of its interval, by their excess x where the interval
+ * has excess, else by their gaps gpos, else onto the slot's call; added into ev_d and ev_p
+ * (float64, E, zeroed by the caller). */
+static PyObject *delay_locate(PyObject *self, PyObject *args) {
+    enum { N = 12 };
+    static const Py_ssize_t isz[N] = {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8};
+    static const char wr[N + 1] = "rrrrrrrrrrww";
+    static const char *names[N] = {"ws", "d_slot", "s_lo", "s_hi", "direct", "prop", "x", "gpos", "cg", "sl_call",
+                                   "ev_d", "ev_p"};
+    Py_buffer b[N];
+    if (getbufs(args, "delay_locate", N, b, isz, wr, names) < 0) return NULL;
+    PyObject *res = NULL;
+    double *cx = NULL, *sx = NULL, *sg = NULL, *diff = NULL;
+    uint8_t *use = NULL;
+    const int64_t *ws = b[0].buf, *d = b[1].buf, *s_lo = b[2].buf, *s_hi = b[3].buf, *sl_call = b[9].buf;
+    const double *direct = b[4].buf, *prop = b[5].buf, *x = b[6].buf, *gpos = b[7].buf, *cg = b[8].buf;
+    double *ev_d = b[10].buf, *ev_p = b[11].buf;
+    Py_ssize_t K = b[0].len / 8, NS = b[1].len / 8, E = b[6].len / 8;
+    if (b[2].len / 8 != NS || b[3].len / 8 != NS || b[4].len / 8 != NS || b[5].len / 8 != NS || b[7].len / 8 != E
+        || b[8].len / 8 != E + 1 || b[9].len / 8 != NS || b[10].len / 8 != E || b[11].len / 8 != E) {
+        PyErr_SetString(PyExc_ValueError, "delay_locate: bad sizes");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < K; i++) {
+        int64_t w = ws[i];
+        if (w < 0 || w >= NS || d[w] < 0 || d[w] >= NS) { PyErr_SetString(PyExc_ValueError, "delay_locate: index out of range"); goto done; }
+        int64_t k = d[w];
+        if (s_lo[k] < 0 || s_lo[k] > E || s_hi[k] < 0 || s_hi[k] > E || sl_call[k] < -E || sl_call[k] >= E) {
+            PyErr_SetString(PyExc_ValueError, "delay_locate: event out of range");
+            goto done;
+        }
+    }
+    cx = malloc(sizeof(double) * (E + 1));
+    diff = malloc(sizeof(double) * (E + 1));
+    sx = malloc(sizeof(double) * (K + 1));
+    sg = malloc(sizeof(double) * (K + 1));
+    use = malloc(K + 1);
+    if (!cx || !diff || !sx || !sg || !use) { PyErr_NoMemory(); goto done; }
+    Py_BEGIN_ALLOW_THREADS
+    cx[0] = 0.0;
+    for (Py_ssize_t e = 0; e < E; e++) cx[e + 1] = cx[e] + x[e];
+    int any[3] = {0, 0, 0};
+    for (Py_ssize_t i = 0; i < K; i++) {
+        int64_t k = d[ws[i]];
+        sx[i] = cx[s_hi[k]] - cx[s_lo[k]];
+        sg[i] = cg[s_hi[k]] - cg[s_lo[k]];
+        use[i] = sx[i] > 0 ? 0 : (sg[i] > 0 ? 1 : 2);
+        any[use[i]] = 1;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        const double *amt = pass ? prop : direct;
+        double *acc = pass ? ev_p : ev_d;
+        for (int u = 0; u < 2; u++) {
+            if (!any[u]) continue;
+            const double *cw = u ? sg : sx, *wts = u ? gpos : x;
+            memset(diff, 0, sizeof(double) * (E + 1));
+            for (Py_ssize_t i = 0; i < K; i++)
+                if (use[i] == u) diff[s_lo[d[ws[i]]]] += amt[ws[i]] / cw[i];
+            for (Py_ssize_t i = 0; i < K; i++)
+                if (use[i] == u) diff[s_hi[d[ws[i]]]] += -(amt[ws[i]] / cw[i]);
+            double run = 0.0;
+            for (Py_ssize_t e = 0; e < E; e++) {
+                run += diff[e];
+                double t = wts[e] * run;
+                acc[e] += t;
+            }
+        }
+        if (any[2])
+            for (Py_ssize_t i = 0; i < K; i++)
+                if (use[i] == 2) {
+                    int64_t c = sl_call[d[ws[i]]];
+                    acc[c < 0 ? c + E : c] += amt[ws[i]];
+                }
+    }
+    Py_END_ALLOW_THREADS
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    free(cx); free(diff); free(sx); free(sg); free(use);
+    for (int i = 0; i < N; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"counting_argsort", counting_argsort, METH_VARARGS, "Stable argsort of small integer keys (model.py)."},
+    {"delay_intervals", delay_intervals, METH_VARARGS, "Synchronisation intervals' sums of delay analysis (delay.py)."},
+    {"delay_locate", delay_locate, METH_VARARGS, "Delay costs located on the delayer's events (delay.py)."},
     {"search_along", search_along, METH_VARARGS, "np.searchsorted along an order of the queries (delay.py)."},
     {"cp_walk", cp_walk, METH_VARARGS, "The critical path's backward walk (critical_path.py)."},
     {"merge_events", merge_events, METH_VARARGS, "Host events of the rows in order (model.py)."},

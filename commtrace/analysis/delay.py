@@ -27,14 +27,11 @@ import numpy as np
 import pyarrow as pa
 
 from . import model as _M
+from . import sql as Q
 from .model import Model, build_model
 
 _SHIFT = 44           # rank << 44 | ns: per-rank sorted keys (2^44 ns is 4.9 hours)
 MAX_ITER = 200
-
-
-def _np_table(cols: dict) -> pa.Table:
-    return pa.table({k: pa.array(v) for k, v in cols.items()})
 
 
 def attribute(m: Model) -> dict:
@@ -56,31 +53,12 @@ def attribute(m: Model) -> dict:
     out["total_wait"] = float(omega.sum())
     # wait time in each slot's synchronisation interval [sync, enter)
     so, keys = _order_by_key(rk + np.floor(m.sl_block).astype(np.int64) + base, m.sl_block, m.sl_rank)
-    cum = np.r_[0.0, np.cumsum(omega[so])]
-    k_s = rk + np.floor(m.sl_sync).astype(np.int64)
-    k_e = rk + np.floor(m.sl_enter).astype(np.int64)
-    lo = _search(keys, k_s, "left", so)
-    hi = _search(keys, k_e, "left", so)
-    W = cum[hi] - cum[lo]
-    del keys, cum, k_s, k_e
-    # work in the interval: the gaps (time outside any traced call) of the rank's events that
-    # start in (sync, enter]; time inside calls is waiting (W) or the transfers themselves
-    erk = m.ev_rank.astype(np.int64) << _SHIFT
-    ekeys = erk + np.floor(m.ev_start).astype(np.int64)
-    s_lo = _search(ekeys, rk + np.floor(m.sl_sync).astype(np.int64), "right", so)
-    q_e = rk + np.floor(m.sl_enter).astype(np.int64)
-    s_hi = _search(ekeys, q_e, "right", so, fallback=lambda: _after_own_call(ekeys, q_e, m.sl_call))
-    del q_e
-    gpos = np.where(m.ev_first, 0.0, np.maximum(m.ev_gap, 0.0))
-    cg = np.r_[0.0, np.cumsum(gpos)]
-    comp = cg[s_hi] - cg[s_lo]
-    del ekeys, erk
     d = d_slot
-    exc_c = np.maximum(0.0, comp[d] - comp)
-    exc_w = np.maximum(0.0, W[d] - W)
-    tot = exc_c + exc_w
-    f = np.where(tot > 0, exc_c / np.where(tot > 0, tot, 1.0), 1.0)
-    f = np.where(waiting, f, 1.0)
+    r = _intervals_c(m, so, keys, omega, d, waiting) if _M._C is not None and USE_C else None
+    if r is None:
+        r = _intervals_numpy(m, rk, so, keys, omega, d, waiting)
+    lo, hi, s_lo, s_hi, W, comp, f, gpos, cg = r
+    del keys, r
     # propagation: (omega + load) * (1 - f) handed to the delayer's waits in its interval
     push_idx = np.flatnonzero(waiting & (f < 1.0) & (W[d] > 0))
     load = np.zeros(nsl)
@@ -112,30 +90,97 @@ def attribute(m: Model) -> dict:
     # ---- locate on the delayer's events in its interval: start in (sync, enter]
     ws = np.flatnonzero(waiting & ((direct > 0) | (prop > 0)))
     if len(ws):
-        dd = d[ws]
-        e_lo, e_hi = s_lo[dd], s_hi[dd]
-        x = m.ev_excess
-        cx = np.r_[0.0, np.cumsum(x)]
-        sx = cx[e_hi] - cx[e_lo]
-        sg = cg[e_hi] - cg[e_lo]
-        use_x = sx > 0
-        use_g = ~use_x & (sg > 0)
-        rest = ~use_x & ~use_g
         ev_d = np.zeros(E)
         ev_p = np.zeros(E)
-        for amt, acc in ((direct[ws], ev_d), (prop[ws], ev_p)):
-            for sel, cw, wts in ((use_x, sx, x), (use_g, sg, gpos)):
-                if not sel.any():
-                    continue
-                diff = np.zeros(E + 1)
-                r = amt[sel] / cw[sel]
-                np.add.at(diff, e_lo[sel], r)
-                np.add.at(diff, e_hi[sel], -r)
-                acc += wts * np.cumsum(diff[:-1])
-            if rest.any():
-                np.add.at(acc, m.sl_call[dd[rest]], amt[rest])
+        if _M._C is not None and USE_C:
+            _M._C.delay_locate(ws, np.ascontiguousarray(d, np.int64), s_lo, s_hi, direct, prop,
+                               np.ascontiguousarray(m.ev_excess, np.float64), gpos, cg,
+                               np.ascontiguousarray(m.sl_call, np.int64), ev_d, ev_p)
+        else:
+            _locate_numpy(m, ws, d, s_lo, s_hi, direct, prop, gpos, cg, ev_d, ev_p)
         out["ev_direct"], out["ev_prop"] = ev_d, ev_p
     return out
+
+
+#: Whether delay analysis takes its C passes (`_replay.delay_intervals`, `delay_locate`) where the
+#: extension is built (tests switch it off to compare with the numpy reference).
+USE_C = True
+
+
+def _intervals_c(m: Model, so, keys, omega, d, waiting):
+    """_intervals_numpy by `_replay.delay_intervals` (one pass over the slots and events, no
+    temporaries of their size but its outputs); None where its shortcut does not hold."""
+    nsl, E = len(m.sl_comm), m.n_events
+    lo, hi, s_lo, s_hi = (np.empty(nsl, np.int64) for _ in range(4))
+    W, comp, f = (np.empty(nsl) for _ in range(3))
+    gpos = np.empty(E)
+    cg = np.empty(E + 1)
+    c = np.ascontiguousarray
+    ok = _M._C.delay_intervals(c(so, np.int64), c(keys, np.int64), c(m.sl_rank, np.int64), c(m.sl_sync, np.float64),
+                               c(m.sl_enter, np.float64), c(omega, np.float64), c(m.ev_rank, np.int64),
+                               c(m.ev_start, np.float64), c(m.ev_first, np.uint8), c(m.ev_gap, np.float64),
+                               c(d, np.int64), c(waiting, np.uint8), lo, hi, s_lo, s_hi, W, comp, f, gpos, cg)
+    return (lo, hi, s_lo, s_hi, W, comp, f, gpos, cg) if ok else None
+
+
+def _intervals_numpy(m: Model, rk, so, keys, omega, d, waiting):
+    """Per slot, its synchronisation interval's bounds among the slots in (rank, block) order
+    (`lo`, `hi`: `keys` are theirs) and among the events (`s_lo`, `s_hi`: events starting in
+    (sync, enter]), the waiting `W` and the work `comp` in it, and the share `f` of a waiter's
+    wait that is direct cost; with the events' positive gaps `gpos` and their running sum `cg`
+    (the reference of `_replay.delay_intervals`)."""
+    cum = np.r_[0.0, np.cumsum(omega[so])]
+    k_s = rk + np.floor(m.sl_sync).astype(np.int64)
+    k_e = rk + np.floor(m.sl_enter).astype(np.int64)
+    lo = _search(keys, k_s, "left", so)
+    hi = _search(keys, k_e, "left", so)
+    W = cum[hi] - cum[lo]
+    del cum, k_s, k_e
+    # work in the interval: the gaps (time outside any traced call) of the rank's events that
+    # start in (sync, enter]; time inside calls is waiting (W) or the transfers themselves
+    erk = m.ev_rank.astype(np.int64) << _SHIFT
+    ekeys = erk + np.floor(m.ev_start).astype(np.int64)
+    s_lo = _search(ekeys, rk + np.floor(m.sl_sync).astype(np.int64), "right", so)
+    q_e = rk + np.floor(m.sl_enter).astype(np.int64)
+    s_hi = _search(ekeys, q_e, "right", so, fallback=lambda: _after_own_call(ekeys, q_e, m.sl_call))
+    del q_e
+    gpos = np.where(m.ev_first, 0.0, np.maximum(m.ev_gap, 0.0))
+    cg = np.r_[0.0, np.cumsum(gpos)]
+    comp = cg[s_hi] - cg[s_lo]
+    del ekeys, erk
+    exc_c = np.maximum(0.0, comp[d] - comp)
+    exc_w = np.maximum(0.0, W[d] - W)
+    tot = exc_c + exc_w
+    f = np.where(tot > 0, exc_c / np.where(tot > 0, tot, 1.0), 1.0)
+    f = np.where(waiting, f, 1.0)
+    return lo, hi, s_lo, s_hi, W, comp, f, gpos, cg
+
+
+def _locate_numpy(m: Model, ws, d, s_lo, s_hi, direct, prop, gpos, cg, ev_d, ev_p) -> None:
+    """The delay costs of the waiting slots `ws` located on the delayer's events that start in
+    its interval, added into ev_d / ev_p: by the events' excess where the interval has any,
+    else by their gaps, else on the slot's call (the reference of `_replay.delay_locate`)."""
+    E = len(ev_d)
+    dd = d[ws]
+    e_lo, e_hi = s_lo[dd], s_hi[dd]
+    x = m.ev_excess
+    cx = np.r_[0.0, np.cumsum(x)]
+    sx = cx[e_hi] - cx[e_lo]
+    sg = cg[e_hi] - cg[e_lo]
+    use_x = sx > 0
+    use_g = ~use_x & (sg > 0)
+    rest = ~use_x & ~use_g
+    for amt, acc in ((direct[ws], ev_d), (prop[ws], ev_p)):
+        for sel, cw, wts in ((use_x, sx, x), (use_g, sg, gpos)):
+            if not sel.any():
+                continue
+            diff = np.zeros(E + 1)
+            r = amt[sel] / cw[sel]
+            np.add.at(diff, e_lo[sel], r)
+            np.add.at(diff, e_hi[sel], -r)
+            acc += wts * np.cumsum(diff[:-1])
+        if rest.any():
+            np.add.at(acc, m.sl_call[dd[rest]], amt[rest])
 
 
 def _order_by_key(key: np.ndarray, block: np.ndarray, rank: np.ndarray):
@@ -232,14 +277,11 @@ def delays(run, top: int | None = None, min_cost_s: float = 0.0, per_rank: int |
         cols["cost_s"].append(float(cost[e]) / 1e9)
         cols["t_ns"].append(int(round(t0)) + m.base_ns)
         cols["event"].append(int(e))
-    return pa.table({
-        "rank": pa.array(cols["rank"], pa.int64()), "step": pa.array(cols["step"], pa.int64()),
-        "op": pa.array(cols["op"], pa.string()), "site": pa.array(cols["site"], pa.string()),
-        "prev_op": pa.array(cols["prev_op"], pa.string()), "prev_site": pa.array(cols["prev_site"], pa.string()),
-        "delay_s": pa.array(cols["delay_s"], pa.float64()), "direct_cost_s": pa.array(cols["direct_cost_s"], pa.float64()),
-        "propagated_cost_s": pa.array(cols["propagated_cost_s"], pa.float64()),
-        "cost_s": pa.array(cols["cost_s"], pa.float64()), "t_ns": pa.array(cols["t_ns"], pa.int64()),
-        "event": pa.array(cols["event"], pa.int64())})
+    # (sql.py_array, not pa.array: that imports pandas, 0.2-0.4 s the report does not pay otherwise)
+    types = {"op": pa.string(), "site": pa.string(), "prev_op": pa.string(), "prev_site": pa.string(),
+             "delay_s": pa.float64(), "direct_cost_s": pa.float64(), "propagated_cost_s": pa.float64(),
+             "cost_s": pa.float64()}
+    return pa.table({k: Q.py_array(v, types.get(k, pa.int64())) for k, v in cols.items()})
 
 
 def attribution(run) -> dict:

@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import ops as OPS
+from . import sql as Q
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -118,11 +119,9 @@ class Model:
 
 
 def _col(t: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
-    a = t.column(name)
-    if fill is not None and a.null_count:
-        a = a.fill_null(fill)
-    v = a.to_numpy(zero_copy_only=False)
-    return v.astype(dtype, copy=False) if dtype is not None else v
+    """Column `name` as numpy, nulls -> `fill` (sql.arrow_numpy: not through pyarrow's
+    conversion, which imports pandas)."""
+    return Q.arrow_numpy(t.column(name), fill=fill, dtype=dtype)
 
 
 class _Labels:
@@ -186,12 +185,17 @@ class _Rows:
         """`col(name)[idx]`, reading only those rows (Arrow's take): no conversion and
         permutation of the whole column for a few of its rows."""
         src = idx if self.perm is None else self.perm[idx]
-        a = self.t.column(name).take(pa.array(np.asarray(src, np.int64)))
-        if fill is not None and a.null_count:
-            a = a.fill_null(fill)
-        v = a.to_numpy(zero_copy_only=False)
-        v = v.astype(dtype, copy=False) if dtype is not None else v
-        return v if v.flags.writeable else v.copy()
+        c = self.t.column(name)
+        p = Q.arrow_parts(c)
+        if p is None:
+            a = c.take(Q.np_array(np.asarray(src, np.int64)))
+            if fill is not None and a.null_count:
+                a = a.fill_null(fill)
+            v = a.to_numpy(zero_copy_only=False)
+            v = v.astype(dtype, copy=False) if dtype is not None else v
+            return v if v.flags.writeable else v.copy()
+        vals, valid = p
+        return Q.finish(vals[src], None if valid is None else valid[src], fill=fill, dtype=dtype)
 
     def release(self) -> None:
         """Drop the numeric columns (the labels keep the strings)."""
@@ -209,8 +213,8 @@ class _Rows:
         """Integer codes of a string column at rows `idx` (equal strings, equal codes among
         them; null -> -1), encoding only those rows."""
         src = idx if self.perm is None else self.perm[idx]
-        d = self.t.column(name).take(pa.array(np.asarray(src, np.int64))).combine_chunks().dictionary_encode()
-        return d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        d = self.t.column(name).take(Q.np_array(np.asarray(src, np.int64))).combine_chunks().dictionary_encode()
+        return Q.arrow_numpy(d.indices, fill=-1, dtype=np.int64)
 
     def labels(self, name: str) -> _Labels:
         return _Labels(self.t.column(name), self.perm)
@@ -222,7 +226,7 @@ def _dict_values(t: pa.Table, name: str):
     if a.num_chunks == 0:
         return np.zeros(0, np.int64), np.zeros(0, object)
     d = a.combine_chunks().dictionary_encode()
-    return (d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64),
+    return (Q.arrow_numpy(d.indices, fill=-1, dtype=np.int64),
             np.asarray(d.dictionary.to_pylist() + [""], dtype=object))
 
 
@@ -233,7 +237,7 @@ def _codes(t: pa.Table, name: str) -> np.ndarray:
     if a.num_chunks == 0:
         return np.zeros(0, np.int64)
     d = a.combine_chunks().dictionary_encode()
-    return d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return Q.arrow_numpy(d.indices, fill=-1, dtype=np.int64)
 
 
 _MALLOC_TUNED = False
@@ -789,7 +793,7 @@ def _implicit_wait_rows(run, rows: "_Rows") -> np.ndarray:
         return np.zeros(n, bool)
     if not hit.num_rows:
         return np.zeros(n, bool)
-    return np.isin(rows.col("orid", dtype=np.int64), hit.column("rid").to_numpy())
+    return np.isin(rows.col("orid", dtype=np.int64), Q.arrow_numpy(hit.column("rid")))
 
 
 def _implicit_waits(cand, rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL) -> None:

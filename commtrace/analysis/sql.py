@@ -129,3 +129,88 @@ def np_array(a) -> pa.Array:
 def np_table(cols: dict) -> pa.Table:
     """Arrow table from a dict of numpy arrays (see np_array)."""
     return pa.Table.from_arrays([np_array(np.asarray(v)) for v in cols.values()], names=list(cols))
+
+
+def _np_dtype(t: pa.DataType):
+    """numpy dtype of a fixed-width integer or float Arrow type; None for any other type."""
+    if pa.types.is_integer(t):
+        return np.dtype(f"{'i' if pa.types.is_signed_integer(t) else 'u'}{t.bit_width // 8}")
+    if pa.types.is_float32(t) or pa.types.is_float64(t):
+        return np.dtype(f"f{t.bit_width // 8}")
+    return None
+
+
+def arrow_parts(a) -> tuple:
+    """(values, valid) of an Arrow integer or float array (or chunked array) read from its
+    buffers: `values` in the column's own dtype (null slots hold whatever the buffer holds),
+    `valid` a bool mask, None when there are no nulls. None for any other type."""
+    chunks = a.chunks if isinstance(a, pa.ChunkedArray) else [a]
+    dt = _np_dtype(a.type)
+    if dt is None:
+        return None
+    n = sum(len(c) for c in chunks)
+    vals = np.empty(n, dt)
+    valid = None
+    pos = 0
+    for c in chunks:
+        k = len(c)
+        if k:
+            bufs = c.buffers()
+            vals[pos:pos + k] = np.frombuffer(bufs[1], dt, count=c.offset + k)[c.offset:]
+            if c.null_count:
+                if valid is None:
+                    valid = np.ones(n, bool)
+                bits = np.frombuffer(bufs[0], np.uint8)
+                valid[pos:pos + k] = np.unpackbits(bits, count=c.offset + k, bitorder="little")[c.offset:].view(bool)
+        pos += k
+    return vals, valid
+
+
+def arrow_numpy(a, fill=None, dtype=None) -> np.ndarray:
+    """`a.fill_null(fill).to_numpy(zero_copy_only=False).astype(dtype)` (without `fill`: nulls
+    of an integer column make it float64 with NaN, as pyarrow's to_numpy), as a fresh array,
+    from the Arrow buffers: pyarrow's conversion imports pandas (0.2-0.4 s of CPU on first use,
+    which the rest of the report does not pay). Other types go through pyarrow."""
+    p = arrow_parts(a)
+    if p is None:
+        if fill is not None and a.null_count:
+            a = a.fill_null(fill)
+        v = a.to_numpy(zero_copy_only=False)
+        return v.astype(dtype, copy=False) if dtype is not None else v
+    return finish(*p, fill=fill, dtype=dtype)
+
+
+def finish(vals: np.ndarray, valid, fill=None, dtype=None) -> np.ndarray:
+    """arrow_numpy's result from arrow_parts' (values, valid), or from a subset of both."""
+    if valid is None or valid.all():
+        return vals.astype(dtype, copy=False) if dtype is not None else vals
+    if fill is not None:
+        # fill_null casts the fill to the column's type first
+        out = vals.astype(dtype if dtype is not None else vals.dtype)
+        out[~valid] = vals.dtype.type(fill)
+        return out
+    out = vals.astype(np.float64 if vals.dtype.kind in "iu" else vals.dtype)
+    out[~valid] = np.nan
+    return out.astype(dtype, copy=False) if dtype is not None else out
+
+
+def py_array(values: list, type_: pa.DataType) -> pa.Array:
+    """pa.array(values, type_) for a list of Python ints, floats or strings with None (nulls),
+    without pa.array() (which imports pandas: see np_array). int64, float64 and string only."""
+    n = len(values)
+    valid = np.fromiter((v is not None for v in values), bool, n)
+    vbuf = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    if pa.types.is_string(type_):
+        enc = [b"" if v is None else str(v).encode("utf-8") for v in values]
+        off = np.zeros(n + 1, np.int32)
+        if n:
+            np.cumsum(np.fromiter((len(b) for b in enc), np.int64, n), out=off[1:], dtype=np.int32)
+        return pa.Array.from_buffers(pa.string(), n, [vbuf, pa.py_buffer(off), pa.py_buffer(b"".join(enc))],
+                                     null_count=int(n - valid.sum()))
+    if type_ == pa.int64():
+        arr = np.fromiter((0 if v is None else int(v) for v in values), np.int64, n)
+    elif type_ == pa.float64():
+        arr = np.fromiter((0.0 if v is None else float(v) for v in values), np.float64, n)
+    else:
+        raise TypeError(f"py_array: {type_}")
+    return pa.Array.from_buffers(type_, n, [vbuf, pa.py_buffer(arr)], null_count=int(n - valid.sum()))

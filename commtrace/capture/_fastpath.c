@@ -2967,63 +2967,66 @@ static PyObject *ddp_fallback(PyObject *state, PyObject *bucket) {
     return PyObject_Vectorcall(dh.fallback, av, 2, NULL);
 }
 
-/* ddp_hook(state, bucket): the comm hook commtrace registers (state: ddp._HookState). */
-static PyObject *ddp_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "ddp_hook(state, bucket)");
-        return NULL;
-    }
-    PyObject *state = args[0], *bucket = args[1];
+/* ddp_issue: the C path's work for one bucket (ddp_hook's, and the C++ hook's through
+ * ddp_cxx_api): buf and idx are the bucket's buffer and index, detail_arg what ddp._detail_of
+ * takes when the index has no detail text yet. Returns 0 when the bucket is not this path's
+ * (nothing done, no error set: the Python dispatcher takes it), -1 with an exception set when
+ * the scaling or the all_reduce failed (DDP sees the error, as through allreduce_hook), 1 when
+ * issued: *work is the Work (a new reference); *row and *fut are the op's row and its Work's
+ * future as the async path handed them over (new references, or NULL: the stamp is someone
+ * else's). */
+static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *detail_arg,
+                     PyObject **work_out, PyObject **row_out, PyObject **fut_out) {
+    *work_out = *row_out = *fut_out = NULL;
     if (!dh.on)
-        return ddp_fallback(state, bucket);
-    PyObject *rec = NULL, *scale = NULL, *buf = NULL, *idx = NULL, *detail = NULL,
-             *st = NULL, *prev_api = NULL, *prev_detail = NULL, *work = NULL, *ret = NULL;
+        return 0;
+    PyObject *rec = NULL, *scale = NULL, *detail = NULL, *st = NULL, *prev_api = NULL,
+             *prev_detail = NULL, *work = NULL;
     DdpTake take = {NULL, NULL};
+    int res = 0;
     rec = fast_attr(dh.recmod_d, dh.recmod, s_recorder);
     if (rec == NULL || rec == Py_None || t_depth)
-        goto fallback;
+        goto out;
     {
         PyObject *uh = PyObject_GetAttr(state, s_user_hook);
         int none = uh == Py_None;
         Py_XDECREF(uh);
         if (!none)
-            goto fallback;
+            goto out;
     }
     /* (method name, factor, group): None when this model's buckets are not for this path */
     scale = PyObject_GetAttr(state, s_scale);
     if (scale == NULL || !PyTuple_Check(scale) || PyTuple_GET_SIZE(scale) != 3)
-        goto fallback;
-    buf = PyObject_CallMethodNoArgs(bucket, s_buffer);
+        goto out;
     if (buf == NULL || !exact_tensor(buf))
-        goto fallback;
+        goto out;
     {
         PyObject *dev = PyObject_Vectorcall(t_getdev, &buf, 1, NULL);
         long d = dev != NULL && PyLong_Check(dev) ? PyLong_AsLong(dev) : 0;
         Py_XDECREF(dev);
         if (d != -1)
-            goto fallback;   /* not a CPU tensor: the device timer, CUDA streams: Python */
+            goto out;   /* not a CPU tensor: the device timer, CUDA streams: Python */
         PyObject *dt = Py_TYPE(t_dtype)->tp_descr_get(t_dtype, buf, (PyObject *)Py_TYPE(buf));
         int ok = dt != NULL && PySet_Contains(dh.dtypes, dt) == 1;
         Py_XDECREF(dt);
         if (!ok)
-            goto fallback;
+            goto out;
     }
-    idx = PyObject_CallMethodNoArgs(bucket, s_index);
     detail = idx != NULL ? PyDict_GetItemWithError(dh.details, idx) : NULL;
     if (detail != NULL) {
         Py_INCREF(detail);
     } else {
         CLEAR_ERR();
-        detail = PyObject_CallOneArg(dh.detail_of, bucket);
+        detail = PyObject_CallOneArg(dh.detail_of, detail_arg);
         if (detail == NULL)
-            goto fallback;
+            goto out;
     }
     st = t_state;
     if (st == NULL) {
         st = PyObject_GetAttr(dh.tls, s_dict);
         if (st == NULL || !PyDict_Check(st)) {
             Py_CLEAR(st);
-            goto fallback;
+            goto out;
         }
         t_state = st;      /* the thread keeps one reference for good (as ctx_vectorcall) */
         Py_INCREF(st);
@@ -3032,18 +3035,21 @@ static PyObject *ddp_hook(PyObject *module, PyObject *const *args, Py_ssize_t na
     }
     prev_api = PyDict_GetItemWithError(st, s_api);
     prev_detail = PyDict_GetItemWithError(st, s_detail);
-    if (prev_api == NULL || prev_detail == NULL)
-        goto fallback;
+    if (prev_api == NULL || prev_detail == NULL) {
+        prev_api = prev_detail = NULL;
+        goto out;
+    }
     Py_INCREF(prev_api);
     Py_INCREF(prev_detail);
-    /* From here on the hook is this path's: DDP's numerics first (as allreduce_hook, the
+    /* From here on the bucket is this path's: DDP's numerics first (as allreduce_hook, the
      * division before the all_reduce) */
+    res = -1;
     {
         PyObject *av[2] = {buf, PyTuple_GET_ITEM(scale, 1)};
         PyObject *r = PyObject_VectorcallMethod(PyTuple_GET_ITEM(scale, 0), av,
                                                 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         if (r == NULL)
-            goto done;
+            goto out;
         Py_DECREF(r);
     }
     if (PyDict_SetItem(st, s_api, dh.api) != 0 || PyDict_SetItem(st, s_detail, detail) != 0)
@@ -3063,17 +3069,46 @@ static PyObject *ddp_hook(PyObject *module, PyObject *const *args, Py_ssize_t na
         PyErr_Restore(et, ev, etb);
     }
     if (work == NULL)
-        goto done;
+        goto out;
     n_ddp++;
-    {
-        DdpThen *cb = PyObject_New(DdpThen, &DdpThenType);
-        if (cb == NULL)
-            goto done;
+    res = 1;
+    *work_out = work;
+    *row_out = take.row;
+    *fut_out = take.fut;
+    take.row = take.fut = NULL;
+out:
+    if (res == 0)
+        CLEAR_ERR();
+    Py_XDECREF(take.fut); Py_XDECREF(take.row);
+    Py_XDECREF(rec); Py_XDECREF(scale); Py_XDECREF(detail); Py_XDECREF(st);
+    Py_XDECREF(prev_api); Py_XDECREF(prev_detail);
+    return res;
+}
+
+/* ddp_hook(state, bucket): the comm hook commtrace registers (state: ddp._HookState). */
+static PyObject *ddp_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "ddp_hook(state, bucket)");
+        return NULL;
+    }
+    PyObject *state = args[0], *bucket = args[1];
+    if (!dh.on)
+        return ddp_fallback(state, bucket);
+    PyObject *buf = PyObject_CallMethodNoArgs(bucket, s_buffer);
+    PyObject *idx = buf != NULL ? PyObject_CallMethodNoArgs(bucket, s_index) : NULL;
+    PyObject *work, *row, *fut, *ret = NULL;
+    int r = ddp_issue(state, buf, idx, bucket, &work, &row, &fut);
+    Py_XDECREF(buf);
+    Py_XDECREF(idx);
+    if (r == 0)
+        return ddp_fallback(state, bucket);
+    if (r < 0)
+        return NULL;
+    DdpThen *cb = PyObject_New(DdpThen, &DdpThenType);
+    if (cb != NULL) {
         cb->vectorcall = ddp_then_vectorcall;
-        cb->row = take.row;
-        take.row = NULL;
-        PyObject *fut = take.fut;
-        take.fut = NULL;
+        cb->row = row;
+        row = NULL;
         if (fut == NULL)
             fut = PyObject_CallMethodNoArgs(work, s_get_future);
         if (fut != NULL) {
@@ -3082,23 +3117,41 @@ static PyObject *ddp_hook(PyObject *module, PyObject *const *args, Py_ssize_t na
             ret = PyObject_VectorcallMethod(s_then, av, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
                                             NULL);
             cb->attaching = 0;
-            Py_DECREF(fut);
         }
         Py_DECREF(cb);
     }
-    goto done;
-
-fallback:
-    CLEAR_ERR();
-    Py_XDECREF(rec); Py_XDECREF(scale); Py_XDECREF(buf); Py_XDECREF(idx);
-    Py_XDECREF(detail); Py_XDECREF(st);
-    return ddp_fallback(state, bucket);
-done:
-    Py_XDECREF(take.fut); Py_XDECREF(take.row);
-    Py_XDECREF(rec); Py_XDECREF(scale); Py_XDECREF(buf); Py_XDECREF(idx);
-    Py_XDECREF(detail); Py_XDECREF(st); Py_XDECREF(prev_api); Py_XDECREF(prev_detail);
-    Py_XDECREF(work);
+    Py_XDECREF(fut); Py_XDECREF(row); Py_DECREF(work);
     return ret;
+}
+
+/* The C++ comm hook (commtrace/capture/_ddp_hook.cpp, built on demand against the installed
+ * torch: commtrace/capture/accel.py) reaches this path through a capsule of C function
+ * pointers, so that the row it records is this path's, field for field. Its version is
+ * checked by the C++ side. All but now take the GIL held. */
+typedef struct {
+    int version;
+    int (*issue)(PyObject *state, PyObject *buf, PyObject *idx, PyObject *detail_arg,
+                 PyObject **work, PyObject **row, PyObject **fut);
+    void (*stamp)(PyObject *row, long long t, int observed);
+    long long (*now)(void);   /* the rows' clock; any thread, no GIL */
+} DdpCxxApi;
+
+static void ddp_cxx_stamp(PyObject *row, long long t, int observed) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    as_complete(row, t, observed ? s_how_observed : s_how_callback);
+    CLEAR_ERR();
+    PyErr_Restore(et, ev, etb);
+}
+
+static long long ddp_cxx_now(void) {
+    return now_ns();
+}
+
+static const DdpCxxApi ddp_cxx = {1, ddp_issue, ddp_cxx_stamp, ddp_cxx_now};
+
+static PyObject *ddp_cxx_api(PyObject *module, PyObject *unused) {
+    return PyCapsule_New((void *)&ddp_cxx, "commtrace.capture._fastpath.ddp_cxx_api", NULL);
 }
 
 /* ddp_setup(fallback, ctx, recorder_module, tls, details, detail_of, dtypes, op_sum, opts,
@@ -3155,7 +3208,8 @@ static int ddp_init(void) {
      "ddp_allreduce(tensor, op, group, async_op): the DDP hook's all_reduce."},             \
     {"ddp_setup", ddp_setup, METH_VARARGS, "ddp_setup(...): turn ddp_hook's C path on."},   \
     {"ddp_off", ddp_off, METH_NOARGS, "Send every bucket to the Python dispatcher."},        \
-    {"ddp_counts", ddp_counts, METH_NOARGS, "(buckets issued by ddp_hook, handed to Python)."},
+    {"ddp_counts", ddp_counts, METH_NOARGS, "(buckets issued by ddp_hook, handed to Python)."}, \
+    {"ddp_cxx_api", ddp_cxx_api, METH_NOARGS, "Capsule of the C++ DDP hook's entry points."},
 
 /* ---------------------------------------------------------------------------------------
  * End of DDP's comm hook in C.

@@ -92,8 +92,10 @@ def _allreduce_hook(state, bucket):
 
 
 def _detail_of(bucket):
+    """The ``detail`` text of a bucket's row; ``bucket`` is a GradBucket or its index (the
+    C++ hook's)."""
     try:
-        i = int(bucket.index())
+        i = bucket if type(bucket) is int else int(bucket.index())
     except Exception:
         return None
     d = _bucket_detail.get(i)
@@ -172,6 +174,30 @@ def _hook_in_c():
     return _c_hook
 
 
+def _register_cxx(ddp, state, c_hook) -> bool:
+    """Register the C++ hook (``_ddp_hook.cpp``) on ``ddp``'s Reducer where it is built for
+    this torch (``commtrace accel build``; :mod:`.accel`); False (nothing registered) where
+    it is not, or ``COMMTRACE_DDP_CXX=0``. Its buckets are recorded by the C hook's code
+    (``_fastpath.ddp_issue``); what that does not take goes to the C hook, which hands it to
+    :func:`_dispatch` (and counts it: ``_fastpath.ddp_counts``)."""
+    from . import accel
+    from . import wrappers as W
+
+    mod = accel.load()
+    if mod is None:
+        return False
+    try:
+        mod.register(ddp.reducer, state, c_hook, W._cfast.ddp_cxx_api())
+    except Exception as e:
+        log.warn_once("ddp-cxx", "the C++ DDP comm hook did not register; using the C one", e)
+        return False
+    ddp.__dict__["_commtrace_hook_kind"] = "c++"
+    fl = getattr(mod, "flush_all", None)
+    if fl is not None and fl not in _R.STAMP_FLUSHERS:
+        _R.STAMP_FLUSHERS.append(fl)
+    return True
+
+
 def _install_dispatcher(ddp, orig_register, user_hook=None, user_state=None) -> bool:
     state = _HookState(ddp.process_group)
     state.user_hook, state.user_state = user_hook, user_state
@@ -186,7 +212,9 @@ def _install_dispatcher(ddp, orig_register, user_hook=None, user_state=None) -> 
 
         _annotate(_dispatch)
         ddp._check_comm_hook(_dispatch)
-        dist._register_comm_hook(ddp.reducer, state, _hook_in_c() or _dispatch)
+        c_hook = _hook_in_c()
+        if c_hook is None or not _register_cxx(ddp, state, c_hook):
+            dist._register_comm_hook(ddp.reducer, state, c_hook or _dispatch)
     else:
         orig_register(ddp, state, _dispatch)
     ddp.__dict__["_commtrace_hook_state"] = state

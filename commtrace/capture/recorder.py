@@ -104,6 +104,10 @@ FIRST_FLUSH_S = 0.2
 #: (their tensors, kept for hazard detection, are let go then). 0.05 with a device timer or
 #: NCCL completion hooks, POLL_INTERVAL_S with Work objects to poll.
 IDLE_WAKE_S = 0.25
+#: Functions the writer thread calls at each service, before it looks at the pending ops
+#: (GIL held): the C++ DDP hook's ``flush_all``, which writes the completion times its
+#: continuations queued on the backend's thread without the GIL (capture/ddp.py).
+STAMP_FLUSHERS: list = []
 #: With nothing pending for this long, the writer thread sleeps until its next flush; the next
 #: op that becomes pending wakes it (recorder's own pending listener).
 IDLE_AFTER_S = 1.0
@@ -1155,6 +1159,11 @@ class Recorder:
         Device times are read first so that ops released now (at close, every pending op)
         still carry them."""
         self._poll_device()
+        for f in STAMP_FLUSHERS:
+            try:
+                f()
+            except Exception:
+                pass
         if _CH._enabled or _CH.HOOKED:
             _CH.scan()
             if _CH._infos:

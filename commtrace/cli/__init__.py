@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diff": ("commtrace.cli.diff", "Compare two runs per op, size and finding."),
     "ls": ("commtrace.cli.ls", "List the runs under a directory and how each job ended."),
     "trigger": ("commtrace.cli.trigger", "Make a running job record its next N steps exactly."),
+    "accel": ("commtrace.cli.accel", "Build the parts of capture compiled against your torch."),
 }
 
 

@@ -3,7 +3,8 @@
 
 - "untraced": tracing off (commtrace's recorder unset): DDP's own C++ all-reduce, which divides
   each gradient by the world size as it copies it into the bucket;
-- "traced_c": tracing on: commtrace's hook, in C where built (_fastpath.ddp_hook);
+- "traced_c": tracing on: commtrace's hook, in C++ where built for this torch (_ddp_hook.cpp,
+  `commtrace accel build`), else in C where built (_fastpath.ddp_hook);
 - "traced_py": tracing on, the C hook told to hand every bucket to the Python dispatcher;
 - "torch_hook": tracing off, torch's ``allreduce_hook`` registered by hand (``div_`` by the world
   size): the planted difference, which at 3 ranks rounds differently from DDP's own.
@@ -66,6 +67,7 @@ R._set_recorder(rec)
 c = build()
 out["window_c"] = train(*c)
 out["counts_c"] = list(cf.ddp_counts()) if cf is not None else None
+out["hook_kind"] = c[0].__dict__.get("_commtrace_hook_kind")
 py = build()
 if cf is not None:
     cf.ddp_off()   # every bucket to the Python dispatcher (ddp._dispatch)

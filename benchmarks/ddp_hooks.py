@@ -1,0 +1,141 @@
+"""CPU per DDP step of commtrace's comm hooks against DDP's own all-reduce (issue 20).
+
+    python benchmarks/ddp_hooks.py                      # 2 ranks, 60 rounds of 20 steps
+    python benchmarks/ddp_hooks.py --rounds 100 --steps 30
+
+Each rank (gloo, forked from this process) builds the DDP sample (samples/ddp_mlp.py) three
+times: "builtin" (built and run with tracing off: DDP's C++ all-reduce, no hook), "c" (built
+with tracing on and the C++ hook hidden: commtrace's C hook, ``_fastpath.ddp_hook``, which DDP
+calls through torch's PythonCommHook) and "cxx" (tracing on, the C++ hook of
+``commtrace accel build``, registered on DDP's C++ Reducer). Each round runs K steps of each
+copy in a rotating order (tracing on for c and cxx), with a barrier before each. Printed per
+mode: the median over rounds of the training thread's CPU per step, the process's CPU per step
+(all threads: gloo's, the writer's) and the wall time per step, each as the median of the
+per-round differences to builtin with a 95% interval of that median (order statistics).
+Two copies of a model in one process do not run equally fast (docs/performance.md): the
+figures compare hooks, not a traced model with its own untraced self (benchmarks/steps.py).
+Needs the C++ hook built (``commtrace accel build``; ``COMMTRACE_CACHE_DIR`` is honoured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+MODES = ("builtin", "c", "cxx")
+
+
+def _median_ci(xs):
+    """Median and a distribution-free 95% interval of it (binomial order statistics)."""
+    import math
+
+    xs = sorted(xs)
+    n = len(xs)
+    k = max(0, int(math.floor(n / 2 - 0.98 * math.sqrt(n))))
+    return xs[n // 2], xs[k], xs[min(n - 1, n - 1 - k)]
+
+
+def _rank(rank, world, port, rounds, steps, out, q):
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    import commtrace
+    from commtrace.capture import accel
+    from commtrace.capture import recorder as R
+
+    sys.path.insert(0, os.path.join(ROOT, "samples"))
+    import ddp_mlp
+
+    torch.set_num_threads(1)
+    commtrace.enable(output=out)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    rec = R.get_recorder()
+    args = ddp_mlp.parse_args(["--straggler-ms", "0"])
+    copies, kinds = {}, {}
+    cxx_mod = accel.load()
+    for mode in MODES:
+        R._set_recorder(None if mode == "builtin" else rec)
+        accel._loaded = cxx_mod if mode == "cxx" else None
+        st = ddp_mlp.setup(args, rank, world, torch.device("cpu"))
+        for i in range(5):
+            ddp_mlp.train_step(st, i)
+        copies[mode] = st
+        kinds[mode] = st["ddp"].__dict__.get("_commtrace_hook_kind", "c" if mode == "c" else None)
+    accel._loaded = cxx_mod
+    R._set_recorder(None)
+    res = {m: {"thread": [], "process": [], "wall": []} for m in MODES}
+    for r in range(rounds):
+        order = MODES[r % 3:] + MODES[:r % 3]
+        for mode in order:
+            st = copies[mode]
+            R._set_recorder(None if mode == "builtin" else rec)
+            dist.barrier()
+            t0, c0, w0 = time.thread_time_ns(), time.process_time_ns(), time.perf_counter_ns()
+            for i in range(steps):
+                ddp_mlp.train_step(st, i)
+            t1, c1, w1 = time.thread_time_ns(), time.process_time_ns(), time.perf_counter_ns()
+            R._set_recorder(None)
+            res[mode]["thread"].append((t1 - t0) / steps / 1e3)
+            res[mode]["process"].append((c1 - c0) / steps / 1e3)
+            res[mode]["wall"].append((w1 - w0) / steps / 1e3)
+    R._set_recorder(rec)
+    q.put((rank, kinds, res, threading.get_ident()))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="examples:\n  python benchmarks/ddp_hooks.py --rounds 100")
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=20, help="steps per round and copy")
+    a = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import multiprocessing as mp
+
+    import torch  # noqa: F401  (forked ranks inherit it)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    out = tempfile.mkdtemp(prefix="ddp-hooks-")
+    ps = [ctx.Process(target=_rank, args=(r, 2, port, a.rounds, a.steps, out, q))
+          for r in range(2)]
+    t0 = time.time()
+    for p in ps:
+        p.start()
+    got = [q.get() for _ in ps]
+    for p in ps:
+        p.join()
+    print(f"ddp_hooks: {a.rounds} rounds x {a.steps} steps per copy, 2 ranks, gloo, "
+          f"{time.strftime('%H:%M', time.gmtime(t0))}-{time.strftime('%H:%M UTC', time.gmtime())}, "
+          f"load {os.getloadavg()[0]:.1f}")
+    for rank, kinds, res, _ in sorted(got, key=lambda g: g[0]):
+        print(f"rank {rank}: hooks {kinds}")
+        base = res["builtin"]
+        for what in ("thread", "process", "wall"):
+            b = _median_ci(base[what])[0]
+            parts = [f"builtin {b:.0f} us"]
+            for m in MODES[1:]:
+                d = [x - y for x, y in zip(res[m][what], base[what])]
+                med, lo, hi = _median_ci(d)
+                parts.append(f"{m} {med:+.0f} [{lo:+.0f}, {hi:+.0f}]")
+            print(f"  {what} CPU per step" if what != "wall" else "  wall per step", ": ",
+                  "; ".join(parts), sep="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

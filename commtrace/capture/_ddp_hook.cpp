@@ -1,0 +1,247 @@
+// commtrace's DDP comm hook in C++ (issue 20; docs/performance.md, "DDP's comm hook in C++").
+//
+// A hook registered from Python (even commtrace's C one, _fastpath.ddp_hook) runs through
+// torch's PythonCommHook: per bucket the Reducer takes the GIL to call it, the `.then`
+// continuation takes the GIL on the backend's thread, and the Reducer takes it a third time to
+// read the result (the future's value is a PyObject). This hook is a c10d::CommHookInterface
+// of its own, registered on the C++ Reducer behind `ddp.reducer`:
+//   - runHook takes the GIL once per bucket and hands the bucket to _fastpath's ddp_issue (a
+//     capsule of C function pointers, so that the row is the C path's, field for field), which
+//     scales the bucket as DDP does and issues its all_reduce, recorded;
+//   - the continuation, on the backend's thread, takes no GIL: it reads the clock and queues
+//     (row, time) in a list under a mutex, and returns the bucket as a tensor;
+//   - parseHookResult (the training thread, after DDP has waited for the bucket) takes the
+//     GIL only when stamps are queued, and writes them into their rows (as_complete: the
+//     writer thread releases an op with a future only once its row has an end time, so a
+//     stamp written here rather than on the backend's thread changes no row); so do the next
+//     runHook and the writer thread's service (flush_all), whichever comes first.
+// Anything ddp_issue does not take (a hook of the user's, tracing off, a CUDA bucket, ...)
+// goes to the Python dispatcher (ddp._dispatch) as through PythonCommHook.
+//
+// Built on demand against the installed torch (commtrace/capture/accel.py), never at pip
+// install time: torch is not a build dependency of commtrace.
+
+#include <torch/extension.h>
+
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// The capsule's layout (_fastpath.c, DdpCxxApi); version 1.
+struct DdpCxxApi {
+  int version;
+  int (*issue)(PyObject* state, PyObject* buf, PyObject* idx, PyObject* detail_arg,
+               PyObject** work, PyObject** row, PyObject** fut);
+  void (*stamp)(PyObject* row, long long t, int observed);
+  long long (*now)();
+};
+constexpr int kApiVersion = 1;
+constexpr const char* kCapsule = "commtrace.capture._fastpath.ddp_cxx_api";
+
+// Completion stamps queued by the continuations (any thread) until a thread holding the GIL
+// writes them into their rows. Shared with the continuations, which may outlive the hook.
+struct Stamps {
+  explicit Stamps(const DdpCxxApi* a) : api(a) {}
+  const DdpCxxApi* api;
+  struct Stamp {
+    PyObject* row;   // a reference owned by the stamp, released with the GIL
+    long long t;
+    bool observed;
+  };
+  std::mutex mu;
+  std::vector<Stamp> queued;
+  std::atomic<size_t> n{0};
+
+  void push(PyObject* row, long long t, bool observed) {
+    std::lock_guard<std::mutex> g(mu);
+    queued.push_back({row, t, observed});
+    n.store(queued.size(), std::memory_order_release);
+  }
+
+  // The GIL is held.
+  void flush() {
+    if (n.load(std::memory_order_acquire) == 0)
+      return;
+    std::vector<Stamp> got;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      got.swap(queued);
+      n.store(0, std::memory_order_release);
+    }
+    for (auto& s : got) {
+      api->stamp(s.row, s.t, s.observed ? 1 : 0);
+      Py_DECREF(s.row);
+    }
+  }
+};
+
+// Every hook's stamps, for flush_all (the writer thread's service: stamps of buckets whose
+// result DDP does not read through parseHookResult, e.g. the shadow all-reduces of DDP's join
+// mode, are written within a service period, and before the rows are written at close).
+std::mutex registry_mu;
+std::vector<std::weak_ptr<Stamps>> registry;
+
+void flush_all() {   // the GIL is held (called from Python)
+  std::vector<std::shared_ptr<Stamps>> live;
+  {
+    std::lock_guard<std::mutex> g(registry_mu);
+    std::vector<std::weak_ptr<Stamps>> kept;
+    for (auto& w : registry) {
+      if (auto s = w.lock()) {
+        live.push_back(s);
+        kept.push_back(w);
+      }
+    }
+    registry.swap(kept);
+  }
+  for (auto& s : live)
+    s->flush();
+}
+
+// One issued bucket's continuation state.
+struct Pending {
+  PyObject* row = nullptr;   // moved to Stamps on completion
+  std::thread::id issuer;
+  std::atomic<bool> attaching{true};
+};
+
+at::Tensor first_tensor(const c10::IValue& v) {
+  if (v.isTensor())
+    return v.toTensor();
+  if (v.isTensorList())
+    return v.toTensorList().get(0);
+  TORCH_CHECK(false, "commtrace DDP hook: unexpected all_reduce result ", v.tagKind());
+}
+
+class CommtraceHook : public c10d::CommHookInterface {
+ public:
+  CommtraceHook(py::object state, py::object fallback, const DdpCxxApi* api)
+      : state_(std::move(state)), fallback_(std::move(fallback)), api_(api),
+        stamps_(std::make_shared<Stamps>(api)) {
+    std::lock_guard<std::mutex> g(registry_mu);
+    registry.push_back(stamps_);
+  }
+
+  ~CommtraceHook() override {
+    if (!Py_IsInitialized()) {
+      // interpreter gone: leak the references rather than touch it
+      state_.release();
+      fallback_.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    stamps_->flush();
+    state_ = py::object();
+    fallback_ = py::object();
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    py::gil_scoped_acquire gil;
+    stamps_->flush();
+    PyObject* buf = THPVariable_Wrap(bucket.getBufferRef());
+    if (buf == nullptr)
+      throw python_error();
+    PyObject* idx = PyLong_FromSize_t(bucket.getIndex());
+    if (idx == nullptr) {
+      Py_DECREF(buf);
+      throw python_error();
+    }
+    PyObject *work = nullptr, *row = nullptr, *pyfut = nullptr;
+    int r = api_->issue(state_.ptr(), buf, idx, idx, &work, &row, &pyfut);
+    Py_DECREF(buf);
+    Py_DECREF(idx);
+    Py_XDECREF(pyfut);
+    if (r < 0) {
+      Py_XDECREF(row);
+      throw python_error();
+    }
+    if (r == 0)
+      return run_fallback(bucket);
+    c10::intrusive_ptr<c10d::Work> w;
+    try {
+      w = py::reinterpret_steal<py::object>(work).cast<c10::intrusive_ptr<c10d::Work>>();
+    } catch (...) {
+      Py_XDECREF(row);
+      throw;
+    }
+    auto fut = w->getFuture();
+    auto p = std::make_shared<Pending>();
+    p->row = row;
+    p->issuer = std::this_thread::get_id();
+    auto stamps = stamps_;
+    auto now = api_->now;
+    auto child = fut->then(
+        [p, stamps, now](c10::ivalue::Future& f) -> c10::IValue {
+          long long t = now();
+          if (p->row != nullptr) {
+            bool observed = p->attaching.load(std::memory_order_acquire) &&
+                            std::this_thread::get_id() == p->issuer;
+            stamps->push(p->row, t, observed);
+            p->row = nullptr;
+          }
+          return first_tensor(f.value());   // rethrows the all_reduce's error, if any
+        },
+        c10::TensorType::get());
+    p->attaching.store(false, std::memory_order_release);
+    return child;
+  }
+
+  at::Tensor parseHookResult(const c10::IValue& result) override {
+    if (stamps_->n.load(std::memory_order_acquire) != 0) {
+      py::gil_scoped_acquire gil;
+      stamps_->flush();
+    }
+    if (result.isPyObject()) {
+      // a future of the Python dispatcher's: its value is a Python object
+      py::gil_scoped_acquire gil;
+      py::object obj = torch::jit::toPyObject(result);
+      return torch::jit::toIValue(obj, c10::TensorType::get()).toTensor();
+    }
+    return first_tensor(result);
+  }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> run_fallback(c10d::GradBucket& bucket) {
+    // GIL held (runHook)
+    py::object ret = fallback_(state_, bucket);
+    return ret.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>()->fut;
+  }
+
+  py::object state_;
+  py::object fallback_;
+  const DdpCxxApi* api_;
+  std::shared_ptr<Stamps> stamps_;
+};
+
+// register(reducer, state, fallback, capsule): register the hook on a DDP model's Reducer
+// (raises as Reducer::register_comm_hook does when the model has a hook already).
+void register_hook(py::object reducer, py::object state, py::object fallback,
+                   py::capsule api_capsule) {
+  if (std::string(api_capsule.name()) != kCapsule)
+    throw std::invalid_argument("commtrace DDP hook: not _fastpath's capsule");
+  auto* api = static_cast<const DdpCxxApi*>(api_capsule.get_pointer());
+  if (api == nullptr || api->version != kApiVersion)
+    throw std::invalid_argument("commtrace DDP hook: _fastpath's capsule has another version");
+  c10d::Reducer& r = reducer.cast<c10d::Reducer&>();
+  r.register_comm_hook(std::make_unique<CommtraceHook>(std::move(state), std::move(fallback), api));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "commtrace's DDP comm hook in C++ (built against the installed torch)";
+  m.attr("API_VERSION") = kApiVersion;
+  m.def("register", &register_hook, "register(reducer, state, fallback, capsule)");
+  m.def("flush_all", &flush_all,
+        "Write the completion times queued by every hook's continuations into their rows.");
+}

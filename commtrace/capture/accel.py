@@ -1,0 +1,131 @@
+"""Parts of capture built on demand against the installed torch: today DDP's comm hook in C++
+(``_ddp_hook.cpp``; docs/performance.md, "DDP's comm hook in C++").
+
+torch is not a build dependency of commtrace, so nothing here is built at ``pip install``
+time: ``commtrace accel build`` (or :func:`build`) compiles the hook with
+``torch.utils.cpp_extension`` into a cache directory, under a name keyed by the torch build,
+the Python version, commtrace's version and the source; a rank only looks for that file
+(:func:`load`) and, where it is missing or does not match, uses the C hook
+(``_fastpath.ddp_hook``) as before, without an error. Importing this module imports nothing
+heavy; :func:`load` needs torch imported already (it is, in a rank that wraps a DDP model).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import sys
+
+#: The C++ source, shipped in the package.
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ddp_hook.cpp")
+
+
+def cache_dir() -> str:
+    """Where built parts live: ``$COMMTRACE_CACHE_DIR``, else ``$XDG_CACHE_HOME/commtrace``,
+    else ``~/.cache/commtrace``."""
+    d = os.environ.get("COMMTRACE_CACHE_DIR")
+    if d:
+        return os.path.abspath(d)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "commtrace")
+
+
+def module_name() -> str:
+    """The built module's name for the torch imported in this process: ``commtrace_ddp_hook_``
+    and a hash of what it must match (torch's version and commit, Python's version,
+    commtrace's version, the source's bytes)."""
+    import torch
+
+    from .. import __version__
+
+    h = hashlib.sha256()
+    with open(SOURCE, "rb") as f:
+        h.update(f.read())
+    for part in (torch.__version__, getattr(torch.version, "git_version", ""),
+                 sys.implementation.cache_tag, sys.version, __version__):
+        h.update(b"\0" + str(part).encode())
+    return "commtrace_ddp_hook_" + h.hexdigest()[:16]
+
+
+def _built_file(name: str) -> str | None:
+    hits = sorted(glob.glob(os.path.join(cache_dir(), name, name + "*.so")))
+    return hits[0] if hits else None
+
+
+def build(verbose: bool = False) -> str:
+    """Build the C++ DDP hook for the installed torch (if not built already) and return the
+    path of the built module. Needs a C++ compiler (g++ or ``$CXX``) and ninja; raises
+    :class:`~commtrace.errors.CommtraceError` with the compiler's message otherwise."""
+    from ..errors import CommtraceError
+
+    try:
+        import torch  # noqa: F401
+        from torch.utils import cpp_extension
+    except Exception as e:
+        raise CommtraceError(f"building the C++ DDP hook needs torch: {e}") from e
+    name = module_name()
+    have = _built_file(name)
+    if have:
+        return have
+    import shutil
+
+    cxx = os.environ.get("CXX", "c++")
+    if not (shutil.which(cxx) or shutil.which("g++")):
+        raise CommtraceError(f"building the C++ DDP hook needs a C++ compiler ({cxx} or g++ "
+                             "on PATH, or $CXX)")
+    if shutil.which("ninja") is None:
+        # pip's ninja installs next to this interpreter, which need not be on PATH
+        here = os.path.dirname(sys.executable)
+        if os.path.exists(os.path.join(here, "ninja")):
+            os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+        else:
+            raise CommtraceError("building the C++ DDP hook needs ninja (pip install ninja)")
+    bdir = os.path.join(cache_dir(), name)
+    os.makedirs(bdir, exist_ok=True)
+    try:
+        cpp_extension.load(name=name, sources=[SOURCE], build_directory=bdir,
+                           extra_cflags=["-O2"], verbose=verbose, with_cuda=False,
+                           is_python_module=True)
+    except Exception as e:
+        raise CommtraceError(f"building the C++ DDP hook failed ({type(e).__name__}): "
+                             f"{str(e)[-2000:]}") from e
+    have = _built_file(name)
+    if have is None:
+        raise CommtraceError(f"building the C++ DDP hook left no module in {bdir}")
+    return have
+
+
+_loaded = False   # the module once looked for (None: not built or not loadable)
+
+
+def load():
+    """The built C++ DDP hook module for this process's torch, or None where it is not built,
+    does not match, ``COMMTRACE_DDP_CXX=0``, or fails to load (never raises). Looked for
+    once per process."""
+    global _loaded
+    if _loaded is not False:
+        return _loaded
+    _loaded = None
+    if os.environ.get("COMMTRACE_DDP_CXX", "1") in ("0", ""):
+        return None
+    try:
+        if "torch" not in sys.modules:
+            return None
+        name = module_name()
+        path = _built_file(name)
+        if path is None:
+            return None
+        import importlib.machinery
+        import importlib.util
+
+        loader = importlib.machinery.ExtensionFileLoader(name, path)
+        spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+        mod = importlib.util.module_from_spec(spec)
+        loader.exec_module(mod)
+        _loaded = mod
+    except Exception as e:
+        from . import log
+
+        log.warn_once("ddp-cxx-load", "the built C++ DDP hook did not load; using the C one", e)
+    return _loaded

@@ -1,0 +1,129 @@
+"""Issue 18 (speed): the analysis reads Arrow columns into numpy from their buffers
+(`sql.arrow_numpy`, `sql.arrow_parts`, `sql.finish`) and builds small Arrow tables from Python
+lists (`sql.py_array`) instead of through pyarrow's conversions, which import pandas (0.2-0.4 s
+of CPU that the report without root cause never paid). Each equals pyarrow's own conversion
+value by value, and the report with root cause and what-if no longer imports pandas."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import commtrace
+from commtrace.analysis import model as M
+from commtrace.analysis import sql as Q
+from commtrace.analysis.synth import synth_run
+
+
+def _ref(a, fill=None, dtype=None):
+    if fill is not None and a.null_count:
+        a = a.fill_null(fill)
+    v = a.to_numpy(zero_copy_only=False)
+    return v.astype(dtype, copy=False) if dtype is not None else v
+
+
+def _same(x, y):
+    assert x.dtype == y.dtype
+    assert x.shape == y.shape
+    assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f")
+
+
+def _columns():
+    rng = np.random.default_rng(5)
+    out = []
+    for t, make in ((pa.int32(), lambda n: rng.integers(-2**31, 2**31 - 1, n)),
+                    (pa.int64(), lambda n: rng.integers(-2**62, 2**62, n)),
+                    (pa.uint8(), lambda n: rng.integers(0, 255, n)),
+                    (pa.float64(), lambda n: rng.normal(size=n))):
+        chunks = []
+        for n, nulls in ((1000, 0.0), (37, 0.3), (0, 0.0), (513, 1.0), (2049, 0.01)):
+            v = make(n).tolist()
+            v = [None if rng.random() < nulls else x for x in v]
+            chunks.append(pa.array(v, t))
+        ca = pa.chunked_array(chunks, t)
+        out += [ca, ca.slice(3, 2000), ca.slice(1040, 9), pa.chunked_array([], t), ca.combine_chunks().slice(5)]
+        out.append(pa.chunked_array([chunks[0]], t))
+    return out
+
+
+@pytest.mark.parametrize("fill,dtype", [(None, None), (-1, np.int64), (None, np.float64), (7, None), (None, np.int64)])
+def test_arrow_numpy_equals_pyarrow(fill, dtype):
+    for a in _columns():
+        if fill is not None and pa.types.is_unsigned_integer(a.type) and fill < 0:
+            continue
+        if fill is None and dtype is np.int64 and a.null_count:
+            continue      # NaN cast to int64: undefined either way
+        _same(Q.arrow_numpy(a, fill, dtype), _ref(a, fill, dtype))
+        # a subset through arrow_parts + finish equals pyarrow's take
+        p = Q.arrow_parts(a)
+        idx = np.arange(0, len(a), 3, dtype=np.int64)
+        sub = Q.finish(p[0][idx], None if p[1] is None else p[1][idx], fill=fill, dtype=dtype)
+        if not (fill is None and dtype is np.int64 and a.take(pa.array(idx)).null_count):
+            _same(sub, _ref(a.take(pa.array(idx)), fill, dtype))
+
+
+def test_arrow_numpy_other_types_fall_back():
+    a = pa.chunked_array([pa.array(["a", None, "b"])])
+    assert Q.arrow_parts(a) is None
+    assert Q.arrow_numpy(a, fill="z").tolist() == ["a", "z", "b"]
+
+
+@pytest.mark.parametrize("t,values", [
+    (pa.int64(), [1, None, -3, 2**62]), (pa.float64(), [1.5, None, float("nan"), -0.0]),
+    (pa.string(), ["ab", None, "é", "", "train.py:88"]), (pa.string(), []), (pa.int64(), [None, None])])
+def test_py_array_equals_pa_array(t, values):
+    x = Q.py_array(values, t)
+    x.validate(full=True)
+    ref = pa.array(values, t)
+    assert x.null_count == ref.null_count
+    assert x.is_null().to_pylist() == ref.is_null().to_pylist()
+    if t == pa.float64():     # (NaN != NaN in Arrow's equals)
+        f = lambda v: np.array([np.nan if y is None else y for y in v.to_pylist()], float)  # noqa: E731
+        assert np.array_equal(f(x), f(ref), equal_nan=True)
+        assert np.array_equal(np.signbit(f(x)), np.signbit(f(ref)))
+    else:
+        assert x.equals(ref)
+
+
+def test_rows_columns_equal_pyarrow(tmp_path):
+    """The model's row columns (M._Rows.col / col_at, the dictionary codes) on a synthetic run
+    equal pyarrow's conversions of the same Arrow table."""
+    out = str(tmp_path / "r")
+    synth_run(out, ranks=4, ops=600, straggler=[(1, 500_000)], hazards=True, seed=3, parts_per_rank=2)
+    run = commtrace.load(out)
+    t = run.arrow(f"SELECT {', '.join(M.ROW_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op'")
+    rows = M._Rows(t)
+    perm = rows.perm if rows.perm is not None else np.arange(t.num_rows)
+    NUL = np.iinfo(np.int64).min
+    idx = np.arange(0, t.num_rows, 5)
+    for name, fill in (("rank", None), ("t_enqueue_ns", NUL), ("t_wait_ns", NUL), ("step", -1), ("ckey", -1),
+                       ("seq", -1), ("peer", -1), ("op_id", np.iinfo(np.int64).max), ("orid", None)):
+        _same(rows.col(name, fill=fill, dtype=np.int64), _ref(t.column(name), fill, np.int64)[perm])
+        _same(rows.col_at(name, idx, fill=fill, dtype=np.int64), _ref(t.column(name), fill, np.int64)[perm][idx])
+    _same(rows.col_at("bytes", idx, dtype=np.float64), _ref(t.column("bytes"), None, np.float64)[perm][idx])
+    for name in ("op", "pg", "site"):
+        d = t.column(name).combine_chunks().dictionary_encode()
+        _same(rows.codes(name), d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)[perm])
+        codes = rows.codes_at(name, idx)
+        labels = [t.column(name)[int(perm[i])].as_py() for i in idx]
+        # equal strings, equal codes; null -> -1
+        for c, lab in zip(codes.tolist(), labels):
+            assert (c == -1) == (lab is None)
+        pairs = {}
+        for c, lab in zip(codes.tolist(), labels):
+            assert pairs.setdefault(c, lab) == lab
+
+
+def test_what_if_report_imports_no_pandas(tmp_path):
+    out = str(tmp_path / "r")
+    synth_run(out, ranks=4, ops=400, straggler=[(2, 800_000)], hazards=True, seed=9)
+    code = ("import sys, json, commtrace; from commtrace.analysis import report as R; "
+            f"rep = R.build_report(commtrace.load({out!r}), what_if=True); "
+            "print(json.dumps([rep['what_if'] is not None, 'pandas' in sys.modules]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [True, False]
