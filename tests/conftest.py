@@ -84,6 +84,36 @@ def run_plain(cmd: list[str], env: dict | None = None, timeout: float = 120,
     return p
 
 
+def run_both_paths(code: str, tmp_path):
+    """Run the world-size-1 script `code` (argv: its output directory, a port) on the C paths
+    and on the pure Python path (COMMTRACE_PURE_PYTHON=0, then 1); [(mode, output dir,
+    stdout)] once each has exited cleanly."""
+    ports = free_ports(2)
+    done = []
+    for i, mode in enumerate(("0", "1")):
+        d = tmp_path / f"pure{mode}"
+        p = subprocess.run([sys.executable, "-c", code, str(d), str(ports[i])],
+                           env=clean_env({"COMMTRACE_PURE_PYTHON": mode}), capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        done.append((mode, d, p.stdout))
+    return done
+
+
+def run_job_results(tmp_path_factory, name: str, script: str) -> tuple:
+    """Run `script` (one of tests/scripts, argument: its run directory) on 2 gloo ranks;
+    (the run directory, {rank: its result-<rank>.json})."""
+    import json
+
+    out = tmp_path_factory.mktemp(name) / "run"
+    run_plain(torchrun_cmd(script, out), timeout=240)
+    res = {}
+    for r in (0, 1):
+        with open(out / f"result-{r}.json") as f:
+            res[r] = json.load(f)
+    return out, res
+
+
 def run_traced(out: str, cmd: list[str], opts: tuple = (), env: dict | None = None,
                timeout: float = 150, check: bool = True) -> subprocess.CompletedProcess:
     """``commtrace run -o OUT [opts] -- cmd``; returns the completed process."""

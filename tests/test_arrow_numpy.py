@@ -1,8 +1,9 @@
 """Issue 18 (speed): the analysis reads Arrow columns into numpy from their buffers
 (`sql.arrow_numpy`, `sql.arrow_parts`, `sql.finish`) and builds small Arrow tables from Python
 lists (`sql.py_array`) instead of through pyarrow's conversions, which import pandas (0.2-0.4 s
-of CPU that the report without root cause never paid). Each equals pyarrow's own conversion
-value by value, and the report with root cause and what-if no longer imports pandas."""
+of CPU that the report without root cause never paid), and encodes string columns in C
+(`model._str_codes`, no pyarrow.compute). Each equals pyarrow's own conversion value by value,
+and the report with root cause and what-if no longer imports pandas."""
 
 from __future__ import annotations
 
@@ -127,3 +128,45 @@ def test_what_if_report_imports_no_pandas(tmp_path):
             "print(json.dumps([rep['what_if'] is not None, 'pandas' in sys.modules]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [True, False]
+
+
+def _str_chunks(rng, words, nulls=0.1):
+    chunks = []
+    for _ in range(int(rng.integers(0, 5))):
+        n = int(rng.integers(0, 3000))
+        v = [None if rng.random() < nulls else words[int(rng.integers(0, len(words)))] for _ in range(n)]
+        arr = pa.array(v, pa.string())
+        if n > 5 and rng.random() < 0.5:
+            arr = arr.slice(int(rng.integers(0, 5)))
+        chunks.append(arr)
+    return pa.chunked_array(chunks, pa.string())
+
+
+def test_string_codes_in_c_equal_arrows_dictionary_encode():
+    """model._str_codes (`_replay.str_codes`) gives the codes and values of Arrow's
+    dictionary_encode (first appearance order, null -> -1), over every row and over a subset
+    of rows in a given order, on chunked and sliced columns; and the model's `_dict_values`,
+    `_codes` and `codes_at` equal their pyarrow.compute paths."""
+    if M._C is None:
+        pytest.skip("the C extension is not built")
+    rng = np.random.default_rng(1)
+    words = ["", "a", "train.py:88", "é", "x" * 40] + [f"site{i}.py:{j}" for i in range(50) for j in range(20)]
+    for trial in range(30):
+        a = _str_chunks(rng, words if trial % 2 else words[:6], nulls=0.0 if trial % 5 == 0 else 0.1)
+        d = a.combine_chunks().dictionary_encode()
+        codes, values = M._str_codes(a)
+        _same(codes, d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64))
+        assert values == d.dictionary.to_pylist()
+        if len(a):
+            rows = rng.integers(0, len(a), int(rng.integers(0, 500))).astype(np.int64)
+            d = a.take(pa.array(rows)).combine_chunks().dictionary_encode()
+            codes, values = M._str_codes(a, rows)
+            _same(codes, d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64))
+            assert values == d.dictionary.to_pylist()
+        t = pa.table({"s": a})
+        c, v = M._dict_values(t, "s")
+        d = a.combine_chunks().dictionary_encode()
+        _same(c, d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64))
+        assert list(v) == (d.dictionary.to_pylist() + [""] if a.num_chunks else [])
+        _same(M._codes(t, "s"), c)
+    assert M._str_codes(pa.chunked_array([pa.array(["a"], pa.large_string())])) is None

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import textwrap
 
 import pytest
 
 from commtrace.capture import wrappers as Wr
-from conftest import SCRIPTS, free_ports, load_rows, run_traced, torchrun_cmd
+from conftest import SCRIPTS, load_rows, run_both_paths, run_traced, torchrun_cmd
 
 needs_c = pytest.mark.skipif(Wr._cfast is None or not hasattr(Wr._cfast, "set_async"),
                              reason="the C fast path is not built here")
@@ -34,7 +35,9 @@ def runs(tmp_path_factory):
         p = run_traced(d, torchrun_cmd(os.path.join(SCRIPTS, "async_mix.py")), env=env,
                        timeout=240)
         n_c = [int(x) for x in re.findall(r"async ops recorded in C: (\d+)", p.stdout)]
-        out[name] = (load_rows(d), n_c)
+        marks = [tuple(int(x) for x in m) for m in re.findall(
+            r"marks in C: (\d+) in Python: (\d+) reads in C: (\d+)", p.stdout)]
+        out[name] = (load_rows(d), n_c, marks)
     return out
 
 
@@ -55,7 +58,7 @@ def _stable(rows):
 
 @needs_c
 def test_c_async_path_records_the_python_paths_rows(runs):
-    c_rows, n_c = runs["c"]
+    c_rows, n_c, _ = runs["c"]
     # most async ops took the C path: 36 collectives, and of the 12 isend / irecv per rank
     # all but the first of each (the Python path learns their Work type)
     assert len(n_c) == 2 and min(n_c) >= 25 + 10, n_c
@@ -67,14 +70,54 @@ def test_c_async_path_records_the_python_paths_rows(runs):
                                        "reduce_scatter_tensor", "all_to_all_single", "reduce",
                                        "ddp_comm_hook", "isend", "irecv"}
     p2p = [r for r in ops if r["api"] in ("isend", "irecv")]
-    assert len(p2p) == 2 * 12 and all(r["completion"] in ("wait", "observed") for r in p2p)
+    # 12 per rank, and 3 in the steps at the end
+    assert len(p2p) == 2 * (12 + 3) and all(r["completion"] in ("wait", "observed") for r in p2p)
     assert any(r["kind"] == "hazard" for r in c_rows)
     assert _stable(c_rows) == _stable(runs["pure-python"][0])
 
 
+@needs_c
+def test_c_step_marks_and_host_reads_record_the_python_paths_rows(runs):
+    """The step marker and the hazard readers in C (issue 20, the pipeline sample): the C run
+    made its marks and most host reads in C, and its mark and hazard rows (with their sites
+    and steps) are the pure-Python run's."""
+    c_rows, _, marks = runs["c"]
+    py_rows, _, py_marks = runs["pure-python"]
+    # 3 steps of the first optimizer per rank, all marked in C; 7 host reads per step with
+    # every pending op waited (C), 2 with an op not waited (the Python reader)
+    assert len(marks) == 2 and all(m[0] == 3 and m[1] == 0 and m[2] >= 3 * 6 for m in marks), marks
+    assert py_marks == [(0, 0, 0), (0, 0, 0)]
+    for rows in (c_rows, py_rows):
+        mk = [r for r in rows if r["kind"] == "mark"]
+        assert sorted((r["rank"], r["step"]) for r in mk) == [(0, 1), (0, 2), (0, 3),
+                                                             (1, 1), (1, 2), (1, 3)]
+        assert all(r["detail"] == "optimizer.step" and r["site"].endswith(
+            f"async_mix.py:{_line_of('opt.step()')}") for r in mk), mk
+        hz = [r for r in rows if r["kind"] == "hazard"]
+        # the read before wait at the top, and y.tolist() at each of the 3 steps, per rank
+        assert sorted(r["site"].rsplit(":", 1)[1] for r in hz if r["rank"] == 0) == sorted(
+            [str(_line_of("x.tolist()"))] + [str(_line_of("y.tolist()"))] * 3), hz
+        ops = [r for r in rows if r["kind"] == "op" and r["api"] == "all_reduce"
+               and r["count"] == 4]
+        # (ops before the first step are step 0)
+        assert sorted(r["step"] for r in ops if r["rank"] == 1) == [0, 0, 1, 2], ops
+    stable = [[r for r in _stable(rows) if r["kind"] in ("mark", "hazard")]
+              for rows in (c_rows, py_rows)]
+    assert stable[0] == stable[1]
+
+
+def _line_of(text: str) -> int:
+    """The line of async_mix.py that starts with `text` (after its indentation)."""
+    with open(os.path.join(SCRIPTS, "async_mix.py")) as f:
+        for i, line in enumerate(f, 1):
+            if line.strip().startswith(text):
+                return i
+    raise AssertionError(text)
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 def test_async_rows_times_in_order(runs, mode):
-    rows, _ = runs[mode]
+    rows = runs[mode][0]
     ops = [r for r in rows if r["kind"] == "op" and r["async_op"]]
     assert ops
     for r in ops:
@@ -92,12 +135,6 @@ def test_async_completion_wait_attaches_no_callback(tmp_path):
     """--async-completion wait (issue 20): no completion callback on the backend's thread;
     t_end_ns comes from wait() ("wait") or a look at the Work ("observed"), never a callback,
     on the C and the pure Python paths alike, with the same rows otherwise."""
-    import subprocess
-    import sys
-    import textwrap
-
-    from conftest import clean_env
-
     code = textwrap.dedent('''
         import sys, torch, torch.distributed as dist, commtrace
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2],
@@ -125,14 +162,8 @@ def test_async_completion_wait_attaches_no_callback(tmp_path):
         dist.destroy_process_group()
     ''')
     out = {}
-    ports = free_ports(2)
-    for i, mode in enumerate(("0", "1")):
-        d = tmp_path / f"pure{mode}"
-        p = subprocess.run([sys.executable, "-c", code, str(d), str(ports[i])],
-                           env=clean_env({"COMMTRACE_PURE_PYTHON": mode}), capture_output=True,
-                           text=True, timeout=120)
-        assert p.returncode == 0, p.stderr[-2000:]
-        cb, n_c = (int(x) for x in p.stdout.split()[1::2])
+    for mode, d, stdout in run_both_paths(code, tmp_path):
+        cb, n_c = (int(x) for x in stdout.split()[1::2])
         assert cb == 0              # the future is not even asked (no callback attached)
         assert (n_c >= 8) if (mode == "0" and Wr._cfast is not None) else n_c == 0
         rows = [r for r in load_rows(d) if r["kind"] == "op"]
@@ -151,12 +182,6 @@ def test_no_listener_call_per_async_op(tmp_path):
     size 1); the owed 0 comes from the writer thread. A host read of a pending tensor is
     still a hazard row, and detection goes idle once nothing is pending. C and pure Python
     paths alike."""
-    import subprocess
-    import sys
-    import textwrap
-
-    from conftest import clean_env
-
     code = textwrap.dedent('''
         import sys, threading, time, torch, torch.distributed as dist, commtrace
         from commtrace.capture import hazards, recorder as R
@@ -187,15 +212,9 @@ def test_no_listener_call_per_async_op(tmp_path):
                   "active", int(hazards.stats()["active"]), "owed", int(rec._idle_owed))
         dist.destroy_process_group()
     ''')
-    ports = free_ports(2)
     out = {}
-    for i, mode in enumerate(("0", "1")):
-        d = tmp_path / f"pure{mode}"
-        p = subprocess.run([sys.executable, "-c", code, str(d), str(ports[i])],
-                           env=clean_env({"COMMTRACE_PURE_PYTHON": mode}), capture_output=True,
-                           text=True, timeout=120)
-        assert p.returncode == 0, p.stderr[-2000:]
-        v = dict(zip(p.stdout.split()[0::2], (int(x) for x in p.stdout.split()[1::2])))
+    for mode, d, stdout in run_both_paths(code, tmp_path):
+        v = dict(zip(stdout.split()[0::2], (int(x) for x in stdout.split()[1::2])))
         assert v["main0"] == 0, v             # the training thread never tells a 0
         # a 0 -> >0 told again only after the writer thread delivered an owed 0
         assert 1 <= v["main"] <= 1 + v["writer0"], v

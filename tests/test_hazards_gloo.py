@@ -69,3 +69,78 @@ def test_full_mode_finds_a_torch_op_on_a_pending_tensor(runs):
         hz = [r for r in runs["full"] if r["kind"] == "hazard" and r["rank"] == rank]
         assert [(r["api"], int(r["site"].rsplit(":", 1)[1])) for r in hz] == \
             [("Tensor.mul", marks["HAZARD:mul"][0])], hz
+
+
+# The host reads and the step marker of the pipeline sample, at world size 1 (issue 20): the
+# common cases run in C (_fastpath.hazard_reader, _fastpath.step_hook), the rest in Python.
+READS_AND_STEPS = r'''
+import sys, torch, torch.distributed as dist, torch.nn as nn, commtrace
+from commtrace.capture import hazards, recorder as R
+hazards.UNPATCH_AFTER_S = 3600.0   # the readers stay on between the reads, however slow
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0,
+                        world_size=1)
+with commtrace.trace(output=sys.argv[1]):
+    lin = nn.Linear(4, 2)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    other = torch.optim.SGD([nn.Parameter(torch.ones(2))], lr=0.1)
+    t = torch.ones(8)
+    for step in range(3):
+        dist.all_reduce(t, async_op=True).wait()
+        # every pending op waited (or none left): torch's method at once, in C
+        t.tolist(); t.sum().item(); repr(t); str(t); f"{t[0]:.1f}"; t.cpu(); t.numpy()
+        x = torch.ones(4)
+        w = dist.all_reduce(x, async_op=True)
+        t.tolist()                # pending x, disjoint: the Python reader, no row
+        x[1:].tolist()            # HAZARD:view
+        repr(x)                   # HAZARD:repr
+        w.wait()
+        x.tolist()                # waited: no row
+        lin(t[:4]).sum().backward()
+        opt.step()                # MARK
+        other.step()              # not the first optimizer: no mark
+    commtrace.mark_step(10)       # the user takes over: no more optimizer marks
+    opt.step()
+    c = R._cfast
+    pc = c.pipe_counts() if c is not None else {}
+    print(" ".join(f"{k} {pc.get(k, 0)}" for k in ("marks", "marks_python", "reads",
+                                                   "reads_python")))
+dist.destroy_process_group()
+'''
+
+
+def _line(text):
+    return next(i for i, ln in enumerate(READS_AND_STEPS.splitlines(), 1) if text in ln)
+
+
+def test_host_reads_and_step_marks_in_c_record_the_python_rows(tmp_path):
+    from conftest import run_both_paths
+
+    got = {}
+    for mode, d, stdout in run_both_paths(READS_AND_STEPS, tmp_path):
+        v = dict(zip(stdout.split()[0::2], (int(x) for x in stdout.split()[1::2])))
+        if mode == "0" and hazards_c():
+            # 3 marks; 7+ reads per step with nothing unwaited, 3+ with x pending
+            assert v["marks"] == 3 and v["marks_python"] == 0, v
+            assert v["reads"] >= 3 * 7 + 3 and v["reads_python"] >= 3 * 3, v
+        else:
+            assert v == {"marks": 0, "marks_python": 0, "reads": 0, "reads_python": 0}, v
+        rows = [r for r in load(d) if r["kind"] != "op"]
+        for r in rows:
+            r.pop("t_enqueue_ns"), r.pop("thread"), r.pop("ref_op_id")
+            r["site"] = r["site"] and r["site"].replace("<string>", "")
+        got[mode] = sorted(rows, key=repr)
+        hz = sorted((r["api"], int(r["site"].rsplit(":", 1)[1]), r["step"])
+                    for r in rows if r["kind"] == "hazard")
+        assert hz == sorted([("Tensor.tolist", _line("HAZARD:view"), s) for s in (0, 1, 2)] +
+                            [("Tensor.__repr__", _line("HAZARD:repr"), s) for s in (0, 1, 2)])
+        mk = [(r["step"], r["detail"], r["site"]) for r in rows if r["kind"] == "mark"]
+        assert [m[:2] for m in mk] == [(1, "optimizer.step"), (2, "optimizer.step"),
+                                       (3, "optimizer.step"), (10, "mark_step")], mk
+        assert all(m[2] == f":{_line('# MARK')}" for m in mk[:3]), mk
+    assert got["0"] == got["1"]
+
+
+def hazards_c() -> bool:
+    from commtrace.capture import recorder as R
+
+    return R._cfast is not None and hasattr(R._cfast, "pipe_counts")

@@ -8,7 +8,6 @@ large ones compress every column that has a value, with the values unchanged."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pyarrow as pa
@@ -17,7 +16,7 @@ import pytest
 
 from commtrace.capture import recorder as R
 from commtrace.format import writer as W
-from conftest import ROOT, run_plain, torchrun_cmd
+from conftest import ROOT, run_job_results
 
 needs_c = pytest.mark.skipif(R._cfast is None, reason="the C fast path is not built here "
                              "(no compiler, or COMMTRACE_PURE_PYTHON=1)")
@@ -25,20 +24,9 @@ needs_c = pytest.mark.skipif(R._cfast is None, reason="the C fast path is not bu
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "writer_buffers.py")
 
 
-def _run_job(tmp_path_factory, name, script):
-    """Run `script` on 2 gloo ranks; (the run directory, each rank's result-<r>.json)."""
-    out = tmp_path_factory.mktemp(name) / "run"
-    run_plain(torchrun_cmd(script, out), timeout=240)
-    res = {}
-    for r in (0, 1):
-        with open(out / f"result-{r}.json") as f:
-            res[r] = json.load(f)
-    return out, res
-
-
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    return _run_job(tmp_path_factory, "buffers", SCRIPT)
+    return run_job_results(tmp_path_factory, "buffers", SCRIPT)
 
 
 @needs_c
@@ -204,7 +192,7 @@ ASYNC_SCRIPT = os.path.join(ROOT, "tests", "scripts", "writer_async_buffers.py")
 
 @pytest.fixture(scope="module")
 def async_job(tmp_path_factory):
-    return _run_job(tmp_path_factory, "async_buffers", ASYNC_SCRIPT)
+    return run_job_results(tmp_path_factory, "async_buffers", ASYNC_SCRIPT)
 
 
 @needs_c

@@ -19,26 +19,19 @@ unchanged."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
 from commtrace.capture import recorder as R
-from conftest import ROOT, load_rows, run_plain, torchrun_cmd
+from conftest import ROOT, load_rows, run_job_results
 
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "writer_wakeups.py")
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wakeups") / "run"
-    run_plain(torchrun_cmd(SCRIPT, out), timeout=240)
-    res = {}
-    for r in (0, 1):
-        with open(out / f"result-{r}.json") as f:
-            res[r] = json.load(f)
-    return out, res
+    return run_job_results(tmp_path_factory, "wakeups", SCRIPT)
 
 
 def test_nothing_pending_one_wakeup_per_flush(job):

@@ -1425,10 +1425,162 @@ done:
     return res;
 }
 
+/* ------------------------------------------------------------------ string codes (model.py)
+ * str_codes(chunks, starts, rows) -> (codes, values)
+ * Arrow's dictionary_encode of a string column (int32 offsets), as model._dict_values and
+ * _Rows.codes_at use it: equal strings, equal codes, numbered in order of first appearance;
+ * null -> -1; `values` the strings in code order. `chunks`: a list of (offsets buffer, data
+ * buffer, validity buffer or None, offset, length) per chunk; `starts` (int64): the first row
+ * of each chunk and the total; `rows` (int64, row positions in the column) or None for every
+ * row in order. Without pyarrow.compute (its import) and the copy of combine_chunks. */
+typedef struct { const int32_t *off; const char *data; const uint8_t *valid; int64_t offset, length; Py_ssize_t dlen, olen; } SChunk;
+
+static inline uint64_t str_hash(const char *p, int32_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int32_t i = 0; i < n; i++) { h ^= (unsigned char)p[i]; h *= 1099511628211ULL; }
+    return h ^ (uint64_t)n;
+}
+
+static PyObject *str_codes(PyObject *self, PyObject *args) {
+    PyObject *ochunks, *ostarts, *orows;
+    if (!PyArg_ParseTuple(args, "OOO", &ochunks, &ostarts, &orows)) return NULL;
+    if (!PyList_Check(ochunks)) { PyErr_SetString(PyExc_TypeError, "str_codes: chunks must be a list"); return NULL; }
+    Py_ssize_t K = PyList_GET_SIZE(ochunks);
+    Py_buffer bs, br, *bufs = NULL;
+    int have_rows = orows != Py_None, nbufs = 0;
+    PyObject *res = NULL, *ocodes = NULL, *values = NULL;
+    SChunk *ch = NULL;
+    int64_t *slot_code = NULL, *first_row = NULL;   /* hash table: code per slot; each code's first (chunk, row) */
+    int32_t *first_len = NULL;
+    const char **first_ptr = NULL;
+    if (get(ostarts, &bs, 8, "starts") < 0) return NULL;
+    if (have_rows && get(orows, &br, 8, "rows") < 0) { PyBuffer_Release(&bs); return NULL; }
+    const int64_t *starts = bs.buf;
+    if (bs.len / 8 != K + 1) { PyErr_SetString(PyExc_ValueError, "str_codes: starts must have len(chunks) + 1 entries"); goto done; }
+    ch = calloc(K + 1, sizeof(SChunk));
+    bufs = calloc(3 * K + 1, sizeof(Py_buffer));
+    if (!ch || !bufs) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t c = 0; c < K; c++) {
+        PyObject *t = PyList_GET_ITEM(ochunks, c);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 5) { PyErr_SetString(PyExc_ValueError, "str_codes: bad chunk"); goto done; }
+        ch[c].offset = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 3));
+        ch[c].length = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 4));
+        if (PyErr_Occurred()) goto done;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 0), &bufs[nbufs], PyBUF_SIMPLE) < 0) goto done;
+        ch[c].off = bufs[nbufs].buf; ch[c].olen = bufs[nbufs].len / 4; nbufs++;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 1), &bufs[nbufs], PyBUF_SIMPLE) < 0) goto done;
+        ch[c].data = bufs[nbufs].buf; ch[c].dlen = bufs[nbufs].len; nbufs++;
+        PyObject *v = PyTuple_GET_ITEM(t, 2);
+        if (v != Py_None) {
+            if (PyObject_GetBuffer(v, &bufs[nbufs], PyBUF_SIMPLE) < 0) goto done;
+            ch[c].valid = bufs[nbufs].buf;
+            if (bufs[nbufs].len * 8 < ch[c].offset + ch[c].length) { nbufs++; PyErr_SetString(PyExc_ValueError, "str_codes: short validity"); goto done; }
+            nbufs++;
+        }
+        if (ch[c].offset < 0 || ch[c].length < 0 || ch[c].offset + ch[c].length + 1 > ch[c].olen
+            || starts[c + 1] - starts[c] != ch[c].length) {
+            PyErr_SetString(PyExc_ValueError, "str_codes: bad chunk bounds");
+            goto done;
+        }
+        for (int64_t i = ch[c].offset; i <= ch[c].offset + ch[c].length; i++)
+            if (ch[c].off[i] < 0 || ch[c].off[i] > ch[c].dlen || (i > ch[c].offset && ch[c].off[i] < ch[c].off[i - 1])) {
+                PyErr_SetString(PyExc_ValueError, "str_codes: bad offsets");
+                goto done;
+            }
+    }
+    Py_ssize_t n = have_rows ? br.len / 8 : starts[K];
+    const int64_t *rows = have_rows ? br.buf : NULL;
+    if (have_rows)
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (rows[i] < 0 || rows[i] >= starts[K]) { PyErr_SetString(PyExc_ValueError, "str_codes: row out of range"); goto done; }
+    ocodes = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (!ocodes) goto done;
+    int64_t *codes = (int64_t *)PyBytes_AS_STRING(ocodes);
+    Py_ssize_t cap = 64, ncodes = 0;
+    slot_code = malloc(sizeof(int64_t) * cap);
+    Py_ssize_t fcap = 32;
+    first_ptr = malloc(sizeof(char *) * fcap);
+    first_len = malloc(sizeof(int32_t) * fcap);
+    if (!slot_code || !first_ptr || !first_len) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < cap; i++) slot_code[i] = -1;
+    int oom = 0;
+    Py_ssize_t c = 0;
+    for (Py_ssize_t i = 0; i < n && !oom; i++) {
+        int64_t row = have_rows ? rows[i] : i;
+        if (!(row >= starts[c] && row < starts[c + 1])) {
+            if (have_rows) {   /* the chunk holding row: binary search */
+                Py_ssize_t lo = 0, hi = K - 1;
+                while (lo < hi) { Py_ssize_t mid = (lo + hi + 1) / 2; if (starts[mid] <= row) lo = mid; else hi = mid - 1; }
+                c = lo;
+                while (c < K - 1 && starts[c + 1] <= row) c++;   /* (empty chunks) */
+            } else {
+                while (c < K && row >= starts[c + 1]) c++;
+            }
+        }
+        const SChunk *k = &ch[c];
+        int64_t j = k->offset + (row - starts[c]);
+        if (k->valid && !((k->valid[j >> 3] >> (j & 7)) & 1)) { codes[i] = -1; continue; }
+        const char *p = k->data + k->off[j];
+        int32_t len = k->off[j + 1] - k->off[j];
+        uint64_t h = str_hash(p, len);
+        Py_ssize_t at = (Py_ssize_t)(h & (uint64_t)(cap - 1));
+        for (;;) {
+            int64_t code = slot_code[at];
+            if (code < 0) {
+                if (ncodes == fcap) {
+                    fcap *= 2;
+                    const char **np_ = realloc(first_ptr, sizeof(char *) * fcap);
+                    if (!np_) { oom = 1; break; }
+                    first_ptr = np_;
+                    int32_t *nl = realloc(first_len, sizeof(int32_t) * fcap);
+                    if (!nl) { oom = 1; break; }
+                    first_len = nl;
+                }
+                first_ptr[ncodes] = p; first_len[ncodes] = len;
+                slot_code[at] = ncodes;
+                codes[i] = ncodes++;
+                if (2 * ncodes > cap) {   /* grow and rehash */
+                    Py_ssize_t ncap = cap * 4;
+                    int64_t *ns = malloc(sizeof(int64_t) * ncap);
+                    if (!ns) { oom = 1; break; }
+                    for (Py_ssize_t q = 0; q < ncap; q++) ns[q] = -1;
+                    for (Py_ssize_t q = 0; q < ncodes; q++) {
+                        Py_ssize_t a = (Py_ssize_t)(str_hash(first_ptr[q], first_len[q]) & (uint64_t)(ncap - 1));
+                        while (ns[a] >= 0) a = (a + 1) & (ncap - 1);
+                        ns[a] = q;
+                    }
+                    free(slot_code); slot_code = ns; cap = ncap;
+                }
+                break;
+            }
+            if (first_len[code] == len && memcmp(first_ptr[code], p, len) == 0) { codes[i] = code; break; }
+            at = (at + 1) & (cap - 1);
+        }
+    }
+    if (oom) { PyErr_NoMemory(); goto done; }
+    values = PyList_New(ncodes);
+    if (!values) goto done;
+    for (Py_ssize_t q = 0; q < ncodes; q++) {
+        PyObject *u = PyUnicode_DecodeUTF8(first_ptr[q], first_len[q], "strict");
+        if (!u) goto done;
+        PyList_SET_ITEM(values, q, u);
+    }
+    res = PyTuple_Pack(2, ocodes, values);
+done:
+    Py_XDECREF(ocodes); Py_XDECREF(values);
+    free(slot_code); free(first_ptr); free(first_len); free(first_row); free(ch);
+    for (int i = 0; i < nbufs; i++) PyBuffer_Release(&bufs[i]);
+    free(bufs);
+    PyBuffer_Release(&bs);
+    if (have_rows) PyBuffer_Release(&br);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"counting_argsort", counting_argsort, METH_VARARGS, "Stable argsort of small integer keys (model.py)."},
     {"delay_intervals", delay_intervals, METH_VARARGS, "Synchronisation intervals' sums of delay analysis (delay.py)."},
     {"delay_locate", delay_locate, METH_VARARGS, "Delay costs located on the delayer's events (delay.py)."},
+    {"str_codes", str_codes, METH_VARARGS, "Dictionary codes of a string column (model.py)."},
     {"search_along", search_along, METH_VARARGS, "np.searchsorted along an order of the queries (delay.py)."},
     {"cp_walk", cp_walk, METH_VARARGS, "The critical path's backward walk (critical_path.py)."},
     {"merge_events", merge_events, METH_VARARGS, "Host events of the rows in order (model.py)."},

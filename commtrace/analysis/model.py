@@ -213,6 +213,9 @@ class _Rows:
         """Integer codes of a string column at rows `idx` (equal strings, equal codes among
         them; null -> -1), encoding only those rows."""
         src = idx if self.perm is None else self.perm[idx]
+        r = _str_codes(self.t.column(name), src)
+        if r is not None:
+            return r[0]
         d = self.t.column(name).take(Q.np_array(np.asarray(src, np.int64))).combine_chunks().dictionary_encode()
         return Q.arrow_numpy(d.indices, fill=-1, dtype=np.int64)
 
@@ -220,11 +223,36 @@ class _Rows:
         return _Labels(self.t.column(name), self.perm)
 
 
+def _str_codes(a, rows=None):
+    """(codes, values) of Arrow's dictionary encoding of a string column (int64 codes numbered
+    in order of first appearance, null -> -1; the values in code order), of every row or of
+    `rows` (positions in the column, in that order), by `_replay.str_codes`: no import of
+    pyarrow.compute, no copy of the strings by combine_chunks. None without the extension or
+    for another type (large or view strings)."""
+    if _C is None or not pa.types.is_string(a.type):
+        return None
+    chunks = a.chunks if isinstance(a, pa.ChunkedArray) else [a]
+    parts, starts = [], [0]
+    for c in chunks:
+        b = c.buffers()
+        if len(c) and (b[1] is None or b[2] is None):
+            return None
+        if len(c):
+            parts.append((b[1], b[2], b[0] if c.null_count else None, c.offset, len(c)))
+            starts.append(starts[-1] + len(c))
+    r = None if rows is None else np.ascontiguousarray(rows, np.int64)
+    codes, values = _C.str_codes(parts, np.asarray(starts, np.int64), r)
+    return np.frombuffer(codes, np.int64), values
+
+
 def _dict_values(t: pa.Table, name: str):
     """(codes, values as an object array) of a string column's dictionary encoding."""
     a = t.column(name)
     if a.num_chunks == 0:
         return np.zeros(0, np.int64), np.zeros(0, object)
+    r = _str_codes(a)
+    if r is not None:
+        return r[0], np.asarray(r[1] + [""], dtype=object)
     d = a.combine_chunks().dictionary_encode()
     return (Q.arrow_numpy(d.indices, fill=-1, dtype=np.int64),
             np.asarray(d.dictionary.to_pylist() + [""], dtype=object))
@@ -236,6 +264,9 @@ def _codes(t: pa.Table, name: str) -> np.ndarray:
     a = t.column(name)
     if a.num_chunks == 0:
         return np.zeros(0, np.int64)
+    r = _str_codes(a)
+    if r is not None:
+        return r[0]
     d = a.combine_chunks().dictionary_encode()
     return Q.arrow_numpy(d.indices, fill=-1, dtype=np.int64)
 

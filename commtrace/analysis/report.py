@@ -72,7 +72,7 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         what_if = n_op <= AUTO_MAX_OPS
         if not what_if:
             skipped = (f"root cause and what-if skipped on {n_op:,} ops (more than {AUTO_MAX_OPS:,}): "
-                       "add --what-if for them (docs/performance.md: about +2 s CPU and +0.7 GB per million ops)")
+                       "add --what-if for them (docs/performance.md: about +1.2 s CPU and +0.6 GB per million ops)")
     if what_if:
         ENABLED.add(run)
         what_if, crit, rc_error = _root_cause(run, busbw_ref, top)

@@ -157,7 +157,7 @@ def rank_gain(run, rank: int) -> float:
 
 
 #: The report runs root cause and what-if by itself up to this many ops (`--what-if` forces
-#: them on larger runs: they cost about 2 s of CPU and 0.7 GB per million ops, +60% over the
+#: them on larger runs: they cost about 1.2 s of CPU and 0.6 GB per million ops, +47% over the
 #: rest of the report, where the target is +30%; docs/performance.md).
 AUTO_MAX_OPS = 250_000
 #: Runs whose report was asked without root cause and what-if (`report --no-what-if`), and

@@ -395,6 +395,57 @@ static PyObject *dict_of(PyObject *obj) {
  * method lookup. Other types (subclasses) go through the ordinary method calls. */
 static PyObject *t_numel, *t_getdev, *t_dtype, *t_types;
 
+/* What those three accessors touch first, prefetched when a call enters this path (issue 20).
+ * At 2 ranks every op enters with cold caches (its previous wait slept while gloo's threads
+ * and other processes ran), and the tensor's facts were the largest part of what the wrapper
+ * adds: a knock-out build (2026-12-02 10:19-10:50 UTC, 2 ranks pinned, load 5-8) gave 1.8-2.5
+ * us of thread CPU per op for numel + dtype + get_device, against 0.5-1.2 for any one of them.
+ * Their code is torch's (cannot be kept warm from here) but its addresses are known: the
+ * PyMethodDef / getset functions of the descriptors. Prefetched at entry, their misses overlap
+ * the entry checks and the group lookup instead of stalling one after the other. Addresses
+ * only: nothing of torch's is read or called here. */
+#define PF_MAX 16
+static const void *pf_addr[PF_MAX];
+static int pf_n, pf_on = 1;
+
+static void pf_add(const void *p, int lines) {
+    for (int i = 0; p != NULL && i < lines && pf_n < PF_MAX; i++)
+        pf_addr[pf_n++] = (const char *)p + 64 * i;
+}
+
+static void pf_setup(void) {
+    pf_n = 0;
+    PyObject *meth[2] = {t_numel, t_getdev};
+    for (int i = 0; i < 2; i++) {
+        if (meth[i] != NULL && Py_IS_TYPE(meth[i], &PyMethodDescr_Type)) {
+            PyMethodDef *m = ((PyMethodDescrObject *)meth[i])->d_method;
+            pf_add(meth[i], 1);
+            pf_add(m, 1);
+            pf_add((const void *)m->ml_meth, 2);
+        }
+    }
+    if (t_dtype != NULL && Py_IS_TYPE(t_dtype, &PyGetSetDescr_Type)) {
+        PyGetSetDef *g = ((PyGetSetDescrObject *)t_dtype)->d_getset;
+        pf_add(t_dtype, 1);
+        pf_add((const void *)g->get, 2);
+    }
+}
+
+/* *flag = truth of arg; returns the previous value as a bool (the set_* switches). */
+static PyObject *swap_flag(int *flag, PyObject *arg) {
+    int old = *flag;
+    int v = PyObject_IsTrue(arg);
+    if (v < 0)
+        return NULL;
+    *flag = v;
+    return PyBool_FromLong(old);
+}
+
+/* set_prefetch(flag) -> the previous flag (benchmarks compare with it off). */
+static PyObject *set_prefetch(PyObject *module, PyObject *arg) {
+    return swap_flag(&pf_on, arg);
+}
+
 static PyObject *set_tensor_api(PyObject *module, PyObject *args) {
     PyObject *numel, *getdev, *dtype, *types;
     if (!PyArg_ParseTuple(args, "OOOO!", &numel, &getdev, &dtype, &PyTuple_Type, &types))
@@ -407,6 +458,7 @@ static PyObject *set_tensor_api(PyObject *module, PyObject *args) {
     Py_INCREF(getdev); Py_XSETREF(t_getdev, getdev);
     Py_INCREF(dtype); Py_XSETREF(t_dtype, dtype);
     Py_INCREF(types); Py_XSETREF(t_types, types);
+    pf_setup();
     Py_RETURN_NONE;
 }
 
@@ -460,13 +512,14 @@ static inline size_t site_hash(PyObject *code, int lasti) {
  * comes from sites._site_pairs. NULL (no error) when the walk meets a code object not
  * classified yet or a pair not cached: the caller asks site_of_frame, which fills the caches.
  * Py_None when no user frame is left. */
-static PyObject *site_walk(FastCtx *c, PyFrameObject *f) {
+static PyObject *site_walk_in(PyObject *code_internal, PyObject *site_pairs,
+                              PyFrameObject *f) {
     PyFrameObject *g = PyFrame_GetBack(f);   /* new ref */
     PyObject *res = NULL;
     while (g != NULL) {
         PyCodeObject *code = PyFrame_GetCode(g);
         PyObject *k = PyLong_FromVoidPtr(code);
-        PyObject *internal = k != NULL ? PyDict_GetItemWithError(c->code_internal, k) : NULL;
+        PyObject *internal = k != NULL ? PyDict_GetItemWithError(code_internal, k) : NULL;
         if (internal == Py_True) {
             PyFrameObject *up = PyFrame_GetBack(g);
             Py_DECREF(k);
@@ -480,7 +533,7 @@ static PyObject *site_walk(FastCtx *c, PyFrameObject *f) {
             PyObject *key = li == NULL ? NULL : PyTuple_Pack(2, k, li);
             Py_XDECREF(li);
             if (key != NULL) {
-                res = PyDict_GetItemWithError(c->site_pairs, key);
+                res = PyDict_GetItemWithError(site_pairs, key);
                 Py_XINCREF(res);
                 Py_DECREF(key);
             }
@@ -492,6 +545,10 @@ static PyObject *site_walk(FastCtx *c, PyFrameObject *f) {
         return res;
     }
     Py_RETURN_NONE;
+}
+
+static PyObject *site_walk(FastCtx *c, PyFrameObject *f) {
+    return site_walk_in(c->code_internal, c->site_pairs, f);
 }
 #endif
 
@@ -1163,12 +1220,7 @@ static void tseq_after(PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *na
 /* set_tseq_at_wait(flag) -> the previous flag: a blocking call's number read at its wait()
  * (1, the default) or after the call returns (0). */
 static PyObject *set_tseq_at_wait(PyObject *module, PyObject *arg) {
-    int old = ts_at_wait;
-    int v = PyObject_IsTrue(arg);
-    if (v < 0)
-        return NULL;
-    ts_at_wait = v;
-    return PyBool_FromLong(old);
+    return swap_flag(&ts_at_wait, arg);
 }
 
 /* set_tseq(on_gap or None): turn the gap check on (off). */
@@ -1483,19 +1535,39 @@ static void as_release(PyObject *rec, PyObject *p) {
         as_tell_idle(rec);
 }
 
-/* The future's done-callback: the completion time (runs on the backend's thread, GIL held). */
+/* A completion callback of one async op (runs on the backend's thread, GIL held): it stamps
+ * the op's row with the time it ran. The future's done-callback (done_vectorcall) and the DDP
+ * hook's continuation (ddp_then_vectorcall, below) are this object with their own vectorcall. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *row;
-    int attaching;   /* run at once by add_done_callback: the op ended while it was attached */
+    PyObject *row;   /* NULL: nothing to stamp (the op's stamp is someone else's) */
+    int attaching;   /* run at once by add_done_callback / then: the op ended while attached */
 } DoneCB;
+
+static PyTypeObject DoneType;
+
+/* A new callback for row (a new reference to it is taken), attaching until its caller says. */
+static DoneCB *done_new(PyObject *row, vectorcallfunc vc) {
+    DoneCB *cb = PyObject_New(DoneCB, &DoneType);
+    if (cb == NULL)
+        return NULL;
+    cb->vectorcall = vc;
+    cb->row = row;
+    Py_XINCREF(row);
+    cb->attaching = 1;
+    return cb;
+}
+
+/* Recorder.complete of the callback's row at t: "observed" while attaching, else "callback". */
+static void done_stamp(DoneCB *d, long long t) {
+    if (d->row != NULL)
+        as_complete(d->row, t, d->attaching ? s_how_observed : s_how_callback);
+}
 
 static PyObject *done_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
-    long long t = now_ns();
-    DoneCB *d = (DoneCB *)self;
-    as_complete(d->row, t, d->attaching ? s_how_observed : s_how_callback);
+    done_stamp((DoneCB *)self, now_ns());
     Py_RETURN_NONE;
 }
 
@@ -1509,7 +1581,8 @@ static PyTypeObject DoneType = {
     .tp_name = "commtrace.capture._fastpath.Done",
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     VECTORCALL_SLOTS(DoneCB, done_dealloc),
-    .tp_doc = "Completion callback of one async op recorded by commtrace.",
+    .tp_doc = "Completion callback of one async op recorded by commtrace (a future's "
+              "done-callback, or a DDP bucket's continuation).",
 };
 
 /* The full row of an async call (recorder.expand(rank, pre, None) of its record). */
@@ -1790,12 +1863,8 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
         t_ddp_take->fut = fut;
         t_ddp_take->row = row;
     } else if (!done && fut != NULL) {
-        DoneCB *cb = PyObject_New(DoneCB, &DoneType);
+        DoneCB *cb = done_new(row, done_vectorcall);
         if (cb != NULL) {
-            cb->vectorcall = done_vectorcall;
-            cb->row = row;
-            Py_INCREF(row);
-            cb->attaching = 1;
             PyObject *x2 = PyObject_CallMethodOneArg(fut, s_add_done_callback, (PyObject *)cb);
             cb->attaching = 0;
             Py_XDECREF(x2);
@@ -2111,6 +2180,14 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     long long t0, seq_v = -1, tlo = -1, step_v = NONE_LL;
     Py_ssize_t tslot = -1;
 
+    if (pf_on) {
+        /* torch's tensor accessors, the tensor, the device names (pf_setup, above) */
+        for (int i = 0; i < pf_n; i++)
+            __builtin_prefetch(pf_addr[i]);
+        if (c->x_i >= 0 && c->x_i < nargs)
+            __builtin_prefetch(args[c->x_i]);
+        __builtin_prefetch(c->dev_names);
+    }
     /* The recorder (recorder._recorder): the last answer while the module's dict is unchanged. */
     if (HAVE_DVER && ent.rec_ok && c->recmod_d == ent.recmod_d &&
         DVER(ent.recmod_d) == ent.recmod_v) {
@@ -2657,14 +2734,17 @@ static void wait_dealloc(WaitW *w) {
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
-static PyTypeObject WaitType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "commtrace.capture._fastpath.WaitWrapper",
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
-    WRAPPER_SLOTS(WaitW, wait_dealloc),
-    .tp_descr_get = wait_descr_get,
-    .tp_doc = "Work.wait recorded by commtrace (see __wrapped__).",
-};
+/* A wrapper that stands in for a method on a class (Work.wait, Tensor.item): called unbound
+ * with the instance first, bound like a function when read from an instance. */
+#define METHOD_WRAPPER_TYPE(T, dealloc, name, doc) {                                         \
+    PyVarObject_HEAD_INIT(NULL, 0)                                                          \
+    .tp_name = name,                                                                        \
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR, \
+    WRAPPER_SLOTS(T, dealloc), .tp_descr_get = wait_descr_get, .tp_doc = doc }
+
+static PyTypeObject WaitType = METHOD_WRAPPER_TYPE(
+    WaitW, wait_dealloc, "commtrace.capture._fastpath.WaitWrapper",
+    "Work.wait recorded by commtrace (see __wrapped__).");
 
 /* A new wrapper object of `type` (a WaitW or an AroundW: vectorcall, dict, then `n` object
  * members from the one at `first`), those members being the `n` arguments in `args`. */
@@ -2880,18 +2960,12 @@ static struct {
 static unsigned long long n_ddp, n_ddp_fallback;
 static PyObject *s_user_hook, *s_scale, *s_buffer, *s_index, *s_allreduce, *s_then, *s_value;
 
-/* The continuation of one bucket's all_reduce (the `.then` callback of its Work's future). */
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *row;             /* NULL: only the value (the op's stamp is someone else's) */
-    int attaching;             /* run at once by then(): the op ended while it was attached */
-} DdpThen;
-
+/* The continuation of one bucket's all_reduce (the `.then` callback of its Work's future): a
+ * DoneCB (done_new) whose row, if any, it stamps once, then the bucket's value. */
 static PyObject *ddp_then_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                      PyObject *kwnames) {
     long long t = now_ns();
-    DdpThen *d = (DdpThen *)self;
+    DoneCB *d = (DoneCB *)self;
     if (PyVectorcall_NARGS(nargsf) != 1) {
         PyErr_SetString(PyExc_TypeError, "ddp_then(future)");
         return NULL;
@@ -2899,7 +2973,7 @@ static PyObject *ddp_then_vectorcall(PyObject *self, PyObject *const *args, size
     if (d->row != NULL) {
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
-        as_complete(d->row, t, d->attaching ? s_how_observed : s_how_callback);
+        done_stamp(d, t);
         Py_CLEAR(d->row);
         CLEAR_ERR();
         PyErr_Restore(et, ev, etb);
@@ -2915,19 +2989,6 @@ static PyObject *ddp_then_vectorcall(PyObject *self, PyObject *const *args, size
     Py_DECREF(v);
     return x;
 }
-
-static void ddp_then_dealloc(DdpThen *d) {
-    Py_CLEAR(d->row);
-    Py_TYPE(d)->tp_free((PyObject *)d);
-}
-
-static PyTypeObject DdpThenType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "commtrace.capture._fastpath.DdpThen",
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    VECTORCALL_SLOTS(DdpThen, ddp_then_dealloc),
-    .tp_doc = "Continuation of a DDP bucket's all_reduce recorded by commtrace.",
-};
 
 /* ddp_allreduce(tensor, op, group, async_op): what torch's all_reduce does for the hook's
  * call (a dense real tensor, ReduceOp.SUM, a group this rank is a member of, async, not in a
@@ -3096,15 +3157,12 @@ static PyObject *ddp_hook(PyObject *module, PyObject *const *args, Py_ssize_t na
         return ddp_fallback(state, bucket);
     if (r < 0)
         return NULL;
-    DdpThen *cb = PyObject_New(DdpThen, &DdpThenType);
+    DoneCB *cb = done_new(row, ddp_then_vectorcall);
     if (cb != NULL) {
-        cb->vectorcall = ddp_then_vectorcall;
-        cb->row = row;
-        row = NULL;
+        Py_CLEAR(row);
         if (fut == NULL)
             fut = PyObject_CallMethodNoArgs(work, s_get_future);
         if (fut != NULL) {
-            cb->attaching = 1;
             PyObject *av[2] = {fut, (PyObject *)cb};
             ret = PyObject_VectorcallMethod(s_then, av, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
                                             NULL);
@@ -3182,8 +3240,6 @@ static PyObject *ddp_counts(PyObject *module, PyObject *unused) {
 }
 
 static int ddp_init(void) {
-    if (PyType_Ready(&DdpThenType) < 0)
-        return -1;
 #define DDP_INTERN(var, text) do { var = PyUnicode_InternFromString(text); if (!var) return -1; } while (0)
     DDP_INTERN(s_user_hook, "user_hook"); DDP_INTERN(s_scale, "scale");
     DDP_INTERN(s_buffer, "buffer"); DDP_INTERN(s_index, "index");
@@ -3205,6 +3261,329 @@ static int ddp_init(void) {
 
 /* ---------------------------------------------------------------------------------------
  * End of DDP's comm hook in C.
+ * ------------------------------------------------------------------------------------- */
+
+/* ---------------------------------------------------------------------------------------
+ * The step marker and the hazard check's host reads in C (issue 20, the pipeline sample):
+ * per step, the optimizer step post-hook (steps.py) was 7 Python frames, and each host read
+ * (`loss.item()`) while hazard detection is active 4 more (hazards.py). Both keep the Python
+ * functions as their fallback and record the same rows.
+ * ------------------------------------------------------------------------------------- */
+static PyObject *mk_steps_d;     /* steps.__dict__: _opt_ref, _hook (the Python hook), _warn */
+static PyObject *mk_recmod_d;    /* recorder.__dict__: _recorder */
+static PyObject *mk_kind, *mk_detail;            /* schema.KIND_MARK, "optimizer.step" */
+static PyObject *mk_site_of_frame, *mk_code_internal, *mk_site_pairs;   /* sites.py's */
+static unsigned long long n_marks, n_marks_py;
+static PyObject *s_manual_steps, *s_opt_ref, *s_hook_py, *s_warn_py, *s_hz_recorder,
+    *s_last_change, *s_unpatch_after, *s_monotonic;
+
+/* steps_setup(steps_module, recorder_module, KIND_MARK, detail, site_of_frame,
+ * code_internal, site_pairs): step_hook's tables. */
+static PyObject *steps_setup(PyObject *module, PyObject *args) {
+    PyObject *sm, *rm, *kind, *detail, *sof, *ci, *sp;
+    if (!PyArg_ParseTuple(args, "OOUUOO!O!", &sm, &rm, &kind, &detail, &sof, &PyDict_Type, &ci,
+                          &PyDict_Type, &sp))
+        return NULL;
+    PyObject *sd = dict_of(sm), *rd = dict_of(rm);
+    if (sd == NULL || rd == NULL) {
+        Py_XDECREF(sd); Py_XDECREF(rd);
+        PyErr_SetString(PyExc_TypeError, "steps_setup: modules expected");
+        return NULL;
+    }
+    Py_XSETREF(mk_steps_d, sd); Py_XSETREF(mk_recmod_d, rd);
+    Py_INCREF(kind); Py_XSETREF(mk_kind, kind);
+    Py_INCREF(detail); Py_XSETREF(mk_detail, detail);
+    Py_INCREF(sof); Py_XSETREF(mk_site_of_frame, sof);
+    Py_INCREF(ci); Py_XSETREF(mk_code_internal, ci);
+    Py_INCREF(sp); Py_XSETREF(mk_site_pairs, sp);
+    Py_RETURN_NONE;
+}
+
+/* sites.user_site() seen from the hook: "file:line" of the first user frame from the calling
+ * frame outwards (the Python hook's emit() starts at its own frame, internal, then the same
+ * frames), or None. New reference; NULL on error. */
+static PyObject *mark_site(void) {
+    PyObject *res = NULL;
+#if PY_VERSION_HEX >= 0x030B0000
+    PyFrameObject *f = PyEval_GetFrame();   /* borrowed */
+    if (f == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(f);
+    PyCodeObject *code = PyFrame_GetCode(f);
+    PyObject *k = PyLong_FromVoidPtr(code);
+    PyObject *internal = k ? PyDict_GetItemWithError(mk_code_internal, k) : NULL;
+    if (internal == Py_True) {
+        res = site_walk_in(mk_code_internal, mk_site_pairs, f);
+    } else if (internal == Py_False) {
+        PyObject *li = PyLong_FromLong(PyFrame_GetLasti(f));
+        PyObject *key = li ? PyTuple_Pack(2, k, li) : NULL;
+        Py_XDECREF(li);
+        res = key ? PyDict_GetItemWithError(mk_site_pairs, key) : NULL;
+        Py_XINCREF(res);
+        Py_XDECREF(key);
+    }
+    CLEAR_ERR();
+    if (res == NULL)   /* not classified yet: the Python walk fills the caches */
+        res = PyObject_CallOneArg(mk_site_of_frame, (PyObject *)f);
+    Py_XDECREF(k);
+    Py_DECREF(code);
+    Py_DECREF(f);
+#else
+    PyObject *gf = PySys_GetObject("_getframe");   /* borrowed */
+    PyObject *f = gf ? PyObject_CallNoArgs(gf) : NULL;
+    if (f == NULL)
+        return NULL;
+    res = PyObject_CallOneArg(mk_site_of_frame, f);
+    Py_DECREF(f);
+#endif
+    if (res == NULL || res == Py_None)
+        return res;
+    /* sites.format_site: the Python hook's emit() stores the formatted string */
+    PyObject *s = NULL;
+    if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2)
+        s = PyUnicode_FromFormat("%S:%S", PyTuple_GET_ITEM(res, 0), PyTuple_GET_ITEM(res, 1));
+    else if (PyUnicode_Check(res)) {
+        s = res;
+        Py_INCREF(s);
+    } else
+        PyErr_SetString(PyExc_TypeError, "unexpected site");
+    Py_DECREF(res);
+    return s;
+}
+
+/* steps._hook in C: the same checks, the same step and the same "mark" row as
+ * Recorder.emit(kind="mark", step=..., detail="optimizer.step"). Anything it does not
+ * handle goes to the Python hook before any state changed; an error after is handed to
+ * steps._warn (logged once), as the Python hook logs its own. */
+static PyObject *step_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (mk_steps_d == NULL || nargs < 1)
+        goto python;
+    PyObject *rec = PyDict_GetItemWithError(mk_recmod_d, s_recorder);   /* borrowed */
+    if (rec == NULL) {
+        CLEAR_ERR();
+        goto python;
+    }
+    if (rec == Py_None)
+        Py_RETURN_NONE;
+    if (!as_usable(rec))
+        goto python;
+    PyObject *opt = args[0];
+    PyObject *manual = PyDict_GetItemWithError(acst.rdict, s_manual_steps);
+    if (manual == NULL || !PyBool_Check(manual)) {
+        CLEAR_ERR();
+        goto python;
+    }
+    if (manual == Py_True)
+        Py_RETURN_NONE;
+    Py_INCREF(rec);
+    PyObject *row = NULL, *step1 = NULL;
+    PyObject *ref = PyDict_GetItemWithError(mk_steps_d, s_opt_ref);   /* borrowed */
+    if (ref == NULL && PyErr_Occurred())
+        goto error;
+    PyObject *cur = (ref == NULL || ref == Py_None) ? Py_None :
+        (PyWeakref_Check(ref) ? PyWeakref_GetObject(ref) : NULL);
+    if (cur == NULL)
+        goto error;
+    if (cur == Py_None) {
+        PyObject *r = PyWeakref_NewRef(opt, NULL);
+        if (r == NULL || PyDict_SetItem(mk_steps_d, s_opt_ref, r) < 0) {
+            Py_XDECREF(r);
+            goto error;
+        }
+        Py_DECREF(r);
+    } else if (cur != opt) {
+        Py_DECREF(rec);
+        Py_RETURN_NONE;
+    }
+    /* rec.step = (rec.step or 0) + 1 */
+    PyObject *step = PyObject_GetAttr(rec, s_step);
+    if (step == NULL)
+        goto error;
+    int t = PyObject_IsTrue(step);
+    step1 = t < 0 ? NULL : PyNumber_Add(t ? step : i_zero, i_one);
+    Py_DECREF(step);
+    if (step1 == NULL || PyObject_SetAttr(rec, s_step, step1) < 0)
+        goto error;
+    n_marks++;
+    /* Recorder.emit's row: kind, rank, thread, step, t_enqueue_ns, site (config.stack), detail */
+    row = PyList_New(C_NCOL);
+    if (row == NULL)
+        goto error;
+    for (Py_ssize_t i = 0; i < C_NCOL; i++) {
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(row, i, Py_None);
+    }
+    PyObject *tn = PyObject_CallNoArgs(as_time_ns);   /* acst.now_ok: rec.now_ns is time_ns */
+    PyObject *rank = PyObject_GetAttr(rec, s_rank);
+    PyObject *th = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    PyObject *cfg = PyObject_GetAttr(rec, s_config);
+    PyObject *stk = cfg ? PyObject_GetAttr(cfg, s_stack) : NULL;
+    int want_site = stk ? PyObject_IsTrue(stk) : -1;
+    Py_XDECREF(cfg); Py_XDECREF(stk);
+    PyObject *site = want_site > 0 ? mark_site() : want_site == 0 ? Py_NewRef(Py_None) : NULL;
+    if (tn == NULL || rank == NULL || th == NULL || site == NULL) {
+        Py_XDECREF(tn); Py_XDECREF(rank); Py_XDECREF(th); Py_XDECREF(site);
+        goto error;
+    }
+    Py_INCREF(mk_kind); Py_INCREF(mk_detail); Py_INCREF(step1);
+    PyList_SetItem(row, C_KIND, mk_kind);
+    PyList_SetItem(row, C_RANK, rank);
+    PyList_SetItem(row, C_THREAD, th);
+    PyList_SetItem(row, C_STEP, step1);
+    PyList_SetItem(row, C_T_ENQ, tn);
+    PyList_SetItem(row, C_SITE, site);
+    PyList_SetItem(row, C_DETAIL, mk_detail);
+    as_append(rec, row);
+    Py_DECREF(row);
+    Py_DECREF(step1);
+    Py_DECREF(rec);
+    Py_RETURN_NONE;
+error: {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyErr_NormalizeException(&et, &ev, &tb);
+        PyObject *w = PyDict_GetItemWithError(mk_steps_d, s_warn_py);
+        PyObject *x = w && ev ? PyObject_CallOneArg(w, ev) : NULL;
+        Py_XDECREF(x);
+        Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
+        CLEAR_ERR();
+        Py_XDECREF(row); Py_XDECREF(step1);
+        Py_DECREF(rec);
+        Py_RETURN_NONE;
+    }
+python: {
+        CLEAR_ERR();
+        n_marks_py++;
+        PyObject *h = mk_steps_d ? PyDict_GetItemWithError(mk_steps_d, s_hook_py) : NULL;
+        if (h == NULL) {
+            CLEAR_ERR();
+            Py_RETURN_NONE;
+        }
+        return PyObject_Vectorcall(h, args, nargs, NULL);
+    }
+}
+
+/* A host-read method of torch.Tensor (hazards._make_reader's reader) whose common case runs
+ * here: detection not active and not due to restore torch's methods, or active with no
+ * pending op left unwaited (a check would find nothing) -> torch's method at once. Anything
+ * else (an op not waited, a recorder the async path does not know, due to unpatch) -> the
+ * Python reader, which checks. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;
+    PyObject *orig, *py, *state, *hzmod;
+    PyObject *state_d, *hzmod_d;   /* _S.__dict__, hazards.__dict__ */
+} HzReader;
+
+static unsigned long long n_reads_c, n_reads_py;
+
+/* 1: torch's method can run unchecked now; 0: ask the Python reader. */
+static int hz_clear(HzReader *h) {
+    PyObject *active = PyDict_GetItemWithError(h->state_d, s_active);   /* borrowed */
+    if (active == Py_False) {
+        /* reader: `if monotonic() - last_change >= UNPATCH_AFTER_S: _lazy_unpatch()` */
+        PyObject *mono = PyDict_GetItemWithError(h->hzmod_d, s_monotonic);
+        PyObject *after = PyDict_GetItemWithError(h->hzmod_d, s_unpatch_after);
+        PyObject *last = PyDict_GetItemWithError(h->state_d, s_last_change);
+        if (mono == NULL || after == NULL || last == NULL || !PyFloat_Check(last))
+            return 0;
+        double a = PyFloat_AsDouble(after);
+        PyObject *now = PyObject_CallNoArgs(mono);
+        double n = now && PyFloat_Check(now) ? PyFloat_AS_DOUBLE(now) : -1.0;
+        Py_XDECREF(now);
+        if (PyErr_Occurred() || n < 0)
+            return 0;
+        return n - PyFloat_AS_DOUBLE(last) < a;
+    }
+    if (active != Py_True)
+        return 0;
+    PyObject *rec = PyDict_GetItemWithError(h->state_d, s_hz_recorder);
+    if (rec == NULL)
+        return 0;
+    if (rec == Py_None)
+        return 1;   /* check() returns at once */
+    if (!as_on || as_cache(rec) != 0)
+        return 0;
+    Py_ssize_t pos = 0;
+    PyObject *key, *p;
+    while (PyDict_Next(acst.pending, &pos, &key, &p)) {
+        if (Py_TYPE(p) != (PyTypeObject *)as_pending_type || pget(p, P_WAITED) != Py_True)
+            return 0;
+    }
+    return 1;
+}
+
+static PyObject *hz_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    HzReader *h = (HzReader *)self;
+    int clear = hz_clear(h);
+    CLEAR_ERR();
+    if (clear) {
+        n_reads_c++;
+        return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    }
+    n_reads_py++;
+    return PyObject_Vectorcall(h->py, args, nargsf, kwnames);
+}
+
+static void hz_dealloc(HzReader *h) {
+    Py_CLEAR(h->dict); Py_CLEAR(h->orig); Py_CLEAR(h->py); Py_CLEAR(h->state);
+    Py_CLEAR(h->hzmod); Py_CLEAR(h->state_d); Py_CLEAR(h->hzmod_d);
+    Py_TYPE(h)->tp_free((PyObject *)h);
+}
+
+static PyTypeObject HzReaderType = METHOD_WRAPPER_TYPE(
+    HzReader, hz_dealloc, "commtrace.capture._fastpath.HazardReader",
+    "A host-read method of torch.Tensor checked by hazard detection (hazards.py).");
+
+/* hazard_reader(orig, python_reader, hazards._S, hazards_module) */
+static PyObject *hazard_reader(PyObject *module, PyObject *args) {
+    HzReader *h = (HzReader *)new_wrapper(&HzReaderType, hz_vectorcall, args,
+                                          offsetof(HzReader, orig), 4);
+    if (h == NULL)
+        return NULL;
+    h->state_d = dict_of(h->state);
+    h->hzmod_d = dict_of(h->hzmod);
+    if (h->state_d == NULL || h->hzmod_d == NULL) {
+        Py_DECREF(h);
+        PyErr_SetString(PyExc_TypeError, "hazard_reader: objects with a __dict__ expected");
+        return NULL;
+    }
+    return (PyObject *)h;
+}
+
+static PyObject *pipe_counts(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("{s:K,s:K,s:K,s:K}", "marks", n_marks, "marks_python", n_marks_py,
+                         "reads", n_reads_c, "reads_python", n_reads_py);
+}
+
+static int pipe_init(void) {
+    if (PyType_Ready(&HzReaderType) < 0)
+        return -1;
+#define PIPE_INTERN(var, text) do { var = PyUnicode_InternFromString(text); if (!var) return -1; } while (0)
+    PIPE_INTERN(s_manual_steps, "manual_steps"); PIPE_INTERN(s_opt_ref, "_opt_ref");
+    PIPE_INTERN(s_hook_py, "_hook"); PIPE_INTERN(s_warn_py, "_warn");
+    PIPE_INTERN(s_hz_recorder, "recorder"); PIPE_INTERN(s_last_change, "last_change");
+    PIPE_INTERN(s_unpatch_after, "UNPATCH_AFTER_S"); PIPE_INTERN(s_monotonic, "_monotonic");
+#undef PIPE_INTERN
+    return 0;
+}
+
+#define PIPE_METHODS                                                                         \
+    {"steps_setup", steps_setup, METH_VARARGS,                                              \
+     "steps_setup(steps, recorder, KIND_MARK, detail, site_of_frame, code_internal, "       \
+     "site_pairs): turn step_hook's C path on."},                                           \
+    {"step_hook", (PyCFunction)(void (*)(void))step_hook, METH_FASTCALL,                    \
+     "step_hook(optimizer, args, kwargs): steps._hook in C (the optimizer step marker)."},  \
+    {"hazard_reader", hazard_reader, METH_VARARGS,                                          \
+     "hazard_reader(orig, python_reader, state, hazards_module): a host-read method whose " \
+     "common case runs in C."},                                                             \
+    {"pipe_counts", pipe_counts, METH_NOARGS,                                               \
+     "{marks, marks_python, reads, reads_python}: step marks and host reads, C / Python."},
+
+/* ---------------------------------------------------------------------------------------
+ * End of the step marker and hazard readers in C.
  * ------------------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -3230,6 +3609,8 @@ static PyMethodDef methods[] = {
     {"async_off", async_off, METH_NOARGS, "Hand async calls to the Python wrapper again."},
     {"set_tseq_at_wait", set_tseq_at_wait, METH_O,
      "set_tseq_at_wait(flag) -> previous: read a blocking call's torch seq at its wait()."},
+    {"set_prefetch", set_prefetch, METH_O,
+     "set_prefetch(flag) -> previous: prefetch torch's tensor accessors at entry (default on)."},
     {"set_tseq", set_tseq, METH_O,
      "set_tseq(on_gap or None): check torch's per-group seq after each call (torchseq.py)."},
     {"async_counts", async_counts, METH_NOARGS,
@@ -3241,6 +3622,7 @@ static PyMethodDef methods[] = {
     {"in_progress", in_progress, METH_VARARGS, "in_progress(take=False) -> [pre] of blocking calls in progress."},
     {"take_dropped", take_dropped, METH_NOARGS, "Calls not recorded since the last take (buffer full)."},
     {"buffered", buffered, METH_NOARGS, "Calls completed and not yet drained."},
+    PIPE_METHODS
     {NULL, NULL, 0, NULL},
 };
 
@@ -3257,6 +3639,8 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         PyType_Ready(&CountersType) < 0 || PyType_Ready(&OpIdsType) < 0)
         return NULL;
     if (ddp_init() < 0)
+        return NULL;
+    if (pipe_init() < 0)
         return NULL;
     INTERN(s_recorder, "_recorder"); INTERN(s_dict, "__dict__"); INTERN(s_depth, "depth");
     INTERN(s_coalesce, "coalesce"); INTERN(s_api, "api");

@@ -36,6 +36,7 @@ state changes happen under one lock and a check reads a snapshot of the pending 
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -222,11 +223,30 @@ def _make_reader(orig, api: str):
         finally:
             _tls.busy = False
 
-    setattr(reader, registry.ORIGINAL_ATTR, orig)
-    reader.__name__ = getattr(orig, "__name__", api)
-    reader.__qualname__ = "Tensor." + reader.__name__
-    reader.__doc__ = getattr(orig, "__doc__", None)
-    return reader
+    w = _c_reader(orig, reader)
+    for r in (reader, w) if w is not None else (reader,):
+        setattr(r, registry.ORIGINAL_ATTR, orig)
+        r.__name__ = getattr(orig, "__name__", api)
+        r.__qualname__ = "Tensor." + r.__name__
+        r.__doc__ = getattr(orig, "__doc__", None)
+    return w if w is not None else reader
+
+
+def _c_reader(orig, reader):
+    """``_fastpath.hazard_reader``: `reader`'s common cases in C (nothing active and no restore
+    due; active with every pending op waited: torch's method at once, as `reader` would end),
+    `reader` for the rest (issue 20: 4 Python frames per ``loss.item()`` of the pipeline
+    sample). None without the C module (``COMMTRACE_PURE_PYTHON=1``)."""
+    from . import recorder as _R
+
+    cf = _R._cfast
+    if cf is None or getattr(cf, "hazard_reader", None) is None:
+        return None
+    try:
+        return cf.hazard_reader(orig, reader, _S, sys.modules[__name__])
+    except Exception as e:
+        warn_once("hazard-c", "host reads checked in Python only", e)
+        return None
 
 
 _readers: dict[str, object] = {}

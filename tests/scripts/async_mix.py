@@ -1,7 +1,10 @@
 """Async ops of the shapes the C async path records (issue 20), for the test that the C and
 the Python paths write the same rows: every tensor collective with async_op=True and wait(),
 several in flight waited out of order, isend / irecv, a host read before wait (a hazard row), Works dropped
-unwaited, and DDP's gradient all-reduce through commtrace's comm hook."""
+unwaited, DDP's gradient all-reduce through commtrace's comm hook, and optimizer steps (step
+marks) with host reads after waited point-to-point ops, as in samples/pipeline.py."""
+
+import time
 
 import torch
 import torch.distributed as dist
@@ -50,10 +53,50 @@ torch.manual_seed(0)
 m = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)))
 for step in range(3):
     m(torch.ones(4, 8)).sum().backward()
+# the pipeline sample's per-step Python work (issue 20), in C with the C module: the optimizer
+# step marker (the first optimizer's steps only), and host reads while hazard detection is
+# active with every pending op waited (torch's method at once), or with one not waited
+# (the Python reader checks: disjoint memory, no row; the pending tensor itself, a row)
+# (DDP's ops, complete but never waited, are left to the writer: a read then has an op to
+# check; waited for here so that the count of reads made in C below does not depend on it)
+from commtrace.capture import recorder as R  # noqa: E402
+
+rec = R.get_recorder()
+deadline = time.monotonic() + 60
+while any(not p.waited for p in list(rec._pending.values())) and time.monotonic() < deadline:
+    time.sleep(0.01)
+pm = nn.Linear(8, 2)
+opt = torch.optim.SGD(pm.parameters(), lr=0.01)
+other = torch.optim.SGD([nn.Parameter(torch.ones(2))], lr=0.1)
+for step in range(3):
+    opt.zero_grad()
+    loss = pm(torch.ones(4, 8)).sum()
+    loss.backward()
+    g = torch.full((6,), float(step))
+    if rank == 0:
+        dist.isend(g, dst=peer).wait()
+    else:
+        dist.irecv(g, src=peer).wait()
+    loss.item()
+    g.tolist()
+    repr(g)
+    f"{loss:.3f}"
+    g.cpu()
+    g.numpy()
+    y = torch.ones(4)
+    w = dist.all_reduce(y, async_op=True)
+    loss.item()        # disjoint from the pending y: checked, no row
+    y.tolist()         # y itself: a hazard row
+    w.wait()
+    opt.step()
+    other.step()
 dist.barrier()
 from commtrace.capture import wrappers as W  # noqa: E402
 
 c = W._cfast
 n = c.async_counts()[1] if c is not None and hasattr(c, "async_counts") else 0
 print(f"rank{rank} async ops recorded in C: {n}", flush=True)
+pc = c.pipe_counts() if c is not None and hasattr(c, "pipe_counts") else {}
+print(f"rank{rank} marks in C: {pc.get('marks', 0)} in Python: {pc.get('marks_python', 0)} "
+      f"reads in C: {pc.get('reads', 0)}", flush=True)
 dist.destroy_process_group()

@@ -5,8 +5,6 @@ very same calls; then the same phase of calls written once through each path.
     torchrun --nproc-per-node 2 writer_buffers.py OUT
 """
 
-import json
-import os
 import sys
 
 import torch
@@ -15,6 +13,7 @@ import torch.distributed as dist
 import commtrace
 from commtrace.capture import recorder as R
 from commtrace.format import writer as W
+from job_result import finish
 
 
 def phase(g, step):
@@ -73,10 +72,7 @@ def main():
                 phase(g, 100)
                 rec.flush()
         R.RECORD_BUFFERS = True
-    commtrace.disable()
-    with open(os.path.join(out, f"result-{rank}.json"), "w") as f:
-        json.dump(res, f)
-    dist.destroy_process_group()
+    finish(out, rank, res)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ Each rank writes ``result-<rank>.json`` with the counters of each phase.
     torchrun --nproc-per-node 2 writer_wakeups.py OUT
 """
 
-import json
-import os
 import sys
 import time
 
@@ -28,6 +26,7 @@ import torch.distributed as dist
 
 import commtrace
 from commtrace.capture import recorder as R
+from job_result import finish
 
 INTERVAL = 0.5
 
@@ -181,10 +180,7 @@ def main():
     res["poll"] = diff(a, snap(rec))
     res["poll_value"] = float(x[0])
     dist.barrier()
-    commtrace.disable()
-    with open(os.path.join(out, f"result-{rank}.json"), "w") as f:
-        json.dump(res, f)
-    dist.destroy_process_group()
+    finish(out, rank, res)
 
 
 if __name__ == "__main__":
