@@ -4,7 +4,10 @@
 # and run every command as a subprocess from outside the repository:
 #   commtrace, --help, --version, every subcommand's --help;
 #   commtrace run -- torchrun on a sample, then report (text, json), export, diff, synth;
-#   dashboard started, fetched once, stopped (Ctrl-C); python -c "import commtrace; commtrace.load(...)".
+#   dashboard started, fetched once, stopped (Ctrl-C); python -c "import commtrace; commtrace.load(...)";
+#   commtrace accel build (the C++ DDP comm hook, into $WORK/accel-cache via COMMTRACE_CACHE_DIR),
+#   accel status, and a traced 2-rank DDP job whose buckets go through that hook (skipped, and
+#   said so, only without a C++ compiler).
 # The regular suite runs from an editable install with test extras, which hides missing
 # dependencies and import-order accidents; this does not. .ci/run calls it after the suite.
 #   bash scripts/wheel_smoke.sh            # keeps nothing; WHEEL_SMOKE_DIR=DIR keeps its work in DIR
@@ -72,13 +75,14 @@ step "help and version"
 check "bare commtrace" "$CT"
 grep -q "Commands:" "$WORK/out.txt" || fail "bare commtrace does not list the commands"
 check "--help" "$CT" --help
-for c in run report synth dashboard export diff; do
+for c in run report synth dashboard export diff accel; do
   grep -q -E "^  $c " "$WORK/out.txt" || fail "commtrace --help does not list $c"
 done
 check "--version" "$CT" --version
 grep -q "0\.\|[0-9]\.[0-9]" "$WORK/out.txt" || fail "--version prints no version"
-for c in run report synth dashboard export diff; do
-  check "$c --help" "$CT" "$c" --help
+for c in run report synth dashboard export diff accel "accel build" "accel status"; do
+  # shellcheck disable=SC2086  # "accel build": two words
+  check "$c --help" "$CT" $c --help
   grep -q "Examples:" "$WORK/out.txt" || fail "commtrace $c --help has no examples"
 done
 
@@ -142,5 +146,82 @@ for noise in ("Traceback", "GET /", "Serving Flask app", "development server"):
     assert noise not in out + err, f"dashboard printed {noise!r}"
 assert p.returncode == 130, f"exit code after Ctrl-C: {p.returncode} (want 130)"
 PYEOF
+
+step "accel: the C++ DDP comm hook built from the wheel, and a traced DDP job through it"
+T_ACCEL=$SECONDS
+# The documented cache directory (commtrace/capture/accel.py: COMMTRACE_CACHE_DIR), inside $WORK.
+export COMMTRACE_CACHE_DIR=$WORK/accel-cache
+rm -rf "$COMMTRACE_CACHE_DIR" traces/c
+if ! { command -v "${CXX:-c++}" || command -v g++; } >/dev/null 2>&1; then
+  step "SKIPPED accel build and the C++ hook's DDP job: no C++ compiler (${CXX:-c++} or g++) on PATH"
+else
+  if ! command -v ninja >/dev/null 2>&1; then  # as `commtrace accel build` tells a user to
+    step "no ninja on PATH: pip install ninja into the venv"
+    quiet "$V/python" -m pip install -q ninja
+  fi
+  check "accel status (before)" "$CT" accel status
+  grep -q "not built for torch" "$WORK/out.txt" || { cat "$WORK/out.txt"; fail "accel status says built before the build"; }
+  check "accel build" "$CT" accel build
+  cat "$WORK/out.txt"
+  grep -q "^C++ DDP comm hook: $COMMTRACE_CACHE_DIR/" "$WORK/out.txt" || fail "accel build names no module in $COMMTRACE_CACHE_DIR"
+  check "accel status" "$CT" accel status
+  grep -q "^C++ DDP comm hook: built for torch .*: $COMMTRACE_CACHE_DIR/.*\.so$" "$WORK/out.txt" \
+    || { cat "$WORK/out.txt"; fail "accel status does not report the hook built in $COMMTRACE_CACHE_DIR"; }
+  # A tiny DDP job (3 steps; 2 buckets after DDP's first step, whose bucket holds at most 1 MiB):
+  # each rank prints which hook commtrace registered on its DDP model (ddp.py sets
+  # _commtrace_hook_kind = "c++" only for the C++ hook) and the C hook's counts (buckets issued
+  # by commtrace's hook, handed to Python).
+  cat >ddp_cxx.py <<'PYEOF'
+import json
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from commtrace.capture import wrappers as W
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+ddp = DDP(nn.Sequential(nn.Linear(32, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                        nn.Linear(512, 10)), bucket_cap_mb=1)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad()
+    ddp(torch.randn(8, 32)).sum().backward()
+    opt.step()
+cf = W._cfast
+print("SMOKEDDP " + json.dumps({"rank": dist.get_rank(),
+      "hook_kind": ddp.__dict__.get("_commtrace_hook_kind"),
+      "n_params": sum(p.numel() for p in ddp.parameters()),
+      "counts": list(cf.ddp_counts()) if cf is not None and hasattr(cf, "ddp_counts") else None}),
+      flush=True)
+dist.barrier()
+dist.destroy_process_group()
+PYEOF
+  check "run (C++ DDP hook)" "$CT" run -o traces/c -- "$V/torchrun" --standalone --nproc-per-node 2 ddp_cxx.py
+  "$V/python" - "$WORK/out.txt" <<'PYEOF' || fail "the DDP job's buckets did not go through the C++ hook"
+import json, sys
+import pyarrow.dataset as ds
+text = open(sys.argv[1]).read()
+dec = json.JSONDecoder()   # torchrun may join two ranks' lines
+res = sorted((dec.raw_decode(p)[0] for p in text.split("SMOKEDDP ")[1:]), key=lambda r: r["rank"])
+assert [r["rank"] for r in res] == [0, 1], text[-2000:]
+assert all(r["hook_kind"] == "c++" for r in res), res
+from commtrace.format import runs
+rows = ds.dataset(runs.resolve("traces/c"), format="parquet", partitioning="hive").to_table().to_pylist()
+for r in res:
+    ops = [x for x in rows if x["kind"] == "op" and x["rank"] == r["rank"]
+           and x["api"] == "ddp_comm_hook"]
+    buckets = {json.loads(x["detail"])["ddp_bucket"] for x in ops}
+    # every gradient all-reduced once per step (3 steps), in 2 buckets (DDP's first step: 1)
+    assert sum(x["count"] for x in ops) == 3 * r["n_params"] and len(buckets) >= 2, \
+        (r, len(ops), buckets)
+    assert r["counts"] is None or r["counts"] == [len(ops), 0], (r, len(ops))   # none to Python
+    for x in ops:
+        assert x["op"] == "all_reduce" and x["async_op"] and x["backend"] == "gloo", x
+        assert x["t_end_ns"] is not None and x["t_enqueue_ns"] <= x["t_end_ns"], x
+        assert x["completion"] in ("callback", "observed"), x
+    print(f"rank {r['rank']}: hook c++, {len(ops)} all_reduce rows in buckets {sorted(buckets)}, "
+          "every one with t_end")
+PYEOF
+fi
+unset COMMTRACE_CACHE_DIR
+step "accel steps took $((SECONDS - T_ACCEL)) s"
 
 step "OK: the installed wheel works ($(basename "$WHEEL"))"
