@@ -3,8 +3,10 @@
     python benchmarks/ddp_hooks.py                      # 2 ranks, 60 rounds of 20 steps
     python benchmarks/ddp_hooks.py --rounds 100 --steps 30
 
-Each rank (gloo, forked from this process) builds the DDP sample (samples/ddp_mlp.py) three
-times: "builtin" (built and run with tracing off: DDP's C++ all-reduce, no hook), "c" (built
+Each rank (gloo, forked from this process) builds the DDP sample (samples/ddp_mlp.py) four
+times: "builtin" (built and run with tracing off: DDP's C++ all-reduce, no hook),
+"builtin_traced" (the same, run with tracing on but commtrace's hook kept off the model: what
+tracing costs a DDP step besides the hook, e.g. the step marker), "c" (built
 with tracing on and the C++ hook hidden: commtrace's C hook, ``_fastpath.ddp_hook``, which DDP
 calls through torch's PythonCommHook) and "cxx" (tracing on, the C++ hook of
 ``commtrace accel build``, registered on DDP's C++ Reducer). Each round runs K steps of each
@@ -28,7 +30,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-MODES = ("builtin", "c", "cxx")
+MODES = ("builtin", "builtin_traced", "c", "cxx")
 
 
 def _median_ci(xs):
@@ -63,9 +65,11 @@ def _rank(rank, world, port, rounds, steps, out, q):
     copies, kinds = {}, {}
     cxx_mod = accel.load()
     for mode in MODES:
-        R._set_recorder(None if mode == "builtin" else rec)
+        R._set_recorder(None if mode.startswith("builtin") else rec)
         accel._loaded = cxx_mod if mode == "cxx" else None
         st = ddp_mlp.setup(args, rank, world, torch.device("cpu"))
+        if mode == "builtin_traced":
+            st["ddp"].__dict__["_commtrace_foreign_hook"] = True   # no hook of commtrace's
         for i in range(5):
             ddp_mlp.train_step(st, i)
         copies[mode] = st
@@ -74,7 +78,7 @@ def _rank(rank, world, port, rounds, steps, out, q):
     R._set_recorder(None)
     res = {m: {"thread": [], "process": [], "wall": []} for m in MODES}
     for r in range(rounds):
-        order = MODES[r % 3:] + MODES[:r % 3]
+        order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
         for mode in order:
             st = copies[mode]
             R._set_recorder(None if mode == "builtin" else rec)

@@ -20,8 +20,9 @@ def command():
     """Build or inspect the C++ DDP comm hook for the installed torch.
 
     DDP's gradient all-reduces are recorded through a comm hook. Built, the hook is C++ to
-    DDP's Reducer: no GIL on the backend's thread and about half the CPU of a hook that DDP
-    calls through Python (docs/performance.md). Not built, or built for another torch,
+    DDP's Reducer: no GIL on the backend's thread, and about half the training-thread CPU
+    that commtrace's C hook (which DDP calls through Python) adds per step
+    (docs/performance.md). Not built, or built for another torch,
     commtrace uses its C hook, as before, with no error. The build goes to
     $COMMTRACE_CACHE_DIR (default ~/.cache/commtrace) and needs a C++ compiler and ninja."""
 
