@@ -1118,6 +1118,39 @@ done:
     return res;
 }
 
+/* galloping np.searchsorted(k, q[o[i]], side) for i in order o, each query searched from the
+ * previous one's answer h (in [0, n]) outwards: gallop up or down, then a binary search in the
+ * bracket; the answer is the first position p with k[p] > x (right) or k[p] >= x (left), and
+ * "before(p)" means k[p] precedes it (search_along, delay analysis) */
+static void gallop(const int64_t *k, Py_ssize_t n, const int64_t *q, const int64_t *o, Py_ssize_t m, int right,
+                   int64_t *r) {
+    Py_ssize_t h = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t x = q[o[i]];
+#define BEFORE(p) (right ? k[p] <= x : k[p] < x)
+        Py_ssize_t lo, hi;
+        if (h < n && BEFORE(h)) {
+            Py_ssize_t step = 1;
+            lo = h + 1;
+            hi = lo;
+            while (hi < n && BEFORE(hi)) { lo = hi + 1; hi += step; step *= 2; }
+            if (hi > n) hi = n;
+        } else {
+            Py_ssize_t step = 1;
+            hi = h;
+            lo = h;
+            while (lo > 0 && !BEFORE(lo - 1)) { hi = lo - 1; lo -= step; step *= 2; if (lo < 0) lo = 0; }
+        }
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (BEFORE(mid)) lo = mid + 1; else hi = mid;
+        }
+#undef BEFORE
+        r[o[i]] = lo;
+        h = lo;
+    }
+}
+
 /* search_along(keys, q, order, right) -> positions (bytes, int64), or None
  * np.searchsorted(keys, q, "right" if right else "left") for sorted int64 keys, the queries
  * taken in `order` (a permutation of 0..len(q)-1) and each searched from the previous one's
@@ -1152,35 +1185,7 @@ static PyObject *search_along(PyObject *self, PyObject *args) {
     NEWBYTES(out, m * 8);
     int64_t *r = (int64_t *)PyBytes_AS_STRING(out);
     Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t h = 0;   /* the previous answer: in [0, n] */
-    for (Py_ssize_t i = 0; i < m; i++) {
-        int64_t x = q[o[i]];
-        /* the answer is the first position p with k[p] > x (right) or k[p] >= x (left);
-         * "before(p)": k[p] precedes the answer */
-#define BEFORE(p) (right ? k[p] <= x : k[p] < x)
-        Py_ssize_t lo, hi;  /* answer in [lo, hi] */
-        if (h < n && BEFORE(h)) {
-            /* the answer is after h: gallop up */
-            Py_ssize_t step = 1;
-            lo = h + 1;
-            hi = lo;
-            while (hi < n && BEFORE(hi)) { lo = hi + 1; hi += step; step *= 2; }
-            if (hi > n) hi = n;
-        } else {
-            /* the answer is at or before h: gallop down */
-            Py_ssize_t step = 1;
-            hi = h;
-            lo = h;
-            while (lo > 0 && !BEFORE(lo - 1)) { hi = lo - 1; lo -= step; step *= 2; if (lo < 0) lo = 0; }
-        }
-        while (lo < hi) {   /* first p in [lo, hi) that is not before, else hi */
-            Py_ssize_t mid = lo + (hi - lo) / 2;
-            if (BEFORE(mid)) lo = mid + 1; else hi = mid;
-        }
-#undef BEFORE
-        r[o[i]] = lo;
-        h = lo;
-    }
+    gallop(k, n, q, o, m, right, r);
     Py_END_ALLOW_THREADS
     res = out; Py_INCREF(res);
 done:
@@ -1218,35 +1223,6 @@ static int getbufs(PyObject *args, const char *fname, int n, Py_buffer *b, const
     return 0;
 }
 
-/* galloping np.searchsorted(k, q[o[i]], side) for i in order o (search_along's loop) */
-static void gallop(const int64_t *k, Py_ssize_t n, const int64_t *q, const int64_t *o, Py_ssize_t m, int right,
-                   int64_t *r) {
-    Py_ssize_t h = 0;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        int64_t x = q[o[i]];
-#define BEFORE(p) (right ? k[p] <= x : k[p] < x)
-        Py_ssize_t lo, hi;
-        if (h < n && BEFORE(h)) {
-            Py_ssize_t step = 1;
-            lo = h + 1;
-            hi = lo;
-            while (hi < n && BEFORE(hi)) { lo = hi + 1; hi += step; step *= 2; }
-            if (hi > n) hi = n;
-        } else {
-            Py_ssize_t step = 1;
-            hi = h;
-            lo = h;
-            while (lo > 0 && !BEFORE(lo - 1)) { hi = lo - 1; lo -= step; step *= 2; if (lo < 0) lo = 0; }
-        }
-        while (lo < hi) {
-            Py_ssize_t mid = lo + (hi - lo) / 2;
-            if (BEFORE(mid)) lo = mid + 1; else hi = mid;
-        }
-#undef BEFORE
-        r[o[i]] = lo;
-        h = lo;
-    }
-}
 
 /* floor(x) as int64 for a finite x within int64's range (numpy's astype); 0 and *bad = 1 else */
 static inline int64_t floor_i64(double x, int *bad) {
