@@ -231,3 +231,15 @@ def test_disk_filling_mid_run(tmp_path):
     assert warn == [f"rank 0 dropped {dropped} rows while tracing (its buffer was full or trace "
                     "writes failed): its counts and times are incomplete (see --buffer-ops, "
                     "--flush-interval)"]
+
+
+def test_accel_build_into_an_unusable_cache_directory(capsys, monkeypatch, tmp_path):
+    """`commtrace accel build` with a cache directory that cannot be made: one line, exit 2,
+    before anything is compiled (a file stands where the directory would go)."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("COMMTRACE_CACHE_DIR", str(blocker))
+    assert main(["accel", "build"]) == 2
+    err = _err_line(capsys)
+    assert "cannot create the cache directory" in err and str(blocker) in err
+    assert blocker.read_text() == "x"

@@ -82,7 +82,11 @@ def build(verbose: bool = False) -> str:
         else:
             raise CommtraceError("building the C++ DDP hook needs ninja (pip install ninja)")
     bdir = os.path.join(cache_dir(), name)
-    os.makedirs(bdir, exist_ok=True)
+    try:
+        os.makedirs(bdir, exist_ok=True)
+    except OSError as e:
+        raise CommtraceError(f"cannot create the cache directory {bdir} "
+                             f"(set COMMTRACE_CACHE_DIR): {e.strerror or e}") from e
     try:
         cpp_extension.load(name=name, sources=[SOURCE], build_directory=bdir,
                            extra_cflags=["-O2"], verbose=verbose, with_cuda=False,
