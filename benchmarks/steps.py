@@ -251,12 +251,16 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         interval = max(0.05, float(rec.config.flush_interval))
         since = 0.0   # traced time since the last flush
         windows = []
+        # every round in the order run: (mode, start s from the first round, wall per step,
+        # process CPU per step, wall of the flush it wrote, s); the paired estimator uses it
+        chain = []
         lock = rec._write_lock
         for r in range(rounds):
             for mode in ORDERS[r % len(ORDERS)]:   # balanced: see ORDERS
                 st, fn = copies[mode]
                 R._set_recorder(None)
                 dist.barrier()
+                fw = 0.0
                 if mode != "traced":
                     lock.acquire()   # no flush during an untraced round (it waits for a traced one)
                     try:
@@ -277,8 +281,9 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                     if sync and (since >= interval or r == rounds - 1):
                         # a part per flush interval of traced time, and the last round's, all
                         # written inside a traced round's time (on the training thread)
-                        s0 = time.thread_time()
+                        s0, f0 = time.thread_time(), pc()
                         rec.flush()
+                        fw = pc() - f0
                         sync_cpu += time.thread_time() - s0
                         n_sync += 1
                         since = 0.0
@@ -287,6 +292,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                     R._set_recorder(None)
                 times[mode].append((t1 - t0) / steps)
                 cpus_s[mode].append((c1 - c0) / steps)
+                chain.append((mode, t0 - t_rounds0, (t1 - t0) / steps, (c1 - c0) / steps, fw))
         w_cpu = thread_cpu_s(writer) if writer is not None else None
         t_rounds = time.perf_counter() - t_rounds0
         ws = {k: v - ws0.get(k, 0) for k, v in getattr(rec, "writer_stats", {}).items()}
@@ -304,7 +310,8 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                "writer_cpu_s": (w_cpu - w_cpu0) if w_cpu is not None and w_cpu0 is not None
                else None, "final_flush_cpu_s": final_cpu, "writer_nice": nice,
                "writer_nice_added": nice_added, "writer_stats": ws, "rounds_s": t_rounds,
-               "traced_s": sum(times["traced"]) * steps, "steps": steps, "calib_s": calib_s})
+               "traced_s": sum(times["traced"]) * steps, "steps": steps, "calib_s": calib_s,
+               "chain": chain})
     except BaseException as e:  # the parent reports it
         q.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
         raise
@@ -418,6 +425,9 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
         "rounds_s": [r.get("rounds_s") for r in res],
         "traced_s": [r.get("traced_s") for r in res],
         "writer_nice_added": [r.get("writer_nice_added") for r in res],
+        # each rank's rounds in the order run (mode, start s, wall per step, CPU per step, wall
+        # of its flush s): the raw data of every figure above, for other estimators
+        "chain": [r.get("chain") for r in res],
         "load_start": load_of(up0), "load_end": load_of(up1), "uptime_start": up0, "uptime_end": up1,
     }
 

@@ -48,6 +48,7 @@ typedef struct {
     int last_idx;
     Py_ssize_t last_slot;     /* its seq slot (recorder.seq_slot), -1: none */
     int last_tseq;            /* its torch seq is read around calls (PgInfo.tseq) */
+    int last_p2p1;            /* its p2p ops issue one torch seq each (PgInfo.p2p_one) */
     unsigned long long last_gen;
     PyObject *orig;        /* torch's function */
     PyObject *slow;        /* the Python wrapper: slow(*args, **kwargs) */
@@ -85,7 +86,7 @@ static PyObject *s_recorder, *s_dict, *s_depth, *s_coalesce, *s_api, *s_detail,
     *s_default_pg, *s_member, *s_idx, *s_name, *s_ranks, *s_active, *s_device_timer, *s_now_ns,
     *s_numel, *s_dtype, *s_get_device, *s_nbytes, *s_seq, *s_p2p_seq, *s_step, *s_stack,
     *s_op_ids, *s_cap, *s_rank;
-static PyObject *s_seq_slot, *s_seqs, *s_tseq, *s_tseqs, *s_get_tseq;
+static PyObject *s_seq_slot, *s_seqs, *s_tseq, *s_tseqs, *s_get_tseq, *s_p2p_one;
 static PyObject *i_zero, *i_one;   /* owned references to the ints 0 and 1 */
 /* Calls recorded here / handed to the Python wrapper, and the line of the last hand-over
  * (tests and benchmarks read them through counts()). */
@@ -1189,7 +1190,9 @@ static int cache_recorder(FastCtx *c, PyObject *rec) {
  * call, torch's own per-group sequence number (ProcessGroup._get_sequence_number_for_group())
  * is read once; a plain collective issues exactly one number, so it claimed (hi - 1, hi]. A
  * point-to-point op (NCCL does not number them, gloo does) also reads the number before the
- * call. Numbers between the last claimed one and this call's first are a gap: handed to
+ * call, except on a group whose backend numbers each one (PgInfo.p2p_one: gloo), where it is
+ * read once as a collective's is (issue 20: the read before a blocking send/recv was a cold
+ * pybind call releasing the GIL, a few us per op of the pipeline sample). Numbers between the last claimed one and this call's first are a gap: handed to
  * torchseq.on_gap, rarely. Errors are cleared, never raised.
  * ------------------------------------------------------------------------------------- */
 static PyObject *ts_gap;   /* torchseq.on_gap(rec, name, last, lo, op_id, seq), NULL: off */
@@ -1209,8 +1212,11 @@ static int ts_at_wait = 1;   /* 0: read after the call (benchmarks/gapcheck.py c
 static PyTypeObject *ts_type;   /* strong: the type whose getter ts_fn is */
 static PyObject *ts_fn;          /* type(g)._get_sequence_number_for_group, a builtin */
 
+static unsigned long long n_tseq_reads;   /* torch seq reads (tseq_reads(): tests) */
+
 static long long tseq_read(PyObject *g) {
     PyObject *v;
+    n_tseq_reads++;
     if (Py_TYPE(g) != ts_type) {
         /* torch's getter is a pybind builtin on the class: called with the group as its
          * argument, with no bound method made per call. A Python override, or an instance
@@ -1274,6 +1280,11 @@ static void tseq_after(PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *na
  * (1, the default) or after the call returns (0). */
 static PyObject *set_tseq_at_wait(PyObject *module, PyObject *arg) {
     return swap_flag(&ts_at_wait, arg);
+}
+
+/* tseq_reads() -> the number of reads of torch's sequence number so far (tests). */
+static PyObject *tseq_reads(PyObject *module, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(n_tseq_reads);
 }
 
 /* set_tseq(on_gap or None): turn the gap check on (off). */
@@ -2406,6 +2417,9 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
                 sl = PyObject_GetAttr(inf, s_tseq);
                 c->last_tseq = sl == Py_True;
                 Py_XDECREF(sl);
+                sl = PyObject_GetAttr(inf, s_p2p_one);
+                c->last_p2p1 = sl == Py_True;
+                Py_XDECREF(sl);
                 CLEAR_ERR();
                 c->last_idx = (int)PyLong_AsLong(idx);
                 c->last_gen = pg_gen;
@@ -2583,7 +2597,10 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             tkey = c->last_key; Py_INCREF(tkey);
             tname = c->last_name; Py_INCREF(tname);
             tslot = c->last_slot;
-            if (c->has_peer && (tlo = tseq_read(tkey)) < 0)
+            /* A point-to-point op reads the number before the call too, unless its group
+             * numbers each one (gloo: PgInfo.p2p_one), which then claims (hi - 1, hi] as a
+             * collective does, with one read (at its wait, or after an async issue). */
+            if (c->has_peer && !c->last_p2p1 && (tlo = tseq_read(tkey)) < 0)
                 Py_CLEAR(tkey);   /* unreadable: no check */
         }
         if (is_async) {
@@ -2612,9 +2629,10 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
          * Python ones ask depth() (the same rule as tls.depth on the Python path). */
         t_depth = 1;
         t_blk_wait = 1;
-        /* A plain collective's number is read at its wait() (t_tseq_g, above tseq_after). */
+        /* A plain collective's number is read at its wait() (t_tseq_g, above tseq_after), and
+         * so is a point-to-point op's on a group that numbers each (p2p_one). */
         t_tseq_hi = -1;
-        t_tseq_g = tkey != NULL && !c->has_peer && ts_at_wait ? tkey : NULL;
+        t_tseq_g = tkey != NULL && (!c->has_peer || c->last_p2p1) && ts_at_wait ? tkey : NULL;
         /* The user's call. */
         ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
         long long t1 = now_ns();
@@ -3679,6 +3697,8 @@ static PyMethodDef methods[] = {
      "meta_counts() -> (tensor reads, torch seq reads) made through set_meta_api's capsule."},
     {"set_meta_api", set_meta_api, METH_O,
      "set_meta_api(capsule or None) -> on: tensor / group reads through torch's C++ API."},
+    {"tseq_reads", tseq_reads, METH_NOARGS,
+     "tseq_reads() -> reads of torch's per-group sequence number so far (tests)."},
     {"set_tseq", set_tseq, METH_O,
      "set_tseq(on_gap or None): check torch's per-group seq after each call (torchseq.py)."},
     {"async_counts", async_counts, METH_NOARGS,
@@ -3723,6 +3743,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_rank, "rank"); INTERN(s_by_key, "_by_key");
     INTERN(s_seq_slot, "seq_slot"); INTERN(s_seqs, "_seqs"); INTERN(s_tseq, "tseq");
     INTERN(s_tseqs, "_tseqs"); INTERN(s_get_tseq, "_get_sequence_number_for_group");
+    INTERN(s_p2p_one, "p2p_one");
     INTERN(s_get_future, "get_future"); INTERN(s_add_done_callback, "add_done_callback");
     INTERN(s_acquire, "acquire"); INTERN(s_release, "release"); INTERN(s_notify, "_notify");
     INTERN(s_wake, "wake"); INTERN(s_itemsize, "itemsize"); INTERN(s_dropped, "_dropped");
