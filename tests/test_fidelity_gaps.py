@@ -183,3 +183,30 @@ def test_gap_check_off_writes_no_gap_rows_and_the_same_ops(gaps, tmp_path):
     p = run_plain([sys.executable, "-m", "commtrace", "report", str(tmp_path / "off"),
                    "--format", "json"])
     assert json.loads(p.stdout)["unrecorded"] == []
+
+
+@pytest.mark.parametrize("pure", ["0", "1"])
+def test_p2p_on_gloo_one_read_per_op_and_planted_gaps_found(tmp_path, pure):
+    """gloo numbers each send/recv/isend/irecv once (asserted: the single read relies on it);
+    the C path then reads torch's number once per p2p op, at its wait (blocking) or after its
+    issue (async), not before the call too (issue 20: a cold GIL-releasing call per op of the
+    pipeline sample). The unrecorded p2p ops planted before recorded blocking and async ones
+    are still gap rows with their exact count, range and next op, on both paths."""
+    p = run_traced(tmp_path / "run", torchrun_cmd(f"{SCRIPTS}/tseq_p2p.py"),
+                   env={"COMMTRACE_PURE_PYTHON": pure})
+    lines = [ln.split() for ln in p.stdout.splitlines()]
+    numbered = sorted(ln[1:] for ln in lines if ln and ln[0] == "NUMBERED")
+    assert numbered == [["0", "1"], ["1", "1"]]
+    reads = sorted(ln[1:] for ln in lines if ln and ln[0] == "READS")
+    # 5 recorded p2p ops per rank; one read each on the C path (was two), none counted on
+    # the pure Python path (it has no C counter)
+    assert reads == ([["0", "5", "5"], ["1", "5", "5"]] if pure == "0"
+                     else [["0", "5", "-1"], ["1", "5", "-1"]])
+    got, rows = _gap_rows(tmp_path / "run")
+    want = []
+    for rank in (0, 1):
+        want.append((rank, "0", 3, 3, 1, "op", "send" if rank == 0 else "recv"))
+        want.append((rank, "0", 7, 8, 2, "op", "send" if rank == 0 else "recv"))
+    assert [g[:7] for g in got] == want
+    ops = sorted((r["rank"], r["op_id"]) for r in rows if r["kind"] == "op")
+    assert len(ops) == 2 * 8   # all_reduce, 4 blocking p2p, 2 async p2p, barrier per rank

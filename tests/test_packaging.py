@@ -81,3 +81,23 @@ def test_the_dashboard_imports_as_commtrace_dashboard():
     import commtrace.dashboard.app as app
     assert os.path.samefile(os.path.dirname(app.__file__), os.path.join(ROOT, "dashboard"))
     assert os.path.isfile(os.path.join(os.path.dirname(app.__file__), "assets", "plotly-cartesian-4.1.1.min.js"))
+
+
+def test_built_extensions_are_not_older_than_their_sources():
+    """Both C extensions are ``optional = true``: a `pip install -e .` whose C file no longer
+    compiles succeeds and keeps the previous build's ``.so`` in the tree, and the tests would
+    then run the old C code. A built file older than its source is that case (or a checkout
+    that changed the source since the last build): rebuild with `pip install -e . --no-deps`
+    and read the compiler's error."""
+    import sysconfig
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    stale = []
+    for ext in _pyproject()["tool"]["setuptools"]["ext-modules"]:
+        built = os.path.join(ROOT, *ext["name"].split(".")) + suffix
+        if not os.path.exists(built):
+            continue  # not an in-tree (editable) build: nothing can be stale here
+        newest = max(os.path.getmtime(os.path.join(ROOT, s)) for s in ext["sources"])
+        if os.path.getmtime(built) < newest:
+            stale.append(f"{os.path.relpath(built, ROOT)} is older than {', '.join(ext['sources'])}")
+    assert not stale, ("stale C build: " + "; ".join(stale)
+                       + " (rebuild: pip install -e . --no-deps; if it fails the C does not compile)")

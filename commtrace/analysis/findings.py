@@ -845,6 +845,12 @@ def sort_findings(fs: list[Finding]) -> list[Finding]:
 
 def detect_all(run) -> list[Finding]:
     """Run every detector; a detector that fails on odd input adds a warning, not an error."""
+    return annotate(run, detect(run))
+
+
+def detect(run) -> list[Finding]:
+    """detect_all without the root-cause annotation (`cost_s`, `gain_s`, `root_cause`): the
+    detectors' findings, sorted by severity then impact."""
     fs: list[Finding] = []
     for det in DETECTORS:
         try:
@@ -854,7 +860,12 @@ def detect_all(run) -> list[Finding]:
     bad = getattr(run.files, "conflict_ranks", None)
     if bad:
         fs = [f for f in fs if not _involves(f, bad)]
-    fs = sort_findings(fs)
+    return sort_findings(fs)
+
+
+def annotate(run, fs: list[Finding]) -> list[Finding]:
+    """The root-cause annotation of detect()'s findings (rootcause.annotate_findings), ordered
+    by projected gain; on failure the findings stand without it (and a warning)."""
     try:
         from .rootcause import annotate_findings
         fs = annotate_findings(run, fs)

@@ -61,10 +61,6 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
     run.start_background()
     tick("matching collectives", 0.1)
     coll_sum = run.collectives_summary()
-    tick("wait states and overlap", 0.3)
-    per_rank = run.per_rank()
-    tick("per step", 0.55)
-    tick("root cause and what-if", 0.65)
     from .rootcause import AUTO_MAX_OPS, DISABLED, ENABLED
     skipped = None
     if what_if is None:
@@ -73,33 +69,30 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         if not what_if:
             skipped = (f"root cause and what-if skipped on {n_op:,} ops (more than {AUTO_MAX_OPS:,}): "
                        "add --what-if for them (docs/performance.md: about +1.2 s CPU and +0.6 GB per million ops)")
-    if what_if:
-        ENABLED.add(run)
+    (ENABLED if what_if else DISABLED).add(run)
+    tick("wait states, overlap and root cause", 0.3)
+    if what_if and "findings" not in run._cache:
+        # Root cause and what-if need only the ops and the matched collectives, and the rest
+        # of the report up to the findings' annotation does not need them: the rest runs in a
+        # thread (mostly DuckDB, which releases the GIL) while this one builds the model, the
+        # delay analysis and the replay (numpy and C passes that release it too). The same
+        # results in either order: both sides only read the run, through its lock, and
+        # neither builds a table the other reads (the thread's findings come unannotated and
+        # are annotated here, once the what-if is known).
+        rest = _start(_base_part, run, top)
         what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
+        per_rank, ck, n_ops, n_coll, topc, sites, steps_summary, raw = rest.result()
+        from .findings import annotate
+        run._cache["findings"] = annotate(run, raw)
     else:
-        DISABLED.add(run)
-        what_if, crit, rc_error = None, None, skipped
+        per_rank, ck, n_ops, n_coll, topc, sites, steps_summary, _ = _base_part(run, top, findings=False)
+        if what_if:
+            what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
+        else:
+            what_if, crit, rc_error = None, None, skipped
     tick("findings", 0.7)
     findings = run.findings()
     tick("summaries", 0.9)
-    ck = run.clock()
-    n_ops = run.sql(f"SELECT count(*) FROM {run.table('ops')} WHERE kind = 'op'").fetchone()[0]
-    c = run.table("collectives")
-    n_coll = run.sql(f"SELECT count(*) FROM {c}").fetchone()[0]
-    w = run.table("waits")
-    topc = run.arrow(f"""
-        SELECT k.pg, k.seq, k.op, k.step, k.bytes, k.site, k.last_rank, k.n_ranks,
-               k.arrival_skew_ns / 1e9 AS arrival_skew_s, k.t_comm_ns / 1e9 AS t_comm_s, k.busbw_gbps,
-               coalesce(w.total_wait_ns, 0) / 1e9 AS total_wait_s, coalesce(w.max_wait_ns, 0) / 1e9 AS max_wait_s
-        FROM {c} k LEFT JOIN (SELECT ckey, sum(wait_ns) AS total_wait_ns, max(wait_ns) AS max_wait_ns
-                              FROM {w} GROUP BY ckey) w ON w.ckey = k.ckey
-        ORDER BY total_wait_s DESC NULLS LAST, k.pg, k.seq LIMIT {int(max(top, 0))}""")
-    sites = run.arrow(f"""
-        SELECT k.site, any_value(k.op) AS op, sum(w.n) AS count, sum(w.wait_ns) / 1e9 AS wait_s
-        FROM (SELECT ckey, count(*) AS n, sum(wait_ns) AS wait_ns FROM {w} GROUP BY ckey) w
-             JOIN {c} k ON k.ckey = w.ckey
-        WHERE k.site IS NOT NULL GROUP BY k.site ORDER BY wait_s DESC LIMIT {int(max(top, 0))}""")
-    steps_summary = run.steps_summary()
 
     pr_rows = _rows(per_rank)
     fs = [f.to_dict() for f in findings]
@@ -152,6 +145,44 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         rep["warnings"].append(rc_error)
     tick("done", 1.0)
     return rep
+
+
+def _base_part(run, top: int, findings: bool = True):
+    """The report's parts that do not depend on root cause and what-if: (per_rank, clock, ops,
+    collectives, top collectives, top sites, per step, the unannotated findings or None)."""
+    per_rank = run.per_rank()
+    ck = run.clock()
+    n_ops = run.sql(f"SELECT count(*) FROM {run.table('ops')} WHERE kind = 'op'").fetchone()[0]
+    c = run.table("collectives")
+    n_coll = run.sql(f"SELECT count(*) FROM {c}").fetchone()[0]
+    w = run.table("waits")
+    topc = run.arrow(f"""
+        SELECT k.pg, k.seq, k.op, k.step, k.bytes, k.site, k.last_rank, k.n_ranks,
+               k.arrival_skew_ns / 1e9 AS arrival_skew_s, k.t_comm_ns / 1e9 AS t_comm_s, k.busbw_gbps,
+               coalesce(w.total_wait_ns, 0) / 1e9 AS total_wait_s, coalesce(w.max_wait_ns, 0) / 1e9 AS max_wait_s
+        FROM {c} k LEFT JOIN (SELECT ckey, sum(wait_ns) AS total_wait_ns, max(wait_ns) AS max_wait_ns
+                              FROM {w} GROUP BY ckey) w ON w.ckey = k.ckey
+        ORDER BY total_wait_s DESC NULLS LAST, k.pg, k.seq LIMIT {int(max(top, 0))}""")
+    sites = run.arrow(f"""
+        SELECT k.site, any_value(k.op) AS op, sum(w.n) AS count, sum(w.wait_ns) / 1e9 AS wait_s
+        FROM (SELECT ckey, count(*) AS n, sum(wait_ns) AS wait_ns FROM {w} GROUP BY ckey) w
+             JOIN {c} k ON k.ckey = w.ckey
+        WHERE k.site IS NOT NULL GROUP BY k.site ORDER BY wait_s DESC LIMIT {int(max(top, 0))}""")
+    steps_summary = run.steps_summary()
+    raw = None
+    if findings:
+        from .findings import detect
+        raw = detect(run)
+    return per_rank, ck, n_ops, n_coll, topc, sites, steps_summary, raw
+
+
+def _start(fn, *args):
+    """`fn(*args)` in a new thread; returns its future (`.result()` re-raises its error)."""
+    from concurrent.futures import ThreadPoolExecutor
+    ex = ThreadPoolExecutor(1, thread_name_prefix="commtrace-report")
+    fut = ex.submit(fn, *args)
+    ex.shutdown(wait=False)
+    return fut
 
 
 def _root_cause(run, busbw_ref, top):

@@ -48,6 +48,7 @@ typedef struct {
     int last_idx;
     Py_ssize_t last_slot;     /* its seq slot (recorder.seq_slot), -1: none */
     int last_tseq;            /* its torch seq is read around calls (PgInfo.tseq) */
+    int last_p2p1;            /* its p2p ops issue one torch seq each (PgInfo.p2p_one) */
     unsigned long long last_gen;
     PyObject *orig;        /* torch's function */
     PyObject *slow;        /* the Python wrapper: slow(*args, **kwargs) */
@@ -85,7 +86,7 @@ static PyObject *s_recorder, *s_dict, *s_depth, *s_coalesce, *s_api, *s_detail,
     *s_default_pg, *s_member, *s_idx, *s_name, *s_ranks, *s_active, *s_device_timer, *s_now_ns,
     *s_numel, *s_dtype, *s_get_device, *s_nbytes, *s_seq, *s_p2p_seq, *s_step, *s_stack,
     *s_op_ids, *s_cap, *s_rank;
-static PyObject *s_seq_slot, *s_seqs, *s_tseq, *s_tseqs, *s_get_tseq;
+static PyObject *s_seq_slot, *s_seqs, *s_tseq, *s_tseqs, *s_get_tseq, *s_p2p_one;
 static PyObject *i_zero, *i_one;   /* owned references to the ints 0 and 1 */
 /* Calls recorded here / handed to the Python wrapper, and the line of the last hand-over
  * (tests and benchmarks read them through counts()). */
@@ -472,6 +473,51 @@ static inline int exact_tensor(PyObject *x) {
         if (PyTuple_GET_ITEM(t_types, i) == tp)
             return 1;
     return 0;
+}
+
+/* The tensor and group reads through torch's C++ API (issue 20): a capsule of function
+ * pointers from the module `commtrace accel build` makes (_accel_meta.cpp, accel.py),
+ * handed over by set_meta_api when that module is built for this torch and loads. Used in
+ * place of the Python-level accessors above (numel, dtype, get_device, nbytes, and torch's
+ * sequence-number getter): the same values, without the method calls, the int objects and
+ * the getter's GIL release. Each returns 1 with the values, or 0 where it leaves the read to
+ * the accessors (not a plain tensor read; see _accel_meta.cpp), never an error. */
+typedef struct {
+    int version;
+    int (*tensor_meta)(PyObject *x, long long *numel, PyObject **dtype, long long *device);
+    int (*tensor_nbytes)(PyObject *x, long long *nbytes);
+    int (*pg_seq)(PyObject *g, long long *seq);
+} MetaApi;
+#define META_CAPSULE "commtrace.capture.accel.meta_api"
+static const MetaApi *meta_api;
+static PyObject *meta_owner;   /* the capsule, kept (its module stays loaded) */
+static unsigned long long n_meta_t, n_meta_s;   /* reads it answered: tensors, torch seqs */
+
+/* meta_counts() -> (tensor reads, torch seq reads) answered through set_meta_api's capsule
+ * (tests: the C++ reads were used, not only present). */
+static PyObject *meta_counts(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("(KK)", n_meta_t, n_meta_s);
+}
+
+/* set_meta_api(capsule or None) -> whether the reads are now through it. */
+static PyObject *set_meta_api(PyObject *module, PyObject *cap) {
+    if (cap == Py_None) {
+        meta_api = NULL;
+        Py_CLEAR(meta_owner);
+        Py_RETURN_FALSE;
+    }
+    const MetaApi *m = PyCapsule_GetPointer(cap, META_CAPSULE);
+    if (m == NULL)
+        return NULL;
+    if (m->version != 1 || m->tensor_meta == NULL || m->tensor_nbytes == NULL ||
+            m->pg_seq == NULL) {
+        PyErr_SetString(PyExc_ValueError, "set_meta_api: another version of the capsule");
+        return NULL;
+    }
+    Py_INCREF(cap);
+    Py_XSETREF(meta_owner, cap);
+    meta_api = m;
+    Py_RETURN_TRUE;
 }
 
 /* Global rank from (global arg, group-local arg) as wrappers._global. New reference or
@@ -1144,7 +1190,9 @@ static int cache_recorder(FastCtx *c, PyObject *rec) {
  * call, torch's own per-group sequence number (ProcessGroup._get_sequence_number_for_group())
  * is read once; a plain collective issues exactly one number, so it claimed (hi - 1, hi]. A
  * point-to-point op (NCCL does not number them, gloo does) also reads the number before the
- * call. Numbers between the last claimed one and this call's first are a gap: handed to
+ * call, except on a group whose backend numbers each one (PgInfo.p2p_one: gloo), where it is
+ * read once as a collective's is (issue 20: the read before a blocking send/recv was a cold
+ * pybind call releasing the GIL, a few us per op of the pipeline sample). Numbers between the last claimed one and this call's first are a gap: handed to
  * torchseq.on_gap, rarely. Errors are cleared, never raised.
  * ------------------------------------------------------------------------------------- */
 static PyObject *ts_gap;   /* torchseq.on_gap(rec, name, last, lo, op_id, seq), NULL: off */
@@ -1164,8 +1212,11 @@ static int ts_at_wait = 1;   /* 0: read after the call (benchmarks/gapcheck.py c
 static PyTypeObject *ts_type;   /* strong: the type whose getter ts_fn is */
 static PyObject *ts_fn;          /* type(g)._get_sequence_number_for_group, a builtin */
 
+static unsigned long long n_tseq_reads;   /* torch seq reads (tseq_reads(): tests) */
+
 static long long tseq_read(PyObject *g) {
     PyObject *v;
+    n_tseq_reads++;
     if (Py_TYPE(g) != ts_type) {
         /* torch's getter is a pybind builtin on the class: called with the group as its
          * argument, with no bound method made per call. A Python override, or an instance
@@ -1183,6 +1234,13 @@ static long long tseq_read(PyObject *g) {
             Py_XDECREF(f);
             v = PyObject_CallMethodNoArgs(g, s_get_tseq);
             goto got;
+        }
+    }
+    if (meta_api != NULL) {
+        long long x;
+        if (meta_api->pg_seq(g, &x) == 1) {
+            n_meta_s++;
+            return x < 0 ? -1 : x;
         }
     }
     v = PyObject_CallOneArg(ts_fn, g);
@@ -1222,6 +1280,11 @@ static void tseq_after(PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *na
  * (1, the default) or after the call returns (0). */
 static PyObject *set_tseq_at_wait(PyObject *module, PyObject *arg) {
     return swap_flag(&ts_at_wait, arg);
+}
+
+/* tseq_reads() -> the number of reads of torch's sequence number so far (tests). */
+static PyObject *tseq_reads(PyObject *module, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(n_tseq_reads);
 }
 
 /* set_tseq(on_gap or None): turn the gap check on (off). */
@@ -2179,11 +2242,13 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     PyObject *tkey = NULL, *tname = NULL;   /* torch seq check (tseq_after): group, name */
     PyObject *api = NULL, *detail = NULL;   /* borrowed (the thread's state dict holds them) */
     long long t0, seq_v = -1, tlo = -1, step_v = NONE_LL;
+    long long count_v = NONE_LL, outb_v = NONE_LL;   /* read by meta_api (count, outb NULL) */
     Py_ssize_t tslot = -1;
 
     if (pf_on) {
-        /* torch's tensor accessors, the tensor, the device names (pf_setup, above) */
-        for (int i = 0; i < pf_n; i++)
+        /* torch's tensor accessors (not called where meta_api reads the tensor), the
+         * tensor, the device names (pf_setup, above) */
+        for (int i = 0; meta_api == NULL && i < pf_n; i++)
             __builtin_prefetch(pf_addr[i]);
         if (c->x_i >= 0 && c->x_i < nargs)
             __builtin_prefetch(args[c->x_i]);
@@ -2352,6 +2417,9 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
                 sl = PyObject_GetAttr(inf, s_tseq);
                 c->last_tseq = sl == Py_True;
                 Py_XDECREF(sl);
+                sl = PyObject_GetAttr(inf, s_p2p_one);
+                c->last_p2p1 = sl == Py_True;
+                Py_XDECREF(sl);
                 CLEAR_ERR();
                 c->last_idx = (int)PyLong_AsLong(idx);
                 c->last_gen = pg_gen;
@@ -2390,7 +2458,13 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         x_arg = x;
         if (x == Py_None)
             SLOW();
-        if (exact_tensor(x)) {
+        long long dev_v;
+        if (exact_tensor(x) && meta_api != NULL &&
+                meta_api->tensor_meta(x, &count_v, &dtype, &dev_v) == 1) {
+            Py_INCREF(dtype);   /* borrowed from torch's dtype objects */
+            n_meta_t++;
+            tmp = PyLong_FromLongLong(dev_v);
+        } else if (exact_tensor(x)) {
             count = PyObject_Vectorcall(t_numel, &x, 1, NULL);
             if (count == NULL)
                 SLOW();
@@ -2419,9 +2493,12 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             if (y == Py_None)
                 SLOW();
             y_arg = y;
-            outb = PyObject_GetAttr(y, s_nbytes);
-            if (outb == NULL)
-                SLOW();
+            if (!(exact_tensor(y) && meta_api != NULL &&
+                  meta_api->tensor_nbytes(y, &outb_v) == 1)) {
+                outb = PyObject_GetAttr(y, s_nbytes);
+                if (outb == NULL)
+                    SLOW();
+            }
         } else {
             outb = Py_None;
             Py_INCREF(outb);
@@ -2492,8 +2569,8 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         r.root = as_ll(root);
         r.t0 = t0;
         r.step = step_v;
-        r.count = as_ll(count);
-        r.outb = as_ll(outb);
+        r.count = count != NULL ? as_ll(count) : count_v;
+        r.outb = outb != NULL ? as_ll(outb) : outb_v;
         r.thread = PyThread_get_thread_ident();
         if (cst.stack)
             site = call_site(c);
@@ -2520,7 +2597,10 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             tkey = c->last_key; Py_INCREF(tkey);
             tname = c->last_name; Py_INCREF(tname);
             tslot = c->last_slot;
-            if (c->has_peer && (tlo = tseq_read(tkey)) < 0)
+            /* A point-to-point op reads the number before the call too, unless its group
+             * numbers each one (gloo: PgInfo.p2p_one), which then claims (hi - 1, hi] as a
+             * collective does, with one read (at its wait, or after an async issue). */
+            if (c->has_peer && !c->last_p2p1 && (tlo = tseq_read(tkey)) < 0)
                 Py_CLEAR(tkey);   /* unreadable: no check */
         }
         if (is_async) {
@@ -2549,9 +2629,10 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
          * Python ones ask depth() (the same rule as tls.depth on the Python path). */
         t_depth = 1;
         t_blk_wait = 1;
-        /* A plain collective's number is read at its wait() (t_tseq_g, above tseq_after). */
+        /* A plain collective's number is read at its wait() (t_tseq_g, above tseq_after), and
+         * so is a point-to-point op's on a group that numbers each (p2p_one). */
         t_tseq_hi = -1;
-        t_tseq_g = tkey != NULL && !c->has_peer && ts_at_wait ? tkey : NULL;
+        t_tseq_g = tkey != NULL && (!c->has_peer || c->last_p2p1) && ts_at_wait ? tkey : NULL;
         /* The user's call. */
         ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
         long long t1 = now_ns();
@@ -3632,6 +3713,12 @@ static PyMethodDef methods[] = {
      "set_tseq_at_wait(flag) -> previous: read a blocking call's torch seq at its wait()."},
     {"set_prefetch", set_prefetch, METH_O,
      "set_prefetch(flag) -> previous: prefetch torch's tensor accessors at entry (default on)."},
+    {"meta_counts", meta_counts, METH_NOARGS,
+     "meta_counts() -> (tensor reads, torch seq reads) made through set_meta_api's capsule."},
+    {"set_meta_api", set_meta_api, METH_O,
+     "set_meta_api(capsule or None) -> on: tensor / group reads through torch's C++ API."},
+    {"tseq_reads", tseq_reads, METH_NOARGS,
+     "tseq_reads() -> reads of torch's per-group sequence number so far (tests)."},
     {"set_tseq", set_tseq, METH_O,
      "set_tseq(on_gap or None): check torch's per-group seq after each call (torchseq.py)."},
     {"async_counts", async_counts, METH_NOARGS,
@@ -3676,6 +3763,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_rank, "rank"); INTERN(s_by_key, "_by_key");
     INTERN(s_seq_slot, "seq_slot"); INTERN(s_seqs, "_seqs"); INTERN(s_tseq, "tseq");
     INTERN(s_tseqs, "_tseqs"); INTERN(s_get_tseq, "_get_sequence_number_for_group");
+    INTERN(s_p2p_one, "p2p_one");
     INTERN(s_get_future, "get_future"); INTERN(s_add_done_callback, "add_done_callback");
     INTERN(s_acquire, "acquire"); INTERN(s_release, "release"); INTERN(s_notify, "_notify");
     INTERN(s_wake, "wake"); INTERN(s_itemsize, "itemsize"); INTERN(s_dropped, "_dropped");

@@ -9,7 +9,8 @@ returns ``seqCollective_``). A group starts at 0 when it is created.
 Each recorded call claims the numbers it issued, ``(lo, hi]``: ``hi`` is read right after the
 call returns; ``lo`` is read before the call where the count is not known (the Python paths,
 point-to-point ops, object collectives, coalescing blocks) and is ``hi - 1`` for a plain
-collective on the fast paths (one read per op). The recorder keeps, per group, the last number
+collective on the fast paths (one read per op), and for a point-to-point op there on a backend
+that numbers each one (``P2P_ONE``: gloo). The recorder keeps, per group, the last number
 claimed (``Recorder._tseqs``, by seq slot; shared with the C fast path). A call whose ``lo`` is
 past it leaves a gap: the numbers ``last + 1 .. lo`` were issued on this rank by something
 commtrace did not see. Each gap is written as a row of kind ``gap`` (docs/trace-format.md):
@@ -34,6 +35,11 @@ import sys
 from ..format import schema as S
 from . import log
 
+#: Backends (``c10d.get_backend``'s name) that number each point-to-point op once, as a
+#: collective: a send / recv / isend / irecv on their groups claims (hi - 1, hi] with one read
+#: after it (at its wait() on the C path), not a read before it too. gloo does in torch 2.13
+#: (tests/test_fidelity_gaps.py asserts it); NCCL numbers no point-to-point op.
+P2P_ONE = frozenset({"gloo"})
 #: The number of recorded rows of kind "gap" (tests, benchmarks).
 n_gaps = 0
 #: Config.gap_check of the running recorder (COMMTRACE_GAP_CHECK=0: off, groups not followed).

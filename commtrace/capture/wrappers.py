@@ -85,7 +85,7 @@ _WRAPPERS: dict[str, object] = {}
 
 class PgInfo:
     __slots__ = ("name", "size", "ranks", "backend", "member", "pg", "idx", "fidx", "seq_slot",
-                 "tseq")
+                 "tseq", "p2p_one")
 
     def __init__(self, pg, name, size, ranks, backend, member):
         self.pg, self.name, self.size, self.ranks = pg, name, size, ranks
@@ -98,6 +98,10 @@ class PgInfo:
         self.seq_slot = _R.seq_slot(name) if member else -1   # its seq counter
         # torch numbers this group's ops: unrecorded ones are found (torchseq.py)
         self.tseq = member and _TS.enabled and _TS.read(pg) is not None
+        # Its backend numbers each point-to-point op once (gloo; NCCL does not number them):
+        # a send/recv claims (hi - 1, hi] with one read after it, as a collective does
+        # (torchseq.P2P_ONE; tests/test_fidelity_gaps.py checks gloo does)
+        self.p2p_one = bool(self.tseq) and backend in _TS.P2P_ONE
 
 
 _pg_cache: dict = {}
@@ -774,7 +778,8 @@ def make_wrapper(api: str, orig, spec):
         # torch's number: read after the call; before it too unless the call is one plain
         # collective (send/recv: NCCL does not number them; lists: DDP's helpers issue several)
         tseq = info.tseq
-        tlo = _TS.read(info.pg) if tseq and not tone else None
+        one = tone or (peer and info.p2p_one)
+        tlo = _TS.read(info.pg) if tseq and not one else None
         st["depth"] = 1         # it was 0: inner wrapped calls are not rows of their own
         try:
             ret = orig(*args, **kwargs)
@@ -783,7 +788,7 @@ def make_wrapper(api: str, orig, spec):
             if blocking.pop(op_id, None) is not None:
                 _record_error(rec, expand(rec.rank, pre, None), t1, e)
             if tseq:   # a call that raised may still have issued its number
-                _TS.after(rec, info, tlo, op_id, s, one=tone)
+                _TS.after(rec, info, tlo, op_id, s, one=one)
             raise
         finally:
             st["depth"] = 0
@@ -797,7 +802,7 @@ def make_wrapper(api: str, orig, spec):
             else:
                 rec._dropped += 1
         if tseq:
-            _TS.after(rec, info, tlo, op_id, s, one=tone)
+            _TS.after(rec, info, tlo, op_id, s, one=one)
         return ret
 
     inout = bool(in_name) and in_kind == "" and bool(out_name) and out_kind == "" \
@@ -1217,6 +1222,30 @@ def _set_tensor_api() -> None:
         _cfast.set_tensor_api(d["numel"], d["get_device"], d["dtype"], types)
     except Exception as e:
         log.warn_once("cfast-tensor", "C fast path: tensor accessors unavailable", e)
+        return
+    _set_meta_api()
+
+
+_meta_set = False
+
+
+def _set_meta_api() -> None:
+    """Let the C fast path read tensors and groups through torch's C++ API where the module of
+    ``commtrace accel build`` is built for this torch (accel.meta_api); once per process."""
+    global _meta_set
+    if _meta_set or not hasattr(_cfast, "set_meta_api"):
+        return
+    try:
+        from . import accel
+
+        cap = accel.meta_api()
+        if cap is None:
+            return
+        _cfast.set_meta_api(cap)
+        _meta_set = True
+    except Exception as e:
+        _meta_set = True
+        log.warn_once("cfast-meta", "C fast path: torch's C++ reads unavailable", e)
 
 
 def _set_async() -> None:
