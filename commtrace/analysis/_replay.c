@@ -227,6 +227,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     int queue[MAXS];
     PyObject *res = NULL, *o_tend = NULL, *o_se = NULL;
     int64_t *pos = NULL, *stack = NULL, *next_waiter = NULL, *head = NULL, *arrived = NULL, *cstack = NULL;
+    int64_t *nxt = NULL;
     uint8_t *resolved = NULL, *entered = NULL;
     double *prev = NULL, *L = NULL, *start = NULL, *T0 = NULL;
     for (; nb < NB2; nb++)
@@ -307,16 +308,29 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
+    nxt = malloc(sizeof(int64_t) * (R + 1));
+    if (!nxt) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* The scenarios usually share one gap array (their changes are sparse overrides, gap_at /
+     * gap_to): the gap is then read once per event, and the overrides only at the events that
+     * have one, found by nxt[r], the rank's next override event in any scenario. */
+    int same_gap = 1;
+    for (Py_ssize_t s = 1; s < S; s++)
+        if (gap[s] != gap[0]) same_gap = 0;
     Py_ssize_t sp = 0, csp = 0, done_ranks = 0;
     for (Py_ssize_t c = 0; c < C; c++) head[c] = -1;
     for (Py_ssize_t r = 0; r < R; r++) {
         pos[r] = rank_lo[r];
+        nxt[r] = INT64_MAX;
         for (Py_ssize_t s = 0; s < S; s++) {
             prev[r * S + s] = 0.0;
             /* this rank's first gap override: the first index >= rank_lo[r] */
             Py_ssize_t lo = 0, hi = ngat[s];
             while (lo < hi) { Py_ssize_t mid = lo + (hi - lo) / 2; if (gat[s][mid] < rank_lo[r]) lo = mid + 1; else hi = mid; }
             cur[r * S + s] = lo;
+            if (lo < ngat[s] && gat[s][lo] < nxt[r]) nxt[r] = gat[s][lo];
         }
         stack[sp++] = r;
     }
@@ -325,11 +339,21 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
         int64_t r = stack[--sp];
         double *pv = prev + r * S;
         int64_t *cr = cur + r * S;
+        uint8_t ex[MAXS];
+        for (Py_ssize_t s = 0; s < S; s++) ex[s] = excl[s][r];
         while (pos[r] < rank_hi[r]) {
             int64_t e = pos[r];
-            for (Py_ssize_t s = 0; s < S; s++) {
-                int64_t k = cr[s];
-                start[s] = pv[s] + ((k < ngat[s] && gat[s][k] == e) ? gto[s][k] : gap[s][e]);
+            if (same_gap) {
+                double g = gap[0][e];
+                for (Py_ssize_t s = 0; s < S; s++) start[s] = pv[s] + g;
+            } else {
+                for (Py_ssize_t s = 0; s < S; s++) start[s] = pv[s] + gap[s][e];
+            }
+            if (e == nxt[r]) {
+                for (Py_ssize_t s = 0; s < S; s++) {
+                    int64_t k = cr[s];
+                    if (k < ngat[s] && gat[s][k] == e) start[s] = pv[s] + gto[s][k];
+                }
             }
             int64_t cs = call_slot[e];
             if (cs >= 0 && !entered[cs]) {
@@ -390,7 +414,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
             int64_t k = ev_step[e];
             for (Py_ssize_t s = 0; s < S; s++) {
                 double v = pv[s];
-                if (!excl[s][r]) {
+                if (!ex[s]) {
                     if (!any_end[s]) { tend[s] = v; any_end[s] = 1; }
                     else if (v > tend[s] || isnan(v)) { if (!isnan(tend[s])) tend[s] = v; }
                 }
@@ -398,8 +422,16 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                     double *q = se + s * n_steps + k;
                     if ((v > *q || isnan(v)) && !isnan(*q)) *q = v;
                 }
-                if (kept) kept[s * E + e] = v;
-                if (cr[s] < ngat[s] && gat[s][cr[s]] == e) cr[s]++;
+            }
+            if (kept)
+                for (Py_ssize_t s = 0; s < S; s++) kept[s * E + e] = pv[s];
+            if (e == nxt[r]) {
+                int64_t n2 = INT64_MAX;
+                for (Py_ssize_t s = 0; s < S; s++) {
+                    if (cr[s] < ngat[s] && gat[s][cr[s]] == e) cr[s]++;
+                    if (cr[s] < ngat[s] && gat[s][cr[s]] < n2) n2 = gat[s][cr[s]];
+                }
+                nxt[r] = n2;
             }
             pos[r]++;
         }
@@ -414,7 +446,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     res = PyTuple_Pack(2, o_tend, o_se);
 done:
     free(pos); free(prev); free(stack); free(next_waiter); free(head); free(arrived); free(resolved);
-    free(entered); free(L); free(cstack); free(start); free(T0); free(cur);
+    free(entered); free(L); free(cstack); free(start); free(T0); free(cur); free(nxt);
     Py_XDECREF(o_tend); Py_XDECREF(o_se);
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     for (int i = 0; i < ng; i++) PyBuffer_Release(&gb[i]);
