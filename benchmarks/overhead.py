@@ -126,9 +126,22 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
             dist.barrier()
             res[name].append(modes[name]())
             cpu[name].append(cpu_of[fn_of[name]])
-    per_op = _per_op(args.blocks, {"untraced": original, "commtrace": wrapped,
-                                   "bare": bare_wrapper}, t, rec, dist,
-                     args.sweep_kb) if args.blocks else None
+    fns, prep = {"untraced": original, "commtrace": wrapped, "bare": bare_wrapper}, {}
+    meta_cap = _meta_capsule() if args.meta_ab else None
+    if meta_cap is not None:
+        # the same wrapper with the C fast path's tensor / group reads through torch's
+        # Python-level accessors instead of the built C++ ones (issue 20), switched outside
+        # each op's timing
+        from commtrace.capture import wrappers as W
+
+        # (every mode makes the same call before its op, so that none gets a warmer start)
+        fns["commtrace_no_cxx_reads"] = wrapped
+        prep = {name: (lambda: W._cfast.set_meta_api(meta_cap)) for name in fns}
+        prep["commtrace_no_cxx_reads"] = lambda: W._cfast.set_meta_api(None)
+    per_op = _per_op(args.blocks, fns, t, rec, dist, args.sweep_kb,
+                     prep) if args.blocks else None
+    if meta_cap is not None:
+        W._cfast.set_meta_api(meta_cap)
     R._set_recorder(rec)
     commtrace.disable()
     # The paired differences per round (wall, then the calling thread's CPU time: the host's
@@ -173,6 +186,20 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
     return out
 
 
+def _meta_capsule():
+    """The built C++ tensor / group reads in use by the C fast path (commtrace accel build), or
+    None where they are not built or not in use."""
+    try:
+        from commtrace.capture import accel
+        from commtrace.capture import wrappers as W
+
+        if W._cfast is None or not W._meta_set:
+            return None
+        return accel.meta_api()
+    except Exception:
+        return None
+
+
 def _mean_ci(d) -> list:
     """Normal-approximation 95% interval of the mean of `d`."""
     m = statistics.fmean(d)
@@ -180,7 +207,7 @@ def _mean_ci(d) -> list:
     return [m - h, m + h]
 
 
-def _per_op(blocks: int, fns: dict, t, rec, dist, sweep_kb: int = 0) -> dict:
+def _per_op(blocks: int, fns: dict, t, rec, dist, sweep_kb: int = 0, prep=None) -> dict:
     """The finest pairing: blocks of one op per mode, in a shuffled order, each op timed alone.
 
     Slow drifts of the machine (another process waking, a frequency change, the other rank
@@ -194,6 +221,7 @@ def _per_op(blocks: int, fns: dict, t, rec, dist, sweep_kb: int = 0) -> dict:
     differences is printed too. `sweep_kb` > 0 writes that much memory (one byte per 64-byte
     line) before each op, outside its timing: the caches are then as cold as after a wait
     that let other threads and processes run on the CPU (what an op at 2 ranks meets).
+    `prep`: {mode: a function called before each of its ops, outside the timing}.
     """
     import random
 
@@ -207,8 +235,11 @@ def _per_op(blocks: int, fns: dict, t, rec, dist, sweep_kb: int = 0) -> dict:
     tcpu, pc = thread_cpu_ns, time.perf_counter_ns
     junk = bytearray(sweep_kb * 1024) if sweep_kb > 0 else None
     ones = b"\x01" * (len(junk) // 64) if junk is not None else b""
+    prep = prep or {}
     for _ in range(200):  # warm-up
         for name in names:
+            if name in prep:
+                prep[name]()
             fns[name](t)
     dist.barrier()
     for _ in range(blocks):
@@ -218,6 +249,8 @@ def _per_op(blocks: int, fns: dict, t, rec, dist, sweep_kb: int = 0) -> dict:
             fn = fns[name]
             if junk is not None:
                 junk[::64] = ones
+            if name in prep:
+                prep[name]()
             c0 = tcpu()
             w0 = pc()
             fn(t)
@@ -243,6 +276,14 @@ def _per_op(blocks: int, fns: dict, t, rec, dist, sweep_kb: int = 0) -> dict:
             out[f"{kind}_commtrace_minus_bare_ci95_us"] = median_ci(d)
             out[f"{kind}_commtrace_minus_bare_mean_us"] = statistics.fmean(d)
             out[f"{kind}_commtrace_minus_bare_mean_ci95_us"] = _mean_ci(d)
+        if "commtrace_no_cxx_reads" in data:
+            # --meta-ab: with the built C++ reads minus without them, paired within each block
+            d = [(a - b) / 1000.0 for a, b in zip(data["commtrace"],
+                                                   data["commtrace_no_cxx_reads"])]
+            out[f"{kind}_cxx_reads_gain_us"] = statistics.median(d)
+            out[f"{kind}_cxx_reads_gain_ci95_us"] = median_ci(d)
+            out[f"{kind}_cxx_reads_gain_mean_us"] = statistics.fmean(d)
+            out[f"{kind}_cxx_reads_gain_mean_ci95_us"] = _mean_ci(d)
     return out
 
 
@@ -305,7 +346,10 @@ def report(r: dict) -> list[str]:
                  if p.get("sweep_kb") else "")
         out.append(f"  per op, interleaved ({p['blocks']} blocks of one op per mode, shuffled"
                    f"{sweep}):")
-        for label, name in (("commtrace adds", "commtrace"), ("bare two-clock wrapper adds", "bare")):
+        labels = [("commtrace adds", "commtrace"), ("bare two-clock wrapper adds", "bare")]
+        if "cpu_commtrace_no_cxx_reads_added_us" in p:
+            labels.append(("commtrace, no C++ reads, adds", "commtrace_no_cxx_reads"))
+        for label, name in labels:
             out.append(f"  {label:<34} "
                        f"{_fmt(p[f'wall_{name}_added_us'], p[f'wall_{name}_added_ci95_us']):>26} "
                        f"{_fmt(p[f'cpu_{name}_added_us'], p[f'cpu_{name}_added_ci95_us']):>26}")
@@ -313,6 +357,12 @@ def report(r: dict) -> list[str]:
             out.append(f"  {'commtrace - bare wrapper (paired)':<34} "
                        f"{_fmt(p['wall_commtrace_minus_bare_us'], p['wall_commtrace_minus_bare_ci95_us']):>26} "
                        f"{_fmt(p['cpu_commtrace_minus_bare_us'], p['cpu_commtrace_minus_bare_ci95_us']):>26}")
+        if "cpu_cxx_reads_gain_us" in p:
+            for label, key in (("C++ reads - accessors (paired)", "cxx_reads_gain"),
+                               ("C++ reads - accessors, mean", "cxx_reads_gain_mean")):
+                out.append(f"  {label:<34} "
+                           f"{_fmt(p[f'wall_{key}_us'], p[f'wall_{key}_ci95_us']):>26} "
+                           f"{_fmt(p[f'cpu_{key}_us'], p[f'cpu_{key}_ci95_us']):>26}")
         if "cpu_commtrace_added_mean_us" in p:
             # the mean of the same paired differences: what the median leaves out (costs that
             # land on some ops only) is in it, as it is in the rounds above
@@ -374,6 +424,10 @@ def main(argv=None) -> int:
                     "timing), so that each op finds cold caches, as one at 2 ranks does after "
                     "its wait (default 0: none)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--meta-ab", action="store_true",
+                    help="per op, also the wrapper with the C fast path's tensor / group reads "
+                         "through torch's Python-level accessors instead of the C++ ones of "
+                         "`commtrace accel build` (issue 20), paired (needs them built)")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = []

@@ -238,10 +238,13 @@ void register_hook(py::object reducer, py::object state, py::object fallback,
 
 }  // namespace
 
+void commtrace_register_meta(py::module_& m);   // _accel_meta.cpp: _fastpath's tensor/group reads
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "commtrace's DDP comm hook in C++ (built against the installed torch)";
   m.attr("API_VERSION") = kApiVersion;
   m.def("register", &register_hook, "register(reducer, state, fallback, capsule)");
   m.def("flush_all", &flush_all,
         "Write the completion times queued by every hook's continuations into their rows.");
+  commtrace_register_meta(m);
 }

@@ -475,6 +475,51 @@ static inline int exact_tensor(PyObject *x) {
     return 0;
 }
 
+/* The tensor and group reads through torch's C++ API (issue 20): a capsule of function
+ * pointers from the module `commtrace accel build` makes (_accel_meta.cpp, accel.py),
+ * handed over by set_meta_api when that module is built for this torch and loads. Used in
+ * place of the Python-level accessors above (numel, dtype, get_device, nbytes, and torch's
+ * sequence-number getter): the same values, without the method calls, the int objects and
+ * the getter's GIL release. Each returns 1 with the values, or 0 where it leaves the read to
+ * the accessors (not a plain tensor read; see _accel_meta.cpp), never an error. */
+typedef struct {
+    int version;
+    int (*tensor_meta)(PyObject *x, long long *numel, PyObject **dtype, long long *device);
+    int (*tensor_nbytes)(PyObject *x, long long *nbytes);
+    int (*pg_seq)(PyObject *g, long long *seq);
+} MetaApi;
+#define META_CAPSULE "commtrace.capture.accel.meta_api"
+static const MetaApi *meta_api;
+static PyObject *meta_owner;   /* the capsule, kept (its module stays loaded) */
+static unsigned long long n_meta_t, n_meta_s;   /* reads it answered: tensors, torch seqs */
+
+/* meta_counts() -> (tensor reads, torch seq reads) answered through set_meta_api's capsule
+ * (tests: the C++ reads were used, not only present). */
+static PyObject *meta_counts(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("(KK)", n_meta_t, n_meta_s);
+}
+
+/* set_meta_api(capsule or None) -> whether the reads are now through it. */
+static PyObject *set_meta_api(PyObject *module, PyObject *cap) {
+    if (cap == Py_None) {
+        meta_api = NULL;
+        Py_CLEAR(meta_owner);
+        Py_RETURN_FALSE;
+    }
+    const MetaApi *m = PyCapsule_GetPointer(cap, META_CAPSULE);
+    if (m == NULL)
+        return NULL;
+    if (m->version != 1 || m->tensor_meta == NULL || m->tensor_nbytes == NULL ||
+            m->pg_seq == NULL) {
+        PyErr_SetString(PyExc_ValueError, "set_meta_api: another version of the capsule");
+        return NULL;
+    }
+    Py_INCREF(cap);
+    Py_XSETREF(meta_owner, cap);
+    meta_api = m;
+    Py_RETURN_TRUE;
+}
+
 /* Global rank from (global arg, group-local arg) as wrappers._global. New reference or
  * Py_None (new ref); NULL on error. */
 static PyObject *global_rank(PyObject *info, PyObject *glob, PyObject *grp) {
@@ -1189,6 +1234,13 @@ static long long tseq_read(PyObject *g) {
             Py_XDECREF(f);
             v = PyObject_CallMethodNoArgs(g, s_get_tseq);
             goto got;
+        }
+    }
+    if (meta_api != NULL) {
+        long long x;
+        if (meta_api->pg_seq(g, &x) == 1) {
+            n_meta_s++;
+            return x < 0 ? -1 : x;
         }
     }
     v = PyObject_CallOneArg(ts_fn, g);
@@ -2190,11 +2242,13 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     PyObject *tkey = NULL, *tname = NULL;   /* torch seq check (tseq_after): group, name */
     PyObject *api = NULL, *detail = NULL;   /* borrowed (the thread's state dict holds them) */
     long long t0, seq_v = -1, tlo = -1, step_v = NONE_LL;
+    long long count_v = NONE_LL, outb_v = NONE_LL;   /* read by meta_api (count, outb NULL) */
     Py_ssize_t tslot = -1;
 
     if (pf_on) {
-        /* torch's tensor accessors, the tensor, the device names (pf_setup, above) */
-        for (int i = 0; i < pf_n; i++)
+        /* torch's tensor accessors (not called where meta_api reads the tensor), the
+         * tensor, the device names (pf_setup, above) */
+        for (int i = 0; meta_api == NULL && i < pf_n; i++)
             __builtin_prefetch(pf_addr[i]);
         if (c->x_i >= 0 && c->x_i < nargs)
             __builtin_prefetch(args[c->x_i]);
@@ -2404,7 +2458,13 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         x_arg = x;
         if (x == Py_None)
             SLOW();
-        if (exact_tensor(x)) {
+        long long dev_v;
+        if (exact_tensor(x) && meta_api != NULL &&
+                meta_api->tensor_meta(x, &count_v, &dtype, &dev_v) == 1) {
+            Py_INCREF(dtype);   /* borrowed from torch's dtype objects */
+            n_meta_t++;
+            tmp = PyLong_FromLongLong(dev_v);
+        } else if (exact_tensor(x)) {
             count = PyObject_Vectorcall(t_numel, &x, 1, NULL);
             if (count == NULL)
                 SLOW();
@@ -2433,9 +2493,12 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             if (y == Py_None)
                 SLOW();
             y_arg = y;
-            outb = PyObject_GetAttr(y, s_nbytes);
-            if (outb == NULL)
-                SLOW();
+            if (!(exact_tensor(y) && meta_api != NULL &&
+                  meta_api->tensor_nbytes(y, &outb_v) == 1)) {
+                outb = PyObject_GetAttr(y, s_nbytes);
+                if (outb == NULL)
+                    SLOW();
+            }
         } else {
             outb = Py_None;
             Py_INCREF(outb);
@@ -2506,8 +2569,8 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         r.root = as_ll(root);
         r.t0 = t0;
         r.step = step_v;
-        r.count = as_ll(count);
-        r.outb = as_ll(outb);
+        r.count = count != NULL ? as_ll(count) : count_v;
+        r.outb = outb != NULL ? as_ll(outb) : outb_v;
         r.thread = PyThread_get_thread_ident();
         if (cst.stack)
             site = call_site(c);
@@ -3630,6 +3693,10 @@ static PyMethodDef methods[] = {
      "set_tseq_at_wait(flag) -> previous: read a blocking call's torch seq at its wait()."},
     {"set_prefetch", set_prefetch, METH_O,
      "set_prefetch(flag) -> previous: prefetch torch's tensor accessors at entry (default on)."},
+    {"meta_counts", meta_counts, METH_NOARGS,
+     "meta_counts() -> (tensor reads, torch seq reads) made through set_meta_api's capsule."},
+    {"set_meta_api", set_meta_api, METH_O,
+     "set_meta_api(capsule or None) -> on: tensor / group reads through torch's C++ API."},
     {"tseq_reads", tseq_reads, METH_NOARGS,
      "tseq_reads() -> reads of torch's per-group sequence number so far (tests)."},
     {"set_tseq", set_tseq, METH_O,

@@ -6,7 +6,9 @@ time: ``commtrace accel build`` (or :func:`build`) compiles the hook with
 ``torch.utils.cpp_extension`` into a cache directory, under a name keyed by the torch build,
 the Python version, commtrace's version and the source; a rank only looks for that file
 (:func:`load`) and, where it is missing or does not match, uses the C hook
-(``_fastpath.ddp_hook``) as before, without an error. Importing this module imports nothing
+(``_fastpath.ddp_hook``) as before, without an error. The same module carries the C fast
+path's per-call tensor and group reads through torch's C++ API (``_accel_meta.cpp``,
+:func:`meta_api`), used where it is built and the Python-level accessors otherwise. Importing this module imports nothing
 heavy; :func:`load` needs torch imported already (it is, in a rank that wraps a DDP model).
 """
 
@@ -17,8 +19,12 @@ import hashlib
 import os
 import sys
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
 #: The C++ source, shipped in the package.
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ddp_hook.cpp")
+SOURCE = os.path.join(_HERE, "_ddp_hook.cpp")
+#: All the sources of the built module: the DDP hook and the C fast path's tensor / group
+#: reads through torch's C++ API (``_accel_meta.cpp``; :func:`meta_api`).
+SOURCES = [SOURCE, os.path.join(_HERE, "_accel_meta.cpp")]
 
 
 def cache_dir() -> str:
@@ -40,8 +46,9 @@ def module_name() -> str:
     from .. import __version__
 
     h = hashlib.sha256()
-    with open(SOURCE, "rb") as f:
-        h.update(f.read())
+    for src in SOURCES:
+        with open(src, "rb") as f:
+            h.update(f.read())
     for part in (torch.__version__, getattr(torch.version, "git_version", ""),
                  sys.implementation.cache_tag, sys.version, __version__):
         h.update(b"\0" + str(part).encode())
@@ -88,7 +95,7 @@ def build(verbose: bool = False) -> str:
         raise CommtraceError(f"cannot create the cache directory {bdir} "
                              f"(set COMMTRACE_CACHE_DIR): {e.strerror or e}") from e
     try:
-        cpp_extension.load(name=name, sources=[SOURCE], build_directory=bdir,
+        cpp_extension.load(name=name, sources=SOURCES, build_directory=bdir,
                            extra_cflags=["-O2"], verbose=verbose, with_cuda=False,
                            is_python_module=True)
     except Exception as e:
@@ -107,12 +114,38 @@ def load():
     """The built C++ DDP hook module for this process's torch, or None where it is not built,
     does not match, ``COMMTRACE_DDP_CXX=0``, or fails to load (never raises). Looked for
     once per process."""
+    if os.environ.get("COMMTRACE_DDP_CXX", "1") in ("0", ""):
+        return None
+    return _module()
+
+
+def meta_api():
+    """The capsule of the C fast path's tensor and group reads through torch's C++ API
+    (``_accel_meta.cpp``, for ``_fastpath.set_meta_api``), or None where the module is not
+    built for this torch, ``COMMTRACE_ACCEL_META=0``, or torch is not fully imported yet
+    (never raises)."""
+    if os.environ.get("COMMTRACE_ACCEL_META", "1") in ("0", ""):
+        return None
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "__version__") or "torch.version" not in sys.modules:
+        return None   # torch half-imported: asked again at the next install()
+    try:
+        mod = _module()
+        f = getattr(mod, "meta_api", None)
+        return f() if f is not None else None
+    except Exception as e:
+        from . import log
+
+        log.warn_once("accel-meta", "the built tensor reads did not load; using the accessors", e)
+        return None
+
+
+def _module():
+    """The built module (the DDP hook, the tensor reads) or None; looked for once per process."""
     global _loaded
     if _loaded is not False:
         return _loaded
     _loaded = None
-    if os.environ.get("COMMTRACE_DDP_CXX", "1") in ("0", ""):
-        return None
     try:
         if "torch" not in sys.modules:
             return None

@@ -1222,6 +1222,30 @@ def _set_tensor_api() -> None:
         _cfast.set_tensor_api(d["numel"], d["get_device"], d["dtype"], types)
     except Exception as e:
         log.warn_once("cfast-tensor", "C fast path: tensor accessors unavailable", e)
+        return
+    _set_meta_api()
+
+
+_meta_set = False
+
+
+def _set_meta_api() -> None:
+    """Let the C fast path read tensors and groups through torch's C++ API where the module of
+    ``commtrace accel build`` is built for this torch (accel.meta_api); once per process."""
+    global _meta_set
+    if _meta_set or not hasattr(_cfast, "set_meta_api"):
+        return
+    try:
+        from . import accel
+
+        cap = accel.meta_api()
+        if cap is None:
+            return
+        _cfast.set_meta_api(cap)
+        _meta_set = True
+    except Exception as e:
+        _meta_set = True
+        log.warn_once("cfast-meta", "C fast path: torch's C++ reads unavailable", e)
 
 
 def _set_async() -> None:

@@ -1,0 +1,145 @@
+// The C fast path's per-call reads of torch state through torch's C++ API (issue 20), built
+// into the same on-demand module as the C++ DDP hook (accel.py; `commtrace accel build`).
+//
+// Per recorded call, _fastpath.c reads the tensor's element count, dtype and device (and the
+// output's byte size), and for the gap check torch's sequence number of the group. Without
+// this module those are torch's Python-level accessors called from C (TensorBase.numel,
+// .dtype, .get_device, .nbytes; the pybind method ProcessGroup._get_sequence_number_for_group,
+// which also releases and retakes the GIL). Here they are plain C functions over at::Tensor
+// and c10d::ProcessGroup, handed to _fastpath as a capsule of function pointers
+// (_fastpath.set_meta_api); _fastpath uses them when this module is loaded and the old reads
+// otherwise. Nothing is cached: every call reads the tensor and the group afresh.
+//
+// Each function returns 1 with the values, or 0 ("not handled here": _fastpath then makes the
+// Python-level read it made before, which gives the answer torch's accessor gives, error
+// included). They return 0, rather than a value that could differ from the accessor's, where
+// the accessor would not simply read the tensor: a torch function mode is active (the
+// accessors go through it), the JIT tracer is on (numel is traced), the size is symbolic
+// (the accessor returns a SymInt). They never leave a Python error set and never throw.
+
+#include <torch/extension.h>
+
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/jit/frontend/tracer.h>
+
+namespace {
+
+// The capsule's layout (_fastpath.c, MetaApi); version 1. All take the GIL held.
+struct MetaApi {
+  int version;
+  // x: a tensor; numel, dtype (a borrowed torch.dtype, as x.dtype), device (x.get_device())
+  int (*tensor_meta)(PyObject* x, long long* numel, PyObject** dtype, long long* device);
+  // x.nbytes
+  int (*tensor_nbytes)(PyObject* x, long long* nbytes);
+  // g._get_sequence_number_for_group() for a c10d ProcessGroup (as the pybind method)
+  int (*pg_seq)(PyObject* g, long long* seq);
+};
+constexpr int kMetaVersion = 1;
+constexpr const char* kMetaCapsule = "commtrace.capture.accel.meta_api";
+
+// Whether the accessors would do more than read the tensor (see the top of the file).
+inline bool plain_read(PyObject* x) {
+  return THPVariable_Check(x) && !at::impl::torch_function_mode_enabled() &&
+         !torch::jit::tracer::isTracing();
+}
+
+inline void clear_own_error(bool had) {
+  if (!had && PyErr_Occurred())
+    PyErr_Clear();
+}
+
+int tensor_meta(PyObject* x, long long* numel, PyObject** dtype, long long* device) {
+  bool had = PyErr_Occurred() != nullptr;
+  try {
+    if (!plain_read(x)) {
+      clear_own_error(had);
+      return 0;
+    }
+    const at::Tensor& t = THPVariable_Unpack(x);
+    auto n = t.sym_numel().maybe_as_int();
+    if (!n.has_value())
+      return 0;
+    PyObject* d = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+    if (d == nullptr)
+      return 0;
+    long long dev = t.get_device();
+    *numel = *n;
+    *dtype = d;
+    *device = dev;
+    return 1;
+  } catch (...) {
+    clear_own_error(had);
+    return 0;
+  }
+}
+
+int tensor_nbytes(PyObject* x, long long* nbytes) {
+  bool had = PyErr_Occurred() != nullptr;
+  try {
+    if (!plain_read(x)) {
+      clear_own_error(had);
+      return 0;
+    }
+    auto n = THPVariable_Unpack(x).sym_nbytes().maybe_as_int();
+    if (!n.has_value())
+      return 0;
+    *nbytes = *n;
+    return 1;
+  } catch (...) {
+    clear_own_error(had);
+    return 0;
+  }
+}
+
+// torch's ProcessGroup class (pybind's registered type), looked up once.
+PyTypeObject* pg_class() {
+  static PyTypeObject* t = reinterpret_cast<PyTypeObject*>(
+      py::detail::get_type_handle(typeid(c10d::ProcessGroup), false).ptr());
+  return t;
+}
+
+// The pybind method is ProcessGroup::getSequenceNumberForGroup with the GIL released; called
+// here with the GIL held. What it runs for gloo and NCCL reads a counter (gloo's under its own
+// mutex, which nothing holds while waiting for the GIL); a backend implemented in Python
+// (PyBackend's trampoline) takes the GIL itself, which is held already. Only for groups of
+// exactly torch's ProcessGroup class: a subclass (Python or another extension's) may bind the
+// method to something else, and is left to the Python-level read.
+int pg_seq(PyObject* g, long long* seq) {
+  bool had = PyErr_Occurred() != nullptr;
+  try {
+    PyTypeObject* tp = pg_class();
+    if (tp == nullptr || Py_TYPE(g) != tp) {
+      clear_own_error(had);
+      return 0;
+    }
+    auto vh = reinterpret_cast<py::detail::instance*>(g)->get_value_and_holder(nullptr, false);
+    if (!vh || !vh.holder_constructed())
+      return 0;
+    auto* pg = static_cast<c10d::ProcessGroup*>(vh.value_ptr());
+    if (pg == nullptr)
+      return 0;
+    *seq = static_cast<long long>(pg->getSequenceNumberForGroup());
+    return 1;
+  } catch (...) {
+    clear_own_error(had);
+    return 0;
+  }
+}
+
+const MetaApi meta_api = {kMetaVersion, tensor_meta, tensor_nbytes, pg_seq};
+
+}  // namespace
+
+// Called from the module's init (_ddp_hook.cpp's PYBIND11_MODULE).
+void commtrace_register_meta(py::module_& m) {
+  m.attr("META_VERSION") = kMetaVersion;
+  m.def(
+      "meta_api",
+      []() {
+        return py::capsule(static_cast<const void*>(&meta_api), kMetaCapsule);
+      },
+      "Capsule of the tensor / group reads for _fastpath.set_meta_api.");
+}

@@ -1,0 +1,100 @@
+"""The C fast path's tensor and group reads through torch's C++ API (issue 20;
+commtrace/capture/_accel_meta.cpp, built by `commtrace accel build`): a real 2-rank gloo job
+records the same rows with them, without them (COMMTRACE_ACCEL_META=0: torch's Python-level
+accessors called from C), and on the pure Python path (COMMTRACE_PURE_PYTHON=1)."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SCRIPTS, clean_env, run_traced, torchrun_cmd
+
+# times, ids and threads differ between any two runs; so does how an async op's completion
+# was seen (its callback on gloo's thread, or its wait() first)
+VOLATILE = {"t_enqueue_ns", "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_ns",
+            "t_start_ns", "op_id", "thread", "site", "detail", "completion"}
+
+
+@pytest.fixture(scope="session")
+def accel_cache(request):
+    """The module of ``commtrace accel build`` for this torch, built into pytest's cache (as
+    tests/test_ddp_hook.py's fixture: the same directory, one build for both). Skipped only
+    without a C++ compiler."""
+    if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
+        pytest.skip("no C++ compiler (c++ / g++ / $CXX): the accel module cannot be built")
+    d = str(request.config.cache.mkdir("commtrace-accel"))
+    p = subprocess.run([sys.executable, "-m", "commtrace", "accel", "build"],
+                       env=clean_env({"COMMTRACE_CACHE_DIR": d}), capture_output=True,
+                       text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return d
+
+
+def _rows(out):
+    import pyarrow.dataset as ds
+
+    rows = ds.dataset(str(out), partitioning="hive").to_table().to_pylist()
+    keep = []
+    for r in rows:
+        r = {k: v for k, v in r.items() if k not in VOLATILE}
+        keep.append(r)
+    return sorted(keep, key=lambda r: json.dumps(r, sort_keys=True, default=str))
+
+
+MODES = {"cxx": {}, "accessors": {"COMMTRACE_ACCEL_META": "0"},
+         "pure": {"COMMTRACE_PURE_PYTHON": "1"}}
+
+
+def _run(tmp_path_factory, accel_cache, mode):
+    """The job under `commtrace run` in `mode`: (its rows less the volatile fields, {rank:
+    (meta on, tensor reads, seq reads, C calls)})."""
+    d = tmp_path_factory.mktemp(f"accel-meta-{mode}") / "run"
+    p = run_traced(d, torchrun_cmd(os.path.join(SCRIPTS, "accel_meta_equal.py")),
+                   env={"COMMTRACE_CACHE_DIR": accel_cache, **MODES[mode]}, timeout=240)
+    stats = {int(m[0]): tuple(map(int, m[1:]))
+             for m in re.findall(r"ACCELMETA (\d) (\d+) (\d+) (\d+) (\d+)", p.stdout)}
+    assert sorted(stats) == [0, 1], p.stdout[-2000:]
+    return _rows(d), stats
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, accel_cache):
+    return {mode: _run(tmp_path_factory, accel_cache, mode) for mode in ("cxx", "accessors")}
+
+
+def test_the_cxx_reads_are_used(runs):
+    for rank, (on, t_reads, s_reads, n_c) in runs["cxx"][1].items():
+        assert on == 1 and n_c > 30
+        assert t_reads > 30 and s_reads > 30, runs["cxx"][1]
+    for rank, (on, t_reads, s_reads, n_c) in runs["accessors"][1].items():
+        assert (on, t_reads, s_reads) == (0, 0, 0) and n_c > 30
+
+
+def test_rows_are_the_same_with_and_without_the_cxx_reads(runs):
+    rows = runs["cxx"][0]
+    ops = [r for r in rows if r["kind"] == "op"]
+    assert len(ops) > 100
+    # what the job covers made it into the rows
+    assert {"float32", "bfloat16", "int64", "int32", "float64"} <= {r["dtype"] for r in ops}
+    assert any(r["count"] == 0 for r in ops)
+    assert any(r["error"] for r in ops)
+    assert any(r["count"] == 6 and r["op"] == "all_reduce" for r in ops)   # x.t(), x[:, 1]
+    assert {"send", "recv", "isend", "irecv", "batch_isend_irecv", "all_gather",
+            "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"} <= \
+        {r["api"] for r in ops}
+    assert any(r["async_op"] and r["api"] == "all_reduce" for r in ops)
+    assert sum(r["kind"] == "gap" for r in rows) >= 2 * 2
+    assert rows == runs["accessors"][0]
+
+
+@pytest.mark.slow  # issue 14: main suite within 8 minutes; CI's slow stage runs it
+def test_rows_are_the_same_on_the_pure_python_path(runs, tmp_path_factory, accel_cache):
+    rows, stats = _run(tmp_path_factory, accel_cache, "pure")
+    for rank, (on, t_reads, s_reads, n_c) in stats.items():
+        assert (on, t_reads, s_reads, n_c) == (0, 0, 0, 0)
+    assert rows == runs["cxx"][0]
