@@ -75,3 +75,47 @@ def test_round_order_is_balanced():
     chain = [m for o in orders for m in o]
     pairs = Counter(zip(chain, chain[1:] + chain[:1]))
     assert pairs == {(a, b): 3 for a in steps.MODES for b in steps.MODES if a != b}
+
+
+def _steps_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import steps
+    finally:
+        sys.path.pop(0)
+    return steps
+
+
+def test_robust_ratio_ignores_disturbed_rounds_and_charges_flushes_in_full():
+    """The paired robust estimator: rounds that other processes slowed (x5 here, in both modes
+    and in different sets) do not move it, while the flushes written in a few traced rounds are
+    charged in full: median((x - f) / u) + sum(f) / sum(u)."""
+    steps = _steps_module()
+    u = [1.0] * 20
+    x = [1.01] * 20
+    for i in (3, 11):
+        u[i] = 5.0          # an untraced round taken by another process
+    for i in (5, 17):
+        x[i] = 5.05         # a traced round taken by another process
+    f = [0.0] * 20
+    f[0] = f[10] = 0.4      # two flushes, each 0.4 of a step per step of its round
+    xf = [a + b for a, b in zip(x, f)]
+    want = 1.01 + 0.8 / sum(u)
+    assert steps.robust_ratio(xf, u, f) == pytest.approx(want, abs=1e-12)
+    lo, hi = steps.robust_ratio_ci(xf, u, f)
+    assert lo <= want <= hi
+    # the control (no flushes): the median of the per-set ratios
+    assert steps.robust_ratio([1.0] * 19 + [9.0], [1.0] * 20) == 1.0
+    # the ratio of totals, by contrast, moves with where the disturbed rounds fell
+    assert sum(xf) / sum(u) == pytest.approx((20 * 1.01 + 2 * 4.04 + 0.8) / 28)
+
+
+def test_flush_per_step_from_the_ranks_chains():
+    """The flush of each set's traced round per step, both ranks' mean, from their chains."""
+    steps = _steps_module()
+    ch0 = [("untraced", 0.0, 1e-3, 1e-3, 0.0), ("traced", 0.1, 2e-3, 1e-3, 0.02),
+           ("control", 0.2, 1e-3, 1e-3, 0.0), ("traced", 0.3, 1e-3, 1e-3, 0.0),
+           ("untraced", 0.4, 1e-3, 1e-3, 0.0), ("control", 0.5, 1e-3, 1e-3, 0.0)]
+    ch1 = [c[:4] + (0.04 if i == 1 else 0.0,) for i, c in enumerate(ch0)]
+    got = steps._flush_per_step([{"chain": ch0}, {"chain": ch1}], rounds=2, steps=10)
+    assert got == pytest.approx([0.003, 0.0])
