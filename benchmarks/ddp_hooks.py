@@ -9,7 +9,11 @@ times: "builtin" (built and run with tracing off: DDP's C++ all-reduce, no hook)
 tracing costs a DDP step besides the hook, e.g. the step marker), "c" (built
 with tracing on and the C++ hook hidden: commtrace's C hook, ``_fastpath.ddp_hook``, which DDP
 calls through torch's PythonCommHook) and "cxx" (tracing on, the C++ hook of
-``commtrace accel build``, registered on DDP's C++ Reducer). Each round runs K steps of each
+``commtrace accel build``, registered on DDP's C++ Reducer), and "floor" (built and run
+with tracing off, with torch's builtin C++ ALLREDUCE comm hook: what any comm hook costs a
+DDP step before commtrace does anything -- the Reducer copies each gradient into its bucket
+instead of scaling it on the way; that hook sums without dividing by the world size, so the
+copy's training differs, not its cost per step). Each round runs K steps of each
 copy in a rotating order (tracing on for c and cxx), with a barrier before each. Printed per
 mode: the median over rounds of the training thread's CPU per step, the process's CPU per step
 (all threads: gloo's, the writer's) and the wall time per step, each as the median of the
@@ -30,7 +34,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-MODES = ("builtin", "builtin_traced", "c", "cxx")
+MODES = ("builtin", "builtin_traced", "c", "cxx", "floor")
 
 
 def _median_ci(xs):
@@ -65,11 +69,13 @@ def _rank(rank, world, port, rounds, steps, out, q):
     copies, kinds = {}, {}
     cxx_mod = accel.load()
     for mode in MODES:
-        R._set_recorder(None if mode.startswith("builtin") else rec)
+        R._set_recorder(None if mode.startswith("builtin") or mode == "floor" else rec)
         accel._loaded = cxx_mod if mode == "cxx" else None
         st = ddp_mlp.setup(args, rank, world, torch.device("cpu"))
         if mode == "builtin_traced":
             st["ddp"].__dict__["_commtrace_foreign_hook"] = True   # no hook of commtrace's
+        if mode == "floor":   # torch's C++ hook, untraced (commtrace's hook kept off)
+            st["ddp"]._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
         for i in range(5):
             ddp_mlp.train_step(st, i)
         copies[mode] = st
@@ -81,7 +87,7 @@ def _rank(rank, world, port, rounds, steps, out, q):
         order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
         for mode in order:
             st = copies[mode]
-            R._set_recorder(None if mode == "builtin" else rec)
+            R._set_recorder(None if mode in ("builtin", "floor") else rec)
             dist.barrier()
             t0, c0, w0 = time.thread_time_ns(), time.process_time_ns(), time.perf_counter_ns()
             for i in range(steps):
