@@ -25,8 +25,8 @@ def command():
     (docs/performance.md). Not built, or built for another torch,
     commtrace uses its C hook, as before, with no error. The same build gives the C fast path
     its per-op reads of the tensor (count, dtype, device) and of torch's sequence number
-    through torch's C++ API instead of its Python-level accessors (about 2-3 us of CPU per
-    op less at 2 ranks; COMMTRACE_ACCEL_META=0 turns them off). The build goes to
+    through torch's C++ API instead of its Python-level accessors (about 2 us of CPU less
+    per op at 2 ranks; COMMTRACE_ACCEL_META=0 turns them off). The build goes to
     $COMMTRACE_CACHE_DIR (default ~/.cache/commtrace) and needs a C++ compiler and ninja."""
 
 
