@@ -83,7 +83,11 @@ same priority: it changes what disturbs the rounds, not what is measured. In its
 run (--nice -10, load 5) it did not narrow the intervals, hence the default 0.
 
 ``--pin one`` puts both ranks (and every thread they start) on the first CPU, ``--pin each``
-rank r on CPU r; ``--pin none`` (the default) leaves placement to the scheduler.
+rank r on CPU r; ``--pin none`` (the default) leaves placement to the scheduler. On the loaded
+2-core machine (2026-12-02 14:23-14:32 UTC, load 7-11, pipeline, --budget 90) ``--pin each``
+gave A/A intervals 4-8 times narrower than ``none`` at the same load (ratio of totals
++-2.5-5.4% against +-20%, robust +-1.5-2.8% against +-8%): use it for the pipeline's verdict.
+It is not the default: not measured for the other workloads yet (docs/performance.md).
 ``--duration 0`` gives the first version's fixed steps per round (``DEFAULTS``) and 90 sets.
 """
 
