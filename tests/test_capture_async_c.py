@@ -225,3 +225,45 @@ def test_no_listener_call_per_async_op(tmp_path):
         hz = [r for r in rows if r["kind"] == "hazard"]
         assert [(r["api"], r["op"]) for r in hz] == [("Tensor.tolist", "all_reduce")], hz
         out[mode] = v
+
+
+def test_step_marks_share_one_site_string(tmp_path):
+    """The step marker's site (issue 20, the DDP writer cost): every mark row of one call site
+    holds the same string object, on the C and the pure Python paths, so that the writer
+    encodes it once per part rather than once per row; the values are the call's file:line
+    and the rows are the same on both paths."""
+    code = textwrap.dedent('''
+        import sys, torch, torch.distributed as dist, commtrace
+        from commtrace.capture import recorder as R
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2],
+                                rank=0, world_size=1)
+        w = torch.nn.Parameter(torch.ones(4))
+        opt = torch.optim.SGD([w], lr=0.1)
+        opt2 = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+        with commtrace.trace(output=sys.argv[1]):
+            rec = R.get_recorder()
+            rec.auto_flush = False
+            for i in range(5):
+                w.grad = torch.ones(4)
+                opt.step()
+                if i == 2:
+                    opt.step()  # a second site
+            sites = [r[R.I_SITE] for r in list(rec._ready) if r[R.I_KIND] == "mark"]
+            print("marks", len(sites), "objects", len({id(s) for s in sites}),
+                  "values", len(set(sites)))
+        dist.destroy_process_group()
+    ''')
+    out = {}
+    for mode, d, stdout in run_both_paths(code, tmp_path):
+        n, objs, vals = (int(x) for x in stdout.split()[1::2])
+        assert (n, objs, vals) == (6, 2, 2), (mode, stdout)
+        mk = [r for r in load_rows(d) if r["kind"] == "mark"]
+        lines = sorted(int(r["site"].rsplit(":", 1)[1]) for r in mk)
+        src = code.splitlines()
+        at = [i for i, l in enumerate(src, 1) if l.strip() == "opt.step()"]
+        at2 = [i for i, l in enumerate(src, 1) if l.strip().startswith("opt.step()  #")]
+        assert lines == sorted(at * 5 + at2), (lines, at, at2)
+        assert [r["step"] for r in sorted(mk, key=lambda r: r["t_enqueue_ns"])] == [1, 2, 3, 4,
+                                                                                  5, 6]
+        out[mode] = sorted((r["step"], r["site"], r["detail"]) for r in mk)
+    assert out["0"] == out["1"]

@@ -344,7 +344,7 @@ def test_the_c_helpers_are_built_where_a_compiler_is():
         pytest.skip(f"no C compiler ({cc})")
     from commtrace.analysis import _replay
     for name in ("replay", "replay_many", "median_excess", "merge_events", "anchors", "slot_prev", "sync_points",
-                 "cp_walk", "counting_argsort", "search_along", "median_excess_comms"):
+                 "sync_points_ev", "cp_walk", "counting_argsort", "search_along", "median_excess_comms"):
         assert hasattr(_replay, name), name
 
 
@@ -608,3 +608,75 @@ def test_delay_passes_in_c_equal_numpy_and_are_taken(run, monkeypatch):
     omega = np.where(np.isfinite(m.sl_wait), m.sl_wait, 0.0)
     if E > 1 and len(np.unique(m.ev_start)) > 1:
         assert D._intervals_c(m2, so, keys, omega, m.cm_last[m.sl_comm], np.ones(nsl, bool)) is None
+
+
+@pytest.mark.parametrize("sample", ["straggler", "hazards", "skew"])
+def test_report_with_root_cause_beside_the_rest_equals_the_sequential_report(sample, monkeypatch):
+    """build_report runs root cause and what-if in the main thread while a second one computes
+    the rest of the report (report.PARALLEL): the same report as one after the other, value by
+    value (the findings annotated with the same cost_s / gain_s, in the same order)."""
+    import os
+
+    from commtrace.analysis import report as R
+    path = os.path.join(os.path.dirname(__file__), "data", sample)
+    reps = []
+    for parallel in (False, True):
+        monkeypatch.setattr(R, "PARALLEL", parallel)
+        reps.append(R.build_report(commtrace.load(path), what_if=True))
+    seq, par = reps
+    assert seq["what_if"] is not None and seq["what_if"]["scenarios"]
+    assert any(f.get("gain_s") is not None for f in seq["findings"]) or sample != "straggler"
+    assert seq.keys() == par.keys()
+    for k in ("what_if", "critical_path", "findings", "per_rank", "warnings", "top_collectives", "top_sites",
+              "per_step", "collectives_summary"):
+        assert par[k] == seq[k], k
+    # the rest too, but DuckDB's float sums (the overview's per-step fractions) may round
+    # differently in the last bit with the tables built in another order
+    _assert_close(par, seq, "")
+
+
+def _assert_close(a, b, where):
+    import math
+
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            _assert_close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15) or (math.isnan(a) and math.isnan(b)), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
+def test_sync_points_of_the_anchor_events_in_place_equal_sync_points_on_their_copies():
+    """`_replay.sync_points_ev` reads the anchors' groups and times through ev_slot and
+    ev_anchor in place: the same answers as `sync_points` on the gathered copies (model.py's
+    previous call), None in the same cases, and None for an anchor without a slot."""
+    rng = np.random.default_rng(5)
+    c = M._C
+    for E, NS, G in ((1, 1, 1), (40, 12, 3), (3000, 900, 25)):
+        for _ in range(4):
+            ev_slot = rng.integers(-1, NS, E)
+            anchor = (rng.random(E) < 0.6) & (ev_slot >= 0)
+            rel = np.sort(rng.integers(0, 5000, E)).astype(float) + rng.choice([0.0, 0.25], E)
+            sg = rng.integers(0, G, NS)
+            sen = rng.integers(0, 5000, NS).astype(float) + 0.5
+            ai = np.flatnonzero(anchor)
+            ref = c.sync_points(np.ascontiguousarray(sg[ev_slot[ai]]), np.ascontiguousarray(rel[ai]), sg, sen, G)
+            got = c.sync_points_ev(ev_slot, anchor.view(np.uint8), rel, sg, sen, G)
+            assert ref is not None and got is not None
+            assert bytes(got[0]) == bytes(ref[0])
+            f = np.frombuffer(ref[0], np.bool_)
+            assert np.array_equal(np.frombuffer(got[1], np.float64)[f], np.frombuffer(ref[1], np.float64)[f])
+    # out of floor order within a group, beyond 2^44, or an anchor without a slot: None
+    one = np.array([0], np.int64)
+    assert c.sync_points_ev(np.array([0, 0], np.int64), np.array([1, 1], np.uint8), np.array([5.0, 3.0]), one,
+                            np.array([9.0]), 1) is None
+    assert c.sync_points_ev(one, np.array([1], np.uint8), np.array([2.0 ** 45]), one, np.array([9.0]), 1) is None
+    assert c.sync_points_ev(np.array([-1], np.int64), np.array([1], np.uint8), np.array([1.0]), one,
+                            np.array([9.0]), 1) is None

@@ -227,6 +227,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     int queue[MAXS];
     PyObject *res = NULL, *o_tend = NULL, *o_se = NULL;
     int64_t *pos = NULL, *stack = NULL, *next_waiter = NULL, *head = NULL, *arrived = NULL, *cstack = NULL;
+    int64_t *nxt = NULL;
     uint8_t *resolved = NULL, *entered = NULL;
     double *prev = NULL, *L = NULL, *start = NULL, *T0 = NULL;
     for (; nb < NB2; nb++)
@@ -307,16 +308,29 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
+    nxt = malloc(sizeof(int64_t) * (R + 1));
+    if (!nxt) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* The scenarios usually share one gap array (their changes are sparse overrides, gap_at /
+     * gap_to): the gap is then read once per event, and the overrides only at the events that
+     * have one, found by nxt[r], the rank's next override event in any scenario. */
+    int same_gap = 1;
+    for (Py_ssize_t s = 1; s < S; s++)
+        if (gap[s] != gap[0]) same_gap = 0;
     Py_ssize_t sp = 0, csp = 0, done_ranks = 0;
     for (Py_ssize_t c = 0; c < C; c++) head[c] = -1;
     for (Py_ssize_t r = 0; r < R; r++) {
         pos[r] = rank_lo[r];
+        nxt[r] = INT64_MAX;
         for (Py_ssize_t s = 0; s < S; s++) {
             prev[r * S + s] = 0.0;
             /* this rank's first gap override: the first index >= rank_lo[r] */
             Py_ssize_t lo = 0, hi = ngat[s];
             while (lo < hi) { Py_ssize_t mid = lo + (hi - lo) / 2; if (gat[s][mid] < rank_lo[r]) lo = mid + 1; else hi = mid; }
             cur[r * S + s] = lo;
+            if (lo < ngat[s] && gat[s][lo] < nxt[r]) nxt[r] = gat[s][lo];
         }
         stack[sp++] = r;
     }
@@ -325,11 +339,21 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
         int64_t r = stack[--sp];
         double *pv = prev + r * S;
         int64_t *cr = cur + r * S;
+        uint8_t ex[MAXS];
+        for (Py_ssize_t s = 0; s < S; s++) ex[s] = excl[s][r];
         while (pos[r] < rank_hi[r]) {
             int64_t e = pos[r];
-            for (Py_ssize_t s = 0; s < S; s++) {
-                int64_t k = cr[s];
-                start[s] = pv[s] + ((k < ngat[s] && gat[s][k] == e) ? gto[s][k] : gap[s][e]);
+            if (same_gap) {
+                double g = gap[0][e];
+                for (Py_ssize_t s = 0; s < S; s++) start[s] = pv[s] + g;
+            } else {
+                for (Py_ssize_t s = 0; s < S; s++) start[s] = pv[s] + gap[s][e];
+            }
+            if (e == nxt[r]) {
+                for (Py_ssize_t s = 0; s < S; s++) {
+                    int64_t k = cr[s];
+                    if (k < ngat[s] && gat[s][k] == e) start[s] = pv[s] + gto[s][k];
+                }
             }
             int64_t cs = call_slot[e];
             if (cs >= 0 && !entered[cs]) {
@@ -390,7 +414,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
             int64_t k = ev_step[e];
             for (Py_ssize_t s = 0; s < S; s++) {
                 double v = pv[s];
-                if (!excl[s][r]) {
+                if (!ex[s]) {
                     if (!any_end[s]) { tend[s] = v; any_end[s] = 1; }
                     else if (v > tend[s] || isnan(v)) { if (!isnan(tend[s])) tend[s] = v; }
                 }
@@ -398,8 +422,16 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                     double *q = se + s * n_steps + k;
                     if ((v > *q || isnan(v)) && !isnan(*q)) *q = v;
                 }
-                if (kept) kept[s * E + e] = v;
-                if (cr[s] < ngat[s] && gat[s][cr[s]] == e) cr[s]++;
+            }
+            if (kept)
+                for (Py_ssize_t s = 0; s < S; s++) kept[s * E + e] = pv[s];
+            if (e == nxt[r]) {
+                int64_t n2 = INT64_MAX;
+                for (Py_ssize_t s = 0; s < S; s++) {
+                    if (cr[s] < ngat[s] && gat[s][cr[s]] == e) cr[s]++;
+                    if (cr[s] < ngat[s] && gat[s][cr[s]] < n2) n2 = gat[s][cr[s]];
+                }
+                nxt[r] = n2;
             }
             pos[r]++;
         }
@@ -414,7 +446,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     res = PyTuple_Pack(2, o_tend, o_se);
 done:
     free(pos); free(prev); free(stack); free(next_waiter); free(head); free(arrived); free(resolved);
-    free(entered); free(L); free(cstack); free(start); free(T0); free(cur);
+    free(entered); free(L); free(cstack); free(start); free(T0); free(cur); free(nxt);
     Py_XDECREF(o_tend); Py_XDECREF(o_se);
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     for (int i = 0; i < ng; i++) PyBuffer_Release(&gb[i]);
@@ -920,6 +952,102 @@ static PyObject *sync_points(PyObject *self, PyObject *args) {
         if (!at) { PyErr_NoMemory(); goto done; }
         memcpy(at, cnt, sizeof(int64_t) * (G + 1));
         for (Py_ssize_t i = 0; i < A; i++) { int64_t p = at[ag[i]]++; pos[p] = i; fl[p] = floor(arel[i]); }
+        free(at);
+    }
+    for (Py_ssize_t k = 0; k < G && ok; k++)
+        for (int64_t p = cnt[k] + 1; p < cnt[k + 1]; p++)
+            if (fl[p] < fl[p - 1]) { ok = 0; break; }
+    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    /* each slot's answer is searched from its group's previous answer outwards (galloping,
+     * then a binary search in the bracket): a group's slots come in about time order, so a
+     * search reads a few anchors next to the last one instead of ~15 cache misses */
+    hint = malloc(sizeof(int64_t) * (G + 1));
+    if (!hint) { PyErr_NoMemory(); goto done; }
+    memcpy(hint, cnt, sizeof(int64_t) * (G + 1));
+    for (Py_ssize_t j = 0; j < NS; j++) {
+        int64_t k = sg[j];
+        double q = floor(sen[j]);
+        int64_t L = cnt[k], H = cnt[k + 1], h = hint[k], lo, hi;   /* first p in [L, H) with fl[p] > q */
+        if (h < H && fl[h] <= q) {
+            int64_t step = 1;
+            lo = h + 1;
+            hi = lo;
+            while (hi < H && fl[hi] <= q) { lo = hi + 1; hi += step; step *= 2; }
+            if (hi > H) hi = H;
+        } else {
+            int64_t step = 1;
+            hi = h;
+            lo = h;
+            while (lo > L && fl[lo - 1] > q) { hi = lo - 1; lo -= step; step *= 2; if (lo < L) lo = L; }
+        }
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (fl[mid] > q) hi = mid; else lo = mid + 1;
+        }
+        hint[k] = lo;
+        if (lo > cnt[k]) { found[j] = 1; val[j] = arel[pos[lo - 1]]; }
+        else { found[j] = 0; val[j] = NAN; }
+    }
+    res = PyTuple_Pack(2, ofound, oval);
+done:
+    free(cnt); free(pos); free(fl); free(hint);
+    Py_XDECREF(ofound); Py_XDECREF(oval);
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
+/* sync_points_ev(ev_slot, ev_anchor, ev_rel, s_group, s_enter, G): sync_points(s_group[ev_slot[a]],
+ * ev_rel[a], s_group, s_enter, G) for a = the anchor events (ev_anchor != 0) in event order,
+ * without their gathered copies (None likewise, and where an anchor's slot is out of range). */
+static PyObject *sync_points_ev(PyObject *self, PyObject *args) {
+    PyObject *o[5];
+    Py_ssize_t G;
+    if (!PyArg_ParseTuple(args, "OOOOOn", &o[0], &o[1], &o[2], &o[3], &o[4], &G)) return NULL;
+    Py_buffer b[5];
+    int nb = 0;
+    PyObject *res = NULL, *ofound = NULL, *oval = NULL;
+    int64_t *cnt = NULL, *pos = NULL, *hint = NULL;
+    double *fl = NULL;
+    static const Py_ssize_t isz[5] = {8, 1, 8, 8, 8};
+    for (; nb < 5; nb++) if (get(o[nb], &b[nb], isz[nb], "sync_points_ev") < 0) goto done;
+    const int64_t *ev_slot = b[0].buf, *sg = b[3].buf;
+    const uint8_t *anchor = b[1].buf;
+    const double *arel = b[2].buf, *sen = b[4].buf;
+    Py_ssize_t E = b[0].len / 8, NS = b[3].len / 8, A = 0;
+    if (b[1].len != E || b[2].len / 8 != E || b[4].len / 8 != NS || G < 0) {
+        PyErr_SetString(PyExc_ValueError, "sync_points_ev: sizes");
+        goto done;
+    }
+    const double LIM = 17592186044416.0;  /* 2^44 */
+    int ok = G <= (1 << 19);
+    for (Py_ssize_t i = 0; i < E && ok; i++) {
+        if (!anchor[i]) continue;
+        A++;
+        double f = floor(arel[i]);
+        int64_t sl = ev_slot[i];
+        if (sl < 0 || sl >= NS) { ok = 0; break; }
+        if (!(f >= 0.0 && f < LIM) || sg[sl] < 0 || sg[sl] >= G) ok = 0;
+    }
+    for (Py_ssize_t j = 0; j < NS && ok; j++) {
+        double f = floor(sen[j]);
+        if (!(f >= 0.0 && f < LIM) || sg[j] < 0 || sg[j] >= G) ok = 0;
+    }
+    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
+    NEWBYTES(ofound, NS); NEWBYTES(oval, NS * 8);     /* the outputs before the temporaries */
+    cnt = calloc(G + 1, sizeof(int64_t));
+    pos = malloc(sizeof(int64_t) * (A + 1));
+    fl = malloc(sizeof(double) * (A + 1));
+    if (!cnt || !pos || !fl) { PyErr_NoMemory(); goto done; }
+    uint8_t *found = (uint8_t *)PyBytes_AS_STRING(ofound);
+    double *val = (double *)PyBytes_AS_STRING(oval);
+    for (Py_ssize_t i = 0; i < E; i++) if (anchor[i]) cnt[sg[ev_slot[i]] + 1]++;
+    for (Py_ssize_t k = 0; k < G; k++) cnt[k + 1] += cnt[k];
+    {
+        int64_t *at = malloc(sizeof(int64_t) * (G + 1));
+        if (!at) { PyErr_NoMemory(); goto done; }
+        memcpy(at, cnt, sizeof(int64_t) * (G + 1));
+        for (Py_ssize_t i = 0; i < E; i++)
+            if (anchor[i]) { int64_t p = at[sg[ev_slot[i]]]++; pos[p] = i; fl[p] = floor(arel[i]); }
         free(at);
     }
     for (Py_ssize_t k = 0; k < G && ok; k++)
@@ -1563,6 +1691,7 @@ static PyMethodDef methods[] = {
     {"anchors", anchors, METH_VARARGS, "Anchors, residuals, gaps and wait states (model.py)."},
     {"slot_prev", slot_prev, METH_VARARGS, "Previous slot of the same group (model.py)."},
     {"sync_points", sync_points, METH_VARARGS, "Synchronisation points of slots (model.py)."},
+    {"sync_points_ev", sync_points_ev, METH_VARARGS, "sync_points of the anchor events, read in place"},
     {"median_excess_comms", median_excess_comms, METH_VARARGS, "median_excess for the collectives' groups, by slot (model.py)."},
     {"median_excess", median_excess, METH_VARARGS, "Excess over the median of the others in a group (model.py)."},
     {"replay", replay, METH_VARARGS, "Replay the host model (see commtrace/analysis/replay.py)."},

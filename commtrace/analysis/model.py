@@ -560,12 +560,13 @@ def _build(run) -> Model:
             gr = np.empty(nsl, np.int64)
             gr[o3] = np.cumsum(newk) - 1
             del h3, o3, newk
-        ai = np.flatnonzero(ev_anchor)
         r = None
-        if _C is not None:   # anchors bucketed by group in C (in floor(rel) order already)
-            r = _C.sync_points(np.ascontiguousarray(gr[ev_slot[ai]], np.int64), np.ascontiguousarray(ev_rel[ai]),
-                               np.ascontiguousarray(gr, np.int64), np.ascontiguousarray(sl_enter, np.float64),
-                               int(gr.max()) + 1 if nsl else 0)
+        if _C is not None:   # anchors bucketed by group in C (in floor(rel) order already),
+            # read in place (no copies of the 1.28M anchors' groups and times on 64 x 20,000)
+            r = _C.sync_points_ev(np.ascontiguousarray(ev_slot, np.int64), np.ascontiguousarray(ev_anchor).view(np.uint8),
+                                  np.ascontiguousarray(ev_rel, np.float64), np.ascontiguousarray(gr, np.int64),
+                                  np.ascontiguousarray(sl_enter, np.float64), int(gr.max()) + 1 if nsl else 0)
+        ai = np.flatnonzero(ev_anchor) if r is None else None
         if r is not None:
             okj = np.frombuffer(r[0], np.bool_)
             sl_sync[okj] = np.frombuffer(r[1], np.float64)[okj]

@@ -47,6 +47,11 @@ def _rows(table) -> list[dict]:
     return [_clean(r) for r in table.to_pylist()]
 
 
+#: Whether the report runs root cause and what-if beside the rest of the report, in two
+#: threads (tests compare it with the sequential order).
+PARALLEL = True
+
+
 def build_report(run, top: int = 10, rank: int | None = None, steps=None, progress=None,
                  busbw_ref: float | None = None, what_if: bool | None = None) -> dict:
     """Assemble the report of `run` (optionally restricted to `steps` = (a, b), half-open, and
@@ -71,7 +76,7 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
                        "add --what-if for them (docs/performance.md: about +1.2 s CPU and +0.6 GB per million ops)")
     (ENABLED if what_if else DISABLED).add(run)
     tick("wait states, overlap and root cause", 0.3)
-    if what_if and "findings" not in run._cache:
+    if what_if and PARALLEL and "findings" not in run._cache:
         # Root cause and what-if need only the ops and the matched collectives, and the rest
         # of the report up to the findings' annotation does not need them: the rest runs in a
         # thread (mostly DuckDB, which releases the GIL) while this one builds the model, the
@@ -79,17 +84,20 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         # results in either order: both sides only read the run, through its lock, and
         # neither builds a table the other reads (the thread's findings come unannotated and
         # are annotated here, once the what-if is known).
-        rest = _start(_base_part, run, top)
+        rest = _start(_base_part, run, top, True)
         what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
-        per_rank, ck, n_ops, n_coll, topc, sites, steps_summary, raw = rest.result()
+        per_rank, raw, tail = rest.result()
         from .findings import annotate
         run._cache["findings"] = annotate(run, raw)
     else:
-        per_rank, ck, n_ops, n_coll, topc, sites, steps_summary, _ = _base_part(run, top, findings=False)
+        per_rank = run.per_rank()
         if what_if:
             what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
         else:
             what_if, crit, rc_error = None, None, skipped
+        run.findings()
+        tail = _tail(run, top)
+    ck, n_ops, n_coll, topc, sites, steps_summary = tail
     tick("findings", 0.7)
     findings = run.findings()
     tick("summaries", 0.9)
@@ -147,10 +155,19 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
     return rep
 
 
-def _base_part(run, top: int, findings: bool = True):
-    """The report's parts that do not depend on root cause and what-if: (per_rank, clock, ops,
-    collectives, top collectives, top sites, per step, the unannotated findings or None)."""
+def _base_part(run, top: int, findings: bool):
+    """The report's parts that do not depend on root cause and what-if, in the report's order:
+    (per_rank, the unannotated findings (findings.detect) or None, _tail's)."""
     per_rank = run.per_rank()
+    raw = None
+    if findings:
+        from .findings import detect
+        raw = detect(run)
+    return per_rank, raw, _tail(run, top)
+
+
+def _tail(run, top: int):
+    """(clock, ops, collectives, top collectives, top sites, per step) of the report."""
     ck = run.clock()
     n_ops = run.sql(f"SELECT count(*) FROM {run.table('ops')} WHERE kind = 'op'").fetchone()[0]
     c = run.table("collectives")
@@ -168,12 +185,7 @@ def _base_part(run, top: int, findings: bool = True):
         FROM (SELECT ckey, count(*) AS n, sum(wait_ns) AS wait_ns FROM {w} GROUP BY ckey) w
              JOIN {c} k ON k.ckey = w.ckey
         WHERE k.site IS NOT NULL GROUP BY k.site ORDER BY wait_s DESC LIMIT {int(max(top, 0))}""")
-    steps_summary = run.steps_summary()
-    raw = None
-    if findings:
-        from .findings import detect
-        raw = detect(run)
-    return per_rank, ck, n_ops, n_coll, topc, sites, steps_summary, raw
+    return ck, n_ops, n_coll, topc, sites, run.steps_summary()
 
 
 def _start(fn, *args):

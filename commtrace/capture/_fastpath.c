@@ -3355,6 +3355,8 @@ static PyObject *mk_steps_d;     /* steps.__dict__: _opt_ref, _hook (the Python 
 static PyObject *mk_recmod_d;    /* recorder.__dict__: _recorder */
 static PyObject *mk_kind, *mk_detail;            /* schema.KIND_MARK, "optimizer.step" */
 static PyObject *mk_site_of_frame, *mk_code_internal, *mk_site_pairs;   /* sites.py's */
+static PyObject *mk_site_str;    /* site pair -> its "file:line" string (mark_site) */
+#define MK_SITE_STR_MAX 4096
 static unsigned long long n_marks, n_marks_py;
 static PyObject *s_manual_steps, *s_opt_ref, *s_hook_py, *s_warn_py, *s_hz_recorder,
     *s_last_change, *s_unpatch_after, *s_monotonic;
@@ -3420,11 +3422,29 @@ static PyObject *mark_site(void) {
 #endif
     if (res == NULL || res == Py_None)
         return res;
-    /* sites.format_site: the Python hook's emit() stores the formatted string */
+    /* sites.format_site: the Python hook's emit() stores the formatted string. One string
+     * object per site (mk_site_str), not one per step: the writer encodes a string column
+     * once per distinct object (pack_rows' tables are by identity), so a new string per mark
+     * cost each mark row a table entry of its own, formatted and encoded in Python at the
+     * flush (about 10 us per DDP step here; docs/performance.md). */
     PyObject *s = NULL;
-    if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2)
-        s = PyUnicode_FromFormat("%S:%S", PyTuple_GET_ITEM(res, 0), PyTuple_GET_ITEM(res, 1));
-    else if (PyUnicode_Check(res)) {
+    if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2) {
+        if (mk_site_str == NULL)
+            mk_site_str = PyDict_New();
+        s = mk_site_str ? PyDict_GetItemWithError(mk_site_str, res) : NULL;   /* borrowed */
+        if (s != NULL) {
+            Py_INCREF(s);
+        } else {
+            CLEAR_ERR();
+            s = PyUnicode_FromFormat("%S:%S", PyTuple_GET_ITEM(res, 0), PyTuple_GET_ITEM(res, 1));
+            if (s != NULL && mk_site_str != NULL) {
+                if (PyDict_GET_SIZE(mk_site_str) >= MK_SITE_STR_MAX)
+                    PyDict_Clear(mk_site_str);   /* bounded: sites of marks are few */
+                if (PyDict_SetItem(mk_site_str, res, s) < 0)
+                    CLEAR_ERR();
+            }
+        }
+    } else if (PyUnicode_Check(res)) {
         s = res;
         Py_INCREF(s);
     } else

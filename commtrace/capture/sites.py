@@ -127,4 +127,20 @@ def user_site(depth: int = 2) -> str | None:
         f = sys._getframe(depth)
     except ValueError:
         return None
-    return format_site(site_of_frame(f))
+    v = site_of_frame(f)
+    if v is None or isinstance(v, str):
+        return v
+    # One string object per site, not one per call: the writer encodes each distinct string
+    # object of a part once (``_fastpath.pack_rows``), so a mark row per step with a string of
+    # its own costs the flush a Python format and encode per row (as _fastpath's mark_site).
+    s = _SITE_STR.get(v)
+    if s is None:
+        if len(_SITE_STR) >= _SITE_STR_MAX:
+            _SITE_STR.clear()
+        s = _SITE_STR[v] = format_site(v)
+    return s
+
+
+#: site pair -> its ``file:line`` string (:func:`user_site`), bounded
+_SITE_STR: dict = {}
+_SITE_STR_MAX = 4096
