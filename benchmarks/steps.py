@@ -71,17 +71,23 @@ writer's work, in a few traced rounds with ``--writer sync``) are not skipped wi
 charged in full at their measured time. What it would miss: a cost tracing adds to a few
 rounds other than the flush (a pause in under half the rounds); the ratio of totals keeps
 it, so both are printed, and the robust one holds only where they agree within their
-intervals. Measured on the same data (pipeline, --budget 130, 13:55 UTC, load 5): control /
-untraced ratio of totals 0.985 [0.864, 1.133], robust 1.000 [0.973, 1.023].
+intervals. The A/A intervals on the same rounds, three pipeline runs at load 4-5 (2026-12-02
+13:55-14:08 UTC, docs/performance.md, session 12): ratio of totals +-10-16%, robust +-2.5-5%
+(e.g. 0.985 [0.864, 1.133] against 1.000 [0.973, 1.023]).
 
 ``--nice N`` gives the ranks (and every thread they start; the writer thread's
 COMMTRACE_WRITER_NICE is added to it, as in any run) nice value N: a negative one puts the
 timed processes ahead of the niced tests and other jobs on the machine, which take fewer
 rounds from them (root or CAP_SYS_NICE; unchanged where not permitted). Both modes run at the
-same priority: it changes what disturbs the rounds, not what is measured.
+same priority: it changes what disturbs the rounds, not what is measured. In its one loaded
+run (--nice -10, load 5) it did not narrow the intervals, hence the default 0.
 
 ``--pin one`` puts both ranks (and every thread they start) on the first CPU, ``--pin each``
-rank r on CPU r; ``--pin none`` (the default) leaves placement to the scheduler.
+rank r on CPU r; ``--pin none`` (the default) leaves placement to the scheduler. On the loaded
+2-core machine (2026-12-02 14:23-14:32 UTC, load 7-11, pipeline, --budget 90) ``--pin each``
+gave A/A intervals 4-8 times narrower than ``none`` at the same load (ratio of totals
++-2.5-5.4% against +-20%, robust +-1.5-2.8% against +-8%): use it for the pipeline's verdict.
+It is not the default: not measured for the other workloads yet (docs/performance.md).
 ``--duration 0`` gives the first version's fixed steps per round (``DEFAULTS``) and 90 sets.
 """
 

@@ -347,7 +347,11 @@ def test_first_response_carries_the_overview_numbers(browser, straggler_page, tr
             assert _num(r["wait_s"]) == pytest.approx(want["wait_s"], abs=5.1e-5)
             assert _num(r["exposed_s"]) == pytest.approx(want["exposed_s"], abs=5.1e-5)
             assert _num(r["overlap_ratio"]) == pytest.approx(want["overlap_ratio"], abs=5.1e-4)
-        assert [r["flag"] for r in rows if r["flag"]] == ["straggler"] and rows[1]["flag"] == "straggler"
+        # the flags are the report's (overview.health); the planted straggler is rank 1. Which
+        # other flags a rank gets depends on the run (under load the first op's setup can stall
+        # long enough for a first_op_init_stall finding), so only the report decides them.
+        assert [r["flag"] or None for r in rows] == [h["flag"] for h in ov["health"]]
+        assert straggler["rank"] == 1 and "straggler" in {f["kind"] for f in rep["findings"] if f["rank"] == 1}
     finally:
         ctx.close()
     # the live page, mounted: the same text, and the static overview removed

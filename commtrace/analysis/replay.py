@@ -327,9 +327,10 @@ def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayR
             gaps.append(np.ascontiguousarray(m.ev_gap if sc.gap is None else sc.gap, np.float64))
             ats.append(_NO_AT if sc.gap_at is None else np.ascontiguousarray(sc.gap_at, np.int64))
             tos.append(_NO_TO if sc.gap_at is None else np.ascontiguousarray(sc.gap_to, np.float64))
-            tcs.append(np.ascontiguousarray(m.sl_tc if sc.tc is None else np.where(m.sl_dep, sc.tc, m.sl_tc), np.float64))
-            tcis.append(np.ascontiguousarray(m.sl_tc if sc.tc_ind is None else np.where(~m.sl_dep, sc.tc_ind, m.sl_tc),
-                                             np.float64))
+            # (the loop reads tc at the dependent slots only and tc_ind at the others: the
+            # scenario's arrays as they are, no np.where with m.sl_tc of 10 MB each)
+            tcs.append(np.ascontiguousarray(m.sl_tc if sc.tc is None else sc.tc, np.float64))
+            tcis.append(np.ascontiguousarray(m.sl_tc if sc.tc_ind is None else sc.tc_ind, np.float64))
             masks.append(ci["nomask"] if sc.mask is None else np.ascontiguousarray(sc.mask, np.uint8))
             queues.append(bool(sc.queue))
             excls.append(noex if not sc.exclude_ranks
