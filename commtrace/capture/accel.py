@@ -14,7 +14,6 @@ heavy; :func:`load` needs torch imported already (it is, in a rank that wraps a 
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 import sys
@@ -55,9 +54,41 @@ def module_name() -> str:
     return "commtrace_ddp_hook_" + h.hexdigest()[:16]
 
 
+#: Written into the build directory once a build has compiled, linked and imported: a ``.so``
+#: without it is a build that was killed (a linker stopped half way leaves a truncated file).
+MARKER = "commtrace-built"
+
+
 def _built_file(name: str) -> str | None:
-    hits = sorted(glob.glob(os.path.join(cache_dir(), name, name + "*.so")))
-    return hits[0] if hits else None
+    bdir = os.path.join(cache_dir(), name)
+    try:
+        with open(os.path.join(bdir, MARKER)) as f:
+            so = os.path.join(bdir, os.path.basename(f.read().strip()))
+    except OSError:
+        return None
+    return so if so.endswith(".so") and os.path.isfile(so) else None
+
+
+def _exclusive(path: str):
+    """An exclusive ``flock`` on ``path`` (a context manager), held until the block ends or the
+    process dies: the kernel releases it with the process, so unlike torch's build baton (a
+    file that a killed build leaves behind) it cannot go stale."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def held():
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: no lock, torch's baton only
+            yield
+            return
+        with open(path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+    return held()
 
 
 def build(verbose: bool = False) -> str:
@@ -94,17 +125,34 @@ def build(verbose: bool = False) -> str:
     except OSError as e:
         raise CommtraceError(f"cannot create the cache directory {bdir} "
                              f"(set COMMTRACE_CACHE_DIR): {e.strerror or e}") from e
-    try:
-        cpp_extension.load(name=name, sources=SOURCES, build_directory=bdir,
-                           extra_cflags=["-O2"], verbose=verbose, with_cuda=False,
-                           is_python_module=True)
-    except Exception as e:
-        raise CommtraceError(f"building the C++ DDP hook failed ({type(e).__name__}): "
-                             f"{str(e)[-2000:]}") from e
-    have = _built_file(name)
-    if have is None:
-        raise CommtraceError(f"building the C++ DDP hook left no module in {bdir}")
-    return have
+    with _exclusive(bdir + ".build-lock"):
+        have = _built_file(name)  # built by another process while this one waited
+        if have:
+            return have
+        # Every builder holds the flock above, so torch's baton file here is one that a killed
+        # build left behind (torch would wait on it for ever), and a module here without the
+        # marker is one a killed link may have cut short (ninja could take it as up to date):
+        # remove both; the compiled objects stay and only the link runs again.
+        for left in ["lock"] + [f for f in os.listdir(bdir) if f.endswith(".so")]:
+            try:
+                os.remove(os.path.join(bdir, left))
+            except FileNotFoundError:
+                pass
+        try:
+            mod = cpp_extension.load(name=name, sources=SOURCES, build_directory=bdir,
+                                     extra_cflags=["-O2"], verbose=verbose, with_cuda=False,
+                                     is_python_module=True)
+        except Exception as e:
+            raise CommtraceError(f"building the C++ DDP hook failed ({type(e).__name__}): "
+                                 f"{str(e)[-2000:]}") from e
+        so = getattr(mod, "__file__", None) or ""
+        if not (so.endswith(".so") and os.path.isfile(so)):
+            raise CommtraceError(f"building the C++ DDP hook left no module in {bdir}")
+        tmp = os.path.join(bdir, MARKER + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(os.path.basename(so) + "\n")
+        os.replace(tmp, os.path.join(bdir, MARKER))
+    return _built_file(name)
 
 
 _loaded = False   # the module once looked for (None: not built or not loadable)
