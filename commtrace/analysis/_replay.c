@@ -907,6 +907,50 @@ done:
     return res;
 }
 
+/* The search shared by sync_points and sync_points_ev, once the anchors are bucketed by group
+ * (cnt: the G + 1 bucket offsets; pos, fl: each anchor's index into arel and its floor, by
+ * bucket in anchor order): found[j], val[j] for each of the NS slots. 1 done, 0 when a bucket
+ * is not in floor order (the caller answers None), -1 out of memory. */
+static int sync_search(Py_ssize_t G, Py_ssize_t NS, const int64_t *cnt, const int64_t *pos,
+                       const double *fl, const int64_t *sg, const double *sen,
+                       const double *arel, uint8_t *found, double *val) {
+    for (Py_ssize_t k = 0; k < G; k++)
+        for (int64_t p = cnt[k] + 1; p < cnt[k + 1]; p++)
+            if (fl[p] < fl[p - 1]) return 0;
+    /* each slot's answer is searched from its group's previous answer outwards (galloping,
+     * then a binary search in the bracket): a group's slots come in about time order, so a
+     * search reads a few anchors next to the last one instead of ~15 cache misses */
+    int64_t *hint = malloc(sizeof(int64_t) * (G + 1));
+    if (!hint) return -1;
+    memcpy(hint, cnt, sizeof(int64_t) * (G + 1));
+    for (Py_ssize_t j = 0; j < NS; j++) {
+        int64_t k = sg[j];
+        double q = floor(sen[j]);
+        int64_t L = cnt[k], H = cnt[k + 1], h = hint[k], lo, hi;   /* first p in [L, H) with fl[p] > q */
+        if (h < H && fl[h] <= q) {
+            int64_t step = 1;
+            lo = h + 1;
+            hi = lo;
+            while (hi < H && fl[hi] <= q) { lo = hi + 1; hi += step; step *= 2; }
+            if (hi > H) hi = H;
+        } else {
+            int64_t step = 1;
+            hi = h;
+            lo = h;
+            while (lo > L && fl[lo - 1] > q) { hi = lo - 1; lo -= step; step *= 2; if (lo < L) lo = L; }
+        }
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (fl[mid] > q) hi = mid; else lo = mid + 1;
+        }
+        hint[k] = lo;
+        if (lo > cnt[k]) { found[j] = 1; val[j] = arel[pos[lo - 1]]; }
+        else { found[j] = 0; val[j] = NAN; }
+    }
+    free(hint);
+    return 1;
+}
+
 /* sync_points(a_group, a_rel, s_group, s_enter, G) -> None or (found uint8, value float64) bytes
  * For each slot j: among the anchors of its group, the last in (floor(rel), anchor order) with
  * floor(rel) <= floor(s_enter[j]): model._build's searchsorted over the int64 keys
@@ -920,7 +964,7 @@ static PyObject *sync_points(PyObject *self, PyObject *args) {
     Py_buffer b[4];
     int nb = 0;
     PyObject *res = NULL, *ofound = NULL, *oval = NULL;
-    int64_t *cnt = NULL, *pos = NULL, *hint = NULL;
+    int64_t *cnt = NULL, *pos = NULL;
     double *fl = NULL;
     for (; nb < 4; nb++) if (get(o[nb], &b[nb], 8, "sync_points") < 0) goto done;
     const int64_t *ag = b[0].buf, *sg = b[2].buf;
@@ -954,43 +998,14 @@ static PyObject *sync_points(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < A; i++) { int64_t p = at[ag[i]]++; pos[p] = i; fl[p] = floor(arel[i]); }
         free(at);
     }
-    for (Py_ssize_t k = 0; k < G && ok; k++)
-        for (int64_t p = cnt[k] + 1; p < cnt[k + 1]; p++)
-            if (fl[p] < fl[p - 1]) { ok = 0; break; }
-    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
-    /* each slot's answer is searched from its group's previous answer outwards (galloping,
-     * then a binary search in the bracket): a group's slots come in about time order, so a
-     * search reads a few anchors next to the last one instead of ~15 cache misses */
-    hint = malloc(sizeof(int64_t) * (G + 1));
-    if (!hint) { PyErr_NoMemory(); goto done; }
-    memcpy(hint, cnt, sizeof(int64_t) * (G + 1));
-    for (Py_ssize_t j = 0; j < NS; j++) {
-        int64_t k = sg[j];
-        double q = floor(sen[j]);
-        int64_t L = cnt[k], H = cnt[k + 1], h = hint[k], lo, hi;   /* first p in [L, H) with fl[p] > q */
-        if (h < H && fl[h] <= q) {
-            int64_t step = 1;
-            lo = h + 1;
-            hi = lo;
-            while (hi < H && fl[hi] <= q) { lo = hi + 1; hi += step; step *= 2; }
-            if (hi > H) hi = H;
-        } else {
-            int64_t step = 1;
-            hi = h;
-            lo = h;
-            while (lo > L && fl[lo - 1] > q) { hi = lo - 1; lo -= step; step *= 2; if (lo < L) lo = L; }
-        }
-        while (lo < hi) {
-            int64_t mid = lo + (hi - lo) / 2;
-            if (fl[mid] > q) hi = mid; else lo = mid + 1;
-        }
-        hint[k] = lo;
-        if (lo > cnt[k]) { found[j] = 1; val[j] = arel[pos[lo - 1]]; }
-        else { found[j] = 0; val[j] = NAN; }
+    {
+        int r = sync_search(G, NS, cnt, pos, fl, sg, sen, arel, found, val);
+        if (r < 0) { PyErr_NoMemory(); goto done; }
+        if (r == 0) { res = Py_None; Py_INCREF(res); goto done; }
     }
     res = PyTuple_Pack(2, ofound, oval);
 done:
-    free(cnt); free(pos); free(fl); free(hint);
+    free(cnt); free(pos); free(fl);
     Py_XDECREF(ofound); Py_XDECREF(oval);
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     return res;
@@ -1006,7 +1021,7 @@ static PyObject *sync_points_ev(PyObject *self, PyObject *args) {
     Py_buffer b[5];
     int nb = 0;
     PyObject *res = NULL, *ofound = NULL, *oval = NULL;
-    int64_t *cnt = NULL, *pos = NULL, *hint = NULL;
+    int64_t *cnt = NULL, *pos = NULL;
     double *fl = NULL;
     static const Py_ssize_t isz[5] = {8, 1, 8, 8, 8};
     for (; nb < 5; nb++) if (get(o[nb], &b[nb], isz[nb], "sync_points_ev") < 0) goto done;
@@ -1050,43 +1065,14 @@ static PyObject *sync_points_ev(PyObject *self, PyObject *args) {
             if (anchor[i]) { int64_t p = at[sg[ev_slot[i]]]++; pos[p] = i; fl[p] = floor(arel[i]); }
         free(at);
     }
-    for (Py_ssize_t k = 0; k < G && ok; k++)
-        for (int64_t p = cnt[k] + 1; p < cnt[k + 1]; p++)
-            if (fl[p] < fl[p - 1]) { ok = 0; break; }
-    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
-    /* each slot's answer is searched from its group's previous answer outwards (galloping,
-     * then a binary search in the bracket): a group's slots come in about time order, so a
-     * search reads a few anchors next to the last one instead of ~15 cache misses */
-    hint = malloc(sizeof(int64_t) * (G + 1));
-    if (!hint) { PyErr_NoMemory(); goto done; }
-    memcpy(hint, cnt, sizeof(int64_t) * (G + 1));
-    for (Py_ssize_t j = 0; j < NS; j++) {
-        int64_t k = sg[j];
-        double q = floor(sen[j]);
-        int64_t L = cnt[k], H = cnt[k + 1], h = hint[k], lo, hi;   /* first p in [L, H) with fl[p] > q */
-        if (h < H && fl[h] <= q) {
-            int64_t step = 1;
-            lo = h + 1;
-            hi = lo;
-            while (hi < H && fl[hi] <= q) { lo = hi + 1; hi += step; step *= 2; }
-            if (hi > H) hi = H;
-        } else {
-            int64_t step = 1;
-            hi = h;
-            lo = h;
-            while (lo > L && fl[lo - 1] > q) { hi = lo - 1; lo -= step; step *= 2; if (lo < L) lo = L; }
-        }
-        while (lo < hi) {
-            int64_t mid = lo + (hi - lo) / 2;
-            if (fl[mid] > q) hi = mid; else lo = mid + 1;
-        }
-        hint[k] = lo;
-        if (lo > cnt[k]) { found[j] = 1; val[j] = arel[pos[lo - 1]]; }
-        else { found[j] = 0; val[j] = NAN; }
+    {
+        int r = sync_search(G, NS, cnt, pos, fl, sg, sen, arel, found, val);
+        if (r < 0) { PyErr_NoMemory(); goto done; }
+        if (r == 0) { res = Py_None; Py_INCREF(res); goto done; }
     }
     res = PyTuple_Pack(2, ofound, oval);
 done:
-    free(cnt); free(pos); free(fl); free(hint);
+    free(cnt); free(pos); free(fl);
     Py_XDECREF(ofound); Py_XDECREF(oval);
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     return res;
