@@ -193,3 +193,20 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         yield b
         b.close()
+
+
+@pytest.fixture(scope="session")
+def accel_cache(request):
+    """The module of ``commtrace accel build`` (the C++ DDP hook and the C fast path's reads
+    through torch's C++ API) built for this torch, as the command builds it, into a cache
+    directory kept between test sessions (pytest's cache: a rebuild only when torch, Python,
+    commtrace's version or the sources change). Skipped only without a C++ compiler."""
+    import shutil
+    if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
+        pytest.skip("no C++ compiler (c++ / g++ / $CXX): the accel module cannot be built")
+    d = str(request.config.cache.mkdir("commtrace-accel"))
+    p = subprocess.run([sys.executable, "-m", "commtrace", "accel", "build"],
+                       env=clean_env({"COMMTRACE_CACHE_DIR": d}), capture_output=True,
+                       text=True, timeout=1200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return d

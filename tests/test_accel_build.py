@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 from conftest import clean_env
-from test_ddp_hook import cxx_hook_cache  # noqa: F401  (the session's real build)
 
 
 def test_a_module_without_the_marker_is_not_built(tmp_path, monkeypatch):
@@ -28,14 +27,14 @@ def test_a_module_without_the_marker_is_not_built(tmp_path, monkeypatch):
     assert accel._built_file("commtrace_ddp_hook_0123") is None
 
 
-def test_build_after_a_killed_build_clears_the_stale_lock_and_relinks(tmp_path, cxx_hook_cache):  # noqa: F811
+def test_build_after_a_killed_build_clears_the_stale_lock_and_relinks(tmp_path, accel_cache):
     """A copy of this session's real build, made to look killed during its link: torch's
     baton file present, the module truncated, no marker. `accel build` finishes (it waited
     for ever before), relinks a loadable module, and writes the marker."""
     from commtrace.capture import accel
     name = accel.module_name()
     cache = tmp_path / "cache"
-    shutil.copytree(os.path.join(cxx_hook_cache, name), cache / name)
+    shutil.copytree(os.path.join(accel_cache, name), cache / name)
     bdir = cache / name
     os.remove(bdir / accel.MARKER)
     [so] = [f for f in os.listdir(bdir) if f.endswith(".so")]

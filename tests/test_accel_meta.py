@@ -6,33 +6,15 @@ accessors called from C), and on the pure Python path (COMMTRACE_PURE_PYTHON=1).
 import json
 import os
 import re
-import shutil
-import subprocess
-import sys
 
 import pytest
 
-from conftest import SCRIPTS, clean_env, run_traced, torchrun_cmd
+from conftest import SCRIPTS, run_traced, torchrun_cmd
 
 # times, ids and threads differ between any two runs; so does how an async op's completion
 # was seen (its callback on gloo's thread, or its wait() first)
 VOLATILE = {"t_enqueue_ns", "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_ns",
             "t_start_ns", "op_id", "thread", "site", "detail", "completion"}
-
-
-@pytest.fixture(scope="session")
-def accel_cache(request):
-    """The module of ``commtrace accel build`` for this torch, built into pytest's cache (as
-    tests/test_ddp_hook.py's fixture: the same directory, one build for both). Skipped only
-    without a C++ compiler."""
-    if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
-        pytest.skip("no C++ compiler (c++ / g++ / $CXX): the accel module cannot be built")
-    d = str(request.config.cache.mkdir("commtrace-accel"))
-    p = subprocess.run([sys.executable, "-m", "commtrace", "accel", "build"],
-                       env=clean_env({"COMMTRACE_CACHE_DIR": d}), capture_output=True,
-                       text=True, timeout=1200)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return d
 
 
 def _rows(out):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 
@@ -46,30 +45,10 @@ def job2(tmp_path_factory):
     return _job(tmp_path_factory.mktemp("ddp-hook-2"), 2, env={"COMMTRACE_DDP_CXX": "0"})
 
 
-@pytest.fixture(scope="session")
-def cxx_hook_cache(request):
-    """The C++ hook built for this torch, as ``commtrace accel build`` builds it, into a cache
-    directory kept between test sessions (pytest's cache: a rebuild only when torch, Python,
-    commtrace's version or the source change). Skipped only without a C++ compiler."""
-    if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
-        pytest.skip("no C++ compiler (c++ / g++ / $CXX): the C++ DDP hook cannot be built")
-    d = str(request.config.cache.mkdir("commtrace-accel"))
-    import subprocess
-    import sys
-
-    from conftest import clean_env
-
-    p = subprocess.run([sys.executable, "-m", "commtrace", "accel", "build"],
-                       env=clean_env({"COMMTRACE_CACHE_DIR": d}), capture_output=True,
-                       text=True, timeout=1200)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return d
-
-
 @pytest.fixture(scope="module")
-def job2_cxx(tmp_path_factory, cxx_hook_cache):
+def job2_cxx(tmp_path_factory, accel_cache):
     return _job(tmp_path_factory.mktemp("ddp-hook-2-cxx"), 2,
-                env={"COMMTRACE_CACHE_DIR": cxx_hook_cache})
+                env={"COMMTRACE_CACHE_DIR": accel_cache})
 
 
 def _ddp_rows(rows, rank, window):
@@ -155,7 +134,7 @@ def test_ddp_join_shadow_allreduces_complete(tmp_path, request, kind):
     the C++ hook's completion times (queued by its continuations without the GIL) are written
     by the writer thread's service all the same: every bucket's row has its end time."""
     if kind == "c++":
-        env = {"COMMTRACE_CACHE_DIR": request.getfixturevalue("cxx_hook_cache")}
+        env = {"COMMTRACE_CACHE_DIR": request.getfixturevalue("accel_cache")}
     else:
         env = {"COMMTRACE_DDP_CXX": "0"}
     p = run_traced(tmp_path, torchrun_cmd(os.path.join(SCRIPTS, "ddp_join.py")), env=env,
