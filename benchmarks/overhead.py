@@ -349,28 +349,22 @@ def report(r: dict) -> list[str]:
         labels = [("commtrace adds", "commtrace"), ("bare two-clock wrapper adds", "bare")]
         if "cpu_commtrace_no_cxx_reads_added_us" in p:
             labels.append(("commtrace, no C++ reads, adds", "commtrace_no_cxx_reads"))
-        for label, name in labels:
+        def row(label, key):   # one figure's line: wall and thread CPU, each with its CI
             out.append(f"  {label:<34} "
-                       f"{_fmt(p[f'wall_{name}_added_us'], p[f'wall_{name}_added_ci95_us']):>26} "
-                       f"{_fmt(p[f'cpu_{name}_added_us'], p[f'cpu_{name}_added_ci95_us']):>26}")
+                       f"{_fmt(p[f'wall_{key}_us'], p[f'wall_{key}_ci95_us']):>26} "
+                       f"{_fmt(p[f'cpu_{key}_us'], p[f'cpu_{key}_ci95_us']):>26}")
+        for label, name in labels:
+            row(label, f"{name}_added")
         if "cpu_commtrace_minus_bare_us" in p:
-            out.append(f"  {'commtrace - bare wrapper (paired)':<34} "
-                       f"{_fmt(p['wall_commtrace_minus_bare_us'], p['wall_commtrace_minus_bare_ci95_us']):>26} "
-                       f"{_fmt(p['cpu_commtrace_minus_bare_us'], p['cpu_commtrace_minus_bare_ci95_us']):>26}")
+            row("commtrace - bare wrapper (paired)", "commtrace_minus_bare")
         if "cpu_cxx_reads_gain_us" in p:
-            for label, key in (("C++ reads - accessors (paired)", "cxx_reads_gain"),
-                               ("C++ reads - accessors, mean", "cxx_reads_gain_mean")):
-                out.append(f"  {label:<34} "
-                           f"{_fmt(p[f'wall_{key}_us'], p[f'wall_{key}_ci95_us']):>26} "
-                           f"{_fmt(p[f'cpu_{key}_us'], p[f'cpu_{key}_ci95_us']):>26}")
+            row("C++ reads - accessors (paired)", "cxx_reads_gain")
+            row("C++ reads - accessors, mean", "cxx_reads_gain_mean")
         if "cpu_commtrace_added_mean_us" in p:
             # the mean of the same paired differences: what the median leaves out (costs that
             # land on some ops only) is in it, as it is in the rounds above
-            for label, key in (("commtrace adds, mean", "commtrace_added_mean"),
-                               ("commtrace - bare, mean", "commtrace_minus_bare_mean")):
-                out.append(f"  {label:<34} "
-                           f"{_fmt(p[f'wall_{key}_us'], p[f'wall_{key}_ci95_us']):>26} "
-                           f"{_fmt(p[f'cpu_{key}_us'], p[f'cpu_{key}_ci95_us']):>26}")
+            row("commtrace adds, mean", "commtrace_added_mean")
+            row("commtrace - bare, mean", "commtrace_minus_bare_mean")
     # The verdict on the target, on both clocks. At 2 ranks the wall time of an op is
     # mostly waiting for the other rank, so there the thread CPU time is the host's own work.
     for clock, name in (("wall", "wall time"), ("cpu", "thread CPU")):
