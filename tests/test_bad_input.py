@@ -243,3 +243,15 @@ def test_accel_build_into_an_unusable_cache_directory(capsys, monkeypatch, tmp_p
     err = _err_line(capsys)
     assert "cannot create the cache directory" in err and str(blocker) in err
     assert blocker.read_text() == "x"
+
+
+def test_accel_status_with_a_source_missing_from_the_install(capsys, monkeypatch, tmp_path):
+    """An install without one of the sources `accel build` compiles (a wheel whose package-data
+    missed it): `accel status` and `accel build` say so in one line, exit 2, no traceback."""
+    from commtrace.capture import accel
+    gone = str(tmp_path / "_accel_meta.cpp")
+    monkeypatch.setattr(accel, "SOURCES", [accel.SOURCE, gone])
+    for cmd in ("status", "build"):
+        assert main(["accel", cmd]) == 2
+        err = _err_line(capsys)
+        assert "lacks _accel_meta.cpp" in err and "reinstall commtrace" in err

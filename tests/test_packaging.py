@@ -101,3 +101,17 @@ def test_built_extensions_are_not_older_than_their_sources():
             stale.append(f"{os.path.relpath(built, ROOT)} is older than {', '.join(ext['sources'])}")
     assert not stale, ("stale C build: " + "; ".join(stale)
                        + " (rebuild: pip install -e . --no-deps; if it fails the C does not compile)")
+
+
+def test_the_sources_accel_builds_are_package_data():
+    """`commtrace accel build` compiles sources shipped in the package (accel.SOURCES): each must
+    match a package-data pattern, or the wheel lacks it and `accel status` / `accel build` fail
+    for every pip-installed user (the wheel smoke test found `_accel_meta.cpp` missing)."""
+    import fnmatch
+
+    from commtrace.capture import accel
+    pats = _pyproject()["tool"]["setuptools"]["package-data"]["commtrace"]
+    pkg = os.path.join(ROOT, "commtrace")
+    for src in accel.SOURCES:
+        rel = os.path.relpath(src, pkg).replace(os.sep, "/")
+        assert any(fnmatch.fnmatch(rel, p) for p in pats), f"{rel} is not in package-data {pats}"

@@ -46,8 +46,14 @@ def module_name() -> str:
 
     h = hashlib.sha256()
     for src in SOURCES:
-        with open(src, "rb") as f:
-            h.update(f.read())
+        try:
+            with open(src, "rb") as f:
+                h.update(f.read())
+        except OSError as e:
+            from ..errors import CommtraceError
+
+            raise CommtraceError(f"this commtrace install lacks {os.path.basename(src)} "
+                                 f"(reinstall commtrace): {e.strerror or e}") from e
     for part in (torch.__version__, getattr(torch.version, "git_version", ""),
                  sys.implementation.cache_tag, sys.version, __version__):
         h.update(b"\0" + str(part).encode())
