@@ -235,16 +235,46 @@ def _register_cxx(ddp, state, c_hook) -> bool:
     mod = accel.load()
     if mod is None:
         return False
+    v2 = _v2_group(state)
     try:
-        mod.register(ddp.reducer, state, c_hook, W._cfast.ddp_cxx_api())
+        mod.register(ddp.reducer, state, c_hook, W._cfast.ddp_cxx_api(), v2)
     except Exception as e:
         log.warn_once("ddp-cxx", "the C++ DDP comm hook did not register; using the C one", e)
         return False
     ddp.__dict__["_commtrace_hook_kind"] = "c++"
+    ddp.__dict__["_commtrace_hook_v2"] = v2 is not None
     fl = getattr(mod, "flush_all", None)
     if fl is not None and fl not in _R.STAMP_FLUSHERS:
         _R.STAMP_FLUSHERS.append(fl)
     return True
+
+
+#: backends whose all_reduce the C++ hook issues through c10d's C++ API (interface v2)
+_V2_BACKENDS = frozenset(("gloo", "nccl"))
+
+
+def _v2_group(state):
+    """The group on which the C++ hook scales and issues a bucket's all-reduce from C++ (hook
+    interface v2, ``_ddp_hook.cpp``), or None (v1: through Python's calls, as the C hook):
+    None where ``COMMTRACE_DDP_V2=0``, commtrace's scaling is torch's hook's (``scale`` None),
+    the group is not exactly torch's ``ProcessGroup`` (a subclass may bind ``allreduce`` to
+    something else), or one of its backends is not gloo or NCCL."""
+    import os
+
+    if os.environ.get("COMMTRACE_DDP_V2", "1") in ("0", ""):
+        return None
+    sc = state.scale
+    if sc is None:
+        return None
+    pg = sc[2]
+    try:
+        if type(pg) is not _dist.ProcessGroup:
+            return None
+        name = str(_dist.get_backend(pg))
+        parts = {p.split(":", 1)[-1].strip() for p in name.split(",")}
+        return pg if parts and parts <= _V2_BACKENDS else None
+    except Exception:
+        return None
 
 
 def _install_dispatcher(ddp, orig_register, user_hook=None, user_state=None) -> bool:
