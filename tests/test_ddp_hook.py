@@ -204,3 +204,29 @@ def test_ddp_join_shadow_allreduces_complete(tmp_path, request, kind):
     # rank 1 joined after 2 of 6 steps: its DDP shadowed rank 0's later buckets
     assert res[1]["steps"] < res[0]["steps"]
     assert len(per_rank[1]) == len(per_rank[0]) > 0, {k: len(v) for k, v in per_rank.items()}
+
+
+@needs_c
+def test_ddp_hook_benchmarks_run_and_use_v2(accel_cache):
+    """benchmarks/ddp_hook_call.py and ddp_hooks.py (a few rounds: what they print, not their
+    figures): the C++ hook registers with interface v2 on the DDP sample, and with v1 when
+    COMMTRACE_DDP_V2=0 is set for its copy."""
+    import subprocess
+    import sys
+
+    from conftest import clean_env
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = clean_env({"COMMTRACE_CACHE_DIR": accel_cache})
+    p = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "ddp_hook_call.py"),
+                        "--rounds", "2", "--calls", "4"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "'cxx': 'c++ v2', 'cxx_v1': 'c++', 'c': 'c'" in p.stdout, p.stdout
+    assert "thread CPU per bucket (over floor): floor " in p.stdout, p.stdout
+    p = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "ddp_hooks.py"),
+                        "--world", "1", "--modes", "cxx_v1,cxx", "--rounds", "2", "--steps", "2"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "'cxx_v1': 'c++', 'cxx': 'c++ v2'" in p.stdout, p.stdout
+    assert "1 rank(s)" in p.stdout and "cxx_v1 " in p.stdout, p.stdout

@@ -19,6 +19,7 @@ the user's hook (if any) inside it:
 from __future__ import annotations
 
 import json
+import weakref
 
 from . import log
 from . import recorder as _R
@@ -26,6 +27,7 @@ from .registry import patch, restore
 from .wrappers import tls
 
 _DDP = None
+_Join = None   # torch.distributed.algorithms.join.Join, once its notify_join_context is patched
 _dist = None   # torch.distributed (its all_reduce: commtrace's wrapper once installed)
 _installed = False
 
@@ -41,6 +43,7 @@ class _HookState:
         self.user_hook = None
         self.user_state = None
         self.scale = None
+        self.ddp_ref = None
 
 
 _default_hooks = None   # torch.distributed.algorithms.ddp_comm_hooks.default_hooks, once imported
@@ -74,10 +77,56 @@ def _first(fut):
     return fut.value()[0]
 
 
+def _note_join(ddp, work) -> None:
+    """DDP's forward under a join context (uneven inputs) handed ``work``, the all-reduce that
+    counts the ranks not yet joined, to its Reducer (``_set_forward_pass_work_handle``). The
+    Reducer keeps the last such handle, with ``divide_by_initial_world_size`` of that moment,
+    and without a comm hook divides the gradients by the world size, or, where that flag is
+    False, by the count the handle holds. A hook divides by what it likes, so commtrace keeps
+    the same pair here and, once the count is to be used, routes the model's buckets to the
+    Python hook (``("join", scale)``: not the 3-tuple the C and C++ hooks take), which reads it
+    (:func:`_join_divisor`) as the Reducer does."""
+    static = bool(getattr(ddp, "_divide_by_initial_world_size", True))
+    ddp.__dict__["_commtrace_join_fwd"] = (work, static)
+    st = ddp.__dict__.get("_commtrace_hook_state")
+    if not static and st is not None:
+        sc = st.scale
+        if sc is not None and sc[0] != "join":
+            st.scale = ("join", sc)
+
+
+def _join_divisor(state) -> int:
+    """What DDP's Reducer would divide this iteration's gradients by (see :func:`_note_join`):
+    the world size, or, after a forward under ``divide_by_initial_world_size=False``, the
+    number of ranks that had not joined (the Reducer's ``res.item().to<int>()``)."""
+    ref = state.ddp_ref
+    ddp = ref() if ref is not None else None
+    fwd = ddp.__dict__.get("_commtrace_join_fwd") if ddp is not None else None
+    if fwd is None or fwd[1]:
+        return int(state.process_group.size())
+    work = fwd[0]
+    got = ddp.__dict__.get("_commtrace_join_div")
+    if got is not None and got[0] is work:
+        return got[1]
+    # The Reducer waits on the handle (in C++, unseen) before it reads the count; here the
+    # wait is Work.wait, recorded as that op's wait, so that the read is not a host read of a
+    # tensor still in flight (a false use_before_wait).
+    work.wait()
+    n = int(work.result()[0].item())
+    ddp.__dict__["_commtrace_join_div"] = (work, n)
+    return n
+
+
 def _allreduce_hook(state, bucket):
     """DDP's all-reduce of one bucket with DDP's own numerics (:func:`_scale_of`); the C hook
-    (``_fastpath.ddp_hook``) does the same."""
+    (``_fastpath.ddp_hook``) does the same. Under DDP's join with a count of active ranks
+    (:func:`_note_join`) only this hook runs: it divides by that count."""
     sc = state.scale
+    if sc is not None and sc[0] == "join":
+        sc = sc[1]
+        if sc is not None:
+            n = _join_divisor(state)
+            sc = (sc[0], 1.0 / n if sc[0] == "mul_" else n, sc[2])
     if sc is not None:
         meth, factor, pg = sc
         buf = bucket.buffer()
@@ -214,11 +263,13 @@ def _v2_group(state):
 
     if os.environ.get("COMMTRACE_DDP_V2", "1") in ("0", ""):
         return None
-    sc = state.scale
-    if sc is None:
-        return None
-    pg = sc[2]
     try:
+        sc = state.scale
+        if sc is not None and sc[0] == "join":
+            sc = sc[1]   # under join: the Python hook for now (_note_join), the group is the same
+        if sc is None:
+            return None
+        pg = sc[2]
         if type(pg) is not _dist.ProcessGroup:
             return None
         name = str(_dist.get_backend(pg))
@@ -232,6 +283,10 @@ def _install_dispatcher(ddp, orig_register, user_hook=None, user_state=None) -> 
     state = _HookState(ddp.process_group)
     state.user_hook, state.user_state = user_hook, user_state
     state.scale = _scale_of(ddp, ddp.process_group)
+    state.ddp_ref = weakref.ref(ddp)
+    fwd = ddp.__dict__.get("_commtrace_join_fwd")
+    if fwd is not None:
+        _note_join(ddp, fwd[0])
     if user_hook is None:
         # No hook of the user's: register with the reducer only, as register_comm_hook does
         # minus its bookkeeping, so that DDP reads as without commtrace: its logging data has
@@ -312,9 +367,41 @@ def install() -> bool:
     register_comm_hook.__doc__ = orig_register.__doc__
     patch(DDP, "forward", forward)
     patch(DDP, "register_comm_hook", register_comm_hook)
+    _patch_join(DDP)
     _patch_builtin(DDP)
     _installed = True
     return True
+
+
+def _patch_join(DDP):
+    """Keep, per DDP model, the join context's forward all-reduce as its Reducer does
+    (:func:`_note_join`), so that commtrace's hook divides as DDP would without it."""
+    try:
+        from torch.distributed.algorithms.join import Join
+
+        orig = Join.notify_join_context
+    except Exception as e:
+        log.warn_once("ddp-join", "DDP's join mode unknown to commtrace's hook", e)
+        return
+
+    def notify_join_context(joinable):
+        work = orig(joinable)
+        if work is not None and isinstance(joinable, DDP):
+            try:
+                _note_join(joinable, work)
+            except Exception as e:
+                log.warn_once("ddp-join-note", "cannot follow DDP's join", e)
+        return work
+
+    notify_join_context.__commtrace_original__ = orig
+    notify_join_context.__doc__ = orig.__doc__
+    if patch(Join, "notify_join_context", staticmethod(notify_join_context)):
+        # Dynamo meets the function, not the staticmethod: have it trace torch's.
+        from . import compile as _compile
+
+        _compile.mark(notify_join_context, owner=Join)
+    global _Join
+    _Join = Join
 
 
 def _patch_builtin(DDP):
@@ -365,4 +452,6 @@ def uninstall() -> None:
     global _installed
     if _DDP is not None:
         restore(_DDP)
+    if _Join is not None:
+        restore(_Join)
     _installed = False
