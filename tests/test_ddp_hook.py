@@ -230,3 +230,44 @@ def test_ddp_hook_benchmarks_run_and_use_v2(accel_cache):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "'cxx_v1': 'c++', 'cxx': 'c++ v2'" in p.stdout, p.stdout
     assert "1 rank(s)" in p.stdout and "cxx_v1 " in p.stdout, p.stdout
+
+
+def test_v2_group_only_for_torchs_process_group_on_gloo_or_nccl(monkeypatch):
+    """Hook interface v2 is asked for only where it issues what Python would: a group of
+    exactly torch's ProcessGroup class whose backends are gloo or NCCL, commtrace's own
+    scaling (also under join's wrapper), and not COMMTRACE_DDP_V2=0; else None (v1)."""
+    import types
+
+    from commtrace.capture import ddp as D
+
+    class PG:   # stands for torch's ProcessGroup
+        def __init__(self, backend):
+            self.backend = backend
+
+    class SubPG(PG):
+        pass
+
+    fake = types.SimpleNamespace(ProcessGroup=PG, get_backend=lambda pg: pg.backend)
+    monkeypatch.setattr(D, "_dist", fake)
+    monkeypatch.delenv("COMMTRACE_DDP_V2", raising=False)
+
+    def state(scale):
+        s = D._HookState(None)
+        s.scale = scale
+        return s
+
+    for backend in ("gloo", "nccl", "cpu:gloo,cuda:nccl"):
+        pg = PG(backend)
+        assert D._v2_group(state(("mul_", 0.5, pg))) is pg, backend
+        assert D._v2_group(state(("div_", 2, pg))) is pg, backend
+        assert D._v2_group(state(("join", ("mul_", 0.5, pg)))) is pg, backend
+    for backend in ("mpi", "ucc", "cpu:gloo,cuda:custom", "fake", ""):
+        assert D._v2_group(state(("mul_", 0.5, PG(backend)))) is None, backend
+    assert D._v2_group(state(("mul_", 0.5, SubPG("gloo")))) is None   # a subclass
+    assert D._v2_group(state(None)) is None                          # torch's hook's numerics
+    assert D._v2_group(state(("join", None))) is None
+    fake.get_backend = lambda pg: 1 / 0                              # a failing look-up
+    assert D._v2_group(state(("mul_", 0.5, PG("gloo")))) is None
+    fake.get_backend = lambda pg: pg.backend
+    monkeypatch.setenv("COMMTRACE_DDP_V2", "0")
+    assert D._v2_group(state(("mul_", 0.5, PG("gloo")))) is None
