@@ -197,3 +197,70 @@ def test_ddp_join_shadow_allreduces_complete(tmp_path, request, kind):
     # rank 1 joined after 2 of 6 steps: its DDP shadowed rank 0's later buckets
     assert res[1]["steps"] < res[0]["steps"]
     assert len(per_rank[1]) == len(per_rank[0]) > 0, {k: len(v) for k, v in per_rank.items()}
+
+
+@needs_c
+def test_ddp_hook_benchmarks_run_and_use_v2(accel_cache):
+    """benchmarks/ddp_hook_call.py and ddp_hooks.py (a few rounds: what they print, not their
+    figures): the C++ hook registers with interface v2 on the DDP sample, and with v1 when
+    COMMTRACE_DDP_V2=0 is set for its copy."""
+    import subprocess
+    import sys
+
+    from conftest import clean_env
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = clean_env({"COMMTRACE_CACHE_DIR": accel_cache})
+    p = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "ddp_hook_call.py"),
+                        "--rounds", "2", "--calls", "4"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "'cxx': 'c++ v2', 'cxx_v1': 'c++', 'c': 'c'" in p.stdout, p.stdout
+    assert "thread CPU per bucket (over floor): floor " in p.stdout, p.stdout
+    p = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "ddp_hooks.py"),
+                        "--world", "1", "--modes", "cxx_v1,cxx", "--rounds", "2", "--steps", "2"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "'cxx_v1': 'c++', 'cxx': 'c++ v2'" in p.stdout, p.stdout
+    assert "1 rank(s)" in p.stdout and "cxx_v1 " in p.stdout, p.stdout
+
+
+def test_v2_group_only_for_torchs_process_group_on_gloo_or_nccl(monkeypatch):
+    """Hook interface v2 is asked for only where it issues what Python would: a group of
+    exactly torch's ProcessGroup class whose backends are gloo or NCCL, commtrace's own
+    scaling (also under join's wrapper), and not COMMTRACE_DDP_V2=0; else None (v1)."""
+    import types
+
+    from commtrace.capture import ddp as D
+
+    class PG:   # stands for torch's ProcessGroup
+        def __init__(self, backend):
+            self.backend = backend
+
+    class SubPG(PG):
+        pass
+
+    fake = types.SimpleNamespace(ProcessGroup=PG, get_backend=lambda pg: pg.backend)
+    monkeypatch.setattr(D, "_dist", fake)
+    monkeypatch.delenv("COMMTRACE_DDP_V2", raising=False)
+
+    def state(scale):
+        s = D._HookState(None)
+        s.scale = scale
+        return s
+
+    for backend in ("gloo", "nccl", "cpu:gloo,cuda:nccl"):
+        pg = PG(backend)
+        assert D._v2_group(state(("mul_", 0.5, pg))) is pg, backend
+        assert D._v2_group(state(("div_", 2, pg))) is pg, backend
+        assert D._v2_group(state(("join", ("mul_", 0.5, pg)))) is pg, backend
+    for backend in ("mpi", "ucc", "cpu:gloo,cuda:custom", "fake", ""):
+        assert D._v2_group(state(("mul_", 0.5, PG(backend)))) is None, backend
+    assert D._v2_group(state(("mul_", 0.5, SubPG("gloo")))) is None   # a subclass
+    assert D._v2_group(state(None)) is None                          # torch's hook's numerics
+    assert D._v2_group(state(("join", None))) is None
+    fake.get_backend = lambda pg: 1 / 0                              # a failing look-up
+    assert D._v2_group(state(("mul_", 0.5, PG("gloo")))) is None
+    fake.get_backend = lambda pg: pg.backend
+    monkeypatch.setenv("COMMTRACE_DDP_V2", "0")
+    assert D._v2_group(state(("mul_", 0.5, PG("gloo")))) is None

@@ -348,11 +348,13 @@ def _v2_group(state):
 
     if os.environ.get("COMMTRACE_DDP_V2", "1") in ("0", ""):
         return None
-    sc = state.scale
-    if sc is None:
-        return None
-    pg = sc[2]
     try:
+        sc = state.scale
+        if sc is not None and sc[0] == "join":
+            sc = sc[1]   # under join: the Python hook for now (_note_join), the group is the same
+        if sc is None:
+            return None
+        pg = sc[2]
         if type(pg) is not _dist.ProcessGroup:
             return None
         name = str(_dist.get_backend(pg))
