@@ -2,6 +2,7 @@
 
     python benchmarks/ddp_hooks.py                      # 2 ranks, 60 rounds of 20 steps
     python benchmarks/ddp_hooks.py --rounds 100 --steps 30
+    python benchmarks/ddp_hooks.py --world 1 --modes floor,cxx_v1,cxx
 
 Each rank (gloo, forked from this process) builds the DDP sample (samples/ddp_mlp.py) four
 times: "builtin" (built and run with tracing off: DDP's C++ all-reduce, no hook),
@@ -9,7 +10,9 @@ times: "builtin" (built and run with tracing off: DDP's C++ all-reduce, no hook)
 tracing costs a DDP step besides the hook, e.g. the step marker), "c" (built
 with tracing on and the C++ hook hidden: commtrace's C hook, ``_fastpath.ddp_hook``, which DDP
 calls through torch's PythonCommHook) and "cxx" (tracing on, the C++ hook of
-``commtrace accel build``, registered on DDP's C++ Reducer), and "floor" (built and run
+``commtrace accel build``, registered on DDP's C++ Reducer; hook interface v2: the bucket's
+scaling and all-reduce issued through c10d's C++ API), "cxx_v1" (the same hook built with
+``COMMTRACE_DDP_V2=0``: scaling and all-reduce through Python's calls), and "floor" (built and run
 with tracing off, with torch's builtin C++ ALLREDUCE comm hook: what any comm hook costs a
 DDP step before commtrace does anything -- the Reducer copies each gradient into its bucket
 instead of scaling it on the way; that hook sums without dividing by the world size, so the
@@ -34,7 +37,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-MODES = ("builtin", "builtin_traced", "c", "cxx", "floor")
+MODES = ("builtin", "builtin_traced", "c", "cxx_v1", "cxx", "floor")
 
 
 def _median_ci(xs):
@@ -47,7 +50,7 @@ def _median_ci(xs):
     return xs[n // 2], xs[k], xs[min(n - 1, n - 1 - k)]
 
 
-def _rank(rank, world, port, rounds, steps, out, q):
+def _rank(rank, world, port, rounds, steps, out, q, modes=MODES):
     import threading
 
     import torch
@@ -68,9 +71,11 @@ def _rank(rank, world, port, rounds, steps, out, q):
     args = ddp_mlp.parse_args(["--straggler-ms", "0"])
     copies, kinds = {}, {}
     cxx_mod = accel.load()
-    for mode in MODES:
+    for mode in modes:   # builtin first: the others are differences to it
         R._set_recorder(None if mode.startswith("builtin") or mode == "floor" else rec)
-        accel._loaded = cxx_mod if mode == "cxx" else None
+        accel._loaded = cxx_mod if mode.startswith("cxx") else None
+        if mode == "cxx_v1":
+            os.environ["COMMTRACE_DDP_V2"] = "0"   # read when the hook registers
         st = ddp_mlp.setup(args, rank, world, torch.device("cpu"))
         if mode == "builtin_traced":
             st["ddp"].__dict__["_commtrace_foreign_hook"] = True   # no hook of commtrace's
@@ -78,13 +83,16 @@ def _rank(rank, world, port, rounds, steps, out, q):
             st["ddp"]._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
         for i in range(5):
             ddp_mlp.train_step(st, i)
+        os.environ.pop("COMMTRACE_DDP_V2", None)
         copies[mode] = st
         kinds[mode] = st["ddp"].__dict__.get("_commtrace_hook_kind", "c" if mode == "c" else None)
+        if st["ddp"].__dict__.get("_commtrace_hook_v2"):
+            kinds[mode] += " v2"
     accel._loaded = cxx_mod
     R._set_recorder(None)
-    res = {m: {"thread": [], "process": [], "wall": []} for m in MODES}
+    res = {m: {"thread": [], "process": [], "wall": []} for m in modes}
     for r in range(rounds):
-        order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
         for mode in order:
             st = copies[mode]
             R._set_recorder(None if mode in ("builtin", "floor") else rec)
@@ -109,7 +117,14 @@ def main(argv=None):
                                  epilog="examples:\n  python benchmarks/ddp_hooks.py --rounds 100")
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--steps", type=int, default=20, help="steps per round and copy")
+    ap.add_argument("--world", type=int, default=2, help="ranks (default 2)")
+    ap.add_argument("--modes", default=",".join(MODES[1:]),
+                    help="copies besides builtin, comma-separated (default: all: %(default)s)")
     a = ap.parse_args(argv)
+    modes = ("builtin",) + tuple(m for m in a.modes.split(",") if m and m != "builtin")
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        ap.error(f"unknown mode(s) {bad}; known: {', '.join(MODES)}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import multiprocessing as mp
 
@@ -121,15 +136,15 @@ def main(argv=None):
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     out = tempfile.mkdtemp(prefix="ddp-hooks-")
-    ps = [ctx.Process(target=_rank, args=(r, 2, port, a.rounds, a.steps, out, q))
-          for r in range(2)]
+    ps = [ctx.Process(target=_rank, args=(r, a.world, port, a.rounds, a.steps, out, q, modes))
+          for r in range(a.world)]
     t0 = time.time()
     for p in ps:
         p.start()
     got = [q.get() for _ in ps]
     for p in ps:
         p.join()
-    print(f"ddp_hooks: {a.rounds} rounds x {a.steps} steps per copy, 2 ranks, gloo, "
+    print(f"ddp_hooks: {a.rounds} rounds x {a.steps} steps per copy, {a.world} rank(s), gloo, "
           f"{time.strftime('%H:%M', time.gmtime(t0))}-{time.strftime('%H:%M UTC', time.gmtime())}, "
           f"load {os.getloadavg()[0]:.1f}")
     for rank, kinds, res, _ in sorted(got, key=lambda g: g[0]):
@@ -138,7 +153,7 @@ def main(argv=None):
         for what in ("thread", "process", "wall"):
             b = _median_ci(base[what])[0]
             parts = [f"builtin {b:.0f} us"]
-            for m in MODES[1:]:
+            for m in modes[1:]:
                 d = [x - y for x, y in zip(res[m][what], base[what])]
                 med, lo, hi = _median_ci(d)
                 parts.append(f"{m} {med:+.0f} [{lo:+.0f}, {hi:+.0f}]")

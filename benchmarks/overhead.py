@@ -15,6 +15,26 @@ Method (the machine is noisy):
 - Per op. The profiler cannot be switched per op, commtrace and the bare wrapper can: blocks
   of one untraced, one commtrace and one bare-wrapper op in a shuffled order, each op timed on
   its own, paired within the block. Drift of the machine cancels within a block.
+  Each mode runs on a process group of its own (untraced, bare and commtrace: since session 13
+  of issue 20 the bare wrapper no longer shares the untraced mode's group). At 2 ranks every op
+  starts with cold caches (its previous wait slept while gloo's threads and the other rank
+  ran), and an op on a group another mode of the same block just used finds that group's
+  state warmer: the bare wrapper on the untraced group cost 0.8 us less than on a group of
+  its own (`--ab shared_bare`), which read as 0.8 us of commtrace's cost.
+- `--ab`: more per-op modes in the same blocks, each paired with its reference: commtrace
+  with one part of its work switched off (the C++ tensor / group reads, the gap check, the
+  prefetch at entry; switched by the same calls before every mode's op, which also warm
+  commtrace's module: compare these modes with each other, not with the bare wrapper), the
+  bare wrapper on the untraced mode's group (the layout before), and a second bare wrapper on
+  a fourth group (A/A: the pairing's resolution); and two diagnostics, commtrace's op after a
+  call into `_fastpath` (`--ab warm_module`) or after reading the dicts its entry checks read
+  (`--ab warm_state`), made before that mode's op only: how much of its cost is cold code or
+  state. `--ab hot` runs a second commtrace op right after commtrace's, and a second bare one
+  right after the bare one, in every block: "commtrace: first - right after" is what the
+  coldness of commtrace's own code and state costs its first op, and "right after: commtrace
+  - bare" the wrapper's distance to the floor when both are hot. At 2 ranks the plain figure
+  depends on how much other work ran since commtrace's previous op (session 13: +4.2 us with
+  one commtrace op among 5 per block, -2.4 with three of 5, runs 10 minutes apart).
 - Both clocks: wall time, and the calling thread's CPU time (at 2 ranks the wall time of an op
   is mostly waiting for the other process; its CPU time is the host's own work).
 With 2 ranks both run the same schedule in lockstep and rank 0 reports. The last lines say
@@ -53,21 +73,30 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
     # op between two traced ones on one group is a collective the trace did not record: since
     # commtrace reads torch's numbers it writes a `gap` row for it (about 10 us), which the
     # interleaved per-op blocks would otherwise pay at every traced op.
+    # The bare wrapper has a group of its own too (issue 20, session 13): sharing the untraced
+    # mode's group, the bare op found that group's state (torch's and gloo's objects for it)
+    # touched by the untraced op of the same block, while commtrace's group was touched once
+    # per block. At 2 ranks, where each op starts with cold caches, that asymmetry alone moved
+    # commtrace - bare (`--ab shared_bare` measures it in one run).
     ranks = list(range(world))
     g_traced, g_untraced = dist.new_group(ranks), dist.new_group(ranks)
-    if args.async_op:
-        # the op is an async all_reduce and its wait(), through the same function per mode
-        def wrapped(x):
-            ct_all_reduce(x, group=g_traced, async_op=True).wait()
+    g_bare = dist.new_group(ranks)
+    ab = set(args.ab)
+    g_bare2 = dist.new_group(ranks) if "aa" in ab else None
 
-        def original(x):
-            torch_all_reduce(x, group=g_untraced, async_op=True).wait()
-    else:
-        def wrapped(x):
-            ct_all_reduce(x, group=g_traced)
+    def on(group, fn):
+        if args.async_op:
+            # the op is an async all_reduce and its wait(), through the same function per mode
+            def op(x):
+                fn(x, group=group, async_op=True).wait()
+        else:
+            def op(x):
+                fn(x, group=group)
+        return op
 
-        def original(x):
-            torch_all_reduce(x, group=g_untraced)
+    wrapped = on(g_traced, ct_all_reduce)
+    original = on(g_untraced, torch_all_reduce)
+    original_b = on(g_bare, torch_all_reduce)
     t = torch.ones(args.numel)
     k = args.ops
 
@@ -102,11 +131,15 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
 
     _time_ns = time.time_ns
 
-    def bare_wrapper(tensor, *a, **kw):
-        t0 = _time_ns()
-        r = original(tensor, *a, **kw)
-        t1 = _time_ns()
-        return r
+    def two_clocks(inner):
+        def bare_wrapper(tensor, *a, **kw):
+            t0 = _time_ns()
+            r = inner(tensor, *a, **kw)
+            t1 = _time_ns()
+            return r
+        return bare_wrapper
+
+    bare_wrapper = two_clocks(original_b)
 
     def bare():
         R._set_recorder(None)
@@ -126,22 +159,13 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
             dist.barrier()
             res[name].append(modes[name]())
             cpu[name].append(cpu_of[fn_of[name]])
-    fns, prep = {"untraced": original, "commtrace": wrapped, "bare": bare_wrapper}, {}
-    meta_cap = _meta_capsule() if args.meta_ab else None
-    if meta_cap is not None:
-        # the same wrapper with the C fast path's tensor / group reads through torch's
-        # Python-level accessors instead of the built C++ ones (issue 20), switched outside
-        # each op's timing
-        from commtrace.capture import wrappers as W
-
-        # (every mode makes the same call before its op, so that none gets a warmer start)
-        fns["commtrace_no_cxx_reads"] = wrapped
-        prep = {name: (lambda: W._cfast.set_meta_api(meta_cap)) for name in fns}
-        prep["commtrace_no_cxx_reads"] = lambda: W._cfast.set_meta_api(None)
+    fns = {"untraced": original, "commtrace": wrapped, "bare": bare_wrapper}
+    fns.update(_ab_modes(ab, wrapped, two_clocks(original), two_clocks(on(g_bare2, torch_all_reduce))
+                         if g_bare2 is not None else None, bare_wrapper))
+    prep, restore = _ab_prep(ab, fns, rec, g_traced)
     per_op = _per_op(args.blocks, fns, t, rec, dist, args.sweep_kb,
                      prep) if args.blocks else None
-    if meta_cap is not None:
-        W._cfast.set_meta_api(meta_cap)
+    restore()
     R._set_recorder(rec)
     commtrace.disable()
     # The paired differences per round (wall, then the calling thread's CPU time: the host's
@@ -168,6 +192,9 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
         "rows_recorded": None,
         "c_fast_path": c_fast_path(),
         "pin": args.pin, "cpus": cpus,
+        # per-op layout: untraced, bare and commtrace each on a group of its own (since
+        # session 13; the bare wrapper shared the untraced group before), --ab's modes
+        "groups": "own", "ab": sorted(ab),
     }
     try:
         import pyarrow.dataset as ds
@@ -184,6 +211,101 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
     if out_q is not None and rank == 0:
         out_q.put(out)
     return out
+
+
+#: --ab: per-op modes added to the blocks, each paired with its reference mode in the same
+#: block: the same wrapper with one part of its work switched off (switched outside the op's
+#: timing, by the same calls before every mode's op), or the bare wrapper in another layout.
+AB_MODES = {
+    # name: (mode, reference, label: what "reference - mode" is)
+    "meta": ("commtrace_no_cxx_reads", "commtrace", "C++ reads - accessors"),
+    "gap": ("commtrace_no_gap_check", "commtrace", "gap check's cost (seq read)"),
+    "prefetch": ("commtrace_no_prefetch", "commtrace", "prefetch at entry's effect"),
+    "shared_bare": ("bare_shared_group", "bare", "bare: own - shared group"),
+    "aa": ("bare2", "bare", "A/A: bare - bare2"),
+    # diagnostics (not switches: only the mode's own op gets the call before it, outside
+    # its timing): how much of commtrace's cost is the coldness of what the call warms
+    "warm_module": ("commtrace_warm_module", "commtrace",
+                    "cold - after a call into _fastpath"),
+    "warm_state": ("commtrace_warm_state", "commtrace",
+                   "cold - after reading its dicts"),
+    # a second op right after commtrace's (and one right after the bare wrapper's), in every
+    # block: the same wrapper with its code and state just used (hot) against its first op
+    "hot": ("commtrace_hot", "commtrace", "commtrace: first - right after"),
+}
+#: --ab hot: these modes run right after the mode they follow, not in the shuffled order
+FOLLOW = {"commtrace": "commtrace_hot", "bare": "bare_hot"}
+
+
+def _ab_modes(ab, wrapped, bare_on_untraced, bare2, bare=None) -> dict:
+    out = {}
+    for name in [k for k in AB_MODES if k in ab]:   # one order on every rank (not a set's)
+        mode = AB_MODES[name][0]
+        if name in ("meta", "gap", "prefetch", "warm_module", "warm_state"):
+            out[mode] = wrapped
+        elif name == "hot":
+            out["commtrace_hot"] = wrapped
+            out["bare_hot"] = bare
+        elif name == "shared_bare":
+            out[mode] = bare_on_untraced
+        elif name == "aa":
+            out[mode] = bare2
+    return out
+
+
+def _ab_prep(ab, fns, rec, g_traced):
+    """{mode: call before each of its ops} for the switched modes of `ab`, and a function that
+    puts every switch back. Every mode makes the same calls (with its own values), so that
+    none finds commtrace's module warmer than another."""
+    from commtrace.capture import wrappers as W
+
+    cf = W._cfast
+    sets = []   # (setter(mode) -> None) per switch
+    if "meta" in ab:
+        cap = _meta_capsule()
+        if cap is None:
+            raise SystemExit("--ab meta: the C++ reads are not built or not in use "
+                             "(commtrace accel build)")
+        sets.append(lambda m: cf.set_meta_api(None if m == "commtrace_no_cxx_reads" else cap))
+    if "prefetch" in ab:
+        sets.append(lambda m: cf.set_prefetch(m != "commtrace_no_prefetch"))
+    if "gap" in ab:
+        from commtrace.capture import torchseq
+
+        info = W.pg_info(g_traced)
+        if cf is None or not info.tseq:
+            raise SystemExit("--ab gap: no gap check on the C fast path here")
+        k, slot, fn = rec._tseqs, info.seq_slot, torchseq.on_gap
+
+        def gap(m):
+            off = m == "commtrace_no_gap_check"
+            cf.set_tseq(None if off else fn)
+            # The op with the check off claims no number: its group's last claimed number is
+            # moved past the one torch gives it (a blocking all_reduce takes exactly one), so
+            # the next checked op finds no gap; the other modes make the same two calls.
+            k.set(slot, k.get(slot) + (1 if off else 0))
+        sets.append(gap)
+    own = {}   # mode: its own call (the warm_* diagnostics)
+    if "warm_module" in ab:
+        # a C function of the module (its code, the thread's TLS), nothing of the wrapper's
+        own["commtrace_warm_module"] = cf.depth
+    if "warm_state" in ab:
+        # the recorder's and the thread state's dicts (the entry checks'), from Python
+        tls = W.tls
+
+        def warm_state():
+            rec.step
+            tls.__dict__.get("depth")
+        own["commtrace_warm_state"] = warm_state
+    if not sets and not own:
+        return {}, lambda: None
+
+    def one(m):
+        extra = own.get(m)
+        if extra is None:
+            return lambda: [f(m) for f in sets]
+        return lambda: ([f(m) for f in sets], extra())
+    return {m: one(m) for m in fns}, lambda: [f("commtrace") for f in sets]
 
 
 def _meta_capsule():
@@ -242,9 +364,11 @@ def _per_op(blocks: int, fns: dict, t, rec, dist, sweep_kb: int = 0, prep=None) 
                 prep[name]()
             fns[name](t)
     dist.barrier()
+    follow = {a: b for a, b in FOLLOW.items() if a in fns and b in fns}
     for _ in range(blocks):
-        order = names[:]
+        order = [n for n in names if n not in follow.values()]
         rng.shuffle(order)
+        order = [m for n in order for m in ((n, follow[n]) if n in follow else (n,))]
         for name in order:
             fn = fns[name]
             if junk is not None:
@@ -268,6 +392,13 @@ def _per_op(blocks: int, fns: dict, t, rec, dist, sweep_kb: int = 0, prep=None) 
             out[f"{kind}_{name}_added_ci95_us"] = median_ci(d)
             out[f"{kind}_{name}_added_mean_us"] = statistics.fmean(d)
             out[f"{kind}_{name}_added_mean_ci95_us"] = _mean_ci(d)
+        if "bare_hot" in data and "commtrace_hot" in data:
+            # --ab hot: each right after its own first op, paired within each block
+            d = [(a - b) / 1000.0 for a, b in zip(data["commtrace_hot"], data["bare_hot"])]
+            out[f"{kind}_hot_commtrace_minus_bare_us"] = statistics.median(d)
+            out[f"{kind}_hot_commtrace_minus_bare_ci95_us"] = median_ci(d)
+            out[f"{kind}_hot_commtrace_minus_bare_mean_us"] = statistics.fmean(d)
+            out[f"{kind}_hot_commtrace_minus_bare_mean_ci95_us"] = _mean_ci(d)
         if "bare" in data and "commtrace" in data:
             # commtrace against the bare two-clock wrapper, paired within each block (issue 20:
             # within 1 us of that floor)
@@ -276,14 +407,17 @@ def _per_op(blocks: int, fns: dict, t, rec, dist, sweep_kb: int = 0, prep=None) 
             out[f"{kind}_commtrace_minus_bare_ci95_us"] = median_ci(d)
             out[f"{kind}_commtrace_minus_bare_mean_us"] = statistics.fmean(d)
             out[f"{kind}_commtrace_minus_bare_mean_ci95_us"] = _mean_ci(d)
-        if "commtrace_no_cxx_reads" in data:
-            # --meta-ab: with the built C++ reads minus without them, paired within each block
-            d = [(a - b) / 1000.0 for a, b in zip(data["commtrace"],
-                                                   data["commtrace_no_cxx_reads"])]
-            out[f"{kind}_cxx_reads_gain_us"] = statistics.median(d)
-            out[f"{kind}_cxx_reads_gain_ci95_us"] = median_ci(d)
-            out[f"{kind}_cxx_reads_gain_mean_us"] = statistics.fmean(d)
-            out[f"{kind}_cxx_reads_gain_mean_ci95_us"] = _mean_ci(d)
+        for ab, (mode, ref, _label) in AB_MODES.items():
+            if mode not in data:
+                continue
+            # --ab: reference - switched mode, paired within each block (meta: with the
+            # built C++ reads minus without them, the key of the first version)
+            key = "cxx_reads_gain" if ab == "meta" else f"ab_{ab}"
+            d = [(a - b) / 1000.0 for a, b in zip(data[ref], data[mode])]
+            out[f"{kind}_{key}_us"] = statistics.median(d)
+            out[f"{kind}_{key}_ci95_us"] = median_ci(d)
+            out[f"{kind}_{key}_mean_us"] = statistics.fmean(d)
+            out[f"{kind}_{key}_mean_ci95_us"] = _mean_ci(d)
     return out
 
 
@@ -357,9 +491,16 @@ def report(r: dict) -> list[str]:
             row(label, f"{name}_added")
         if "cpu_commtrace_minus_bare_us" in p:
             row("commtrace - bare wrapper (paired)", "commtrace_minus_bare")
+        if "cpu_hot_commtrace_minus_bare_us" in p:
+            row("right after: commtrace - bare", "hot_commtrace_minus_bare")
+            row("  mean", "hot_commtrace_minus_bare_mean")
         if "cpu_cxx_reads_gain_us" in p:
             row("C++ reads - accessors (paired)", "cxx_reads_gain")
             row("C++ reads - accessors, mean", "cxx_reads_gain_mean")
+        for ab, (_mode, _ref, label) in AB_MODES.items():
+            if ab != "meta" and f"cpu_ab_{ab}_us" in p:
+                row(f"{label} (paired)", f"ab_{ab}")
+                row("  mean", f"ab_{ab}_mean")
         if "cpu_commtrace_added_mean_us" in p:
             # the mean of the same paired differences: what the median leaves out (costs that
             # land on some ops only) is in it, as it is in the rounds above
@@ -421,8 +562,17 @@ def main(argv=None) -> int:
     ap.add_argument("--meta-ab", action="store_true",
                     help="per op, also the wrapper with the C fast path's tensor / group reads "
                          "through torch's Python-level accessors instead of the C++ ones of "
-                         "`commtrace accel build` (issue 20), paired (needs them built)")
+                         "`commtrace accel build` (issue 20), paired (needs them built); the "
+                         "same as --ab meta")
+    ap.add_argument("--ab", default="",
+                    help="comma-separated per-op modes to add, each paired with its reference "
+                         "in the same blocks: " + "; ".join(
+                             f"{k}: {v[0]} ({v[2]})" for k, v in AB_MODES.items()))
     args = ap.parse_args(argv)
+    args.ab = [a for a in args.ab.split(",") if a] + (["meta"] if args.meta_ab else [])
+    bad = [a for a in args.ab if a not in AB_MODES]
+    if bad:
+        ap.error(f"--ab: unknown {bad}; choose from {sorted(AB_MODES)}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = []
     for w in args.world_size:

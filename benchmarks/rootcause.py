@@ -10,7 +10,8 @@ host hazards) and times, in fresh processes and alternating, `commtrace report D
 json --no-what-if` (the baseline) and `... --what-if`, reading each child's wall time, CPU time
 and peak RSS. Prints the best of each side by side, the difference, and the load average. Then
 times the stages in one process (user + system CPU, page faults): model, delay analysis,
-critical path, replay (with `--before`, `--repeat` times, alternating with the older tree's).
+critical path, replay (with `--before`, `--repeat` times, alternating with the older tree's),
+with the `commtrace` command's malloc tuning (model._retain_freed_memory) on, as in the reports.
 `--before DIR` adds, in the same alternation, `... --what-if` run with DIR first on PYTHONPATH
 (an older tree, e.g. `git archive REV commtrace | tar -x -C DIR` plus the built extensions):
 before and after side by side under the same load.
@@ -32,9 +33,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from analysis import _measured  # noqa: E402  (benchmarks/analysis.py)
 
+# (the stages run as the `commtrace` command runs them: its malloc tuning on, cli.main's flag)
 STAGES = r"""
 import resource, sys, time
-import commtrace
+import commtrace, commtrace.analysis
+commtrace.analysis.TUNE_MALLOC = True
 from commtrace.analysis import model as M, delay as D, critical_path as CP, rootcause as RC
 run = commtrace.load(sys.argv[1]); run.collectives(); run.waits()
 out, tot = [], 0.0

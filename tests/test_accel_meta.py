@@ -28,6 +28,16 @@ def _rows(out):
     return sorted(keep, key=lambda r: json.dumps(r, sort_keys=True, default=str))
 
 
+def _unequal(a, b) -> str:
+    """The rows only one side has (pytest shows only the first differing index of a long
+    list): what a failure must show to be understood."""
+    import collections
+
+    ca = collections.Counter(json.dumps(r, sort_keys=True, default=str) for r in a)
+    cb = collections.Counter(json.dumps(r, sort_keys=True, default=str) for r in b)
+    return ("only left:\n" + "\n".join(ca - cb) + "\nonly right:\n" + "\n".join(cb - ca))
+
+
 MODES = {"cxx": {}, "accessors": {"COMMTRACE_ACCEL_META": "0"},
          "pure": {"COMMTRACE_PURE_PYTHON": "1"}}
 
@@ -71,7 +81,7 @@ def test_rows_are_the_same_with_and_without_the_cxx_reads(runs):
         {r["api"] for r in ops}
     assert any(r["async_op"] and r["api"] == "all_reduce" for r in ops)
     assert sum(r["kind"] == "gap" for r in rows) >= 2 * 2
-    assert rows == runs["accessors"][0]
+    assert rows == runs["accessors"][0], _unequal(rows, runs["accessors"][0])
 
 
 @pytest.mark.slow  # issue 14: main suite within 8 minutes; CI's slow stage runs it
@@ -79,4 +89,4 @@ def test_rows_are_the_same_on_the_pure_python_path(runs, tmp_path_factory, accel
     rows, stats = _run(tmp_path_factory, accel_cache, "pure")
     for rank, (on, t_reads, s_reads, n_c) in stats.items():
         assert (on, t_reads, s_reads, n_c) == (0, 0, 0, 0)
-    assert rows == runs["cxx"][0]
+    assert rows == runs["cxx"][0], _unequal(rows, runs["cxx"][0])

@@ -3,8 +3,9 @@ and the hook in C, and the hook in C++ (built here as a user builds it: ``commtr
 build``), record the rows the Python dispatcher records.
 
 One real gloo job (tests/scripts/ddp_hook_equal.py) trains the same model on the same data four
-times: untraced (DDP's C++ all-reduce), traced through the C hook, traced through the Python
-dispatcher, and with torch's ``allreduce_hook`` (``div_``) untraced. The parameters after the
+times: untraced (DDP's C++ all-reduce), traced through the C hook (or the C++ one: with hook
+interface v2, its scaling and all-reduce issued through c10d's C++ API; or v1, through Python's
+calls), traced through the Python dispatcher, and with torch's ``allreduce_hook`` (``div_``) untraced. The parameters after the
 last step are compared exactly with the untraced model's. At 3 ranks torch's hook rounds
 differently from DDP's own division (the planted difference the comparison must see); at 2 ranks
 both divisions are exact."""
@@ -17,7 +18,7 @@ import os
 import pytest
 
 from commtrace.capture import wrappers as Wr
-from conftest import SCRIPTS, load_rows, run_traced, torchrun_cmd
+from conftest import SCRIPTS, load_rows, marked_json, run_traced, torchrun_cmd
 
 needs_c = pytest.mark.skipif(Wr._cfast is None or not hasattr(Wr._cfast, "ddp_hook"),
                              reason="the C fast path is not built here")
@@ -31,10 +32,7 @@ VOLATILE = {"t_enqueue_ns", "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_
 def _job(tmp_path, nproc, env=None):
     p = run_traced(tmp_path, torchrun_cmd(os.path.join(SCRIPTS, "ddp_hook_equal.py"),
                                           nproc=nproc), env=env, timeout=240)
-    # torchrun may join two ranks' lines ("...}DDPEQ {..."): decode each object where it starts
-    dec = json.JSONDecoder()
-    res = sorted((dec.raw_decode(part)[0] for part in p.stdout.split("DDPEQ ")[1:]),
-                 key=lambda r: r["rank"])
+    res = marked_json(p.stdout, "DDPEQ ")
     assert [r["rank"] for r in res] == list(range(nproc)), p.stdout[-2000:]
     return res, load_rows(tmp_path)
 
@@ -49,6 +47,24 @@ def job2(tmp_path_factory):
 def job2_cxx(tmp_path_factory, accel_cache):
     return _job(tmp_path_factory.mktemp("ddp-hook-2-cxx"), 2,
                 env={"COMMTRACE_CACHE_DIR": accel_cache})
+
+
+@pytest.fixture(scope="module")
+def job2_cxx_v1(tmp_path_factory, accel_cache):
+    # the C++ hook with interface v2 off: the bucket's scaling and all_reduce through Python
+    return _job(tmp_path_factory.mktemp("ddp-hook-2-cxx-v1"), 2,
+                env={"COMMTRACE_CACHE_DIR": accel_cache, "COMMTRACE_DDP_V2": "0"})
+
+
+def _check_cxx(res, rows, v2):
+    """The C++ hook ran every bucket of the traced model, through c10d's C++ API (v2) or
+    through Python's calls (v1)."""
+    assert all(r["hook_kind"] == "c++" and r["hook_v2"] is v2 for r in res), res
+    for r in res:
+        n = len(_ddp_rows(rows, r["rank"], r["window_c"]))
+        assert n >= 4 and r["counts_c"] == [n, 0], r
+        # the module's counters are per process: the first traced model only
+        assert r["cxx_counts"] == ([n, 0] if v2 else [0, n]), r
 
 
 def _ddp_rows(rows, rank, window):
@@ -106,8 +122,35 @@ def test_ddp_cxx_hook_gradients_equal_untraced_and_rows_equal_python_rows(job2_c
     stamps completions without the GIL on gloo's thread): the same gradients, bit for bit,
     and the same rows as the Python dispatcher's, completed through the Work's future."""
     res, rows = job2_cxx
-    assert all(r["hook_kind"] == "c++" for r in res), res
+    _check_cxx(res, rows, v2=True)
     _check(res, rows, torch_hook_equal=True)
+
+
+@needs_c
+def test_ddp_cxx_hook_v1_gradients_equal_untraced_and_rows_equal_python_rows(job2_cxx_v1):
+    """COMMTRACE_DDP_V2=0 (what the C++ hook does for a group it does not issue on from C++):
+    the bucket's scaling and all_reduce through Python's calls; the same gradients and rows."""
+    res, rows = job2_cxx_v1
+    _check_cxx(res, rows, v2=False)
+    _check(res, rows, torch_hook_equal=True)
+
+
+@needs_c
+@pytest.mark.slow
+@pytest.mark.parametrize("bucket_view", [False, True])
+def test_ddp_cxx_hook_v2_three_ranks_gradients_equal_untraced(tmp_path, accel_cache,
+                                                               bucket_view):
+    """Hook interface v2 at 3 ranks, where the division rounds: the C++ scaling (``mul_`` by
+    1/3, or ``div_`` by 3 for gradients that are views of their buckets, as DDP) gives
+    untraced DDP's gradients bit for bit, and the rows are the Python dispatcher's."""
+    env = {"COMMTRACE_CACHE_DIR": accel_cache}
+    if bucket_view:
+        env["DDPEQ_BUCKET_VIEW"] = "1"
+    res, rows = _job(tmp_path, 3, env=env)
+    _check_cxx(res, rows, v2=True)
+    # with gradient_as_bucket_view and zero_grad's set_to_none DDP still multiplies (ddp.py
+    # _bview_hooks): torch's div_ differs at 3 ranks either way
+    _check(res, rows, torch_hook_equal=False)
 
 
 @pytest.mark.slow
@@ -139,9 +182,7 @@ def test_ddp_join_shadow_allreduces_complete(tmp_path, request, kind):
         env = {"COMMTRACE_DDP_CXX": "0"}
     p = run_traced(tmp_path, torchrun_cmd(os.path.join(SCRIPTS, "ddp_join.py")), env=env,
                    timeout=240)
-    dec = json.JSONDecoder()
-    res = sorted((dec.raw_decode(part)[0] for part in p.stdout.split("DDPJOIN ")[1:]),
-                 key=lambda r: r["rank"])
+    res = marked_json(p.stdout, "DDPJOIN ")
     assert [r["rank"] for r in res] == [0, 1], p.stdout[-2000:]
     assert all(r["hook_kind"] == (kind if kind == "c++" else None) for r in res), res
     rows = load_rows(tmp_path)
@@ -156,3 +197,70 @@ def test_ddp_join_shadow_allreduces_complete(tmp_path, request, kind):
     # rank 1 joined after 2 of 6 steps: its DDP shadowed rank 0's later buckets
     assert res[1]["steps"] < res[0]["steps"]
     assert len(per_rank[1]) == len(per_rank[0]) > 0, {k: len(v) for k, v in per_rank.items()}
+
+
+@needs_c
+def test_ddp_hook_benchmarks_run_and_use_v2(accel_cache):
+    """benchmarks/ddp_hook_call.py and ddp_hooks.py (a few rounds: what they print, not their
+    figures): the C++ hook registers with interface v2 on the DDP sample, and with v1 when
+    COMMTRACE_DDP_V2=0 is set for its copy."""
+    import subprocess
+    import sys
+
+    from conftest import clean_env
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = clean_env({"COMMTRACE_CACHE_DIR": accel_cache})
+    p = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "ddp_hook_call.py"),
+                        "--rounds", "2", "--calls", "4"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "'cxx': 'c++ v2', 'cxx_v1': 'c++', 'c': 'c'" in p.stdout, p.stdout
+    assert "thread CPU per bucket (over floor): floor " in p.stdout, p.stdout
+    p = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "ddp_hooks.py"),
+                        "--world", "1", "--modes", "cxx_v1,cxx", "--rounds", "2", "--steps", "2"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "'cxx_v1': 'c++', 'cxx': 'c++ v2'" in p.stdout, p.stdout
+    assert "1 rank(s)" in p.stdout and "cxx_v1 " in p.stdout, p.stdout
+
+
+def test_v2_group_only_for_torchs_process_group_on_gloo_or_nccl(monkeypatch):
+    """Hook interface v2 is asked for only where it issues what Python would: a group of
+    exactly torch's ProcessGroup class whose backends are gloo or NCCL, commtrace's own
+    scaling (also under join's wrapper), and not COMMTRACE_DDP_V2=0; else None (v1)."""
+    import types
+
+    from commtrace.capture import ddp as D
+
+    class PG:   # stands for torch's ProcessGroup
+        def __init__(self, backend):
+            self.backend = backend
+
+    class SubPG(PG):
+        pass
+
+    fake = types.SimpleNamespace(ProcessGroup=PG, get_backend=lambda pg: pg.backend)
+    monkeypatch.setattr(D, "_dist", fake)
+    monkeypatch.delenv("COMMTRACE_DDP_V2", raising=False)
+
+    def state(scale):
+        s = D._HookState(None)
+        s.scale = scale
+        return s
+
+    for backend in ("gloo", "nccl", "cpu:gloo,cuda:nccl"):
+        pg = PG(backend)
+        assert D._v2_group(state(("mul_", 0.5, pg))) is pg, backend
+        assert D._v2_group(state(("div_", 2, pg))) is pg, backend
+        assert D._v2_group(state(("join", ("mul_", 0.5, pg)))) is pg, backend
+    for backend in ("mpi", "ucc", "cpu:gloo,cuda:custom", "fake", ""):
+        assert D._v2_group(state(("mul_", 0.5, PG(backend)))) is None, backend
+    assert D._v2_group(state(("mul_", 0.5, SubPG("gloo")))) is None   # a subclass
+    assert D._v2_group(state(None)) is None                          # torch's hook's numerics
+    assert D._v2_group(state(("join", None))) is None
+    fake.get_backend = lambda pg: 1 / 0                              # a failing look-up
+    assert D._v2_group(state(("mul_", 0.5, PG("gloo")))) is None
+    fake.get_backend = lambda pg: pg.backend
+    monkeypatch.setenv("COMMTRACE_DDP_V2", "0")
+    assert D._v2_group(state(("mul_", 0.5, PG("gloo")))) is None

@@ -680,3 +680,19 @@ def test_sync_points_of_the_anchor_events_in_place_equal_sync_points_on_their_co
     assert c.sync_points_ev(one, np.array([1], np.uint8), np.array([2.0 ** 45]), one, np.array([9.0]), 1) is None
     assert c.sync_points_ev(np.array([-1], np.int64), np.array([1], np.uint8), np.array([1.0]), one,
                             np.array([9.0]), 1) is None
+
+
+def test_labels_read_a_chunked_column_in_place():
+    """model._Labels reads row i of a string column across its chunks (no combine_chunks copy):
+    every row, with and without the rows' permutation, nulls as "", equals the combined column."""
+    import pyarrow as pa
+    rng = np.random.default_rng(5)
+    vals = [None if rng.random() < 0.1 else f"train.py:{int(rng.integers(1000))}" for _ in range(2000)]
+    cuts = [0, 1, 700, 700, 1500, 2000]          # an empty chunk and a one-row chunk among them
+    col = pa.chunked_array([pa.array(vals[a:b], pa.string()) for a, b in zip(cuts[:-1], cuts[1:])])
+    flat = [v if v is not None else "" for v in vals]
+    perm = rng.permutation(len(vals))
+    lab, labp = M._Labels(col), M._Labels(col, perm)
+    assert lab.col.num_chunks == 5               # kept in its chunks
+    assert [lab[i] for i in range(len(vals))] == flat
+    assert [labp[np.int64(i)] for i in range(len(vals))] == [flat[j] for j in perm]

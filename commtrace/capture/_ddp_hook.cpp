@@ -18,12 +18,26 @@
 // Anything ddp_issue does not take (a hook of the user's, tracing off, a CUDA bucket, ...)
 // goes to the Python dispatcher (ddp._dispatch) as through PythonCommHook.
 //
+// Hook interface v2: where the model's group is torch's ProcessGroup class itself on gloo or
+// NCCL (ddp.py _v2_group), the bucket's scaling (DDP's `mul_(1 / world size)`, or `div_`) and
+// its all_reduce are done here through ATen and c10d's C++ API (ProcessGroup::allreduce, as
+// torch's builtin C++ comm hooks call it, with the GIL released as the pybind binding releases
+// it), handed to ddp_issue as a DdpIssuer: no Python method call, no pybind call of
+// ProcessGroup.allreduce or Work.get_future per bucket. The record is ddp_issue's as before:
+// all_reduce's FastCtx stamps enqueue and return around issue_ar, and the Work it tracks is
+// the same Work, as a Python object. Elsewhere (another group class or backend, a torch
+// function mode on, COMMTRACE_DDP_V2=0) the v1 path: ddp_issue's Python calls.
+//
 // Built on demand against the installed torch (commtrace/capture/accel.py), never at pip
 // install time: torch is not a build dependency of commtrace.
 
 #include <torch/extension.h>
 
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
@@ -37,15 +51,23 @@
 
 namespace {
 
-// The capsule's layout (_fastpath.c, DdpCxxApi); version 1.
+// _fastpath.c's DdpIssuer: this side's scaling and all_reduce (interface v2). GIL held.
+struct DdpIssuer {
+  PyObject* group;
+  void* ctx;
+  int (*scale)(void* ctx, int div, double f, long long i);
+  PyObject* (*issue_ar)(void* ctx);
+};
+
+// The capsule's layout (_fastpath.c, DdpCxxApi); version 2.
 struct DdpCxxApi {
   int version;
   int (*issue)(PyObject* state, PyObject* buf, PyObject* idx, PyObject* detail_arg,
-               PyObject** work, PyObject** row, PyObject** fut);
+               DdpIssuer* iss, PyObject** work, PyObject** row, PyObject** fut);
   void (*stamp)(PyObject* row, long long t, int observed);
   long long (*now)();
 };
-constexpr int kApiVersion = 1;
+constexpr int kApiVersion = 2;
 constexpr const char* kCapsule = "commtrace.capture._fastpath.ddp_cxx_api";
 
 // Completion stamps queued by the continuations (any thread) until a thread holding the GIL
@@ -115,6 +137,56 @@ struct Pending {
   std::atomic<bool> attaching{true};
 };
 
+// AllreduceOptions as torch's Python all_reduce builds them for an async SUM (ddp.py passes
+// the same to ProcessGroup.allreduce on the v1 path): asyncOp where this torch has it.
+template <typename O>
+auto set_async(O& o, int) -> decltype(o.asyncOp = true, void()) {
+  o.asyncOp = true;
+}
+template <typename O>
+void set_async(O&, long) {}
+
+c10d::AllreduceOptions sum_async_opts() {
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  set_async(o, 0);
+  return o;
+}
+
+// One bucket's v2 issue (runHook's stack): what the callbacks work on.
+struct V2Call {
+  at::Tensor buf;
+  c10d::ProcessGroup* pg;
+  const c10d::AllreduceOptions* opts;
+  c10::intrusive_ptr<c10d::Work> work;   // set by issue_ar
+};
+
+int v2_scale(void* ctx, int div, double f, long long i) {
+  auto* c = static_cast<V2Call*>(ctx);
+  HANDLE_TH_ERRORS
+  // the scalar as the Python call passes it: a float to mul_, an int to div_
+  if (div)
+    c->buf.div_(c10::Scalar(static_cast<int64_t>(i)));
+  else
+    c->buf.mul_(c10::Scalar(f));
+  return 0;
+  END_HANDLE_TH_ERRORS_RET(-1)
+}
+
+PyObject* v2_issue_ar(void* ctx) {
+  auto* c = static_cast<V2Call*>(ctx);
+  HANDLE_TH_ERRORS
+  std::vector<at::Tensor> ts{c->buf};
+  {
+    py::gil_scoped_release nogil;   // as the pybind binding of ProcessGroup.allreduce
+    c->work = c->pg->allreduce(ts, *c->opts);
+  }
+  return py::cast(c->work).release().ptr();
+  END_HANDLE_TH_ERRORS
+}
+
+std::atomic<unsigned long long> n_v2{0}, n_v1{0};
+
 at::Tensor first_tensor(const c10::IValue& v) {
   if (v.isTensor())
     return v.toTensor();
@@ -125,9 +197,14 @@ at::Tensor first_tensor(const c10::IValue& v) {
 
 class CommtraceHook : public c10d::CommHookInterface {
  public:
-  CommtraceHook(py::object state, py::object fallback, const DdpCxxApi* api)
+  CommtraceHook(py::object state, py::object fallback, const DdpCxxApi* api,
+                py::object v2_group)
       : state_(std::move(state)), fallback_(std::move(fallback)), api_(api),
-        stamps_(std::make_shared<Stamps>(api)) {
+        stamps_(std::make_shared<Stamps>(api)), opts_(sum_async_opts()) {
+    if (!v2_group.is_none()) {
+      pg_ = v2_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+      v2_group_ = std::move(v2_group);
+    }
     std::lock_guard<std::mutex> g(registry_mu);
     registry.push_back(stamps_);
   }
@@ -143,6 +220,7 @@ class CommtraceHook : public c10d::CommHookInterface {
     stamps_->flush();
     state_ = py::object();
     fallback_ = py::object();
+    v2_group_ = py::object();
   }
 
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
@@ -157,7 +235,16 @@ class CommtraceHook : public c10d::CommHookInterface {
       throw python_error();
     }
     PyObject *work = nullptr, *row = nullptr, *pyfut = nullptr;
-    int r = api_->issue(state_.ptr(), buf, idx, idx, &work, &row, &pyfut);
+    V2Call call;
+    DdpIssuer iss{v2_group_.ptr(), &call, v2_scale, v2_issue_ar};
+    // v2 unless a torch function mode is on (the Python calls would go through it)
+    bool v2 = pg_ && !at::impl::torch_function_mode_enabled();
+    if (v2) {
+      call.buf = bucket.getBufferRef();
+      call.pg = pg_.get();
+      call.opts = &opts_;
+    }
+    int r = api_->issue(state_.ptr(), buf, idx, idx, v2 ? &iss : nullptr, &work, &row, &pyfut);
     Py_DECREF(buf);
     Py_DECREF(idx);
     Py_XDECREF(pyfut);
@@ -168,11 +255,18 @@ class CommtraceHook : public c10d::CommHookInterface {
     if (r == 0)
       return run_fallback(bucket);
     c10::intrusive_ptr<c10d::Work> w;
-    try {
-      w = py::reinterpret_steal<py::object>(work).cast<c10::intrusive_ptr<c10d::Work>>();
-    } catch (...) {
-      Py_XDECREF(row);
-      throw;
+    if (call.work) {   // issued here (v2): the same Work as the Python object tracked
+      Py_XDECREF(work);
+      w = std::move(call.work);
+      n_v2.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      try {
+        w = py::reinterpret_steal<py::object>(work).cast<c10::intrusive_ptr<c10d::Work>>();
+      } catch (...) {
+        Py_XDECREF(row);
+        throw;
+      }
+      n_v1.fetch_add(1, std::memory_order_relaxed);
     }
     auto fut = w->getFuture();
     auto p = std::make_shared<Pending>();
@@ -221,19 +315,25 @@ class CommtraceHook : public c10d::CommHookInterface {
   py::object fallback_;
   const DdpCxxApi* api_;
   std::shared_ptr<Stamps> stamps_;
+  c10d::AllreduceOptions opts_;
+  py::object v2_group_;                     // None: v1 (ddp_issue's Python calls)
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
 };
 
-// register(reducer, state, fallback, capsule): register the hook on a DDP model's Reducer
-// (raises as Reducer::register_comm_hook does when the model has a hook already).
+// register(reducer, state, fallback, capsule, v2_group=None): register the hook on a DDP
+// model's Reducer (raises as Reducer::register_comm_hook does when the model has a hook
+// already); v2_group: the group the hook issues on through c10d's C++ API (interface v2), or
+// None (v1).
 void register_hook(py::object reducer, py::object state, py::object fallback,
-                   py::capsule api_capsule) {
+                   py::capsule api_capsule, py::object v2_group) {
   if (std::string(api_capsule.name()) != kCapsule)
     throw std::invalid_argument("commtrace DDP hook: not _fastpath's capsule");
   auto* api = static_cast<const DdpCxxApi*>(api_capsule.get_pointer());
   if (api == nullptr || api->version != kApiVersion)
     throw std::invalid_argument("commtrace DDP hook: _fastpath's capsule has another version");
   c10d::Reducer& r = reducer.cast<c10d::Reducer&>();
-  r.register_comm_hook(std::make_unique<CommtraceHook>(std::move(state), std::move(fallback), api));
+  r.register_comm_hook(std::make_unique<CommtraceHook>(std::move(state), std::move(fallback), api,
+                                                       std::move(v2_group)));
 }
 
 }  // namespace
@@ -243,7 +343,13 @@ void commtrace_register_meta(py::module_& m);   // _accel_meta.cpp: _fastpath's 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "commtrace's DDP comm hook in C++ (built against the installed torch)";
   m.attr("API_VERSION") = kApiVersion;
-  m.def("register", &register_hook, "register(reducer, state, fallback, capsule)");
+  m.def("register", &register_hook, "register(reducer, state, fallback, capsule, v2_group=None)",
+        py::arg("reducer"), py::arg("state"), py::arg("fallback"), py::arg("capsule"),
+        py::arg("v2_group") = py::none());
+  m.def(
+      "counts",
+      []() { return py::make_tuple(n_v2.load(), n_v1.load()); },
+      "(buckets issued through c10d's C++ API (v2), through Python's calls (v1)).");
   m.def("flush_all", &flush_all,
         "Write the completion times queued by every hook's continuations into their rows.");
   commtrace_register_meta(m);

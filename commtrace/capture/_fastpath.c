@@ -1793,7 +1793,10 @@ static PyObject *as_new_pending(PyObject *row, PyObject *tensors) {
  * all_reduce: as_track then attaches no DoneCB and hands the future and the row over, and the
  * hook's own continuation stamps the completion (one callback on the backend's thread per
  * bucket instead of two). New references; NULLs when not handed over. */
-typedef struct { PyObject *fut, *row; } DdpTake;
+typedef struct {
+    PyObject *fut, *row;
+    int nofut;   /* the C++ hook, which takes its Work's future in C++: no get_future here */
+} DdpTake;
 static _Thread_local DdpTake *t_ddp_take;
 
 /* wrappers._track_work for a Work whose type this wrapper has seen complete through its
@@ -1847,7 +1850,15 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
         return;
     }
     PyObject *fut = NULL;
-    if (acst.callback && !nofut) {
+    /* hasfut: the op completes through its Work's future; fut is that future as a Python
+     * object, except for the C++ DDP hook, which takes the future in C++ and stamps the
+     * completion itself (t_ddp_take->nofut: the pybind call would make a Python object that
+     * nothing uses) */
+    int hasfut = 0;
+    if (acst.callback && !nofut && t_ddp_take != NULL && t_ddp_take->nofut) {
+        hasfut = 1;
+    } else if (acst.callback && !nofut) {
+        hasfut = 1;
         fut = PyObject_CallMethodNoArgs(work, s_get_future);
         if (fut == NULL) {   /* not this time: the Python function decides */
             CLEAR_ERR();
@@ -1865,7 +1876,7 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
      * then completes the row as "observed" (DoneCB.attaching). A look (future.done(), a
      * pybind call) cost 0.3-0.4 us per op and told nothing the attach does not. */
     int done = 0;
-    if (fut == NULL) {
+    if (!hasfut) {
         PyObject *look = PyObject_CallMethodNoArgs(work, s_is_completed);
         done = look == Py_True;
         Py_XDECREF(look);
@@ -1879,7 +1890,7 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
         CLEAR_ERR();
         return;
     }
-    if (fut != NULL) {
+    if (hasfut) {
         pset(p, P_HAS_FUTURE, Py_True);
         PyObject *wr = PyWeakref_NewRef(work, NULL);
         if (wr != NULL) {
@@ -1921,9 +1932,9 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
         }
         CLEAR_ERR();
     }
-    if (fut != NULL && t_ddp_take != NULL) {
-        /* the DDP hook's continuation stamps its completion (ddp_then) */
-        Py_INCREF(fut); Py_INCREF(row);
+    if (hasfut && t_ddp_take != NULL) {
+        /* the DDP hook's continuation stamps its completion (ddp_then, or the C++ hook's) */
+        Py_XINCREF(fut); Py_INCREF(row);
         t_ddp_take->fut = fut;
         t_ddp_take->row = row;
     } else if (!done && fut != NULL) {
@@ -3040,6 +3051,25 @@ static struct {
     int on;
 } dh;
 static unsigned long long n_ddp, n_ddp_fallback;
+
+/* The C++ hook's "interface v2" (commtrace/capture/_ddp_hook.cpp): for a bucket this path
+ * takes, the C++ side scales the bucket and issues its all_reduce through c10d's C++ API, as
+ * torch's builtin C++ hooks do, instead of the Python method call and the pybind call of
+ * ProcessGroup.allreduce. The recording is this path's, unchanged: ddp_allreduce, called by
+ * all_reduce's FastCtx between the enqueue and return stamps, hands the call to issue_ar.
+ * Both take the GIL held; ctx is the C++ side's. */
+typedef struct DdpIssuer {
+    PyObject *group;   /* the Python group the C++ side issues on (borrowed): others go to pybind */
+    void *ctx;
+    /* buf.div_(i) (div) or buf.mul_(f): 0, or -1 with a Python exception set */
+    int (*scale)(void *ctx, int div, double f, long long i);
+    /* group.allreduce([buf], SUM, async) in C++: the Work as a Python object (a new
+     * reference), or NULL with a Python exception set */
+    PyObject *(*issue_ar)(void *ctx);
+} DdpIssuer;
+static _Thread_local DdpIssuer *t_ddp_iss;   /* set while ddp_issue runs all_reduce's ctx */
+static _Thread_local PyObject *t_ddp_iss_buf;
+static PyObject *s_mul_, *s_div_;
 static PyObject *s_user_hook, *s_scale, *s_buffer, *s_index, *s_allreduce, *s_then, *s_value;
 
 /* The continuation of one bucket's all_reduce (the `.then` callback of its Work's future): a
@@ -3078,6 +3108,11 @@ static PyObject *ddp_then_vectorcall(PyObject *self, PyObject *const *args, size
 static PyObject *ddp_allreduce(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs == 4 && dh.on && args[1] == dh.op_sum && args[2] != Py_None &&
         args[3] == Py_True && PyDict_Check(dh.coalesce) && PyDict_GET_SIZE(dh.coalesce) == 0) {
+        DdpIssuer *iss = t_ddp_iss;
+        if (iss != NULL && args[2] == iss->group && args[0] == t_ddp_iss_buf) {
+            t_ddp_iss = NULL;   /* once */
+            return iss->issue_ar(iss->ctx);
+        }
         PyObject *lst = PyList_New(1);
         if (lst == NULL)
             return NULL;
@@ -3096,6 +3131,10 @@ static PyObject *ddp_allreduce(PyObject *module, PyObject *const *args, Py_ssize
     return PyObject_Vectorcall(dh.orig, args, nargs, NULL);
 }
 
+static int is_str(PyObject *x, PyObject *interned) {
+    return x == interned || (PyUnicode_CheckExact(x) && PyUnicode_Compare(x, interned) == 0);
+}
+
 static PyObject *ddp_fallback(PyObject *state, PyObject *bucket) {
     n_ddp_fallback++;
     PyObject *av[2] = {state, bucket};
@@ -3109,15 +3148,17 @@ static PyObject *ddp_fallback(PyObject *state, PyObject *bucket) {
  * the scaling or the all_reduce failed (DDP sees the error, as through allreduce_hook), 1 when
  * issued: *work is the Work (a new reference); *row and *fut are the op's row and its Work's
  * future as the async path handed them over (new references, or NULL: the stamp is someone
- * else's). */
+ * else's). iss: the C++ hook's scaling and all_reduce (DdpIssuer), or NULL; nofut: the caller
+ * takes the Work's future itself (the C++ hook: *fut stays NULL, no Python future is made). */
 static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *detail_arg,
-                     PyObject **work_out, PyObject **row_out, PyObject **fut_out) {
+                     DdpIssuer *iss, int nofut, PyObject **work_out, PyObject **row_out,
+                     PyObject **fut_out) {
     *work_out = *row_out = *fut_out = NULL;
     if (!dh.on)
         return 0;
     PyObject *rec = NULL, *scale = NULL, *detail = NULL, *st = NULL, *prev_api = NULL,
              *prev_detail = NULL, *work = NULL;
-    DdpTake take = {NULL, NULL};
+    DdpTake take = {NULL, NULL, 0};
     int res = 0;
     rec = fast_attr(dh.recmod_d, dh.recmod, s_recorder);
     if (rec == NULL || rec == Py_None || t_depth)
@@ -3180,20 +3221,45 @@ static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *de
      * division before the all_reduce) */
     res = -1;
     {
-        PyObject *av[2] = {buf, PyTuple_GET_ITEM(scale, 1)};
-        PyObject *r = PyObject_VectorcallMethod(PyTuple_GET_ITEM(scale, 0), av,
-                                                2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        if (r == NULL)
-            goto out;
-        Py_DECREF(r);
+        /* the C++ hook scales in C++ the two ways ddp._scale_of gives: mul_ by a float, div_
+         * by an int (as the Python call passes them); anything else by the method call */
+        PyObject *meth = PyTuple_GET_ITEM(scale, 0), *f = PyTuple_GET_ITEM(scale, 1);
+        int done = 0;
+        if (iss != NULL && is_str(meth, s_mul_) && PyFloat_CheckExact(f)) {
+            if (iss->scale(iss->ctx, 0, PyFloat_AS_DOUBLE(f), 0) < 0)
+                goto out;
+            done = 1;
+        } else if (iss != NULL && is_str(meth, s_div_) && PyLong_CheckExact(f)) {
+            int ovf = 0;
+            long long i = PyLong_AsLongLongAndOverflow(f, &ovf);
+            if (!ovf && !(i == -1 && PyErr_Occurred())) {
+                if (iss->scale(iss->ctx, 1, 0.0, i) < 0)
+                    goto out;
+                done = 1;
+            }
+            CLEAR_ERR();
+        }
+        if (!done) {
+            PyObject *av[2] = {buf, f};
+            PyObject *r = PyObject_VectorcallMethod(meth, av,
+                                                    2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            if (r == NULL)
+                goto out;
+            Py_DECREF(r);
+        }
     }
     if (PyDict_SetItem(st, s_api, dh.api) != 0 || PyDict_SetItem(st, s_detail, detail) != 0)
         CLEAR_ERR();
     {
         PyObject *av[4] = {buf, dh.op_sum, PyTuple_GET_ITEM(scale, 2), Py_True};
+        take.nofut = nofut;
         t_ddp_take = &take;
+        t_ddp_iss = iss;
+        t_ddp_iss_buf = buf;
         work = PyObject_Vectorcall(dh.ctx, av, 4, NULL);
         t_ddp_take = NULL;
+        t_ddp_iss = NULL;
+        t_ddp_iss_buf = NULL;
     }
     {
         PyObject *et, *ev, *etb;
@@ -3232,7 +3298,7 @@ static PyObject *ddp_hook(PyObject *module, PyObject *const *args, Py_ssize_t na
     PyObject *buf = PyObject_CallMethodNoArgs(bucket, s_buffer);
     PyObject *idx = buf != NULL ? PyObject_CallMethodNoArgs(bucket, s_index) : NULL;
     PyObject *work, *row, *fut, *ret = NULL;
-    int r = ddp_issue(state, buf, idx, bucket, &work, &row, &fut);
+    int r = ddp_issue(state, buf, idx, bucket, NULL, 0, &work, &row, &fut);
     Py_XDECREF(buf);
     Py_XDECREF(idx);
     if (r == 0)
@@ -3262,8 +3328,11 @@ static PyObject *ddp_hook(PyObject *module, PyObject *const *args, Py_ssize_t na
  * checked by the C++ side. All but now take the GIL held. */
 typedef struct {
     int version;
+    /* iss: the C++ side's scaling and all_reduce (interface v2), or NULL: both through
+     * Python (the method call, ProcessGroup.allreduce by pybind). Either way *fut is NULL:
+     * the C++ side takes the Work's future in C++. */
     int (*issue)(PyObject *state, PyObject *buf, PyObject *idx, PyObject *detail_arg,
-                 PyObject **work, PyObject **row, PyObject **fut);
+                 DdpIssuer *iss, PyObject **work, PyObject **row, PyObject **fut);
     void (*stamp)(PyObject *row, long long t, int observed);
     long long (*now)(void);   /* the rows' clock; any thread, no GIL */
 } DdpCxxApi;
@@ -3280,7 +3349,13 @@ static long long ddp_cxx_now(void) {
     return now_ns();
 }
 
-static const DdpCxxApi ddp_cxx = {1, ddp_issue, ddp_cxx_stamp, ddp_cxx_now};
+/* ddp_issue for the C++ hook: it takes the Work's future in C++ (never a Python one) */
+static int ddp_cxx_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *detail_arg,
+                         DdpIssuer *iss, PyObject **work, PyObject **row, PyObject **fut) {
+    return ddp_issue(state, buf, idx, detail_arg, iss, 1, work, row, fut);
+}
+
+static const DdpCxxApi ddp_cxx = {2, ddp_cxx_issue, ddp_cxx_stamp, ddp_cxx_now};
 
 static PyObject *ddp_cxx_api(PyObject *module, PyObject *unused) {
     return PyCapsule_New((void *)&ddp_cxx, "commtrace.capture._fastpath.ddp_cxx_api", NULL);
@@ -3326,7 +3401,7 @@ static int ddp_init(void) {
     DDP_INTERN(s_user_hook, "user_hook"); DDP_INTERN(s_scale, "scale");
     DDP_INTERN(s_buffer, "buffer"); DDP_INTERN(s_index, "index");
     DDP_INTERN(s_allreduce, "allreduce"); DDP_INTERN(s_then, "then");
-    DDP_INTERN(s_value, "value");
+    DDP_INTERN(s_value, "value"); DDP_INTERN(s_mul_, "mul_"); DDP_INTERN(s_div_, "div_");
 #undef DDP_INTERN
     return 0;
 }

@@ -19,6 +19,7 @@ the user's hook (if any) inside it:
 from __future__ import annotations
 
 import json
+import weakref
 
 from . import log
 from . import recorder as _R
@@ -26,21 +27,40 @@ from .registry import patch, restore
 from .wrappers import tls
 
 _DDP = None
+_Join = None   # torch.distributed.algorithms.join.Join, once its notify_join_context is patched
 _dist = None   # torch.distributed (its all_reduce: commtrace's wrapper once installed)
 _installed = False
 
 
 class _HookState:
     """State of the dispatcher: the DDP process group, the user's hook, if any, and how
-    commtrace's own all-reduce scales a bucket (:func:`_scale_of`)."""
+    commtrace's own all-reduce scales a bucket: ``base`` (:func:`_scale_of`), and ``scale``,
+    what the C and C++ hooks read per bucket: ``base`` itself, or ``("py", base)`` where only
+    the Python hook can scale as DDP would (:func:`_route`)."""
 
-    __slots__ = ("process_group", "user_hook", "user_state", "ddp_ref", "scale", "__weakref__")
+    __slots__ = ("process_group", "user_hook", "user_state", "ddp_ref", "scale", "base",
+                 "join_dyn", "bview", "pre", "to_py", "__weakref__")
 
     def __init__(self, process_group):
         self.process_group = process_group
         self.user_hook = None
         self.user_state = None
         self.scale = None
+        self.base = None
+        self.ddp_ref = None
+        self.join_dyn = False   # the Reducer divides by the join context's count (_note_join)
+        self.bview = False      # gradient_as_bucket_view: per gradient, mul_ or div_ (_bview_hooks)
+        self.pre = {}           # id(param) -> its .grad's storage before this backward, or None
+        self.to_py = False      # a gradient had a .grad before this backward (_bview_hooks)
+
+
+def _route(state) -> None:
+    """Set ``state.scale``: the C and C++ hooks scale with the 3-tuple ``base``; anything else
+    (``("py", base)``) hands the bucket to the Python hook, which alone follows DDP's join
+    count (``join_dyn``) and, with ``gradient_as_bucket_view``, DDP's choice per gradient
+    (``to_py``). ``base`` None: torch's ``allreduce_hook`` (mixed precision)."""
+    base = state.base
+    state.scale = ("py", base) if base is not None and (state.join_dyn or state.to_py) else base
 
 
 _default_hooks = None   # torch.distributed.algorithms.ddp_comm_hooks.default_hooks, once imported
@@ -57,27 +77,141 @@ def _scale_of(ddp, process_group):
     on CPU rounds differently from multiplying by the reciprocal (at 3 ranks a third of the
     elements differ in the last bit; at a power of two both are exact), and costs twice as much
     (300k floats: 52 us against 24 us here). So the bucket is multiplied by ``1 / world_size``,
-    as DDP does, except where a gradient is a view of its bucket (``gradient_as_bucket_view``),
-    which DDP divides in place with ``div_``: there ``div_``. Mixed precision: torch's hook."""
+    as DDP does. With ``gradient_as_bucket_view`` DDP still copies (and multiplies) a gradient
+    that is not a view of its bucket when the backward reaches it (every step where
+    ``zero_grad`` set it to None, torch's default) and divides in place, ``div_``, one that is
+    (``zero_grad(set_to_none=False)``, accumulation under ``no_sync``): :func:`_bview_hooks`
+    follows which. Mixed precision: torch's hook."""
     try:
         ws = int(process_group.size())
         if ws < 1 or getattr(ddp, "mixed_precision", None) is not None:
             return None
-        if getattr(ddp, "gradient_as_bucket_view", False):
-            return ("div_", ws, process_group)
         return ("mul_", 1.0 / ws, process_group)
     except Exception:
         return None
+
+
+def _bview_hooks(ddp, state) -> None:
+    """With ``gradient_as_bucket_view`` DDP's Reducer multiplies a gradient by 1 / n as it
+    copies it into the bucket, unless the gradient already is a view of the bucket (it then
+    divides it in place): whether it is depends on the parameter's ``.grad`` before the
+    backward (None after ``zero_grad()``: a new tensor, copied). A hook on each parameter,
+    which runs before its gradient is accumulated, keeps where that ``.grad`` lived
+    (``state.pre``); the first one found (a gradient that may be a view) sends the model's
+    buckets to the Python hook until the next forward (``state.to_py``), which scales each
+    gradient as the Reducer did (:func:`_scaled`). Where every ``.grad`` is None (torch's
+    default ``zero_grad``) the C and C++ hooks keep the buckets. The hooks return None: the
+    gradients are untouched, and hold no reference to them (a reference would change
+    autograd's in-place accumulation)."""
+    pre = state.pre
+
+    def make(p):
+        ref, key = weakref.ref(p), id(p)
+
+        def hook(grad):
+            t = ref()
+            g = t.grad if t is not None else None
+            if g is None:
+                pre[key] = None
+            else:
+                pre[key] = g.untyped_storage().data_ptr()
+                if not state.to_py:
+                    state.to_py = True
+                    _route(state)
+            return None
+
+        return hook
+
+    for p in ddp.module.parameters():
+        if p.requires_grad:
+            p.register_hook(make(p))
+    state.bview = True
+
+
+#: buckets the Python hook scaled (:func:`_scaled`): all multiplied, all divided, per gradient
+SCALED = [0, 0, 0]
+
+
+def _scaled(state, bucket, base) -> None:
+    """Scale one bucket in place as DDP's Reducer would have (the Python hook's path for
+    ``("py", base)``): by the join count or the world size (:func:`_join_divisor`), each
+    gradient multiplied by its reciprocal or, where DDP found it already a view of the bucket
+    (``gradient_as_bucket_view``, :func:`_bview_hooks`), divided."""
+    n = _join_divisor(state)
+    buf = bucket.buffer()
+    alias = None
+    if state.bview:
+        ptr = buf.untyped_storage().data_ptr()
+        pre = state.pre
+        alias = [pre.get(id(p)) == ptr for p in bucket.parameters()]
+    if not alias or not any(alias):
+        buf.mul_(1.0 / n)
+        SCALED[0] += 1
+    elif all(alias):
+        buf.div_(n)
+        SCALED[1] += 1
+    else:
+        SCALED[2] += 1
+        for a, g in zip(alias, bucket.gradients()):
+            if a:
+                g.div_(n)
+            else:
+                g.mul_(1.0 / n)
 
 
 def _first(fut):
     return fut.value()[0]
 
 
+def _note_join(ddp, work) -> None:
+    """DDP's forward under a join context (uneven inputs) handed ``work``, the all-reduce that
+    counts the ranks not yet joined, to its Reducer (``_set_forward_pass_work_handle``). The
+    Reducer keeps the last such handle, with ``divide_by_initial_world_size`` of that moment,
+    and without a comm hook divides the gradients by the world size, or, where that flag is
+    False, by the count the handle holds. A hook divides by what it likes, so commtrace keeps
+    the same pair here and, once the count is to be used, routes the model's buckets to the
+    Python hook (:func:`_route`), which reads it (:func:`_join_divisor`) as the Reducer does."""
+    static = bool(getattr(ddp, "_divide_by_initial_world_size", True))
+    ddp.__dict__["_commtrace_join_fwd"] = (work, static)
+    st = ddp.__dict__.get("_commtrace_hook_state")
+    if not static and st is not None and not st.join_dyn:
+        st.join_dyn = True
+        _route(st)
+
+
+def _join_divisor(state) -> int:
+    """What DDP's Reducer would divide this iteration's gradients by (see :func:`_note_join`):
+    the world size, or, after a forward under ``divide_by_initial_world_size=False``, the
+    number of ranks that had not joined (the Reducer's ``res.item().to<int>()``)."""
+    ref = state.ddp_ref
+    ddp = ref() if ref is not None else None
+    fwd = ddp.__dict__.get("_commtrace_join_fwd") if ddp is not None else None
+    if fwd is None or fwd[1]:
+        return int(state.process_group.size())
+    work = fwd[0]
+    got = ddp.__dict__.get("_commtrace_join_div")
+    if got is not None and got[0] is work:
+        return got[1]
+    # The Reducer waits on the handle (in C++, unseen) before it reads the count; here the
+    # wait is Work.wait, recorded as that op's wait, so that the read is not a host read of a
+    # tensor still in flight (a false use_before_wait).
+    work.wait()
+    n = int(work.result()[0].item())
+    ddp.__dict__["_commtrace_join_div"] = (work, n)
+    return n
+
+
 def _allreduce_hook(state, bucket):
     """DDP's all-reduce of one bucket with DDP's own numerics (:func:`_scale_of`); the C hook
-    (``_fastpath.ddp_hook``) does the same."""
+    (``_fastpath.ddp_hook``) does the same. Where only Python can scale as DDP does (DDP's join
+    count, gradients already views of their bucket: :func:`_route`) only this hook runs."""
     sc = state.scale
+    if sc is not None and sc[0] == "py":
+        sc = sc[1]
+        if sc is not None:
+            _scaled(state, bucket, sc)
+            return _dist.all_reduce(bucket.buffer(), group=sc[2],
+                                    async_op=True).get_future().then(_first)
     if sc is not None:
         meth, factor, pg = sc
         buf = bucket.buffer()
@@ -186,22 +320,62 @@ def _register_cxx(ddp, state, c_hook) -> bool:
     mod = accel.load()
     if mod is None:
         return False
+    v2 = _v2_group(state)
     try:
-        mod.register(ddp.reducer, state, c_hook, W._cfast.ddp_cxx_api())
+        mod.register(ddp.reducer, state, c_hook, W._cfast.ddp_cxx_api(), v2)
     except Exception as e:
         log.warn_once("ddp-cxx", "the C++ DDP comm hook did not register; using the C one", e)
         return False
     ddp.__dict__["_commtrace_hook_kind"] = "c++"
+    ddp.__dict__["_commtrace_hook_v2"] = v2 is not None
     fl = getattr(mod, "flush_all", None)
     if fl is not None and fl not in _R.STAMP_FLUSHERS:
         _R.STAMP_FLUSHERS.append(fl)
     return True
 
 
+#: backends whose all_reduce the C++ hook issues through c10d's C++ API (interface v2)
+_V2_BACKENDS = frozenset(("gloo", "nccl"))
+
+
+def _v2_group(state):
+    """The group on which the C++ hook scales and issues a bucket's all-reduce from C++ (hook
+    interface v2, ``_ddp_hook.cpp``), or None (v1: through Python's calls, as the C hook):
+    None where ``COMMTRACE_DDP_V2=0``, commtrace's scaling is torch's hook's (``scale`` None),
+    the group is not exactly torch's ``ProcessGroup`` (a subclass may bind ``allreduce`` to
+    something else), or one of its backends is not gloo or NCCL."""
+    import os
+
+    if os.environ.get("COMMTRACE_DDP_V2", "1") in ("0", ""):
+        return None
+    try:
+        sc = state.scale
+        if sc is not None and sc[0] == "join":
+            sc = sc[1]   # under join: the Python hook for now (_note_join), the group is the same
+        if sc is None:
+            return None
+        pg = sc[2]
+        if type(pg) is not _dist.ProcessGroup:
+            return None
+        name = str(_dist.get_backend(pg))
+        parts = {p.split(":", 1)[-1].strip() for p in name.split(",")}
+        return pg if parts and parts <= _V2_BACKENDS else None
+    except Exception:
+        return None
+
+
 def _install_dispatcher(ddp, orig_register, user_hook=None, user_state=None) -> bool:
     state = _HookState(ddp.process_group)
     state.user_hook, state.user_state = user_hook, user_state
-    state.scale = _scale_of(ddp, ddp.process_group)
+    state.base = state.scale = _scale_of(ddp, ddp.process_group)
+    state.ddp_ref = weakref.ref(ddp)
+    if state.base is not None and getattr(ddp, "gradient_as_bucket_view", False):
+        _bview_hooks(ddp, state)
+    fwd = ddp.__dict__.get("_commtrace_join_fwd")
+    if fwd is not None and not fwd[1]:
+        # the Reducer keeps a join count from before tracing was on (_note_join)
+        state.join_dyn = True
+        _route(state)
     if user_hook is None:
         # No hook of the user's: register with the reducer only, as register_comm_hook does
         # minus its bookkeeping, so that DDP reads as without commtrace: its logging data has
@@ -251,8 +425,14 @@ def install() -> bool:
     orig_register = DDP.register_comm_hook
 
     def forward(self, *inputs, **kwargs):
-        if _R._recorder is not None and "_commtrace_hook_state" not in self.__dict__:
-            _maybe_install_default(self, orig_register)
+        st = self.__dict__.get("_commtrace_hook_state")
+        if st is None:
+            if _R._recorder is not None:
+                _maybe_install_default(self, orig_register)
+        elif st.to_py:
+            # a new step: back to the C / C++ hook until a .grad is found (_bview_hooks)
+            st.to_py = False
+            _route(st)
         return orig_forward(self, *inputs, **kwargs)
 
     def register_comm_hook(self, state, hook):
@@ -282,9 +462,41 @@ def install() -> bool:
     register_comm_hook.__doc__ = orig_register.__doc__
     patch(DDP, "forward", forward)
     patch(DDP, "register_comm_hook", register_comm_hook)
+    _patch_join(DDP)
     _patch_builtin(DDP)
     _installed = True
     return True
+
+
+def _patch_join(DDP):
+    """Keep, per DDP model, the join context's forward all-reduce as its Reducer does
+    (:func:`_note_join`), so that commtrace's hook divides as DDP would without it."""
+    try:
+        from torch.distributed.algorithms.join import Join
+
+        orig = Join.notify_join_context
+    except Exception as e:
+        log.warn_once("ddp-join", "DDP's join mode unknown to commtrace's hook", e)
+        return
+
+    def notify_join_context(joinable):
+        work = orig(joinable)
+        if work is not None and isinstance(joinable, DDP):
+            try:
+                _note_join(joinable, work)
+            except Exception as e:
+                log.warn_once("ddp-join-note", "cannot follow DDP's join", e)
+        return work
+
+    notify_join_context.__commtrace_original__ = orig
+    notify_join_context.__doc__ = orig.__doc__
+    if patch(Join, "notify_join_context", staticmethod(notify_join_context)):
+        # Dynamo meets the function, not the staticmethod: have it trace torch's.
+        from . import compile as _compile
+
+        _compile.mark(notify_join_context, owner=Join)
+    global _Join
+    _Join = Join
 
 
 def _patch_builtin(DDP):
@@ -335,4 +547,6 @@ def uninstall() -> None:
     global _installed
     if _DDP is not None:
         restore(_DDP)
+    if _Join is not None:
+        restore(_Join)
     _installed = False

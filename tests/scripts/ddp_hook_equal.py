@@ -4,15 +4,19 @@
 - "untraced": tracing off (commtrace's recorder unset): DDP's own C++ all-reduce, which divides
   each gradient by the world size as it copies it into the bucket;
 - "traced_c": tracing on: commtrace's hook, in C++ where built for this torch (_ddp_hook.cpp,
-  `commtrace accel build`), else in C where built (_fastpath.ddp_hook);
+  `commtrace accel build`; its bucket scaling and all-reduce in C++ too, hook interface v2,
+  unless COMMTRACE_DDP_V2=0), else in C where built (_fastpath.ddp_hook);
 - "traced_py": tracing on, the C hook told to hand every bucket to the Python dispatcher;
 - "torch_hook": tracing off, torch's ``allreduce_hook`` registered by hand (``div_`` by the world
   size): the planted difference, which at 3 ranks rounds differently from DDP's own.
+
+With DDPEQ_BUCKET_VIEW=1 the models are built with gradient_as_bucket_view=True.
 
 Prints one JSON line per rank: whether each model's parameters equal the untraced model's after
 the last step, the time window of each traced model's steps, and the C hook's counts."""
 
 import json
+import os
 import time
 
 import torch
@@ -21,10 +25,14 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from commtrace.capture import accel
 from commtrace.capture import recorder as R
 from commtrace.capture import wrappers as W
 
 STEPS = 4
+# DDPEQ_BUCKET_VIEW=1: gradients as views of their buckets (under zero_grad's set_to_none DDP
+# still copies and multiplies them; tests/test_ddp_numerics.py covers the in-place div_ cases)
+BUCKET_VIEW = os.environ.get("DDPEQ_BUCKET_VIEW") == "1"
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 rec = R.get_recorder()
@@ -37,7 +45,7 @@ def build():
     # ~550k parameters: three gradient buckets of at most 1 MB
     model = nn.Sequential(nn.Linear(32, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                           nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
-    ddp = DDP(model, bucket_cap_mb=1)
+    ddp = DDP(model, bucket_cap_mb=1, gradient_as_bucket_view=BUCKET_VIEW)
     return ddp, torch.optim.SGD(ddp.parameters(), lr=0.5)
 
 
@@ -68,6 +76,9 @@ c = build()
 out["window_c"] = train(*c)
 out["counts_c"] = list(cf.ddp_counts()) if cf is not None else None
 out["hook_kind"] = c[0].__dict__.get("_commtrace_hook_kind")
+out["hook_v2"] = c[0].__dict__.get("_commtrace_hook_v2")
+_mod = accel.load()
+out["cxx_counts"] = list(_mod.counts()) if _mod is not None and hasattr(_mod, "counts") else None
 py = build()
 if cf is not None:
     cf.ddp_off()   # every bucket to the Python dispatcher (ddp._dispatch)
