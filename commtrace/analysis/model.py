@@ -127,13 +127,13 @@ def _col(t: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
 class _Labels:
     """`labels[i]` -> the string of row i ("" when null), without turning a column of a million
     strings into Python objects: only the few rows a report names are read. `perm`: row i is
-    the column's row perm[i] (the rows as fetched, before their sort). The column stays in
-    its chunks: Arrow finds a row's chunk by its offsets (about 1 us a lookup), where
-    combine_chunks copied both string columns for a handful of lookups (64 x 20,000: 0.17 s
-    of CPU and 34 MB of fresh pages in the report's root cause)."""
+    the column's row perm[i] (the rows as fetched, before their sort). The chunks are combined
+    into one Arrow array (Arrow's pool): keeping the fetched chunks instead held ~35 MB more of
+    the malloc heap that the later stages would reuse (64 x 20,000: peak RSS +40-70 MB and
+    ~10,000 more page faults, no CPU gain; docs/performance.md, session 13)."""
 
     def __init__(self, col, perm=None):
-        self.col = col
+        self.col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         self.perm = perm
 
     def __getitem__(self, i):
