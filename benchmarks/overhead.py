@@ -26,7 +26,15 @@ Method (the machine is noisy):
   prefetch at entry; switched by the same calls before every mode's op, which also warm
   commtrace's module: compare these modes with each other, not with the bare wrapper), the
   bare wrapper on the untraced mode's group (the layout before), and a second bare wrapper on
-  a fourth group (A/A: the pairing's resolution).
+  a fourth group (A/A: the pairing's resolution); and two diagnostics, commtrace's op after a
+  call into `_fastpath` (`--ab warm_module`) or after reading the dicts its entry checks read
+  (`--ab warm_state`), made before that mode's op only: how much of its cost is cold code or
+  state. `--ab hot` runs a second commtrace op right after commtrace's, and a second bare one
+  right after the bare one, in every block: "commtrace: first - right after" is what the
+  coldness of commtrace's own code and state costs its first op, and "right after: commtrace
+  - bare" the wrapper's distance to the floor when both are hot. At 2 ranks the plain figure
+  depends on how much other work ran since commtrace's previous op (session 13: +4.2 us with
+  one commtrace op among 5 per block, -2.4 with three of 5, runs 10 minutes apart).
 - Both clocks: wall time, and the calling thread's CPU time (at 2 ranks the wall time of an op
   is mostly waiting for the other process; its CPU time is the host's own work).
 With 2 ranks both run the same schedule in lockstep and rank 0 reports. The last lines say
@@ -153,7 +161,7 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
             cpu[name].append(cpu_of[fn_of[name]])
     fns = {"untraced": original, "commtrace": wrapped, "bare": bare_wrapper}
     fns.update(_ab_modes(ab, wrapped, two_clocks(original), two_clocks(on(g_bare2, torch_all_reduce))
-                         if g_bare2 is not None else None))
+                         if g_bare2 is not None else None, bare_wrapper))
     prep, restore = _ab_prep(ab, fns, rec, g_traced)
     per_op = _per_op(args.blocks, fns, t, rec, dist, args.sweep_kb,
                      prep) if args.blocks else None
@@ -215,15 +223,29 @@ AB_MODES = {
     "prefetch": ("commtrace_no_prefetch", "commtrace", "prefetch at entry's effect"),
     "shared_bare": ("bare_shared_group", "bare", "bare: own - shared group"),
     "aa": ("bare2", "bare", "A/A: bare - bare2"),
+    # diagnostics (not switches: only the mode's own op gets the call before it, outside
+    # its timing): how much of commtrace's cost is the coldness of what the call warms
+    "warm_module": ("commtrace_warm_module", "commtrace",
+                    "cold - after a call into _fastpath"),
+    "warm_state": ("commtrace_warm_state", "commtrace",
+                   "cold - after reading its dicts"),
+    # a second op right after commtrace's (and one right after the bare wrapper's), in every
+    # block: the same wrapper with its code and state just used (hot) against its first op
+    "hot": ("commtrace_hot", "commtrace", "commtrace: first - right after"),
 }
+#: --ab hot: these modes run right after the mode they follow, not in the shuffled order
+FOLLOW = {"commtrace": "commtrace_hot", "bare": "bare_hot"}
 
 
-def _ab_modes(ab, wrapped, bare_on_untraced, bare2) -> dict:
+def _ab_modes(ab, wrapped, bare_on_untraced, bare2, bare=None) -> dict:
     out = {}
     for name in [k for k in AB_MODES if k in ab]:   # one order on every rank (not a set's)
         mode = AB_MODES[name][0]
-        if name in ("meta", "gap", "prefetch"):
+        if name in ("meta", "gap", "prefetch", "warm_module", "warm_state"):
             out[mode] = wrapped
+        elif name == "hot":
+            out["commtrace_hot"] = wrapped
+            out["bare_hot"] = bare
         elif name == "shared_bare":
             out[mode] = bare_on_untraced
         elif name == "aa":
@@ -263,11 +285,26 @@ def _ab_prep(ab, fns, rec, g_traced):
             # the next checked op finds no gap; the other modes make the same two calls.
             k.set(slot, k.get(slot) + (1 if off else 0))
         sets.append(gap)
-    if not sets:
+    own = {}   # mode: its own call (the warm_* diagnostics)
+    if "warm_module" in ab:
+        # a C function of the module (its code, the thread's TLS), nothing of the wrapper's
+        own["commtrace_warm_module"] = cf.depth
+    if "warm_state" in ab:
+        # the recorder's and the thread state's dicts (the entry checks'), from Python
+        tls = W.tls
+
+        def warm_state():
+            rec.step
+            tls.__dict__.get("depth")
+        own["commtrace_warm_state"] = warm_state
+    if not sets and not own:
         return {}, lambda: None
 
     def one(m):
-        return lambda: [f(m) for f in sets]
+        extra = own.get(m)
+        if extra is None:
+            return lambda: [f(m) for f in sets]
+        return lambda: ([f(m) for f in sets], extra())
     return {m: one(m) for m in fns}, lambda: [f("commtrace") for f in sets]
 
 
@@ -327,9 +364,11 @@ def _per_op(blocks: int, fns: dict, t, rec, dist, sweep_kb: int = 0, prep=None) 
                 prep[name]()
             fns[name](t)
     dist.barrier()
+    follow = {a: b for a, b in FOLLOW.items() if a in fns and b in fns}
     for _ in range(blocks):
-        order = names[:]
+        order = [n for n in names if n not in follow.values()]
         rng.shuffle(order)
+        order = [m for n in order for m in ((n, follow[n]) if n in follow else (n,))]
         for name in order:
             fn = fns[name]
             if junk is not None:
@@ -353,6 +392,13 @@ def _per_op(blocks: int, fns: dict, t, rec, dist, sweep_kb: int = 0, prep=None) 
             out[f"{kind}_{name}_added_ci95_us"] = median_ci(d)
             out[f"{kind}_{name}_added_mean_us"] = statistics.fmean(d)
             out[f"{kind}_{name}_added_mean_ci95_us"] = _mean_ci(d)
+        if "bare_hot" in data and "commtrace_hot" in data:
+            # --ab hot: each right after its own first op, paired within each block
+            d = [(a - b) / 1000.0 for a, b in zip(data["commtrace_hot"], data["bare_hot"])]
+            out[f"{kind}_hot_commtrace_minus_bare_us"] = statistics.median(d)
+            out[f"{kind}_hot_commtrace_minus_bare_ci95_us"] = median_ci(d)
+            out[f"{kind}_hot_commtrace_minus_bare_mean_us"] = statistics.fmean(d)
+            out[f"{kind}_hot_commtrace_minus_bare_mean_ci95_us"] = _mean_ci(d)
         if "bare" in data and "commtrace" in data:
             # commtrace against the bare two-clock wrapper, paired within each block (issue 20:
             # within 1 us of that floor)
@@ -445,6 +491,9 @@ def report(r: dict) -> list[str]:
             row(label, f"{name}_added")
         if "cpu_commtrace_minus_bare_us" in p:
             row("commtrace - bare wrapper (paired)", "commtrace_minus_bare")
+        if "cpu_hot_commtrace_minus_bare_us" in p:
+            row("right after: commtrace - bare", "hot_commtrace_minus_bare")
+            row("  mean", "hot_commtrace_minus_bare_mean")
         if "cpu_cxx_reads_gain_us" in p:
             row("C++ reads - accessors (paired)", "cxx_reads_gain")
             row("C++ reads - accessors, mean", "cxx_reads_gain_mean")

@@ -114,6 +114,17 @@ def run_job_results(tmp_path_factory, name: str, script: str) -> tuple:
     return out, res
 
 
+def marked_json(stdout: str, marker: str) -> list[dict]:
+    """The JSON objects a multi-rank job printed after `marker` (one per rank), ordered by their
+    "rank". torchrun may join two ranks' lines ("...}MARK {..."), so each object is decoded
+    where it starts."""
+    import json
+
+    dec = json.JSONDecoder()
+    return sorted((dec.raw_decode(part)[0] for part in stdout.split(marker)[1:]),
+                  key=lambda r: r["rank"])
+
+
 def run_traced(out: str, cmd: list[str], opts: tuple = (), env: dict | None = None,
                timeout: float = 150, check: bool = True) -> subprocess.CompletedProcess:
     """``commtrace run -o OUT [opts] -- cmd``; returns the completed process."""

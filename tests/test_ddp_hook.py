@@ -18,7 +18,7 @@ import os
 import pytest
 
 from commtrace.capture import wrappers as Wr
-from conftest import SCRIPTS, load_rows, run_traced, torchrun_cmd
+from conftest import SCRIPTS, load_rows, marked_json, run_traced, torchrun_cmd
 
 needs_c = pytest.mark.skipif(Wr._cfast is None or not hasattr(Wr._cfast, "ddp_hook"),
                              reason="the C fast path is not built here")
@@ -32,10 +32,7 @@ VOLATILE = {"t_enqueue_ns", "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_
 def _job(tmp_path, nproc, env=None):
     p = run_traced(tmp_path, torchrun_cmd(os.path.join(SCRIPTS, "ddp_hook_equal.py"),
                                           nproc=nproc), env=env, timeout=240)
-    # torchrun may join two ranks' lines ("...}DDPEQ {..."): decode each object where it starts
-    dec = json.JSONDecoder()
-    res = sorted((dec.raw_decode(part)[0] for part in p.stdout.split("DDPEQ ")[1:]),
-                 key=lambda r: r["rank"])
+    res = marked_json(p.stdout, "DDPEQ ")
     assert [r["rank"] for r in res] == list(range(nproc)), p.stdout[-2000:]
     return res, load_rows(tmp_path)
 
@@ -140,11 +137,7 @@ def test_ddp_cxx_hook_v1_gradients_equal_untraced_and_rows_equal_python_rows(job
 
 @needs_c
 @pytest.mark.slow
-@pytest.mark.parametrize("bucket_view", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="known, not v2's: with gradient_as_bucket_view DDP multiplies a "
-    "gradient that is not yet a view of its bucket (every step under zero_grad's "
-    "set_to_none) by 1/world size and divides one that is; commtrace's hook cannot tell "
-    "which and divides (ddp._scale_of), as the C and Python hooks do"))])
+@pytest.mark.parametrize("bucket_view", [False, True])
 def test_ddp_cxx_hook_v2_three_ranks_gradients_equal_untraced(tmp_path, accel_cache,
                                                                bucket_view):
     """Hook interface v2 at 3 ranks, where the division rounds: the C++ scaling (``mul_`` by
@@ -155,7 +148,9 @@ def test_ddp_cxx_hook_v2_three_ranks_gradients_equal_untraced(tmp_path, accel_ca
         env["DDPEQ_BUCKET_VIEW"] = "1"
     res, rows = _job(tmp_path, 3, env=env)
     _check_cxx(res, rows, v2=True)
-    _check(res, rows, torch_hook_equal=bucket_view)
+    # with gradient_as_bucket_view and zero_grad's set_to_none DDP still multiplies (ddp.py
+    # _bview_hooks): torch's div_ differs at 3 ranks either way
+    _check(res, rows, torch_hook_equal=False)
 
 
 @pytest.mark.slow
@@ -187,9 +182,7 @@ def test_ddp_join_shadow_allreduces_complete(tmp_path, request, kind):
         env = {"COMMTRACE_DDP_CXX": "0"}
     p = run_traced(tmp_path, torchrun_cmd(os.path.join(SCRIPTS, "ddp_join.py")), env=env,
                    timeout=240)
-    dec = json.JSONDecoder()
-    res = sorted((dec.raw_decode(part)[0] for part in p.stdout.split("DDPJOIN ")[1:]),
-                 key=lambda r: r["rank"])
+    res = marked_json(p.stdout, "DDPJOIN ")
     assert [r["rank"] for r in res] == [0, 1], p.stdout[-2000:]
     assert all(r["hook_kind"] == (kind if kind == "c++" else None) for r in res), res
     rows = load_rows(tmp_path)
@@ -230,3 +223,44 @@ def test_ddp_hook_benchmarks_run_and_use_v2(accel_cache):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "'cxx_v1': 'c++', 'cxx': 'c++ v2'" in p.stdout, p.stdout
     assert "1 rank(s)" in p.stdout and "cxx_v1 " in p.stdout, p.stdout
+
+
+def test_v2_group_only_for_torchs_process_group_on_gloo_or_nccl(monkeypatch):
+    """Hook interface v2 is asked for only where it issues what Python would: a group of
+    exactly torch's ProcessGroup class whose backends are gloo or NCCL, commtrace's own
+    scaling (also under join's wrapper), and not COMMTRACE_DDP_V2=0; else None (v1)."""
+    import types
+
+    from commtrace.capture import ddp as D
+
+    class PG:   # stands for torch's ProcessGroup
+        def __init__(self, backend):
+            self.backend = backend
+
+    class SubPG(PG):
+        pass
+
+    fake = types.SimpleNamespace(ProcessGroup=PG, get_backend=lambda pg: pg.backend)
+    monkeypatch.setattr(D, "_dist", fake)
+    monkeypatch.delenv("COMMTRACE_DDP_V2", raising=False)
+
+    def state(scale):
+        s = D._HookState(None)
+        s.scale = scale
+        return s
+
+    for backend in ("gloo", "nccl", "cpu:gloo,cuda:nccl"):
+        pg = PG(backend)
+        assert D._v2_group(state(("mul_", 0.5, pg))) is pg, backend
+        assert D._v2_group(state(("div_", 2, pg))) is pg, backend
+        assert D._v2_group(state(("join", ("mul_", 0.5, pg)))) is pg, backend
+    for backend in ("mpi", "ucc", "cpu:gloo,cuda:custom", "fake", ""):
+        assert D._v2_group(state(("mul_", 0.5, PG(backend)))) is None, backend
+    assert D._v2_group(state(("mul_", 0.5, SubPG("gloo")))) is None   # a subclass
+    assert D._v2_group(state(None)) is None                          # torch's hook's numerics
+    assert D._v2_group(state(("join", None))) is None
+    fake.get_backend = lambda pg: 1 / 0                              # a failing look-up
+    assert D._v2_group(state(("mul_", 0.5, PG("gloo")))) is None
+    fake.get_backend = lambda pg: pg.backend
+    monkeypatch.setenv("COMMTRACE_DDP_V2", "0")
+    assert D._v2_group(state(("mul_", 0.5, PG("gloo")))) is None

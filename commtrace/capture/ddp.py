@@ -34,16 +34,33 @@ _installed = False
 
 class _HookState:
     """State of the dispatcher: the DDP process group, the user's hook, if any, and how
-    commtrace's own all-reduce scales a bucket (:func:`_scale_of`)."""
+    commtrace's own all-reduce scales a bucket: ``base`` (:func:`_scale_of`), and ``scale``,
+    what the C and C++ hooks read per bucket: ``base`` itself, or ``("py", base)`` where only
+    the Python hook can scale as DDP would (:func:`_route`)."""
 
-    __slots__ = ("process_group", "user_hook", "user_state", "ddp_ref", "scale", "__weakref__")
+    __slots__ = ("process_group", "user_hook", "user_state", "ddp_ref", "scale", "base",
+                 "join_dyn", "bview", "pre", "to_py", "__weakref__")
 
     def __init__(self, process_group):
         self.process_group = process_group
         self.user_hook = None
         self.user_state = None
         self.scale = None
+        self.base = None
         self.ddp_ref = None
+        self.join_dyn = False   # the Reducer divides by the join context's count (_note_join)
+        self.bview = False      # gradient_as_bucket_view: per gradient, mul_ or div_ (_bview_hooks)
+        self.pre = {}           # id(param) -> its .grad's storage before this backward, or None
+        self.to_py = False      # a gradient had a .grad before this backward (_bview_hooks)
+
+
+def _route(state) -> None:
+    """Set ``state.scale``: the C and C++ hooks scale with the 3-tuple ``base``; anything else
+    (``("py", base)``) hands the bucket to the Python hook, which alone follows DDP's join
+    count (``join_dyn``) and, with ``gradient_as_bucket_view``, DDP's choice per gradient
+    (``to_py``). ``base`` None: torch's ``allreduce_hook`` (mixed precision)."""
+    base = state.base
+    state.scale = ("py", base) if base is not None and (state.join_dyn or state.to_py) else base
 
 
 _default_hooks = None   # torch.distributed.algorithms.ddp_comm_hooks.default_hooks, once imported
@@ -60,17 +77,86 @@ def _scale_of(ddp, process_group):
     on CPU rounds differently from multiplying by the reciprocal (at 3 ranks a third of the
     elements differ in the last bit; at a power of two both are exact), and costs twice as much
     (300k floats: 52 us against 24 us here). So the bucket is multiplied by ``1 / world_size``,
-    as DDP does, except where a gradient is a view of its bucket (``gradient_as_bucket_view``),
-    which DDP divides in place with ``div_``: there ``div_``. Mixed precision: torch's hook."""
+    as DDP does. With ``gradient_as_bucket_view`` DDP still copies (and multiplies) a gradient
+    that is not a view of its bucket when the backward reaches it (every step where
+    ``zero_grad`` set it to None, torch's default) and divides in place, ``div_``, one that is
+    (``zero_grad(set_to_none=False)``, accumulation under ``no_sync``): :func:`_bview_hooks`
+    follows which. Mixed precision: torch's hook."""
     try:
         ws = int(process_group.size())
         if ws < 1 or getattr(ddp, "mixed_precision", None) is not None:
             return None
-        if getattr(ddp, "gradient_as_bucket_view", False):
-            return ("div_", ws, process_group)
         return ("mul_", 1.0 / ws, process_group)
     except Exception:
         return None
+
+
+def _bview_hooks(ddp, state) -> None:
+    """With ``gradient_as_bucket_view`` DDP's Reducer multiplies a gradient by 1 / n as it
+    copies it into the bucket, unless the gradient already is a view of the bucket (it then
+    divides it in place): whether it is depends on the parameter's ``.grad`` before the
+    backward (None after ``zero_grad()``: a new tensor, copied). A hook on each parameter,
+    which runs before its gradient is accumulated, keeps where that ``.grad`` lived
+    (``state.pre``); the first one found (a gradient that may be a view) sends the model's
+    buckets to the Python hook until the next forward (``state.to_py``), which scales each
+    gradient as the Reducer did (:func:`_scaled`). Where every ``.grad`` is None (torch's
+    default ``zero_grad``) the C and C++ hooks keep the buckets. The hooks return None: the
+    gradients are untouched, and hold no reference to them (a reference would change
+    autograd's in-place accumulation)."""
+    pre = state.pre
+
+    def make(p):
+        ref, key = weakref.ref(p), id(p)
+
+        def hook(grad):
+            t = ref()
+            g = t.grad if t is not None else None
+            if g is None:
+                pre[key] = None
+            else:
+                pre[key] = g.untyped_storage().data_ptr()
+                if not state.to_py:
+                    state.to_py = True
+                    _route(state)
+            return None
+
+        return hook
+
+    for p in ddp.module.parameters():
+        if p.requires_grad:
+            p.register_hook(make(p))
+    state.bview = True
+
+
+#: buckets the Python hook scaled (:func:`_scaled`): all multiplied, all divided, per gradient
+SCALED = [0, 0, 0]
+
+
+def _scaled(state, bucket, base) -> None:
+    """Scale one bucket in place as DDP's Reducer would have (the Python hook's path for
+    ``("py", base)``): by the join count or the world size (:func:`_join_divisor`), each
+    gradient multiplied by its reciprocal or, where DDP found it already a view of the bucket
+    (``gradient_as_bucket_view``, :func:`_bview_hooks`), divided."""
+    n = _join_divisor(state)
+    buf = bucket.buffer()
+    alias = None
+    if state.bview:
+        ptr = buf.untyped_storage().data_ptr()
+        pre = state.pre
+        alias = [pre.get(id(p)) == ptr for p in bucket.parameters()]
+    if not alias or not any(alias):
+        buf.mul_(1.0 / n)
+        SCALED[0] += 1
+    elif all(alias):
+        buf.div_(n)
+        SCALED[1] += 1
+    else:
+        SCALED[2] += 1
+        for a, g in zip(alias, bucket.gradients()):
+            if a:
+                g.div_(n)
+            else:
+                g.mul_(1.0 / n)
 
 
 def _first(fut):
@@ -84,15 +170,13 @@ def _note_join(ddp, work) -> None:
     and without a comm hook divides the gradients by the world size, or, where that flag is
     False, by the count the handle holds. A hook divides by what it likes, so commtrace keeps
     the same pair here and, once the count is to be used, routes the model's buckets to the
-    Python hook (``("join", scale)``: not the 3-tuple the C and C++ hooks take), which reads it
-    (:func:`_join_divisor`) as the Reducer does."""
+    Python hook (:func:`_route`), which reads it (:func:`_join_divisor`) as the Reducer does."""
     static = bool(getattr(ddp, "_divide_by_initial_world_size", True))
     ddp.__dict__["_commtrace_join_fwd"] = (work, static)
     st = ddp.__dict__.get("_commtrace_hook_state")
-    if not static and st is not None:
-        sc = st.scale
-        if sc is not None and sc[0] != "join":
-            st.scale = ("join", sc)
+    if not static and st is not None and not st.join_dyn:
+        st.join_dyn = True
+        _route(st)
 
 
 def _join_divisor(state) -> int:
@@ -119,14 +203,15 @@ def _join_divisor(state) -> int:
 
 def _allreduce_hook(state, bucket):
     """DDP's all-reduce of one bucket with DDP's own numerics (:func:`_scale_of`); the C hook
-    (``_fastpath.ddp_hook``) does the same. Under DDP's join with a count of active ranks
-    (:func:`_note_join`) only this hook runs: it divides by that count."""
+    (``_fastpath.ddp_hook``) does the same. Where only Python can scale as DDP does (DDP's join
+    count, gradients already views of their bucket: :func:`_route`) only this hook runs."""
     sc = state.scale
-    if sc is not None and sc[0] == "join":
+    if sc is not None and sc[0] == "py":
         sc = sc[1]
         if sc is not None:
-            n = _join_divisor(state)
-            sc = (sc[0], 1.0 / n if sc[0] == "mul_" else n, sc[2])
+            _scaled(state, bucket, sc)
+            return _dist.all_reduce(bucket.buffer(), group=sc[2],
+                                    async_op=True).get_future().then(_first)
     if sc is not None:
         meth, factor, pg = sc
         buf = bucket.buffer()
@@ -282,11 +367,15 @@ def _v2_group(state):
 def _install_dispatcher(ddp, orig_register, user_hook=None, user_state=None) -> bool:
     state = _HookState(ddp.process_group)
     state.user_hook, state.user_state = user_hook, user_state
-    state.scale = _scale_of(ddp, ddp.process_group)
+    state.base = state.scale = _scale_of(ddp, ddp.process_group)
     state.ddp_ref = weakref.ref(ddp)
+    if state.base is not None and getattr(ddp, "gradient_as_bucket_view", False):
+        _bview_hooks(ddp, state)
     fwd = ddp.__dict__.get("_commtrace_join_fwd")
-    if fwd is not None:
-        _note_join(ddp, fwd[0])
+    if fwd is not None and not fwd[1]:
+        # the Reducer keeps a join count from before tracing was on (_note_join)
+        state.join_dyn = True
+        _route(state)
     if user_hook is None:
         # No hook of the user's: register with the reducer only, as register_comm_hook does
         # minus its bookkeeping, so that DDP reads as without commtrace: its logging data has
@@ -336,8 +425,14 @@ def install() -> bool:
     orig_register = DDP.register_comm_hook
 
     def forward(self, *inputs, **kwargs):
-        if _R._recorder is not None and "_commtrace_hook_state" not in self.__dict__:
-            _maybe_install_default(self, orig_register)
+        st = self.__dict__.get("_commtrace_hook_state")
+        if st is None:
+            if _R._recorder is not None:
+                _maybe_install_default(self, orig_register)
+        elif st.to_py:
+            # a new step: back to the C / C++ hook until a .grad is found (_bview_hooks)
+            st.to_py = False
+            _route(st)
         return orig_forward(self, *inputs, **kwargs)
 
     def register_comm_hook(self, state, hook):

@@ -30,8 +30,8 @@ from commtrace.capture import recorder as R
 from commtrace.capture import wrappers as W
 
 STEPS = 4
-# DDPEQ_BUCKET_VIEW=1: gradients as views of their buckets (DDP divides them in place with
-# div_, and so does commtrace's hook)
+# DDPEQ_BUCKET_VIEW=1: gradients as views of their buckets (under zero_grad's set_to_none DDP
+# still copies and multiplies them; tests/test_ddp_numerics.py covers the in-place div_ cases)
 BUCKET_VIEW = os.environ.get("DDPEQ_BUCKET_VIEW") == "1"
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
