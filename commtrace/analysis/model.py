@@ -127,13 +127,13 @@ def _col(t: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
 class _Labels:
     """`labels[i]` -> the string of row i ("" when null), without turning a column of a million
     strings into Python objects: only the few rows a report names are read. `perm`: row i is
-    the column's row perm[i] (the rows as fetched, before their sort). The column stays in
-    its chunks: Arrow finds a row's chunk by its offsets (about 1 us a lookup), where
-    combine_chunks copied both string columns for a handful of lookups (64 x 20,000: 0.17 s
-    of CPU and 34 MB of fresh pages in the report's root cause)."""
+    the column's row perm[i] (the rows as fetched, before their sort). The chunks are combined
+    into one Arrow array (Arrow's pool): keeping the fetched chunks instead held ~35 MB more of
+    the malloc heap that the later stages would reuse (64 x 20,000: peak RSS +40-70 MB and
+    ~10,000 more page faults, no CPU gain; docs/performance.md, session 13)."""
 
     def __init__(self, col, perm=None):
-        self.col = col
+        self.col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         self.perm = perm
 
     def __getitem__(self, i):
@@ -421,16 +421,19 @@ def _build(run) -> Model:
     tick("slots")
     _implicit_waits(_implicit_wait_rows(run, rows), rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL)
     rows.release()          # the numeric columns are all read: only the labels' strings stay
-    have = np.concatenate([t_enq[t_enq != NUL], t_we[t_we != NUL]])
-    base = int(have.min()) if len(have) else 0
+    have = [int(x[x != NUL].min()) for x in (t_enq, t_we) if (x != NUL).any()]
+    base = min(have) if have else 0
+    del have
 
-    def rel(a):
+    def rel(a, at=None):
+        """Times `a` (int64 ns, NUL: null) as float64 ns since `base`, NaN for null; only rows
+        `at` when given (the slots' entries and leaves, the p2p closings: not every column
+        converted whole for them, 5 x 1.28M rows on 64 x 20,000)."""
+        if at is not None:
+            a = a[at]
         out = (a - base).astype(np.float64)
         out[a == NUL] = np.nan
         return out
-
-    enq, ret, end, tw, twe = rel(t_enq), rel(t_ret), rel(t_end), rel(t_w), rel(t_we)
-    del t_end, have
 
     # ---- events: calls and waits, sorted by (rank, start, call before wait)
     r = _C.merge_events(rank_r, t_enq, t_ret, t_w, t_we, base, NUL) if _C is not None else None
@@ -441,9 +444,9 @@ def _build(run) -> Model:
         del r
     else:
         ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev = _events_numpy(
-            rank_r, t_enq, t_w, enq, ret, tw, twe, base, n)
+            rank_r, t_enq, t_w, rel(t_enq), rel(t_ret), rel(t_w), rel(t_we), base, n)
         E = len(ev_row)
-    del t_enq, t_w, t_ret, t_we
+    del t_w
     tick("events")
     ranks, rank_lo = np.unique(ev_rank, return_index=True)
     rank_hi = np.r_[rank_lo[1:], E].astype(np.int64)
@@ -463,8 +466,9 @@ def _build(run) -> Model:
     C = len(cm_lo)
     sl_rank = rank_r[s_rid]
     sl_call = call_ev[s_rid]
-    sl_enter = enq[s_rid]
-    sl_leave = end[s_rid]
+    sl_enter = rel(t_enq, s_rid)
+    sl_leave = rel(t_end, s_rid)
+    del t_enq, t_end
     # group key of a slot: collectives by pg, p2p by (pg, unordered pair)
     # latest arrival per comm
     if C:
@@ -523,7 +527,7 @@ def _build(run) -> Model:
     tc_dep = np.where(sl_dep, sl_tc, np.inf)
     cm_tcomm = np.minimum.reduceat(tc_dep, cm_lo) if C else np.zeros(0)
     cm_tcomm = np.where(np.isfinite(cm_tcomm), cm_tcomm, 0.0)
-    del queue, T0_sl, tc_dep, newc, enq, end, tw, call_ev
+    del queue, T0_sl, tc_dep, newc, call_ev
     if C:
         del is_last, cand
     # (freed as soon as they are read: the model's peak is what the page faults cost)
@@ -592,8 +596,8 @@ def _build(run) -> Model:
             o4 = p2[np.lexsort((sl_enter[p2], gr[p2]))]
             same = np.r_[False, gr[o4[1:]] == gr[o4[:-1]]]
             cur, prv = o4[same], o4[np.flatnonzero(same) - 1]
-            closing = ret[s_rid[prv]]
-            wend = twe[s_rid[prv]]
+            closing = rel(t_ret, s_rid[prv])
+            wend = rel(t_we, s_rid[prv])
             closing = np.where(~np.isnan(wend) & (wend <= sl_enter[cur]), np.fmax(closing, wend), closing)
             sl_sync[cur] = np.fmax(sl_sync[cur], closing)
         del pl, ph, gr, akey, ao, akey_s, arel_s, q, j, okj
@@ -603,7 +607,7 @@ def _build(run) -> Model:
     miss = np.isnan(sl_sync)
     sl_sync[miss] = first_start[sl_rank[miss]] if nsl else sl_sync[miss]
     sl_sync = np.minimum(sl_sync, sl_enter)
-    del s_src, s_dst, s_pgc, s_rid, s_is_p2p, ret, twe
+    del s_src, s_dst, s_pgc, s_rid, s_is_p2p, t_ret, t_we
 
     tick("sync")
     # ---- excess gap: gap minus the median gap of the same event (site, op, call/wait, step,
