@@ -228,7 +228,7 @@ def test_ddp_hook_benchmarks_run_and_use_v2(accel_cache):
 def test_v2_group_only_for_torchs_process_group_on_gloo_or_nccl(monkeypatch):
     """Hook interface v2 is asked for only where it issues what Python would: a group of
     exactly torch's ProcessGroup class whose backends are gloo or NCCL, commtrace's own
-    scaling (also under join's wrapper), and not COMMTRACE_DDP_V2=0; else None (v1)."""
+    scaling (also while Python scales the buckets), and not COMMTRACE_DDP_V2=0; else None (v1)."""
     import types
 
     from commtrace.capture import ddp as D
@@ -244,21 +244,24 @@ def test_v2_group_only_for_torchs_process_group_on_gloo_or_nccl(monkeypatch):
     monkeypatch.setattr(D, "_dist", fake)
     monkeypatch.delenv("COMMTRACE_DDP_V2", raising=False)
 
-    def state(scale):
+    def state(base, py=False):
+        # py: the buckets go to the Python hook (join count, bucket views: ddp._route)
         s = D._HookState(None)
-        s.scale = scale
+        s.base, s.join_dyn = base, py
+        D._route(s)
+        assert (s.scale[0] == "py") is (py and base is not None) if s.scale else base is None
         return s
 
     for backend in ("gloo", "nccl", "cpu:gloo,cuda:nccl"):
         pg = PG(backend)
         assert D._v2_group(state(("mul_", 0.5, pg))) is pg, backend
         assert D._v2_group(state(("div_", 2, pg))) is pg, backend
-        assert D._v2_group(state(("join", ("mul_", 0.5, pg)))) is pg, backend
+        assert D._v2_group(state(("mul_", 0.5, pg), py=True)) is pg, backend
     for backend in ("mpi", "ucc", "cpu:gloo,cuda:custom", "fake", ""):
         assert D._v2_group(state(("mul_", 0.5, PG(backend)))) is None, backend
     assert D._v2_group(state(("mul_", 0.5, SubPG("gloo")))) is None   # a subclass
     assert D._v2_group(state(None)) is None                          # torch's hook's numerics
-    assert D._v2_group(state(("join", None))) is None
+    assert D._v2_group(state(None, py=True)) is None
     fake.get_backend = lambda pg: 1 / 0                              # a failing look-up
     assert D._v2_group(state(("mul_", 0.5, PG("gloo")))) is None
     fake.get_backend = lambda pg: pg.backend

@@ -341,7 +341,7 @@ _V2_BACKENDS = frozenset(("gloo", "nccl"))
 def _v2_group(state):
     """The group on which the C++ hook scales and issues a bucket's all-reduce from C++ (hook
     interface v2, ``_ddp_hook.cpp``), or None (v1: through Python's calls, as the C hook):
-    None where ``COMMTRACE_DDP_V2=0``, commtrace's scaling is torch's hook's (``scale`` None),
+    None where ``COMMTRACE_DDP_V2=0``, commtrace's scaling is torch's hook's (``base`` None),
     the group is not exactly torch's ``ProcessGroup`` (a subclass may bind ``allreduce`` to
     something else), or one of its backends is not gloo or NCCL."""
     import os
@@ -349,9 +349,7 @@ def _v2_group(state):
     if os.environ.get("COMMTRACE_DDP_V2", "1") in ("0", ""):
         return None
     try:
-        sc = state.scale
-        if sc is not None and sc[0] == "join":
-            sc = sc[1]   # under join: the Python hook for now (_note_join), the group is the same
+        sc = state.base   # the 3-tuple, also while ``scale`` hands buckets to Python (_route)
         if sc is None:
             return None
         pg = sc[2]
