@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,7 +93,7 @@ def _rank(rank, world, port, rounds, calls, out, q, modes):
 
 
 def main(argv=None):
-    from ddp_hooks import _median_ci
+    from ddp_hooks import _median_ci, parse_modes, run_ranks
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -105,29 +103,9 @@ def main(argv=None):
     ap.add_argument("--modes", default=",".join(MODES[1:]),
                     help="copies besides floor, comma-separated (default: %(default)s)")
     a = ap.parse_args(argv)
-    modes = ("floor",) + tuple(m for m in a.modes.split(",") if m and m != "floor")
-    bad = [m for m in modes if m not in MODES]
-    if bad:
-        ap.error(f"unknown mode(s) {bad}; known: {', '.join(MODES)}")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import multiprocessing as mp
-
-    import torch  # noqa: F401  (forked ranks inherit it)
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    out = tempfile.mkdtemp(prefix="ddp-hook-call-")
-    ps = [ctx.Process(target=_rank, args=(r, a.world, port, a.rounds, a.calls, out, q, modes))
-          for r in range(a.world)]
+    modes = parse_modes(ap, a.modes, MODES)
     t0 = time.time()
-    for p in ps:
-        p.start()
-    got = [q.get() for _ in ps]
-    for p in ps:
-        p.join()
+    got = run_ranks(_rank, a.world, (a.rounds, a.calls), modes, "ddp-hook-call-")
     print(f"ddp_hook_call: {a.rounds} rounds x {a.calls} hook calls per copy, {a.world} "
           f"rank(s), gloo, {time.strftime('%H:%M', time.gmtime(t0))}-"
           f"{time.strftime('%H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}")

@@ -111,20 +111,19 @@ def _rank(rank, world, port, rounds, steps, out, q, modes=MODES):
     dist.destroy_process_group()
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="examples:\n  python benchmarks/ddp_hooks.py --rounds 100")
-    ap.add_argument("--rounds", type=int, default=60)
-    ap.add_argument("--steps", type=int, default=20, help="steps per round and copy")
-    ap.add_argument("--world", type=int, default=2, help="ranks (default 2)")
-    ap.add_argument("--modes", default=",".join(MODES[1:]),
-                    help="copies besides builtin, comma-separated (default: all: %(default)s)")
-    a = ap.parse_args(argv)
-    modes = ("builtin",) + tuple(m for m in a.modes.split(",") if m and m != "builtin")
-    bad = [m for m in modes if m not in MODES]
+def parse_modes(ap, text, known):
+    """``known[0]`` (the reference) and the comma-separated modes of `text`, in that order;
+    an unknown one is the parser's error (exit 2)."""
+    modes = (known[0],) + tuple(m for m in text.split(",") if m and m != known[0])
+    bad = [m for m in modes if m not in known]
     if bad:
-        ap.error(f"unknown mode(s) {bad}; known: {', '.join(MODES)}")
+        ap.error(f"unknown mode(s) {bad}; known: {', '.join(known)}")
+    return modes
+
+
+def run_ranks(target, world, args, modes, prefix):
+    """Fork `world` gloo ranks running ``target(rank, world, port, *args, out, q, modes)``;
+    the list of what each put on ``q``."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import multiprocessing as mp
 
@@ -135,15 +134,30 @@ def main(argv=None):
         port = s.getsockname()[1]
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    out = tempfile.mkdtemp(prefix="ddp-hooks-")
-    ps = [ctx.Process(target=_rank, args=(r, a.world, port, a.rounds, a.steps, out, q, modes))
-          for r in range(a.world)]
-    t0 = time.time()
+    out = tempfile.mkdtemp(prefix=prefix)
+    ps = [ctx.Process(target=target, args=(r, world, port, *args, out, q, modes))
+          for r in range(world)]
     for p in ps:
         p.start()
     got = [q.get() for _ in ps]
     for p in ps:
         p.join()
+    return got
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="examples:\n  python benchmarks/ddp_hooks.py --rounds 100")
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=20, help="steps per round and copy")
+    ap.add_argument("--world", type=int, default=2, help="ranks (default 2)")
+    ap.add_argument("--modes", default=",".join(MODES[1:]),
+                    help="copies besides builtin, comma-separated (default: all: %(default)s)")
+    a = ap.parse_args(argv)
+    modes = parse_modes(ap, a.modes, MODES)
+    t0 = time.time()
+    got = run_ranks(_rank, a.world, (a.rounds, a.steps), modes, "ddp-hooks-")
     print(f"ddp_hooks: {a.rounds} rounds x {a.steps} steps per copy, {a.world} rank(s), gloo, "
           f"{time.strftime('%H:%M', time.gmtime(t0))}-{time.strftime('%H:%M UTC', time.gmtime())}, "
           f"load {os.getloadavg()[0]:.1f}")
