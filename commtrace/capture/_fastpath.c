@@ -3221,8 +3221,9 @@ static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *de
      * division before the all_reduce) */
     res = -1;
     {
-        /* the C++ hook scales in C++ the two ways ddp._scale_of gives: mul_ by a float, div_
-         * by an int (as the Python call passes them); anything else by the method call */
+        /* the C++ hook scales in C++: mul_ by a float, as ddp._scale_of gives (div_ by an int
+         * is taken too, though ddp.py hands its divisions to the Python hook since session 13:
+         * _route), as the Python call passes them; anything else by the method call */
         PyObject *meth = PyTuple_GET_ITEM(scale, 0), *f = PyTuple_GET_ITEM(scale, 1);
         int done = 0;
         if (iss != NULL && is_str(meth, s_mul_) && PyFloat_CheckExact(f)) {

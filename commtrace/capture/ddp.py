@@ -132,9 +132,9 @@ def _bview_hooks(ddp, state) -> None:
 SCALED = [0, 0, 0]
 
 
-def _scaled(state, bucket, base) -> None:
+def _scaled(state, bucket) -> None:
     """Scale one bucket in place as DDP's Reducer would have (the Python hook's path for
-    ``("py", base)``): by the join count or the world size (:func:`_join_divisor`), each
+    ``("py", base)``; ``base`` is always a ``mul_``: :func:`_scale_of`): by the join count or the world size (:func:`_join_divisor`), each
     gradient multiplied by its reciprocal or, where DDP found it already a view of the bucket
     (``gradient_as_bucket_view``, :func:`_bview_hooks`), divided."""
     n = _join_divisor(state)
@@ -209,7 +209,7 @@ def _allreduce_hook(state, bucket):
     if sc is not None and sc[0] == "py":
         sc = sc[1]
         if sc is not None:
-            _scaled(state, bucket, sc)
+            _scaled(state, bucket)
             return _dist.all_reduce(bucket.buffer(), group=sc[2],
                                     async_op=True).get_future().then(_first)
     if sc is not None:
@@ -367,7 +367,9 @@ def _install_dispatcher(ddp, orig_register, user_hook=None, user_state=None) -> 
     state.user_hook, state.user_state = user_hook, user_state
     state.base = state.scale = _scale_of(ddp, ddp.process_group)
     state.ddp_ref = weakref.ref(ddp)
-    if state.base is not None and getattr(ddp, "gradient_as_bucket_view", False):
+    if (state.base is not None and user_hook is None
+            and getattr(ddp, "gradient_as_bucket_view", False)):
+        # (a user's hook scales as it likes: no per-parameter hooks for it)
         _bview_hooks(ddp, state)
     fwd = ddp.__dict__.get("_commtrace_join_fwd")
     if fwd is not None and not fwd[1]:
