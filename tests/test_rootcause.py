@@ -126,7 +126,7 @@ def test_pipeline_what_if_gain_is_analytic(pipe):
 
 def test_remove_rank_from_group(dp_only):
     m = build_model(dp_only)
-    res = RP.replay(m, [RP.baseline(), RP.remove_rank(m, 2, "tp0"), RP.rank_median(m, 2)])
+    res = RP.replay(m, [RP.baseline(), RP.remove_rank(m, 2, "dp0"), RP.rank_median(m, 2)])
     assert res.t_end[0] - res.t_end[1] == pytest.approx(DELTA, rel=0.02)
     assert res.t_end[0] - res.t_end[2] == pytest.approx(DELTA, rel=0.02)
     top = _top(dp_only)
