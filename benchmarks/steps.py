@@ -168,6 +168,7 @@ NICE = 0
 GROUP_NICE = 0
 #: SCHED_FIFO priority of the ranks (0: the fair scheduler, the design before session 14)
 RT = 1
+SEED = 20261203
 TARGET_RATIO = 1.02   # issue 20: DDP, FSDP2 and pipeline traced <= 2% over untraced (upper bound)
 SOAK_TARGET = 1.05    # the soak's tight loop: <= +5%
 
@@ -353,7 +354,7 @@ def _steps(fn, st, steps: int, plant_s: float = 0.0) -> list:
 
 def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin="none",
           duration=0.0, control="mirror", nice=0, aa=False, plant=0.0, per_step=False,
-          group_nice=0, rt=0, gap=0.0) -> None:
+          group_nice=0, rt=0, gap=0.0, seed=None) -> None:
     """One rank (a forked child): puts its round times and writer figures on `q`.
 
     Modes: "untraced" (a copy of the workload built, warmed up and run with the recorder off),
@@ -447,12 +448,13 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         # process CPU per step, wall of the flush it wrote, s); the paired estimator uses it
         chain = []
         lock = rec._write_lock
+        set_orders = _set_orders(rounds, seed)
         wc_start, wc_end = [], []
 
         def wcpu():
             return (thread_cpu_s(writer) or 0.0) if writer is not None else 0.0
         for r in range(rounds):
-            for mode in ORDERS[r % len(ORDERS)]:   # balanced: see ORDERS
+            for mode in set_orders[r]:   # balanced and randomized: see _set_orders
                 st, fn = copies[mode]
                 R._set_recorder(None)
                 dist.barrier()
@@ -527,6 +529,28 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
     except BaseException as e:  # the parent reports it
         q.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
         raise
+
+
+def _set_orders(rounds: int, seed: int | None) -> list:
+    """The order of the three rounds of each set: ORDERS in a random order within each block of
+    six sets (seeded: every rank draws the same), or cycling through them with seed=None (the
+    design up to session 13). Within a block each mode is first, second and last twice, as in
+    the cycle; the draw makes whatever a round leaves to the next one, two, ... (the writer's
+    after-effects, a periodic job elsewhere in step with the cycle) fall on the untraced and
+    control rounds alike in distribution, at any lag: the cycle balanced the lag of one round
+    only (a traced round came two rounds before an untraced one twice as often as before a
+    control one), and in two runs of 0.1 s rounds the control's interval excluded 1."""
+    if seed is None:
+        return [ORDERS[r % len(ORDERS)] for r in range(rounds)]
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    while len(out) < rounds:
+        block = list(ORDERS)
+        rng.shuffle(block)
+        out.extend(block)
+    return out[:rounds]
 
 
 def _charge_spill(chain: list, wc_start: list, wc_end: list, steps: int) -> list:
@@ -605,7 +629,7 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
                  sync: bool = True, pin: str = "none", duration: float = 0.0,
                  control: str = "mirror", nice: int = 0, aa: bool = False, plant: float = 0.0,
                  keep_steps: bool = False, group_nice: int = 0, rt: int = 0,
-                 gap: float = 0.0) -> dict:
+                 gap: float = 0.0, seed: int | None = None) -> dict:
     """One 2-rank job of `rounds` sets of rounds (untraced, traced, control); the paired ratios
     and figures. steps=None: calibrated to rounds of `duration` seconds."""
     import multiprocessing as mp
@@ -618,7 +642,7 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
     port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, 2, port, workload, out, warmup, steps, rounds,
                                              sync, q, pin, duration, control, nice, aa, plant,
-                                             keep_steps, group_nice, rt, gap))
+                                             keep_steps, group_nice, rt, gap, seed))
              for r in range(2)]
     t_start = time.perf_counter()
     for p in procs:
@@ -713,6 +737,8 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
         # per step of that arm (s of thread CPU, each rank) and its share of the calibrated step
         "group_nice": group_nice, "autogroup": [r.get("autogroup") for r in res],
         "rt": rt, "policy": [r.get("policy") for r in res], "gap_s": gap,
+        # the seed of the sets' orders (None: the fixed cycle of ORDERS)
+        "order_seed": seed,
         # the writer thread's CPU between rounds charged to the round before (s, all rounds)
         "spill_s": {m: sum(c[7] for r in res for c in r["chain"] if c[0] == m) for m in MODES},
         "aa": aa, "plant": plant, "plant_s": res[0].get("plant_s", 0.0),
@@ -875,6 +901,9 @@ def main(argv=None) -> int:
                     "an eighth of --duration, and at least an eighth of the round: the ranks then "
                     "use at most ~89%% of a CPU, under the kernel's RT throttling limit, which "
                     "otherwise stops them for 50 ms each second)")
+    ap.add_argument("--seed", type=int, default=SEED,
+                    help="seed of the sets' orders (ORDERS shuffled within each block of six "
+                    f"sets); -1: the fixed cycle of sessions 7-13 (default {SEED})")
     ap.add_argument("--aa", action="store_true",
                     help="tracing off in every arm: the traced arm runs as the control does (a "
                     "second A/A comparison per run, to check the estimators' coverage)")
@@ -929,7 +958,8 @@ def main(argv=None) -> int:
         steps = a.steps if a.steps is not None else (None if a.duration > 0 else ds_)
         r = run_workload(w, a.rounds, a.warmup if a.warmup is not None else dw, steps,
                          a.timeout, a.writer == "sync", a.pin, a.duration, a.control, a.nice,
-                         a.aa, a.plant, a.per_step, a.group_nice, a.rt, a.gap)
+                         a.aa, a.plant, a.per_step, a.group_nice, a.rt, a.gap,
+                         None if a.seed < 0 else a.seed)
         r["c_fast_path"] = wrappers._cfast is not None
         r["ddp_comm_hook"] = ddp_hook
         results.append(r)

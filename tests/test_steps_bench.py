@@ -184,3 +184,26 @@ def test_scheduling_options_are_checked_and_reported():
                               "spill_s": {"untraced": 0.0, "traced": 0.0012, "control": 0.0}}) \
         == ("fair scheduler, writer CPU between rounds charged to the round before: "
             "untraced 0.0 ms, traced 1.2 ms, control 0.0 ms")
+
+
+def test_set_orders_are_balanced_blocks_in_a_seeded_random_order():
+    """Each block of six sets holds the six orders once (each mode first, second and last
+    twice), in an order drawn from the seed: the same for every rank, another for another seed;
+    seed None gives the fixed cycle of ORDERS."""
+    steps = _steps_module()
+    a = steps._set_orders(40, 7)
+    assert a == steps._set_orders(40, 7) and len(a) == 40
+    assert a != steps._set_orders(40, 8)
+    for b in range(0, 36, 6):
+        assert sorted(a[b:b + 6]) == sorted(steps.ORDERS)
+    assert set(a[36:]) <= set(steps.ORDERS)
+    assert steps._set_orders(8, None) == list(steps.ORDERS) + list(steps.ORDERS[:2])
+    # over many blocks a traced round comes k rounds before an untraced and a control one
+    # about equally often, at every lag (the fixed cycle: twice as often at lag 2)
+    chain = [m for o in steps._set_orders(60000, 1) for m in o]
+    for lag in (1, 2, 3, 4):
+        n = Counter(chain[i + lag] for i in range(len(chain) - lag) if chain[i] == "traced")
+        assert abs(n["untraced"] - n["control"]) < 0.03 * n["untraced"], (lag, n)
+    cyc = [m for o in steps.ORDERS for m in o] * 10
+    n2 = Counter(cyc[i + 2] for i in range(len(cyc) - 2) if cyc[i] == "traced")
+    assert n2["untraced"] > 1.8 * n2["control"]
