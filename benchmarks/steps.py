@@ -30,9 +30,10 @@ tracing (the run's resolution), not a difference between copies that traced / un
 not have. Each set of rounds runs K steps of each mode, with a barrier before each round, in
 a balanced order (``ORDERS``: over six sets each mode is first, second and last twice and
 follows each other mode equally often). K is calibrated after the warm-up so that a round
-lasts ``--duration`` (0.4 s by default: K = duration / the untraced step time of the slower
-rank, at least 1), and the number of sets follows from ``--budget`` (90 s of rounds per
-workload: 72 sets). The first version ran a fixed small K (rounds of 5-50 ms, at the scale of
+lasts ``--duration`` (0.1 s by default under SCHED_FIFO, 0.4 s with ``--rt 0``: K = duration
+/ the untraced step time of the slower rank, at least 1), and the number of sets follows from
+``--budget`` (90 s of rounds per workload: 300 sets of 0.1 s rounds, 72 of 0.4 s; the sets'
+orders are drawn, see Scheduling below). The first version ran a fixed small K (rounds of 5-50 ms, at the scale of
 the scheduler's time slices on 2 cores): two untraced copies then differed by up to 5-9% at
 the 95% bound. During an untraced or control round the recorder is off and its write lock is
 held. By default
