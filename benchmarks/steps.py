@@ -296,9 +296,9 @@ MODES = ("untraced", "traced", "control")
 
 def _calibrate(fn, st, duration: float) -> float:
     """Seconds per step of `fn` on the slower rank, timed over 4, 8, 16, ... steps (after 4
-    untimed ones) until they take a quarter of `duration` there, and at least 0.1 s (the first
-    steps after a barrier are slower: timed over fewer, the DDP step came out at twice its
-    time in the rounds). Every rank runs the same steps (the decision to go on
+    untimed ones) until they take a quarter of `duration` there, and at least 0.1 s (timed over
+    25 ms right after the copies were built, the DDP step came out at twice its time in the
+    rounds). Every rank runs the same steps (the decision to go on
     is taken on the ranks' maximum): a step's collectives must match across ranks."""
     import torch
     import torch.distributed as dist
@@ -327,6 +327,7 @@ def _cpu_ticks() -> tuple:
     try:
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:]]
+        v = v[:8]   # user .. steal (guest time is counted in user already)
         return ((sum(v) - v[3] - v[4]) / _CLK_TCK, (v[7] if len(v) > 7 else 0) / _CLK_TCK)
     except Exception:
         return (0.0, 0.0)
