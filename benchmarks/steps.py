@@ -30,9 +30,10 @@ tracing (the run's resolution), not a difference between copies that traced / un
 not have. Each set of rounds runs K steps of each mode, with a barrier before each round, in
 a balanced order (``ORDERS``: over six sets each mode is first, second and last twice and
 follows each other mode equally often). K is calibrated after the warm-up so that a round
-lasts ``--duration`` (0.4 s by default: K = duration / the untraced step time of the slower
-rank, at least 1), and the number of sets follows from ``--budget`` (90 s of rounds per
-workload: 72 sets). The first version ran a fixed small K (rounds of 5-50 ms, at the scale of
+lasts ``--duration`` (0.1 s by default under SCHED_FIFO, 0.4 s with ``--rt 0``: K = duration
+/ the untraced step time of the slower rank, at least 1), and the number of sets follows from
+``--budget`` (90 s of rounds per workload: 300 sets of 0.1 s rounds, 72 of 0.4 s; the sets'
+orders are drawn, see Scheduling below). The first version ran a fixed small K (rounds of 5-50 ms, at the scale of
 the scheduler's time slices on 2 cores): two untraced copies then differed by up to 5-9% at
 the 95% bound. During an untraced or control round the recorder is off and its write lock is
 held. By default
@@ -295,9 +296,9 @@ MODES = ("untraced", "traced", "control")
 
 def _calibrate(fn, st, duration: float) -> float:
     """Seconds per step of `fn` on the slower rank, timed over 4, 8, 16, ... steps (after 4
-    untimed ones) until they take a quarter of `duration` there, and at least 0.1 s (the first
-    steps after a barrier are slower: timed over fewer, the DDP step came out at twice its
-    time in the rounds). Every rank runs the same steps (the decision to go on
+    untimed ones) until they take a quarter of `duration` there, and at least 0.1 s (timed over
+    25 ms right after the copies were built, the DDP step came out at twice its time in the
+    rounds). Every rank runs the same steps (the decision to go on
     is taken on the ranks' maximum): a step's collectives must match across ranks."""
     import torch
     import torch.distributed as dist
@@ -326,6 +327,7 @@ def _cpu_ticks() -> tuple:
     try:
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:]]
+        v = v[:8]   # user .. steal (guest time is counted in user already)
         return ((sum(v) - v[3] - v[4]) / _CLK_TCK, (v[7] if len(v) > 7 else 0) / _CLK_TCK)
     except Exception:
         return (0.0, 0.0)
