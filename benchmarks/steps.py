@@ -295,10 +295,11 @@ MODES = ("untraced", "traced", "control")
 
 
 def _calibrate(fn, st, duration: float) -> float:
-    """Seconds per step of `fn` on the slower rank, timed over 4, 8, 16, ... steps (after 4
-    untimed ones) until they take a quarter of `duration` there, and at least 0.1 s (timed over
-    25 ms right after the copies were built, the DDP step came out at twice its time in the
-    rounds). Every rank runs the same steps (the decision to go on
+    """Seconds per step of `fn` on the slower rank: the median of single steps' times, over 4,
+    8, 16, ... steps (after 4 untimed ones) until they take a quarter of `duration` there and
+    at least 0.1 s. The median, not the mean: timed right after the copies were built, a few
+    slow steps (the writer's first part, a rank's caches cold) made the DDP step come out at
+    1.4-3 times its time in the rounds. Every rank runs the same steps (the decision to go on
     is taken on the ranks' maximum): a step's collectives must match across ranks."""
     import torch
     import torch.distributed as dist
@@ -308,13 +309,14 @@ def _calibrate(fn, st, duration: float) -> float:
         fn(st, i)   # not timed: the copies built after this one left its caches cold
     while True:
         dist.barrier()
-        t0 = time.perf_counter()
-        for i in range(n):
-            fn(st, i)
-        el = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        stamps = _steps(fn, st, n)
+        el = torch.tensor([stamps[-1] - stamps[0]], dtype=torch.float64)
         dist.all_reduce(el, op=dist.ReduceOp.MAX)
         if el.item() >= max(duration / 4, 0.1) or n >= 4096:
-            return el.item() / n
+            med = torch.tensor([statistics.median(b - a for a, b in zip(stamps, stamps[1:]))],
+                               dtype=torch.float64)
+            dist.all_reduce(med, op=dist.ReduceOp.MAX)
+            return med.item()
         n *= 2
 
 
