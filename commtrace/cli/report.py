@@ -421,7 +421,8 @@ def _render_what_if(con, rep: dict, top: int) -> None:
                       "replay: 'if fixed, saves' -)")
         for d in dl[: min(top, 3)]:
             if d.get("text"):
-                con.print(f"  {d['text']}" + (f" (step {d['step']})" if d.get("step") is not None else ""))
+                when = d.get("when") or (f"step {d['step']}" if d.get("step") is not None else None)
+                con.print(f"  {d['text']}" + (f" ({when})" if when else ""))
     cp = rep.get("critical_path") or {}
     pr = cp.get("per_rank") or []
     if pr:
