@@ -326,3 +326,29 @@ def test_start_up_skew_is_outside_every_what_if(tmp_path):
     for sc in wi["scenarios"]:
         assert 0 < sc["projected_s"] <= wi["run_time_s"], sc
         assert 0 <= sc["gain_pct"] < 100, sc
+
+
+def test_text_report_explains_a_delay_of_zero(tpdp):
+    """A root cause whose rank's extra time was spread (no gap longer than the same gap on the
+    other ranks: `delay_s` 0, a cost all the same) gets a footnote in the text report saying
+    so; the planted delays (each a longer gap) do not."""
+    import io
+
+    from rich.console import Console
+
+    from commtrace.cli.report import render
+
+    rep = tpdp.report(what_if=True)
+    dl = rep["what_if"]["delays"]
+    assert dl and all(d["delay_s"] > 0 for d in dl if d["cost_s"] > 0)
+
+    def text(r):
+        buf = io.StringIO()
+        render(r, console=Console(file=buf, width=200))
+        return buf.getvalue()
+
+    assert "delay 0:" not in text(rep)
+    spread = dict(dl[0], delay_s=0.0, gain_s=None)
+    rep["what_if"]["delays"] = [spread] + dl[1:]
+    out = text(rep)
+    assert "delay 0: no gap of that rank there was longer than the same gap on the other ranks" in out

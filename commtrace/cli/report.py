@@ -414,6 +414,11 @@ def _render_what_if(con, rep: dict, top: int) -> None:
             t.add_row(str(d["rank"]), str(d.get("step")), before, after, _s(d.get("delay_s")),
                       _s(d.get("direct_cost_s")), _s(d.get("propagated_cost_s")), _s(d.get("gain_s")))
         con.print(t)
+        if any(not d.get("delay_s") for d in dl[:top]):
+            con.print("  delay 0: no gap of that rank there was longer than the same gap on the other ranks; its "
+                      "extra time was spread (host time in its calls, several slightly longer gaps), and the "
+                      "waiting it caused is placed at its gaps in proportion to their length (no single fix to "
+                      "replay: 'if fixed, saves' -)")
         for d in dl[: min(top, 3)]:
             if d.get("text"):
                 con.print(f"  {d['text']}" + (f" (step {d['step']})" if d.get("step") is not None else ""))
