@@ -90,7 +90,8 @@ kernel's autogroups on, a nice value counts only within its session, and each en
 is a session: ``--group-nice`` sets a session's, and -20 did not narrow the intervals either:
 the cost is wake-up latency, not CPU share). Under SCHED_FIFO a woken rank takes its CPU at
 once: the spread of a set's ratio fell to ~4% at load 6-11 and the A/A (control / untraced)
-intervals to +-1.1-1.3% in 48 sets (docs/performance.md, session 14). Without the gaps the
+intervals to +-1.1-1.3% in 48 sets of 0.4 s rounds, +-0.4-1.0% in 198-402 sets of 0.1 s
+rounds (the default; docs/performance.md, session 14). Without the gaps the
 kernel's RT throttling (0.95 s of each second for RT tasks, sched_rt_runtime_us) stopped the
 ranks for ~55 ms once a second, in whatever round that fell (a set's spread of 12-16%); with
 them the ranks use at most ~8/9 of a CPU and other jobs run in the gaps. The writer thread's
