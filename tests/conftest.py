@@ -65,18 +65,21 @@ def torchrun_cmd(script: str, *args, nproc: int = 2) -> list[str]:
 
 
 def run_plain(cmd: list[str], env: dict | None = None, timeout: float = 120,
-              check: bool = True) -> subprocess.CompletedProcess:
+              check: bool = True, before_retry=None) -> subprocess.CompletedProcess:
     """Run `cmd` (no commtrace run) and return the completed process.
 
     Torch 2.13's gloo jobs sometimes abort at interpreter exit, after all their work, with
     "terminate called without an active exception" (SIGABRT): tests/scripts/funcol_all.py did
     so in 2 of 8 plain runs without commtrace anywhere (2026-12-02). Such a run is repeated
-    once; an abort that comes back, or any other failure, still fails the test."""
+    once (after `before_retry()`, which clears what the first attempt wrote); an abort that
+    comes back, or any other failure, still fails the test."""
     p = subprocess.run(cmd, env=clean_env(env), capture_output=True, text=True, timeout=timeout,
                        cwd=ROOT)
     if p.returncode != 0 and "terminate called without an active exception" in p.stderr:
         sys.stderr.write("run_plain: torch aborted at exit (terminate without an active "
                          "exception); running the job once more\n")
+        if before_retry is not None:
+            before_retry()
         p = subprocess.run(cmd, env=clean_env(env), capture_output=True, text=True,
                            timeout=timeout, cwd=ROOT)
     if check:
@@ -127,9 +130,15 @@ def marked_json(stdout: str, marker: str) -> list[dict]:
 
 def run_traced(out: str, cmd: list[str], opts: tuple = (), env: dict | None = None,
                timeout: float = 150, check: bool = True) -> subprocess.CompletedProcess:
-    """``commtrace run -o OUT [opts] -- cmd``; returns the completed process."""
+    """``commtrace run -o OUT [opts] -- cmd``; returns the completed process. A job repeated
+    by run_plain (torch's abort at exit) starts from an empty OUT: the first attempt's run
+    would otherwise sit beside the second's, and a test reading every Parquet file below OUT
+    would see each row twice (test_accel_meta did, once in a loaded suite)."""
+    import shutil
+
     full = [sys.executable, "-m", "commtrace", "run", "-o", str(out), *opts, "--", *cmd]
-    return run_plain(full, env=env, timeout=timeout, check=check)
+    return run_plain(full, env=env, timeout=timeout, check=check,
+                     before_retry=lambda: shutil.rmtree(out, ignore_errors=True))
 
 
 def run_until_hung(out: str, script: str, *args, marker: str = "rank 1 done issuing",

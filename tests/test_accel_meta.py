@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import SCRIPTS, run_traced, torchrun_cmd
+from conftest import SCRIPTS, run_path, run_traced, torchrun_cmd
 
 # times, ids and threads differ between any two runs; so does how an async op's completion
 # was seen (its callback on gloo's thread, or its wait() first)
@@ -20,7 +20,7 @@ VOLATILE = {"t_enqueue_ns", "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_
 def _rows(out):
     import pyarrow.dataset as ds
 
-    rows = ds.dataset(str(out), partitioning="hive").to_table().to_pylist()
+    rows = ds.dataset(run_path(out), partitioning="hive").to_table().to_pylist()
     keep = []
     for r in rows:
         r = {k: v for k, v in r.items() if k not in VOLATILE}

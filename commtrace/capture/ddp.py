@@ -511,7 +511,35 @@ def _patch_rebuild():
 
     _rebuild_buckets.__commtrace_original__ = orig
     _rebuild_buckets.__doc__ = getattr(orig, "__doc__", None)
-    if patch(R, "_rebuild_buckets", _rebuild_buckets):
+
+    # torch's own Python hooks that keep DDP's all-reduce but do more around it (mixed
+    # precision's _reducer_allreduce_and_upcast_hook, the optimizer in backward) call
+    # Reducer._run_allreduce_hook, which issues the bucket's SUM all-reduce on the model's group
+    # from C++ (ProcessGroup::allreduce of the bucket's buffer, its Work's future). For models
+    # with commtrace's hook the same all-reduce is issued through the recorded all_reduce
+    # instead: the same call of the same group on the same buffer, its Work's future returned.
+    orig_run = R._run_allreduce_hook
+
+    def _run_allreduce_hook(self, bucket):
+        rec = _R._recorder
+        if rec is None:
+            return orig_run(self, bucket)
+        ref = _by_reducer.get(id(self))
+        ddp = ref() if ref is not None else None
+        if ddp is None or getattr(ddp, "reducer", None) is not self or _dist is None:
+            return orig_run(self, bucket)
+        prev_api, prev_detail = tls.api, tls.detail
+        tls.api, tls.detail = "ddp_comm_hook", _detail_of(bucket)
+        try:
+            return _dist.all_reduce(bucket.buffer(), group=ddp.process_group, async_op=True).get_future()
+        finally:
+            tls.api, tls.detail = prev_api, prev_detail
+
+    _run_allreduce_hook.__commtrace_original__ = orig_run
+    _run_allreduce_hook.__doc__ = getattr(orig_run, "__doc__", None)
+    ok = patch(R, "_rebuild_buckets", _rebuild_buckets)
+    ok = patch(R, "_run_allreduce_hook", _run_allreduce_hook) or ok
+    if ok:
         _Reducer = R
 
 
