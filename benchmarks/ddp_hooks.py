@@ -21,6 +21,11 @@ copy in a rotating order (tracing on for c and cxx), with a barrier before each.
 mode: the median over rounds of the training thread's CPU per step, the process's CPU per step
 (all threads: gloo's, the writer's) and the wall time per step, each as the median of the
 per-round differences to builtin with a 95% interval of that median (order statistics).
+The process's CPU is also split by thread (Linux: each thread's run time in
+``/proc/self/task/<tid>/schedstat``, nanoseconds): "backend" is every thread but the training
+thread and commtrace's writer thread (gloo's or NCCL's, autograd's), per step as above; the
+writer thread works on its own schedule (services, flushes), so its CPU is summed over the
+whole loop and given per traced step (the steps of the modes with tracing on).
 Two copies of a model in one process do not run equally fast (docs/performance.md): the
 figures compare hooks, not a traced model with its own untraced self (benchmarks/steps.py).
 Needs the C++ hook built (``commtrace accel build``; ``COMMTRACE_CACHE_DIR`` is honoured).
@@ -48,6 +53,24 @@ def _median_ci(xs):
     n = len(xs)
     k = max(0, int(math.floor(n / 2 - 0.98 * math.sqrt(n))))
     return xs[n // 2], xs[k], xs[min(n - 1, n - 1 - k)]
+
+
+def thread_cpu_ns() -> dict:
+    """{thread id: CPU time run so far, ns} for every thread of this process (Linux's
+    schedstat; {} where it cannot be read)."""
+    out = {}
+    base = "/proc/self/task"
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"{base}/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
 
 
 def _rank(rank, world, port, rounds, steps, out, q, modes=MODES):
@@ -90,21 +113,34 @@ def _rank(rank, world, port, rounds, steps, out, q, modes=MODES):
             kinds[mode] += " v2"
     accel._loaded = cxx_mod
     R._set_recorder(None)
-    res = {m: {"thread": [], "process": [], "wall": []} for m in modes}
+    res = {m: {"thread": [], "process": [], "wall": [], "backend": []} for m in modes}
+    main_tid = threading.get_native_id()
+    writer = next((t for t in threading.enumerate() if t.name == "commtrace-writer"), None)
+    writer_tid = getattr(writer, "native_id", None)
+    traced_steps = 0
+    w_all0 = thread_cpu_ns().get(writer_tid, 0)
     for r in range(rounds):
         order = modes[r % len(modes):] + modes[:r % len(modes)]
         for mode in order:
             st = copies[mode]
             R._set_recorder(None if mode in ("builtin", "floor") else rec)
             dist.barrier()
+            a = thread_cpu_ns()
             t0, c0, w0 = time.thread_time_ns(), time.process_time_ns(), time.perf_counter_ns()
             for i in range(steps):
                 ddp_mlp.train_step(st, i)
             t1, c1, w1 = time.thread_time_ns(), time.process_time_ns(), time.perf_counter_ns()
+            b = thread_cpu_ns()
             R._set_recorder(None)
+            if mode not in ("builtin", "floor"):
+                traced_steps += steps
+            res[mode]["backend"].append(sum(v - a.get(t, 0) for t, v in b.items()
+                                            if t not in (main_tid, writer_tid)) / steps / 1e3)
             res[mode]["thread"].append((t1 - t0) / steps / 1e3)
             res[mode]["process"].append((c1 - c0) / steps / 1e3)
             res[mode]["wall"].append((w1 - w0) / steps / 1e3)
+    w_all = thread_cpu_ns().get(writer_tid, 0) - w_all0
+    res["_writer_us_per_traced_step"] = w_all / traced_steps / 1e3 if traced_steps else None
     R._set_recorder(rec)
     q.put((rank, kinds, res, threading.get_ident()))
     dist.barrier()
@@ -164,15 +200,20 @@ def main(argv=None):
     for rank, kinds, res, _ in sorted(got, key=lambda g: g[0]):
         print(f"rank {rank}: hooks {kinds}")
         base = res["builtin"]
-        for what in ("thread", "process", "wall"):
+        for what in ("thread", "backend", "process", "wall"):
             b = _median_ci(base[what])[0]
             parts = [f"builtin {b:.0f} us"]
             for m in modes[1:]:
                 d = [x - y for x, y in zip(res[m][what], base[what])]
                 med, lo, hi = _median_ci(d)
                 parts.append(f"{m} {med:+.0f} [{lo:+.0f}, {hi:+.0f}]")
-            print(f"  {what} CPU per step" if what != "wall" else "  wall per step", ": ",
-                  "; ".join(parts), sep="")
+            label = {"thread": "  training thread CPU per step", "backend":
+                     "  backend threads' CPU per step", "process": "  process CPU per step",
+                     "wall": "  wall per step"}[what]
+            print(label, ": ", "; ".join(parts), sep="")
+        w = res.get("_writer_us_per_traced_step")
+        print("  writer thread CPU per traced step (the whole loop's): "
+              + (f"{w:.1f} us" if w is not None else "n/a"))
     return 0
 
 

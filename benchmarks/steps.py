@@ -1,6 +1,7 @@
 """Step time of real training loops, traced against untraced, in one run (issue 20).
 
-    python benchmarks/steps.py                          # every workload, ~8 minutes on 2 cores
+    python benchmarks/steps.py                          # every workload, ~10 minutes on 2 cores
+    python benchmarks/steps.py --workloads ddp fsdp2 pipeline --budget 120   # A/A +-1%, ~8 min
     python benchmarks/steps.py --workloads ddp async_loop --rounds 60 --json steps.json
 
 What users see is the time of a training step, not the cost of one op. Each workload runs on
@@ -75,6 +76,37 @@ intervals. The A/A intervals on the same rounds, three pipeline runs at load 4-5
 13:55-14:08 UTC, docs/performance.md, session 12): ratio of totals +-10-16%, robust +-2.5-5%
 (e.g. 0.985 [0.864, 1.133] against 1.000 [0.973, 1.023]).
 
+Scheduling (session 14): ``--rt 1`` (the default) runs the ranks, and every thread they start
+(gloo's, the writer), under SCHED_FIFO, with a pause after each round (``--gap``, an eighth of
+the round). Under the fair scheduler the rounds' spread came from other jobs, not from
+sampling: on the shared 2-core machine a round's step time followed the other processes' CPU
+over it (correlation 0.8-0.99, /proc/stat), 60-85% of the DDP step (2.2 ms undisturbed, 5.4 ms
+at load 5) was the waiting of a woken rank for the task that held its CPU to finish its slice,
+and a set's control / untraced ratio had a spread of 20-60% at load 3-7. The rounds' step times
+are not heavy-tailed then but uniformly slowed, so no per-step or robust statistic helped (the
+median of a round's steps was as spread as their mean); neither did ``--nice`` (with the
+kernel's autogroups on, a nice value counts only within its session, and each engineer's shell
+is a session: ``--group-nice`` sets a session's, and -20 did not narrow the intervals either:
+the cost is wake-up latency, not CPU share). Under SCHED_FIFO a woken rank takes its CPU at
+once: the spread of a set's ratio fell to ~4% at load 6-11 and the A/A (control / untraced)
+intervals to +-1.1-1.3% in 48 sets (docs/performance.md, session 14). Without the gaps the
+kernel's RT throttling (0.95 s of each second for RT tasks, sched_rt_runtime_us) stopped the
+ranks for ~55 ms once a second, in whatever round that fell (a set's spread of 12-16%); with
+them the ranks use at most ~8/9 of a CPU and other jobs run in the gaps. The writer thread's
+CPU in a gap (and in the barrier after it) is charged to the round before it, in every mode: it
+is work that round left (the design without gaps left it to the next round, an untraced or
+control one as often as a traced one). What SCHED_FIFO changes in what is measured: the
+writer thread, at the training threads' priority, no longer yields to them by its nice value
+(FIFO threads of one priority do not preempt each other); with ``--writer sync`` its work in the
+rounds is polling and servicing pending ops, the flushes being on the training thread. Where
+SCHED_FIFO is not permitted (no CAP_SYS_NICE) the ranks stay under the fair scheduler, and the
+report says so. ``--rt 0`` gives the fair scheduler (the design up to session 13).
+
+``--aa`` runs the "traced" arm with tracing off too (as the control: a second A/A comparison
+per run), and ``--plant F`` adds to each step of the traced arm a busy loop of F times the
+calibrated step time in thread CPU (a known slowdown): the checks of the estimator's coverage
+and of its recovery of a known effect. ``--per-step`` keeps every step's wall time in the JSON.
+
 ``--nice N`` gives the ranks (and every thread they start; the writer thread's
 COMMTRACE_WRITER_NICE is added to it, as in any run) nice value N: a negative one puts the
 timed processes ahead of the niced tests and other jobs on the machine, which take fewer
@@ -113,7 +145,10 @@ DEFAULTS = {"ddp": (10, 8), "fsdp2": (4, 2), "pipeline": (5, 3), "async_loop": (
 WORKLOADS = list(DEFAULTS)
 #: target wall time of one round (s): the steps per round are calibrated to it from the
 #: untraced copy's step time after the warm-up (both ranks' slower), at least 1
-DURATION = 0.4
+DURATION = 0.1
+#: ... with --rt 0 (the fair scheduler): 0.4 s, the design of sessions 7-13 (shorter rounds
+#: were at the scale of its time slices there)
+DURATION_FAIR = 0.4
 #: wall time of the rounds per workload (s) that sets the default number of sets:
 #: BUDGET / (3 * DURATION), a multiple of 6 (the balanced order below), at least 6
 BUDGET = 90.0
@@ -130,6 +165,10 @@ ORDERS = (("untraced", "traced", "control"), ("untraced", "control", "traced"),
 SEPARATE_COPY = ("ddp",)
 PIN = "none"
 NICE = 0
+GROUP_NICE = 0
+#: SCHED_FIFO priority of the ranks (0: the fair scheduler, the design before session 14)
+RT = 1
+SEED = 20261203
 TARGET_RATIO = 1.02   # issue 20: DDP, FSDP2 and pipeline traced <= 2% over untraced (upper bound)
 SOAK_TARGET = 1.05    # the soak's tight loop: <= +5%
 
@@ -188,6 +227,62 @@ def _set_nice(nice: int):
         return None
 
 
+def _set_group_nice(nice: int):
+    """Put this rank (a forked child, before it starts any thread) in a session of its own and
+    give that session's autogroup the nice value `nice`; the autogroup line it has after
+    (/proc/self/autogroup, e.g. "/autogroup-4188 nice -20"), None where not asked or not
+    possible. With the kernel's autogroups on (/proc/sys/kernel/sched_autogroup_enabled; cgroup
+    v1 cpu at the root, as on the 2-core machine of these figures) the scheduler shares a CPU
+    fairly between sessions first, and a thread's nice value counts only within its session:
+    other people's tests under `nice -n 10` took a full session's share from the ranks, and
+    --nice (per thread) did nothing against them. A session's nice weighs it against the
+    other sessions; the threads of a rank keep their nice values relative to each other (the
+    writer thread's COMMTRACE_WRITER_NICE too). A negative value needs CAP_SYS_NICE."""
+    if not nice:
+        return None
+    try:
+        os.setsid()
+    except OSError:
+        pass   # already a session leader
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+        with open("/proc/self/autogroup") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _set_rt(prio: int):
+    """Run this rank (a forked child, before it starts any thread: gloo's and the writer thread
+    inherit it) under SCHED_FIFO at priority `prio`: a rank that wakes (its peer's message
+    arrived) then takes a CPU from any ordinary task at once, where the fair scheduler lets
+    the task running there finish its slice first. The policy after, None where not asked or
+    not permitted (CAP_SYS_NICE). The kernel's RT throttling (sched_rt_runtime_us, 0.95 s of
+    each second by default) still leaves other tasks a share."""
+    if not prio or not hasattr(os, "sched_setscheduler"):
+        return None
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(prio))
+        return f"SCHED_FIFO {os.sched_getparam(0).sched_priority}"
+    except OSError:
+        return None
+
+
+def _rt_permitted(prio: int) -> bool:
+    """Whether this process may run under SCHED_FIFO at `prio` (tried on this thread, then
+    put back to what it was)."""
+    if not hasattr(os, "sched_setscheduler"):
+        return False
+    try:
+        pol, par = os.sched_getscheduler(0), os.sched_getparam(0)
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(prio))
+        os.sched_setscheduler(0, pol, par)
+        return True
+    except OSError:
+        return False
+
+
 def _nice_of(thread):
     try:
         return os.getpriority(os.PRIO_PROCESS, thread.native_id)
@@ -199,13 +294,17 @@ MODES = ("untraced", "traced", "control")
 
 
 def _calibrate(fn, st, duration: float) -> float:
-    """Seconds per step of `fn` on the slower rank, timed over 4, 8, 16, ... steps until they
-    take a quarter of `duration` there. Every rank runs the same steps (the decision to go on
+    """Seconds per step of `fn` on the slower rank, timed over 4, 8, 16, ... steps (after 4
+    untimed ones) until they take a quarter of `duration` there, and at least 0.1 s (the first
+    steps after a barrier are slower: timed over fewer, the DDP step came out at twice its
+    time in the rounds). Every rank runs the same steps (the decision to go on
     is taken on the ranks' maximum): a step's collectives must match across ranks."""
     import torch
     import torch.distributed as dist
 
     n = 4
+    for i in range(n):
+        fn(st, i)   # not timed: the copies built after this one left its caches cold
     while True:
         dist.barrier()
         t0 = time.perf_counter()
@@ -213,13 +312,49 @@ def _calibrate(fn, st, duration: float) -> float:
             fn(st, i)
         el = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
         dist.all_reduce(el, op=dist.ReduceOp.MAX)
-        if el.item() >= duration / 4 or n >= 4096:
+        if el.item() >= max(duration / 4, 0.1) or n >= 4096:
             return el.item() / n
         n *= 2
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_ticks() -> tuple:
+    """(busy, steal) CPU time of the whole machine since boot, s, from /proc/stat's first line:
+    busy is all but idle and iowait (steal included); (0, 0) where it cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return ((sum(v) - v[3] - v[4]) / _CLK_TCK, (v[7] if len(v) > 7 else 0) / _CLK_TCK)
+    except Exception:
+        return (0.0, 0.0)
+
+
+def _steps(fn, st, steps: int, plant_s: float = 0.0) -> list:
+    """Run `steps` steps of `fn`; the perf_counter before the first and after each step. With
+    plant_s > 0 each step is followed by a busy loop of plant_s s of this thread's CPU time (a
+    known slowdown planted in one arm, to check that an estimator recovers it)."""
+    pc = time.perf_counter
+    stamps = [pc()]
+    if plant_s > 0:
+        tt = time.thread_time
+        for i in range(steps):
+            fn(st, i)
+            end = tt() + plant_s
+            while tt() < end:
+                pass
+            stamps.append(pc())
+    else:
+        for i in range(steps):
+            fn(st, i)
+            stamps.append(pc())
+    return stamps
+
+
 def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin="none",
-          duration=0.0, control="mirror", nice=0) -> None:
+          duration=0.0, control="mirror", nice=0, aa=False, plant=0.0, per_step=False,
+          group_nice=0, rt=0, gap=0.0, seed=None) -> None:
     """One rank (a forked child): puts its round times and writer figures on `q`.
 
     Modes: "untraced" (a copy of the workload built, warmed up and run with the recorder off),
@@ -243,6 +378,8 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         import commtrace
         from commtrace.capture import recorder as R
 
+        group = _set_group_nice(group_nice)
+        policy = _set_rt(rt)
         cpus = pin_cpus(rank, pin)
         nice_got = _set_nice(nice)
         torch.set_num_threads(1)
@@ -254,6 +391,8 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
             raise RuntimeError("tracing did not start")
         copies = {}
         for mode in ("untraced", "traced", "control"):
+            if mode == "traced" and aa:
+                continue   # --aa: the "traced" arm is a second control (set below)
             if (mode == "traced" and same_copy) or (mode == "control" and same_control):
                 # the untraced copy, with the recorder on: no difference between two copies
                 # of the workload enters the comparison (wrappers with the recorder off call
@@ -265,8 +404,14 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
             for i in range(warmup):
                 fn(st, i)
             copies[mode] = (st, fn)
+        if aa:
+            copies["traced"] = copies["control"]
         writer = next((t for t in threading.enumerate() if t.name == "commtrace-writer"), None)
         R._set_recorder(None)
+        # the warm-ups' rows written now, before the calibration (the first part's writing,
+        # pyarrow's import with it, on a CPU the ranks share, made it slow: a DDP step of
+        # 7.2 ms calibrated for 2.4 ms in the rounds), and the writer's CPU below is the rounds'
+        rec.flush()
         dist.barrier()
         calib_s = None
         if steps is None:
@@ -274,7 +419,12 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
             calib_s = _calibrate(fn, st, duration)
             steps = max(1, round(duration / calib_s))
             dist.barrier()
-        rec.flush()   # the warm-ups' rows written now: the writer's CPU below is the rounds'
+        elif plant:
+            st, fn = copies["untraced"]
+            calib_s = _calibrate(fn, st, 0.4)
+            dist.barrier()
+        plant_s = plant * calib_s if plant else 0.0
+        step_walls = []
         if sync:
             # The traced rounds write a part per flush interval of traced time, as the writer
             # thread of a traced run does per interval of its time; the writer thread here
@@ -298,18 +448,24 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         # process CPU per step, wall of the flush it wrote, s); the paired estimator uses it
         chain = []
         lock = rec._write_lock
+        set_orders = _set_orders(rounds, seed)
+        wc_start, wc_end = [], []
+
+        def wcpu():
+            return (thread_cpu_s(writer) or 0.0) if writer is not None else 0.0
         for r in range(rounds):
-            for mode in ORDERS[r % len(ORDERS)]:   # balanced: see ORDERS
+            for mode in set_orders[r]:   # balanced and randomized: see _set_orders
                 st, fn = copies[mode]
                 R._set_recorder(None)
                 dist.barrier()
                 fw = 0.0
-                if mode != "traced":
+                k0 = _cpu_ticks()
+                wc_start.append(wcpu())
+                if mode != "traced" or aa:
                     lock.acquire()   # no flush during an untraced round (it waits for a traced one)
                     try:
                         c0, t0 = cpu(), pc()
-                        for i in range(steps):
-                            fn(st, i)
+                        stamps = _steps(fn, st, steps, plant_s if mode == "traced" else 0.0)
                         t1, c1 = pc(), cpu()
                     finally:
                         lock.release()
@@ -317,8 +473,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                     R._set_recorder(rec)
                     w0 = time.time_ns()
                     c0, t0 = cpu(), pc()
-                    for i in range(steps):
-                        fn(st, i)
+                    stamps = _steps(fn, st, steps, plant_s)
                     w1 = time.time_ns()
                     since += pc() - t0
                     if sync and (since >= interval or r == rounds - 1):
@@ -333,9 +488,24 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                     t1, c1 = pc(), cpu()
                     windows.append((w0, w1))
                     R._set_recorder(None)
+                k1 = _cpu_ticks()
                 times[mode].append((t1 - t0) / steps)
                 cpus_s[mode].append((c1 - c0) / steps)
-                chain.append((mode, t0 - t_rounds0, (t1 - t0) / steps, (c1 - c0) / steps, fw))
+                # ... and the machine's busy and steal CPU time over the round (/proc/stat, s)
+                chain.append([mode, t0 - t_rounds0, (t1 - t0) / steps, (c1 - c0) / steps, fw,
+                              k1[0] - k0[0], k1[1] - k0[1], 0.0])
+                if per_step:
+                    step_walls.append([b - a for a, b in zip(stamps, stamps[1:])])
+                # the writer thread's CPU from the end of this round to the start of the next
+                # (the gap, the barrier) is charged to this round below, whatever its mode
+                wc_end.append(wcpu())
+                if gap > 0:
+                    # under SCHED_FIFO at least an eighth of the round: RT throttling (0.95 s
+                    # of each second, sched_rt_runtime_us) stops the ranks for 50 ms otherwise
+                    time.sleep(max(gap, (t1 - t0) / 8) if policy else gap)
+        wc_end.append(wcpu())
+        chain = _charge_spill(chain, wc_start, wc_end, steps)
+        times = {m: [c[2] for c in chain if c[0] == m] for m in MODES}
         w_cpu = thread_cpu_s(writer) if writer is not None else None
         t_rounds = time.perf_counter() - t_rounds0
         ws = {k: v - ws0.get(k, 0) for k, v in getattr(rec, "writer_stats", {}).items()}
@@ -354,10 +524,50 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                else None, "final_flush_cpu_s": final_cpu, "writer_nice": nice,
                "writer_nice_added": nice_added, "writer_stats": ws, "rounds_s": t_rounds,
                "traced_s": sum(times["traced"]) * steps, "steps": steps, "calib_s": calib_s,
-               "chain": chain, "nice": nice_got})
+               "chain": chain, "nice": nice_got, "plant_s": plant_s, "step_walls": step_walls,
+               "autogroup": group, "policy": policy})
     except BaseException as e:  # the parent reports it
         q.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
         raise
+
+
+def _set_orders(rounds: int, seed: int | None) -> list:
+    """The order of the three rounds of each set: ORDERS in a random order within each block of
+    six sets (seeded: every rank draws the same), or cycling through them with seed=None (the
+    design up to session 13). Within a block each mode is first, second and last twice, as in
+    the cycle; the draw makes whatever a round leaves to the next one, two, ... (the writer's
+    after-effects, a periodic job elsewhere in step with the cycle) fall on the untraced and
+    control rounds alike in distribution, at any lag: the cycle balanced the lag of one round
+    only (a traced round came two rounds before an untraced one twice as often as before a
+    control one), and in two runs of 0.1 s rounds the control's interval excluded 1."""
+    if seed is None:
+        return [ORDERS[r % len(ORDERS)] for r in range(rounds)]
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    while len(out) < rounds:
+        block = list(ORDERS)
+        rng.shuffle(block)
+        out.extend(block)
+    return out[:rounds]
+
+
+def _charge_spill(chain: list, wc_start: list, wc_end: list, steps: int) -> list:
+    """The rounds of `chain` (lists: mode, start, wall per step, ..., index 7 the spill) with
+    the writer thread's CPU time from the end of each round to the start of the next (the
+    last: to `wc_end[-1]`, read after the last gap) charged to it: added to its wall time per
+    step and kept at index 7 (s). wc_start[j] / wc_end[j]: the writer's CPU clock at round j's
+    start and end (len(wc_end) == len(chain) + 1)."""
+    out = []
+    for j, c in enumerate(chain):
+        nxt = wc_start[j + 1] if j + 1 < len(wc_start) else wc_end[-1]
+        spill = max(0.0, nxt - wc_end[j])
+        c = list(c)
+        c[7] = spill
+        c[2] += spill / steps
+        out.append(tuple(c))
+    return out
 
 
 def robust_ratio(x: list, u: list, f: list | None = None) -> float:
@@ -417,7 +627,9 @@ def _ops_in_windows(out: str, res: list) -> int:
 
 def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, timeout: float,
                  sync: bool = True, pin: str = "none", duration: float = 0.0,
-                 control: str = "mirror", nice: int = 0) -> dict:
+                 control: str = "mirror", nice: int = 0, aa: bool = False, plant: float = 0.0,
+                 keep_steps: bool = False, group_nice: int = 0, rt: int = 0,
+                 gap: float = 0.0, seed: int | None = None) -> dict:
     """One 2-rank job of `rounds` sets of rounds (untraced, traced, control); the paired ratios
     and figures. steps=None: calibrated to rounds of `duration` seconds."""
     import multiprocessing as mp
@@ -429,7 +641,8 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
     out = tempfile.mkdtemp(prefix="commtrace-steps-")
     port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, 2, port, workload, out, warmup, steps, rounds,
-                                             sync, q, pin, duration, control, nice))
+                                             sync, q, pin, duration, control, nice, aa, plant,
+                                             keep_steps, group_nice, rt, gap, seed))
              for r in range(2)]
     t_start = time.perf_counter()
     for p in procs:
@@ -450,7 +663,7 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
     wall_s = time.perf_counter() - t_start
     res.sort(key=lambda r: r["rank"])
     steps = res[0]["steps"]
-    n_ops = _ops_in_windows(out, res)
+    n_ops = 0 if aa else _ops_in_windows(out, res)
     shutil.rmtree(out, ignore_errors=True)
     per = {m: [statistics.mean(r["times"][m][i] for r in res) for i in range(rounds)]
            for m in MODES}
@@ -520,6 +733,16 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
         # each rank's rounds in the order run (mode, start s, wall per step, CPU per step, wall
         # of its flush s): the raw data of every figure above, for other estimators
         "chain": [r.get("chain") for r in res],
+        # --aa: the "traced" arm untraced too (a second A/A comparison); --plant: the busy loop
+        # per step of that arm (s of thread CPU, each rank) and its share of the calibrated step
+        "group_nice": group_nice, "autogroup": [r.get("autogroup") for r in res],
+        "rt": rt, "policy": [r.get("policy") for r in res], "gap_s": gap,
+        # the seed of the sets' orders (None: the fixed cycle of ORDERS)
+        "order_seed": seed,
+        # the writer thread's CPU between rounds charged to the round before (s, all rounds)
+        "spill_s": {m: sum(c[7] for r in res for c in r["chain"] if c[0] == m) for m in MODES},
+        "aa": aa, "plant": plant, "plant_s": res[0].get("plant_s", 0.0),
+        "step_walls": [r.get("step_walls") for r in res] if keep_steps else None,
         "load_start": load_of(up0), "load_end": load_of(up1), "uptime_start": up0, "uptime_end": up1,
     }
 
@@ -548,8 +771,12 @@ def report(r: dict) -> list[str]:
         + f"(untraced, traced, control{' = a second copy' if r.get('control') == 'copy' else ''}; "
         f"2 ranks, gloo, rows written by "
         f"{'the traced rounds' if r['writer'] == 'sync' else 'the writer thread'}; pinned: "
-        f"{r['pin']}), load average {r['load_start']} -> {r['load_end']}, "
-        f"{r.get('wall_s', 0):.0f} s",
+        f"{r['pin']}; {_sched_text(r)}), load average {r['load_start']} -> {r['load_end']}, "
+        f"{r.get('wall_s', 0):.0f} s" + (" [A/A: tracing off in every arm" + (
+            f", traced arm planted with {100 * r['plant']:g}% of the step in busy CPU"
+            if r.get("plant") else "") + "]" if r.get("aa") else
+            f" [traced arm planted with {100 * r['plant']:g}% of the step in busy CPU]"
+            if r.get("plant") else ""),
         f"  untraced step {r['untraced_step_ms']:.3f} ms, traced {r['traced_step_ms']:.3f} ms, "
         f"control {r['control_step_ms']:.3f} ms (medians of the rounds); "
         f"{r['ops_per_step_per_rank']:.1f} ops per step per rank",
@@ -567,6 +794,22 @@ def report(r: dict) -> list[str]:
         "  writer thread CPU per op: " + (f"{w:.2f} us" if w is not None else "n/a")
         + f" (writer nice {r['writer_nice']})",
     ] + _wakeup_lines(r)
+
+
+def _sched_text(r: dict) -> str:
+    """How the ranks were scheduled, for the report's first line."""
+    pol = [p for p in r.get("policy") or [] if p]
+    if r.get("rt") and len(pol) == len(r.get("policy") or []):
+        text = f"{pol[0]}, {1e3 * r.get('gap_s', 0):.0f} ms gaps"
+    elif r.get("rt"):
+        text = f"fair scheduler (SCHED_FIFO {r['rt']} not permitted)"
+    else:
+        text = "fair scheduler"
+    sp = r.get("spill_s") or {}
+    if any(sp.values()):
+        text += (", writer CPU between rounds charged to the round before: " + ", ".join(
+            f"{m} {1e3 * sp.get(m, 0.0):.1f} ms" for m in MODES))
+    return text
 
 
 def _robust_lines(r: dict, target) -> list[str]:
@@ -606,6 +849,9 @@ def main(argv=None) -> int:
             f"{w} {a}+{b}" for w, (a, b) in DEFAULTS.items()) + ".\n\nExamples:\n"
         "  python benchmarks/steps.py\n"
         "  python benchmarks/steps.py --workloads ddp fsdp2 --rounds 60 --json steps.json\n"
+        "  python benchmarks/steps.py --workloads ddp fsdp2 pipeline --budget 120   # +-1%\n"
+        "  python benchmarks/steps.py --workloads ddp --aa --plant 0.01   # check the estimator\n"
+        "  python benchmarks/steps.py --workloads pipeline --rt 0   # the fair scheduler\n"
         "  python benchmarks/steps.py --workloads pipeline --duration 1 --budget 300\n"
         "  python benchmarks/steps.py --workloads pipeline --control copy   # two copies\n"
         "  COMMTRACE_WRITER_NICE=0 python benchmarks/steps.py --workloads soak\n"
@@ -614,10 +860,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=None,
                     help="sets of rounds (untraced, traced, control) per workload (default: "
                     f"--budget / (3 x --duration), a multiple of 6; {ROUNDS} with --duration 0)")
-    ap.add_argument("--duration", type=float, default=DURATION,
+    ap.add_argument("--duration", type=float, default=None,
                     help="target wall time of a round, s: the steps per round are calibrated "
-                    f"to it after the warm-up (default {DURATION}; 0: the fixed steps per round "
-                    "of the first version, below)")
+                    f"to it after the warm-up (default {DURATION} under SCHED_FIFO, "
+                    f"{DURATION_FAIR} with --rt 0; 0: the fixed steps per round of the first "
+                    "version, below)")
     ap.add_argument("--budget", type=float, default=BUDGET,
                     help=f"wall time of the rounds per workload, s, that sets the default "
                     f"--rounds (default {BUDGET:.0f})")
@@ -640,14 +887,54 @@ def main(argv=None) -> int:
                     "COMMTRACE_WRITER_NICE is added to it as in any run): a negative one puts "
                     "the timed processes ahead of other jobs on the machine (root or "
                     f"CAP_SYS_NICE; unchanged where not permitted); 0: unchanged (default {NICE})")
+    ap.add_argument("--group-nice", type=int, default=GROUP_NICE,
+                    help="each rank in a session of its own whose autogroup gets this nice value "
+                    "(where the kernel's autogroups are on, sessions share the CPUs first: a "
+                    "negative value puts the ranks ahead of other sessions' jobs; root or "
+                    f"CAP_SYS_NICE); 0: unchanged (default {GROUP_NICE})")
+    ap.add_argument("--rt", type=int, default=RT,
+                    help="run the ranks (all their threads) under SCHED_FIFO at this priority "
+                    "(1-99; root or CAP_SYS_NICE; unchanged where not permitted): a waking rank "
+                    f"takes a CPU from other jobs at once; 0: the fair scheduler (default {RT})")
+    ap.add_argument("--gap", type=float, default=None,
+                    help="pause after each round, s (default: 0 with --rt 0; under SCHED_FIFO "
+                    "an eighth of --duration, and at least an eighth of the round: the ranks then "
+                    "use at most ~89%% of a CPU, under the kernel's RT throttling limit, which "
+                    "otherwise stops them for 50 ms each second)")
+    ap.add_argument("--seed", type=int, default=SEED,
+                    help="seed of the sets' orders (ORDERS shuffled within each block of six "
+                    f"sets); -1: the fixed cycle of sessions 7-13 (default {SEED})")
+    ap.add_argument("--aa", action="store_true",
+                    help="tracing off in every arm: the traced arm runs as the control does (a "
+                    "second A/A comparison per run, to check the estimators' coverage)")
+    ap.add_argument("--plant", type=float, default=0.0,
+                    help="a known slowdown in the traced arm: after each step a busy loop of "
+                    "this share of the calibrated step time, in thread CPU (e.g. 0.01; with "
+                    "--aa: the traced / untraced ratio should come out at 1 + this)")
+    ap.add_argument("--per-step", action="store_true",
+                    help="keep every step's wall time in the JSON (step_walls: per rank, per round)")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args(argv)
     if a.rounds is not None and a.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if not 0 <= a.rt <= 99:
+        ap.error("--rt must be in [0, 99]")
+    if a.rt and not _rt_permitted(a.rt):
+        print(f"steps: SCHED_FIFO {a.rt} not permitted here (root or CAP_SYS_NICE): the fair "
+              "scheduler (--rt 0)", file=sys.stderr)
+        a.rt = 0
+    if a.duration is None:
+        a.duration = DURATION if a.rt else DURATION_FAIR
     if a.duration < 0 or a.budget <= 0:
         ap.error("--duration must be >= 0 and --budget > 0")
+    if not 0 <= a.plant < 1:
+        ap.error("--plant must be in [0, 1)")
     if a.steps is not None and a.steps < 1:
         ap.error("--steps must be at least 1")
+    if a.gap is None:
+        a.gap = a.duration / 8 if a.rt and a.duration > 0 else 0.05 if a.rt else 0.0
+    if a.gap < 0:
+        ap.error("--gap must be >= 0")
     if a.rounds is None:
         a.rounds = (max(6, 6 * round(a.budget / (3 * a.duration) / 6)) if a.duration > 0
                     and a.steps is None else ROUNDS)
@@ -670,7 +957,9 @@ def main(argv=None) -> int:
         dw, ds_ = DEFAULTS[w]
         steps = a.steps if a.steps is not None else (None if a.duration > 0 else ds_)
         r = run_workload(w, a.rounds, a.warmup if a.warmup is not None else dw, steps,
-                         a.timeout, a.writer == "sync", a.pin, a.duration, a.control, a.nice)
+                         a.timeout, a.writer == "sync", a.pin, a.duration, a.control, a.nice,
+                         a.aa, a.plant, a.per_step, a.group_nice, a.rt, a.gap,
+                         None if a.seed < 0 else a.seed)
         r["c_fast_path"] = wrappers._cfast is not None
         r["ddp_comm_hook"] = ddp_hook
         results.append(r)

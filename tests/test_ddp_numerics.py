@@ -9,7 +9,9 @@ gradients in ways a comm hook does not see (capture/ddp.py):
   False)``, accumulation under ``no_sync``). The hook divided every bucket before, which under
   torch's default ``zero_grad`` differed in the last bit at 3 ranks; now it follows DDP per
   gradient.
-- and the plain modes (static graph, unused parameters, no_sync, buffers not broadcast).
+- and the plain modes (static graph, unused parameters, no_sync, buffers not broadcast), and
+  a float64 model (the C++ hook scales float32 and float64 buckets by a 0-dim tensor of their
+  dtype: the same products as DDP's scalar).
 
 One real gloo job under ``commtrace run`` (tests/scripts/ddp_numerics_equal.py) trains each case
 untraced and traced. Besides the parameters: every synced step's buckets are in the trace, the
@@ -29,7 +31,7 @@ from conftest import SCRIPTS, clean_env, load_rows, marked_json, run_path, run_t
 
 # buckets the Python hook scaled per case: [all multiplied, all divided, per gradient] (> 0: some)
 FAST = ("plain", "static_graph", "find_unused", "no_sync", "broadcast_buffers_off", "bview",
-        "bview_static", "join_static")
+        "bview_static", "join_static", "double")
 
 
 def _job(tmp_path, nproc, env):

@@ -101,12 +101,18 @@ def test_tpdp_what_if_gains_are_analytic(tpdp):
     assert gain[1] == pytest.approx(DELTA, rel=0.02)
     assert gain[2] == pytest.approx(DELTA, rel=0.02)
     # every step runs gap, TP all_reduce, gap, DP all_reduce back to back on the path: fully
-    # overlapped communication saves both transfers of every step
+    # overlapped communication saves both transfers of every step, except the first TP
+    # all_reduce's: the window (run_time_s) opens at its release (the ranks' first release
+    # after a wait), and no scenario changes what lies before the window
     tc_tp, tc_dp = layout_tcomm_ns(4 * MB), layout_tcomm_ns(16 * MB)
-    assert gain[3] == pytest.approx(STEPS * (tc_tp + tc_dp), rel=0.02)
+    assert m.t_begin == pytest.approx(tc_tp + LAYOUT_RET_NS, abs=1)
+    assert gain[3] == pytest.approx(STEPS * (tc_tp + tc_dp) - tc_tp, rel=0.02)
     # nccl-tests: t = S x F / busbw, F = 2(n-1)/n: 1 for the TP pairs, 1.5 for DP groups of 4
-    want = STEPS * ((tc_tp - 4 * MB * 1.0 / ref) + (tc_dp - 16 * MB * 1.5 / ref))
+    d_tp, d_dp = tc_tp - 4 * MB * 1.0 / ref, tc_dp - 16 * MB * 1.5 / ref
+    want = STEPS * (d_tp + d_dp) - d_tp
     assert gain[4] == pytest.approx(want, rel=0.02)
+    # no scenario saves more than the window
+    assert max(gain) < res.t_end[0] - m.t_begin
 
 
 def test_pipeline_what_if_gain_is_analytic(pipe):
@@ -294,3 +300,29 @@ def test_malloc_tuned_only_in_commtraces_own_process(tmp_path, how, env, expecte
     assert p.returncode == 0, p.stderr
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("TUNED ")]
     assert line == ["TUNED " + expected]
+
+
+def test_start_up_skew_is_outside_every_what_if(tmp_path):
+    """One TP group of 4 (dp=1): rank 2 reaches the first all_reduce SKEW late (start-up: loading,
+    compiling) and works DELTA longer in step 3. The window opens at that all_reduce's release,
+    so the skew is not in the run time, and no scenario may save it: rank 2 made as fast as the
+    median gains DELTA, not SKEW + DELTA; taken off the group's critical path it gains its
+    step-3 delay, not the skew; every projected run time is positive and within the window
+    (before this, a failed 2-rank run's report claimed savings of 2086% of its run time)."""
+    skew = 5 * DELTA
+    synth_layout(str(tmp_path / "skew"), "tpdp", tp=4, dp=1, steps=STEPS, delays=[(2, 0, skew), (2, 3, DELTA)])
+    run = commtrace.load(str(tmp_path / "skew"))
+    m = build_model(run)
+    assert m.t_begin > skew
+    res = RP.replay(m, [RP.baseline(), RP.rank_median(m, 2), RP.remove_rank(m, 2, "tp0"), RP.comm_hidden(m)])
+    window = res.t_end[0] - m.t_begin
+    gain = res.t_end[0] - res.t_end
+    assert gain[1] == pytest.approx(DELTA, rel=0.02)
+    assert gain[2] == pytest.approx(DELTA, rel=0.02)
+    assert all(0 <= g < window for g in gain[1:])
+    wi = RC.what_if(run)
+    assert wi["run_time_s"] == pytest.approx(window / 1e9, rel=1e-9)
+    assert wi["scenarios"]
+    for sc in wi["scenarios"]:
+        assert 0 < sc["projected_s"] <= wi["run_time_s"], sc
+        assert 0 <= sc["gain_pct"] < 100, sc

@@ -41,6 +41,15 @@ def test_steps_benchmark_small_run(tmp_path):
         assert r["untraced_cpu_ms"] > 0 and r["pin"] == "none"
         assert r["writer_cpu_us_per_op"] > 0 and r["writer"] == "sync"
         assert "load average" in r["uptime_start"] and r["load_start"] and r["load_end"]
+        # the default scheduling: SCHED_FIFO 1 with gaps of an eighth of the round where
+        # permitted (root or CAP_SYS_NICE), the fair scheduler and no gaps' floor otherwise
+        if r["policy"] == ["SCHED_FIFO 1"] * 2:
+            assert r["rt"] == 1 and r["gap_s"] == pytest.approx(0.05 / 8)
+        else:   # not permitted here: the fair scheduler, no gaps
+            assert r["policy"] == [None, None] and r["rt"] == 0 and r["gap_s"] == 0.0
+        assert set(r["spill_s"]) == {"untraced", "traced", "control"}
+        assert all(v >= 0 for v in r["spill_s"].values())
+        assert r["aa"] is False and r["plant"] == 0.0 and r["step_walls"] is None
         # both ranks' writer threads run at commtrace run's default priority (relative to the
         # rank's own: pytest may run under `nice`, and a nice value stops at 19)
         assert r["writer_nice_added"] == [min(Config().writer_nice, 19 - os.nice(0))] * 2
@@ -57,6 +66,7 @@ def test_steps_benchmark_small_run(tmp_path):
     assert text.count("control / untraced step time") == 2
     assert text.count("process CPU per step (all threads)") == 2
     assert "target <= 2%" in text   # the pipeline's verdict line
+    assert text.count("SCHED_FIFO 1, 6 ms gaps") + text.count("; fair scheduler") == 2
 
 
 def test_round_order_is_balanced():
@@ -119,3 +129,81 @@ def test_flush_per_step_from_the_ranks_chains():
     ch1 = [c[:4] + (0.04 if i == 1 else 0.0,) for i, c in enumerate(ch0)]
     got = steps._flush_per_step([{"chain": ch0}, {"chain": ch1}], rounds=2, steps=10)
     assert got == pytest.approx([0.003, 0.0])
+
+
+def test_plant_adds_its_busy_cpu_to_every_step():
+    """--plant's busy loop: each step is followed by plant_s of this thread's CPU time, so a
+    planted arm is slower by a known amount (the estimator's recovery check)."""
+    import time
+
+    steps = _steps_module()
+    calls = []
+    t0 = time.thread_time()
+    stamps = steps._steps(lambda st, i: calls.append(i), None, 5, plant_s=0.004)
+    spent = time.thread_time() - t0
+    assert calls == [0, 1, 2, 3, 4] and len(stamps) == 6
+    assert spent >= 5 * 0.004
+    # each step's wall time holds its busy loop (wall >= thread CPU)
+    assert all(b - a >= 0.004 for a, b in zip(stamps, stamps[1:]))
+    # no plant: the stamps only
+    assert len(steps._steps(lambda st, i: None, None, 3)) == 4
+
+
+def test_writer_cpu_between_rounds_is_charged_to_the_round_before():
+    """The writer thread's CPU from a round's end to the next round's start (the gap and the
+    barrier) is added to that round's wall time per step, whatever its mode; the last round's
+    up to the reading after the last gap."""
+    steps = _steps_module()
+    chain = [["untraced", 0.0, 1e-3, 1e-3, 0.0, 0.0, 0.0, 0.0],
+             ["traced", 0.5, 2e-3, 1e-3, 0.0, 0.0, 0.0, 0.0],
+             ["control", 1.0, 1e-3, 1e-3, 0.0, 0.0, 0.0, 0.0]]
+    # writer CPU clock (s) at each round's start and end, and after the last gap
+    wc_start = [1.0, 1.0, 1.05]
+    wc_end = [1.0, 1.01, 1.05, 1.052]
+    got = steps._charge_spill(chain, wc_start, wc_end, steps=10)
+    assert [c[7] for c in got] == pytest.approx([0.0, 0.04, 0.002])
+    assert [c[2] for c in got] == pytest.approx([1e-3, 2e-3 + 0.004, 1e-3 + 0.0002])
+    assert [c[0] for c in got] == ["untraced", "traced", "control"]
+    # a clock read out of order never charges a negative time
+    assert steps._charge_spill(chain[:1], [1.0], [1.0, 0.9], 10)[0][7] == 0.0
+
+
+def test_scheduling_options_are_checked_and_reported():
+    """--rt and --plant out of range: a one-line parser error; the report's first line says how
+    the ranks were scheduled, and when SCHED_FIFO was asked for but not granted."""
+    for bad in (["--rt", "100"], ["--plant", "1"], ["--gap", "-1"]):
+        p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "steps.py"), *bad],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and "error:" in p.stderr and "Traceback" not in p.stderr
+    steps = _steps_module()
+    assert steps._sched_text({"rt": 1, "policy": ["SCHED_FIFO 1"] * 2, "gap_s": 0.05}) == \
+        "SCHED_FIFO 1, 50 ms gaps"
+    assert steps._sched_text({"rt": 1, "policy": [None, None]}) == \
+        "fair scheduler (SCHED_FIFO 1 not permitted)"
+    assert steps._sched_text({"rt": 0, "policy": [None, None],
+                              "spill_s": {"untraced": 0.0, "traced": 0.0012, "control": 0.0}}) \
+        == ("fair scheduler, writer CPU between rounds charged to the round before: "
+            "untraced 0.0 ms, traced 1.2 ms, control 0.0 ms")
+
+
+def test_set_orders_are_balanced_blocks_in_a_seeded_random_order():
+    """Each block of six sets holds the six orders once (each mode first, second and last
+    twice), in an order drawn from the seed: the same for every rank, another for another seed;
+    seed None gives the fixed cycle of ORDERS."""
+    steps = _steps_module()
+    a = steps._set_orders(40, 7)
+    assert a == steps._set_orders(40, 7) and len(a) == 40
+    assert a != steps._set_orders(40, 8)
+    for b in range(0, 36, 6):
+        assert sorted(a[b:b + 6]) == sorted(steps.ORDERS)
+    assert set(a[36:]) <= set(steps.ORDERS)
+    assert steps._set_orders(8, None) == list(steps.ORDERS) + list(steps.ORDERS[:2])
+    # over many blocks a traced round comes k rounds before an untraced and a control one
+    # about equally often, at every lag (the fixed cycle: twice as often at lag 2)
+    chain = [m for o in steps._set_orders(60000, 1) for m in o]
+    for lag in (1, 2, 3, 4):
+        n = Counter(chain[i + lag] for i in range(len(chain) - lag) if chain[i] == "traced")
+        assert abs(n["untraced"] - n["control"]) < 0.03 * n["untraced"], (lag, n)
+    cyc = [m for o in steps.ORDERS for m in o] * 10
+    n2 = Counter(cyc[i + 2] for i in range(len(cyc) - 2) if cyc[i] == "traced")
+    assert n2["untraced"] > 1.8 * n2["control"]

@@ -174,8 +174,8 @@ def segments(run) -> pa.Table:
 
 def summary(run) -> dict:
     """Per rank, the share of the critical path it holds; per op kind, the communication on
-    the path (exposed) and off it (hidden: the rest of the transfers' time, sum over
-    communications of t_comm); per step, the path's length and the rank holding most of it."""
+    the path (exposed) and off it (hidden: the rest of the transfers' time in the window, sum
+    over communications of t_comm clipped to the window; `t_comm_total_s`: unclipped); per step, the path's length and the rank holding most of it."""
     m, sg = _segments(run)
     total = m.t_end - m.t_begin
     L = sg["t1"] - sg["t0"]
@@ -192,9 +192,13 @@ def summary(run) -> dict:
         per_rank.sort(key=lambda x: -x["time_s"])
     out["per_rank"] = per_rank
     # per op kind: exposed (on the path) vs hidden (bincount adds in communication order, as
-    # a running sum per op would)
+    # a running sum per op would). Hidden is the transfer time inside the window not on the
+    # path: a transfer before the window (the start-up's first collective) is neither.
     K = len(m.op_names)
     tc_total = np.bincount(m.cm_opc, weights=m.cm_tcomm, minlength=K)
+    t0 = m.cm_T0
+    in_win = np.clip(np.minimum(t0 + m.cm_tcomm, m.t_end) - np.maximum(t0, m.t_begin), 0.0, None)
+    tc_win = np.bincount(m.cm_opc, weights=in_win, minlength=K)
     n_c = np.bincount(m.cm_opc, minlength=K)
     comm_seg = sg["kind"] == 2
     cs = m.cm_opc[sg["comm"][comm_seg]]
@@ -203,9 +207,9 @@ def summary(run) -> dict:
     ops = []
     for k in sorted(set(np.flatnonzero((n_c > 0) | (n_on > 0)).tolist()), key=lambda k: str(m.op_names[k])):
         on = float(per_op[k])
-        tct = float(tc_total[k])
-        ops.append({"op": str(m.op_names[k]), "on_path_s": on / 1e9, "off_path_s": max(tct - on, 0.0) / 1e9,
-                    "t_comm_total_s": tct / 1e9})
+        tct, tcw = float(tc_total[k]), float(tc_win[k])
+        ops.append({"op": str(m.op_names[k]), "on_path_s": on / 1e9, "off_path_s": max(tcw - on, 0.0) / 1e9,
+                    "t_comm_total_s": tct / 1e9, "t_comm_in_window_s": tcw / 1e9})
     ops.sort(key=lambda x: -x["on_path_s"])
     out["per_op"] = ops
     # per step

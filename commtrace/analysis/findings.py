@@ -191,7 +191,7 @@ def straggler(run) -> list[Finding]:
         out.append(Finding(
             kind="straggler", severity="warning", rank=r, pg=row[3] if row[2] == 1 else None,
             op=row[0], site=row[1], t_ns=_i(row[4]), t_end_ns=_i(row[5]), impact_ns=total,
-            evidence={"last_count": last, "n_collectives": n, "share": share,
+            evidence={"basis": "arrivals", "last_count": last, "n_collectives": n, "share": share,
                       "expected_share": exp_share, "z": z, "mean_late_ns": mean_late,
                       "total_late_ns": total, "typical_late_ns": typical,
                       "clock_uncertainty_ns": unc, "z_steps": z_steps,

@@ -511,23 +511,48 @@ def baseline() -> Scenario:
     return Scenario("as measured", "baseline")
 
 
+# Scenarios change only what lies in the window (`m.t_begin` on; docs/findings.md "What-if by
+# replay"): before it, every rank replays as measured (start-up skew is not part of the run
+# time the gains are a share of), so no scenario saves more than the window. A gap is cut by
+# at most its part after `t_begin`; a transfer that started before it, and the arrivals at a
+# communication that did, stay as measured.
+def _window_cut(m: Model, ev: np.ndarray, cut: np.ndarray) -> np.ndarray:
+    """`cut` of the gaps of events `ev`, limited to each gap's part inside the window."""
+    return np.minimum(cut, np.maximum(m.ev_start[ev] - m.t_begin, 0.0))
+
+
+def _pre_window(m: Model) -> np.ndarray:
+    """Per slot: its transfer started before the window (a dependent slot at its communication's
+    start, an independent one at its entry); cached on the model."""
+    pre = getattr(m, "_pre_window", None)
+    if pre is None:
+        if len(m.sl_comm):
+            pre = np.where(m.sl_dep, m.cm_T0[m.sl_comm], m.sl_enter) < m.t_begin
+        else:
+            pre = np.zeros(0, bool)
+        m._pre_window = pre
+    return pre
+
+
 def rank_median(m: Model, rank: int) -> Scenario:
-    """Rank `rank` as fast as the median rank: its gaps cut by their excess."""
+    """Rank `rank` as fast as the median rank: its gaps cut by their excess (in the window)."""
     sel = np.flatnonzero(m.ev_rank == int(rank))
     return Scenario(f"rank {int(rank)} as fast as the median rank", "rank_median", {"rank": int(rank)},
-                    gap_at=sel, gap_to=m.ev_gap[sel] - m.ev_excess[sel])
+                    gap_at=sel, gap_to=m.ev_gap[sel] - _window_cut(m, sel, m.ev_excess[sel]))
 
 
 def fix_delay(m: Model, event: int, label: str = "") -> Scenario:
-    """The delay (excess gap) of one event removed."""
+    """The delay (excess gap) of one event removed (its part in the window)."""
     e = np.array([int(event)], np.int64)
     return Scenario(label or f"delay of event {event} removed", "fix_delay", {"event": int(event)},
-                    gap_at=e, gap_to=m.ev_gap[e] - m.ev_excess[e])
+                    gap_at=e, gap_to=m.ev_gap[e] - _window_cut(m, e, m.ev_excess[e]))
 
 
 def comm_hidden(m: Model) -> Scenario:
-    """All communication fully overlapped: no transfer time on the host's path."""
-    z = np.zeros(len(m.sl_comm))
+    """All communication fully overlapped: no transfer time on the host's path (transfers
+    that started before the window as measured)."""
+    pre = _pre_window(m)
+    z = np.where(pre, m.sl_tc, 0.0) if pre.any() else np.zeros(len(m.sl_comm))
     return Scenario("all communication fully overlapped", "comm_hidden", {}, tc=z, tc_ind=z, queue=False)
 
 
@@ -537,6 +562,9 @@ def busbw_ref(m: Model, op: str, gbps: float) -> Scenario:
     sel_c = (m.cm_op == op) & ~m.cm_is_p2p
     delta = np.where(sel_c, t_ref - m.cm_tcomm, 0.0)
     tc = np.maximum(m.sl_tc + delta[m.sl_comm], 0.0)
+    pre = _pre_window(m)
+    if pre.any():
+        tc = np.where(pre, m.sl_tc, tc)
     return Scenario(f"every {op} at {gbps:g} GB/s bus bandwidth", "busbw_ref", {"op": op, "busbw_gbps": float(gbps)}, tc=tc)
 
 
@@ -545,7 +573,7 @@ def remove_rank(m: Model, rank: int, pg: str) -> Scenario:
     with the other ranks' last release (the rank's own late work no longer counts: as if a
     spare took its place on that group)."""
     codes = np.flatnonzero(m.pg_names == pg)       # (by code: no string per slot)
-    sel = (m.sl_rank == int(rank)) & np.isin(m.cm_pgc[m.sl_comm], codes)
+    sel = (m.sl_rank == int(rank)) & np.isin(m.cm_pgc[m.sl_comm], codes) & ~_pre_window(m)
     return Scenario(f"rank {int(rank)} removed from pg {pg}'s critical path", "remove_rank",
                     {"rank": int(rank), "pg": pg}, mask=sel, exclude_ranks=(int(rank),))
 

@@ -180,17 +180,107 @@ def wanted(run) -> bool:
     return n <= AUTO_MAX_OPS
 
 
+#: A straggler by delay analysis (where arrival counts miss it: a rank that holds up a small
+#: group, whose members then arrive late together at the larger ones): its delays cost at least
+#: this share of all the waiting, ...
+DELAY_STRAGGLER_MIN_SHARE = 0.5
+#: ... made as fast as the median rank it would save at least this share of the run, ...
+DELAY_STRAGGLER_MIN_GAIN = 0.05
+#: ... its delays of at least findings.STRAGGLER_MIN_LATE_NS, with a mean above the clock's
+#: uncertainty and findings.STRAGGLER_TYPICAL_FACTOR x the other ranks' typical (median) delay, number at least DELAY_STRAGGLER_MIN_DELAYS and recur: in at least this share
+#: of the rank's steps in the window (without steps: of the occurrences of the event before
+#: which its costliest delay lies). A rank that trails in a few steps of forty on a loaded
+#: host (scheduling) is not one.
+DELAY_STRAGGLER_MIN_DELAYS = 3
+DELAY_STRAGGLER_MIN_RECUR = 0.5
+
+
+def _recurrence(m, r: int, ev: np.ndarray, top_event: int | None) -> tuple[int, int, str]:
+    """(in how many steps, or occurrences, rank `r` has a delay of `ev`; out of how many; of
+    what: "steps", or "occurrences" of the event before which its costliest delay lies)."""
+    win = (m.ev_rank == r) & (m.ev_start >= m.t_begin)
+    st = m.ev_step[win]
+    known = st[st >= 0]
+    if len(known) == win.sum() and len(np.unique(known)) > 1:
+        return len(np.unique(m.ev_step[ev])), len(np.unique(known)), "steps"
+    if top_event is None:
+        return len(ev), len(ev), "occurrences"
+    lab = D._label(m, top_event)
+    same = [int(e) for e in np.flatnonzero(win).tolist() if D._label(m, e) == lab]
+    big = set(ev.tolist())
+    return sum(1 for e in same if e in big), len(same), "occurrences"
+
+
+def delay_stragglers(run, known=()) -> list:
+    """`straggler` findings from delay analysis (docs/findings.md, `straggler`, "by delay
+    analysis") for ranks not in `known` (those the arrival counts already name)."""
+    from . import findings as F
+
+    m = build_model(run)
+    a = D.attribution(run)
+    total_wait = float(a["total_wait"])
+    if not m.n_events or total_wait <= 0:
+        return []
+    wi = what_if(run)
+    total = wi["run_time_s"]
+    by_rank = D.cost_by_rank(run)
+    mixed = set(getattr(run.files, "conflict_ranks", None) or ())   # (rows of two processes)
+    out = []
+    for r, (dc, pc) in sorted(by_rank.items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
+        cost = dc + pc
+        if r in known or r in mixed or cost * 1e9 < DELAY_STRAGGLER_MIN_SHARE * total_wait:
+            continue
+        ev = np.flatnonzero((m.ev_rank == r) & (m.ev_excess >= F.STRAGGLER_MIN_LATE_NS)
+                            & (a["ev_direct"] + a["ev_prop"] > 0))
+        if len(ev) < DELAY_STRAGGLER_MIN_DELAYS:
+            continue
+        mean_delay = float(m.ev_excess[ev].mean())
+        unc = F._clock_uncertainty_ns(run, r)
+        if mean_delay < F.STRAGGLER_CLOCK_FACTOR * unc:
+            continue
+        oth = m.ev_excess[(m.ev_rank != r) & (m.ev_excess >= F.STRAGGLER_MIN_LATE_NS)
+                          & (a["ev_direct"] + a["ev_prop"] > 0)]
+        typical = float(np.median(oth)) if len(oth) else 0.0
+        if mean_delay < F.STRAGGLER_TYPICAL_FACTOR * typical:
+            continue
+        gain = rank_gain(run, r)
+        if total <= 0 or gain < DELAY_STRAGGLER_MIN_GAIN * total:
+            continue
+        d = next((x for x in D.delays(run, per_rank=1).to_pylist() if x["rank"] == r), None)
+        n_in, n_of, unit = _recurrence(m, r, ev, d["event"] if d else None)
+        if n_in < DELAY_STRAGGLER_MIN_DELAYS or n_in < DELAY_STRAGGLER_MIN_RECUR * n_of:
+            continue
+        t0 = int(round(float(m.ev_start[ev].min()))) + m.base_ns
+        where = f" (the costliest {_where(d)}, step {d['step']})" if d is not None else ""
+        out.append(F.Finding(
+            kind="straggler", severity="warning", rank=int(r), op=d["op"] if d else None,
+            site=d["site"] if d else None, t_ns=t0, impact_ns=int(round(cost * 1e9)),
+            evidence={"basis": "delay_analysis", "cost_s": cost, "direct_cost_s": dc, "propagated_cost_s": pc,
+                      "share_of_wait": cost * 1e9 / total_wait, "wait_total_s": total_wait / 1e9,
+                      "delays": int(len(ev)), "recurs_in": int(n_in), "recurs_of": int(n_of), "recurs_unit": unit,
+                      "mean_delay_s": mean_delay / 1e9, "typical_delay_s": typical / 1e9,
+                      "clock_uncertainty_ns": unc},
+            message=(f"rank {r}'s work between communications ran longer than the other ranks' in "
+                     f"{n_in:,} of {n_of:,} {unit}, on average {F.fmt_ns(mean_delay)}{where}; the waiting it caused, "
+                     f"directly and passed on by the ranks it held up, is {_fmt_s(cost)} of the "
+                     f"{_fmt_s(total_wait / 1e9)} all ranks waited ({cost * 1e9 / total_wait:.0%})")))
+    return out
+
+
 def annotate_findings(run, findings: list) -> list:
     """Give each finding `cost_s` (delay costs of its late rank), `gain_s` (the replay's
     saving if that rank were as fast as the median rank) and `root_cause` (the rank's costliest
-    delay); order by `gain_s` (largest first), findings without one after, in their order."""
-    if not findings or not wanted(run):
-        return findings
-    need = [f for f in findings if f.kind in RANK_KINDS and f.rank is not None]
-    if not need:
+    delay); order by `gain_s` (largest first), findings without one after, in their order.
+    Stragglers that only delay analysis shows are added (:func:`delay_stragglers`)."""
+    if not wanted(run):
         return findings
     m = build_model(run)
     if not m.n_events:
+        return findings
+    known = {f.rank for f in findings if f.kind == "straggler"}
+    findings = list(findings) + delay_stragglers(run, known)
+    need = [f for f in findings if f.kind in RANK_KINDS and f.rank is not None]
+    if not need:
         return findings
     wi = what_if(run)
     total = wi["run_time_s"]

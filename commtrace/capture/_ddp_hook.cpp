@@ -153,11 +153,46 @@ c10d::AllreduceOptions sum_async_opts() {
   return o;
 }
 
+// The factor of a bucket's mul_ as a 0-dim tensor of the bucket's dtype, kept per hook (float32
+// and float64 buckets; the GIL, held by every caller, guards it). `buf.mul_(1 / n)` with a
+// Python float -- what DDP's own copy does too -- wraps the double in a new 0-dim double tensor
+// and casts it to the bucket's dtype (at::_to_copy) in TensorIterator's type computation on
+// every call: about 7k of the 15k instructions mul_ spends outside its kernel per bucket
+// (callgrind, docs/performance.md "Session 14 ... DDP step"). The kernel reads the factor as
+// opmath_t (float for float32, double for float64) either way: from the double, converted with
+// static_cast, or from this tensor, which holds static_cast<dtype>(f) -- the same value, so the
+// products are the same bits (tests/test_ddp_numerics.py, 1/3 at 3 ranks). Other dtypes (half,
+// bfloat16: opmath float, read from the double) keep the Scalar call.
+struct ScaleCache {
+  double f32_of = 0.0, f64_of = 0.0;
+  at::Tensor f32, f64;
+
+  const at::Tensor* get(const at::Tensor& buf, double f) {
+    auto dt = buf.scalar_type();
+    if (dt == at::kFloat) {
+      if (!f32.defined() || f32_of != f) {
+        f32 = at::scalar_tensor(c10::Scalar(f), at::TensorOptions().dtype(at::kFloat));
+        f32_of = f;
+      }
+      return &f32;
+    }
+    if (dt == at::kDouble) {
+      if (!f64.defined() || f64_of != f) {
+        f64 = at::scalar_tensor(c10::Scalar(f), at::TensorOptions().dtype(at::kDouble));
+        f64_of = f;
+      }
+      return &f64;
+    }
+    return nullptr;
+  }
+};
+
 // One bucket's v2 issue (runHook's stack): what the callbacks work on.
 struct V2Call {
   at::Tensor buf;
   c10d::ProcessGroup* pg;
   const c10d::AllreduceOptions* opts;
+  ScaleCache* scales;
   c10::intrusive_ptr<c10d::Work> work;   // set by issue_ar
 };
 
@@ -165,10 +200,15 @@ int v2_scale(void* ctx, int div, double f, long long i) {
   auto* c = static_cast<V2Call*>(ctx);
   HANDLE_TH_ERRORS
   // the scalar as the Python call passes it: a float to mul_, an int to div_
-  if (div)
+  if (div) {
     c->buf.div_(c10::Scalar(static_cast<int64_t>(i)));
-  else
-    c->buf.mul_(c10::Scalar(f));
+  } else {
+    const at::Tensor* t = c->buf.is_cpu() ? c->scales->get(c->buf, f) : nullptr;
+    if (t != nullptr)
+      c->buf.mul_(*t);
+    else
+      c->buf.mul_(c10::Scalar(f));
+  }
   return 0;
   END_HANDLE_TH_ERRORS_RET(-1)
 }
@@ -243,6 +283,7 @@ class CommtraceHook : public c10d::CommHookInterface {
       call.buf = bucket.getBufferRef();
       call.pg = pg_.get();
       call.opts = &opts_;
+      call.scales = &scales_;
     }
     int r = api_->issue(state_.ptr(), buf, idx, idx, v2 ? &iss : nullptr, &work, &row, &pyfut);
     Py_DECREF(buf);
@@ -316,6 +357,7 @@ class CommtraceHook : public c10d::CommHookInterface {
   const DdpCxxApi* api_;
   std::shared_ptr<Stamps> stamps_;
   c10d::AllreduceOptions opts_;
+  ScaleCache scales_;                       // v2's mul_ factors (v2_scale)
   py::object v2_group_;                     // None: v1 (ddp_issue's Python calls)
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
 };

@@ -13,7 +13,9 @@ same model on the same data untraced (recorder unset: DDP's own C++ all-reduce) 
 - join with uneven inputs (rank r: 3 + 2 r steps): "join_static"
   (divide_by_initial_world_size=True), "join_dynamic" (False: DDP divides by the ranks not
   yet joined), "join_dynamic_late" (one even step first: the hook registered before the join),
-  "join_dynamic_bview" (the count and gradient_as_bucket_view together).
+  "join_dynamic_bview" (the count and gradient_as_bucket_view together);
+- "double": "plain" with a float64 model (the C++ hook's mul_ by a 0-dim tensor of the
+  bucket's dtype, as for float32 buckets: _ddp_hook.cpp ScaleCache).
 
 Prints one JSON line per rank (NUMERICS {...}): per case whether the traced parameters equal the
 untraced ones, which hook ran and how the Python hook scaled its buckets (all multiplied,
@@ -51,8 +53,10 @@ class Net(nn.Module):
 
 
 def build(kw):
+    kw = dict(kw)
+    dtype = kw.pop("_dtype", torch.float32)
     torch.manual_seed(0)
-    m = DDP(Net(kw.get("find_unused_parameters", False)), bucket_cap_mb=0.05, **kw)
+    m = DDP(Net(kw.get("find_unused_parameters", False)).to(dtype), bucket_cap_mb=0.05, **kw)
     return m, torch.optim.SGD(m.parameters(), lr=0.3)
 
 
@@ -63,9 +67,10 @@ def flat(m):
 def train(m, opt, accum=1, use_every=0, keep=False, mixed=False, join=None, warm=False):
     """Returns the number of synced steps (steps whose buckets DDP all-reduced)."""
     gen = torch.Generator().manual_seed(100 + rank)
+    dtype = next(m.parameters()).dtype
 
     def step(i, sync=True):
-        x = torch.randn(8, 16, generator=gen) * 3
+        x = (torch.randn(8, 16, generator=gen) * 3).to(dtype)
         y = torch.randint(0, 10, (8,), generator=gen)
         use = bool(use_every) and i % use_every == 0
         if not sync:
@@ -107,6 +112,7 @@ CASES = {
     "join_dynamic": ({}, {"join": False}),
     "join_dynamic_late": ({}, {"join": False, "warm": True}),
     "join_dynamic_bview": (BV, {"join": False, "keep": True}),
+    "double": ({"_dtype": torch.float64}, {}),
 }
 out = {"rank": rank, "world": world, "equal": {}, "hook_kind": {}, "elements": 0, "scaled": {}}
 for name, (kw, tkw) in CASES.items():

@@ -1,0 +1,52 @@
+"""A straggler that arrival counts cannot see, found by delay analysis (real 4-rank gloo run).
+
+tests/scripts/subgroup_straggler.py: rank 3 works SLEEP_MS longer in each of 8 steps before
+its pair's all_reduce ({2, 3}); rank 2 waits for it there, and at the world's collectives that
+follow ranks 2 and 3 arrive late together, so rank 3 is last at its pair's collectives only and
+at about half of the world's: short of the arrival detector's share. Delay analysis names it
+(findings.md, `straggler`, "by delay analysis"): its delays recur in the steps, cost most of
+the waiting, and the what-if of rank 3 as fast as the median rank gains about one sleep per
+step after the first.
+"""
+
+from __future__ import annotations
+
+import os
+
+import json
+
+import commtrace
+from commtrace.cli import main
+from conftest import run_traced, torchrun_cmd
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "subgroup_straggler.py")
+SLEEP_MS, STEPS = 40, 8
+
+
+def test_straggler_behind_a_subgroup_is_found_by_delay_analysis(tmp_path, capsys):
+    out = tmp_path / "t"
+    run_traced(out, torchrun_cmd(SCRIPT, nproc=4), env={"SLEEP_MS": str(SLEEP_MS), "STEPS": str(STEPS)},
+               timeout=240)
+    run = commtrace.load(str(out))
+    fs = run.findings()
+    st = [f for f in fs if f.kind == "straggler"]
+    assert [f.rank for f in st] == [3], [(f.kind, f.rank, f.message) for f in fs]
+    f = st[0]
+    ev = f.evidence
+    assert ev["basis"] == "delay_analysis", ev
+    # the sleep of every step in the window (the first step's precedes the first collective)
+    assert ev["recurs_unit"] == "steps" and ev["recurs_in"] >= STEPS - 2, ev
+    assert 0.8 * SLEEP_MS < ev["mean_delay_s"] * 1e3 < 1.6 * SLEEP_MS, ev
+    assert ev["share_of_wait"] > 0.5
+    assert f.op == "all_reduce" and f.site.endswith("subgroup_straggler.py:28"), (f.op, f.site)
+    # what fixing it would gain: about one sleep per step in the window
+    assert 0.7 * (STEPS - 1) * SLEEP_MS < f.gain_s * 1e3 < 1.3 * (STEPS - 1) * SLEEP_MS, f.gain_s
+    assert f.cost_s == ev["cost_s"]
+    run.close()
+    # the report's JSON carries it, first by gain
+    capsys.readouterr()
+    assert main(["report", str(out), "--format", "json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    top = js["findings"][0]
+    assert (top["kind"], top["rank"], top["evidence"]["basis"]) == ("straggler", 3, "delay_analysis")
+    assert top["gain_s"] == f.gain_s
