@@ -75,44 +75,31 @@ def _run(n_ops: int, sweep_kb: int, pythonpath: str | None, out: str) -> dict:
 
 
 def _parse(path: str) -> dict:
-    """{'total': {event: n}, 'own': {event: n}}: all collected events, and the self cost of the
-    functions of the _fastpath module."""
-    events, total, own = None, None, dict.fromkeys(EVENTS, 0)
-    obj_of = {}
-    cur_obj = None
-    in_own = False
+    """{'total': {event: n}, 'own': {event: n}}: all collected events (the file's summary), and
+    the self cost of the functions of the _fastpath module (from callgrind_annotate)."""
+    events, total = None, {}
     with open(path) as f:
         for line in f:
             if line.startswith("events:"):
                 events = line.split()[1:]
-            elif line.startswith("summary:") or line.startswith("totals:"):
+            elif line.startswith(("summary:", "totals:")) and events:
                 total = dict(zip(events, map(int, line.split()[1:])))
-            elif line.startswith("ob="):
-                m = re.match(r"ob=\((\d+)\)(?: (.*))?", line.strip())
-                if m:
-                    if m.group(2):
-                        obj_of[m.group(1)] = m.group(2)
-                    cur_obj = obj_of.get(m.group(1), "")
-            elif line.startswith("fn="):
-                in_own = "_fastpath" in (cur_obj or "")
-            elif line.startswith(("cob=", "cfi=", "cfn=", "calls=", "fl=", "fi=", "fe=")):
-                if line.startswith("calls="):
-                    # the next line is the inclusive cost of a call: not self cost
-                    _skip_next[0] = True
-                continue
-            elif line[:1].isdigit() or line[:1] in "+-*":
-                if _skip_next[0]:
-                    _skip_next[0] = False
-                    continue
-                if in_own and events:
-                    vals = line.split()[1:]
-                    for e, v in zip(events, vals):
-                        if e in own:
-                            own[e] += int(v)
-    return {"total": total or {}, "own": own}
-
-
-_skip_next = [False]
+    own = dict.fromkeys(EVENTS, 0)
+    p = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=100",
+                        f"--show={','.join(EVENTS)}", path], capture_output=True, text=True)
+    for line in p.stdout.splitlines():
+        if "_fastpath.cpython" not in line:
+            continue
+        nums = re.sub(r"\(\s*[\d.]+%\)", "", line).split()
+        vals = []
+        for tok in nums:
+            if re.fullmatch(r"[\d,]+|\.", tok):
+                vals.append(0 if tok == "." else int(tok.replace(",", "")))
+            else:
+                break
+        for e, v in zip(EVENTS, vals):
+            own[e] += v
+    return {"total": total, "own": own}
 
 
 def _per_op(a: dict, b: dict, n: int) -> dict:
