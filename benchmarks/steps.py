@@ -30,9 +30,10 @@ tracing (the run's resolution), not a difference between copies that traced / un
 not have. Each set of rounds runs K steps of each mode, with a barrier before each round, in
 a balanced order (``ORDERS``: over six sets each mode is first, second and last twice and
 follows each other mode equally often). K is calibrated after the warm-up so that a round
-lasts ``--duration`` (0.4 s by default: K = duration / the untraced step time of the slower
-rank, at least 1), and the number of sets follows from ``--budget`` (90 s of rounds per
-workload: 72 sets). The first version ran a fixed small K (rounds of 5-50 ms, at the scale of
+lasts ``--duration`` (0.1 s by default under SCHED_FIFO, 0.4 s with ``--rt 0``: K = duration
+/ the untraced step time of the slower rank, at least 1), and the number of sets follows from
+``--budget`` (90 s of rounds per workload: 300 sets of 0.1 s rounds, 72 of 0.4 s; the sets'
+orders are drawn, see Scheduling below). The first version ran a fixed small K (rounds of 5-50 ms, at the scale of
 the scheduler's time slices on 2 cores): two untraced copies then differed by up to 5-9% at
 the 95% bound. During an untraced or control round the recorder is off and its write lock is
 held. By default
@@ -89,7 +90,8 @@ kernel's autogroups on, a nice value counts only within its session, and each en
 is a session: ``--group-nice`` sets a session's, and -20 did not narrow the intervals either:
 the cost is wake-up latency, not CPU share). Under SCHED_FIFO a woken rank takes its CPU at
 once: the spread of a set's ratio fell to ~4% at load 6-11 and the A/A (control / untraced)
-intervals to +-1.1-1.3% in 48 sets (docs/performance.md, session 14). Without the gaps the
+intervals to +-1.1-1.3% in 48 sets of 0.4 s rounds, +-0.4-1.0% in 198-402 sets of 0.1 s
+rounds (the default; docs/performance.md, session 14). Without the gaps the
 kernel's RT throttling (0.95 s of each second for RT tasks, sched_rt_runtime_us) stopped the
 ranks for ~55 ms once a second, in whatever round that fell (a set's spread of 12-16%); with
 them the ranks use at most ~8/9 of a CPU and other jobs run in the gaps. The writer thread's
@@ -294,10 +296,11 @@ MODES = ("untraced", "traced", "control")
 
 
 def _calibrate(fn, st, duration: float) -> float:
-    """Seconds per step of `fn` on the slower rank, timed over 4, 8, 16, ... steps (after 4
-    untimed ones) until they take a quarter of `duration` there, and at least 0.1 s (the first
-    steps after a barrier are slower: timed over fewer, the DDP step came out at twice its
-    time in the rounds). Every rank runs the same steps (the decision to go on
+    """Seconds per step of `fn` on the slower rank: the median of single steps' times, over 4,
+    8, 16, ... steps (after 4 untimed ones) until they take a quarter of `duration` there and
+    at least 0.1 s. The median, not the mean: timed right after the copies were built, a few
+    slow steps (the writer's first part, a rank's caches cold) made the DDP step come out at
+    1.4-3 times its time in the rounds. Every rank runs the same steps (the decision to go on
     is taken on the ranks' maximum): a step's collectives must match across ranks."""
     import torch
     import torch.distributed as dist
@@ -307,13 +310,14 @@ def _calibrate(fn, st, duration: float) -> float:
         fn(st, i)   # not timed: the copies built after this one left its caches cold
     while True:
         dist.barrier()
-        t0 = time.perf_counter()
-        for i in range(n):
-            fn(st, i)
-        el = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        stamps = _steps(fn, st, n)
+        el = torch.tensor([stamps[-1] - stamps[0]], dtype=torch.float64)
         dist.all_reduce(el, op=dist.ReduceOp.MAX)
         if el.item() >= max(duration / 4, 0.1) or n >= 4096:
-            return el.item() / n
+            med = torch.tensor([statistics.median(b - a for a, b in zip(stamps, stamps[1:]))],
+                               dtype=torch.float64)
+            dist.all_reduce(med, op=dist.ReduceOp.MAX)
+            return med.item()
         n *= 2
 
 
@@ -326,6 +330,7 @@ def _cpu_ticks() -> tuple:
     try:
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:]]
+        v = v[:8]   # user .. steal (guest time is counted in user already)
         return ((sum(v) - v[3] - v[4]) / _CLK_TCK, (v[7] if len(v) > 7 else 0) / _CLK_TCK)
     except Exception:
         return (0.0, 0.0)

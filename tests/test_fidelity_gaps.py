@@ -126,7 +126,9 @@ def test_ddp_reducer_collectives_counted_and_placed_against_the_profiler(tmp_pat
     """A plain DDP job: its C++ reducer issues collectives no Python function issues (the
     bucket rebuild after the first step). torch.profiler's gloo worker ranges, the independent
     record of every collective gloo ran, show which ones no recorded call covers: exactly
-    those are reported, with their count and between the right recorded ops."""
+    those are reported, with their count, named as the bucket rebuild (the wrapped
+    Reducer._rebuild_buckets: origin "ddp_rebuild_buckets"), inside that call's interval and
+    between the right recorded ops."""
     ev = tmp_path / "ev"
     p = run_traced(tmp_path / "run", torchrun_cmd(f"{SCRIPTS}/ddp_profiled.py", ev), timeout=300)
     assert len(_results(p)) == 2
@@ -144,11 +146,15 @@ def test_ddp_reducer_collectives_counted_and_placed_against_the_profiler(tmp_pat
         assert sum(g["count"] for g in gaps) == len(uncovered)
         assert len(gaps) == 1
         g = gaps[0]
-        nxt = next(r for r in ops if r["op_id"] == g["ref_op_id"])
-        prev = max((r for r in ops if r["op_id"] < g["ref_op_id"]), key=lambda r: r["op_id"])
+        d = json.loads(g["detail"])
+        assert (d["at"], d["origin"], g["ref_op_id"]) == ("call", "ddp_rebuild_buckets", None)
+        nxt = min((r for r in ops if r["t_enqueue_ns"] > g["t_enqueue_ns"]), key=lambda r: r["op_id"])
+        prev = max((r for r in ops if r["t_enqueue_ns"] < g["t_enqueue_ns"]), key=lambda r: r["op_id"])
         assert (prev["api"], nxt["api"], nxt["step"]) == ("ddp_comm_hook", "ddp_comm_hook", 1)
-        # placed right: every uncovered range lies between the two recorded ops around the gap
-        assert all(prev["t_end_ns"] <= e[1] and e[2] <= nxt["t_enqueue_ns"] for e in uncovered)
+        # placed right: every uncovered range lies in the rebuild's call, between the two
+        # recorded ops around it
+        assert all(g["t_enqueue_ns"] <= e[1] and e[2] <= g["t_return_ns"] for e in uncovered)
+        assert prev["t_end_ns"] <= g["t_enqueue_ns"] and g["t_return_ns"] <= nxt["t_enqueue_ns"]
 
 
 def test_gap_rows_are_kept_outside_a_steps_window():

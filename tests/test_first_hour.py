@@ -87,6 +87,20 @@ def test_demo_reports_its_planted_straggler(demo_loaded, demo_text80):
     assert abs(_secs(table_wait0.group(1)) - ev["caused_wait_max_ns"] / 1e9) <= 0.2 * wait0 + 0.01
 
 
+def test_demo_report_names_ddps_bucket_rebuild(demo_loaded, demo_text80):
+    """Every DDP job's Reducer broadcasts its rebuilt bucket order from C++ at the second
+    forward (two collectives no wrapper sees): the demo's report names them as that, once, with
+    both ranks and the step, and says why, instead of an unexplained "issued from C++, a
+    compiled graph or an unwrapped function" line."""
+    run, rep = demo_loaded
+    un = rep["unrecorded"]
+    assert [(u["origin"], u["at"], u["count"], u["ranks"], u["step"]) for u in un] == \
+        [("ddp_rebuild_buckets", "call", 2, [0, 1], 1)], un
+    assert un[0]["after"]["op"] == un[0]["before"]["op"] == "all_reduce"
+    txt = demo_text80.replace("\n", " ")
+    assert "DDP's bucket rebuild" in txt and "unwrapped function" not in txt
+
+
 def _secs(s: str) -> float:
     v, unit = s.split()
     return float(v.replace(",", "")) * {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[unit]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+
 import pytest
 
 import commtrace
@@ -326,3 +328,57 @@ def test_start_up_skew_is_outside_every_what_if(tmp_path):
     for sc in wi["scenarios"]:
         assert 0 < sc["projected_s"] <= wi["run_time_s"], sc
         assert 0 <= sc["gain_pct"] < 100, sc
+
+
+def test_text_report_explains_a_delay_of_zero(tpdp):
+    """A root cause whose rank's extra time was spread (no gap longer than the same gap on the
+    other ranks: `delay_s` 0, a cost all the same) gets a footnote in the text report saying
+    so; the planted delays (each a longer gap) do not."""
+    import io
+
+    from rich.console import Console
+
+    from commtrace.cli.report import render
+
+    rep = tpdp.report(what_if=True)
+    dl = rep["what_if"]["delays"]
+    assert dl and all(d["delay_s"] > 0 for d in dl if d["cost_s"] > 0)
+
+    def text(r):
+        buf = io.StringIO()
+        render(r, console=Console(file=buf, width=200))
+        return buf.getvalue()
+
+    assert "delay 0:" not in text(rep)
+    spread = dict(dl[0], delay_s=0.0, gain_s=None)
+    rep["what_if"]["delays"] = [spread] + dl[1:]
+    out = text(rep)
+    assert "delay 0: no gap of that rank there was longer than the same gap on the other ranks" in out
+
+
+def test_delays_say_when_by_step_or_by_time(tpdp, tmp_path):
+    """A delay's texts place it by step where the run has steps, and by its time since the first
+    op where it has none (every row of such a run is in step 0, which says nothing)."""
+    wi = RC.what_if(tpdp)
+    d = wi["delays"][0]
+    assert d["when"] == f"step {d['step']}" == "step 3"
+    assert any(s["name"].endswith("(step 3) removed") for s in wi["scenarios"] if s["kind"] == "fix_delay")
+    # the same layout without step numbers: one step for every row
+    import pyarrow.parquet as pq
+
+    src = str(tmp_path / "nosteps")
+    synth_layout(src, "tpdp", tp=2, dp=4, steps=STEPS, delays=[(5, 3, DELTA)])
+    import glob
+    for f in glob.glob(f"{src}/**/*.parquet", recursive=True):
+        t = pq.read_table(f)
+        if "step" in t.column_names:
+            i = t.column_names.index("step")
+            t = t.set_column(i, "step", pa.array([0] * len(t), t.schema.field("step").type))
+            pq.write_table(t, f)
+    run = commtrace.load(src)
+    d2 = RC.what_if(run)["delays"][0]
+    assert (d2["rank"], d2["step"]) == (5, 0)
+    m = build_model(run)
+    want = (d2["t_ns"] - (m.base_ns + float(m.ev_start.min()))) / 1e9
+    assert d2["when"] == f"at +{RC._fmt_s(want)}" and want > 3 * 2e-3   # after three steps of two 1 ms gaps
+    run.close()

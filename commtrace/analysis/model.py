@@ -142,6 +142,21 @@ class _Labels:
         return v if v is not None else ""
 
 
+class _CodeLabels:
+    """`labels[i]` -> the string of row i ("" when null) from the column's dictionary codes
+    (`codes`, int32, -1 for null) and their values (`values`, the last one "" for null): the
+    labels of _Labels without keeping the strings of every row (64 x 20,000: 35 MB of `op` and
+    `site` copied by combine_chunks, against 2 x 5 MB of codes; the `op` codes are the model's
+    own, the `site` codes one `_replay.str_codes` pass)."""
+
+    def __init__(self, codes: np.ndarray, values: np.ndarray):
+        self.codes = codes
+        self.values = values
+
+    def __getitem__(self, i):
+        return self.values[int(self.codes[int(i)])]
+
+
 class _Rows:
     """The op rows in (rank, t_enqueue_ns) order (nulls last, then by row id), as numpy columns.
 
@@ -200,9 +215,9 @@ class _Rows:
         vals, valid = p
         return Q.finish(vals[src], None if valid is None else valid[src], fill=fill, dtype=dtype)
 
-    def release(self) -> None:
-        """Drop the numeric columns (the labels keep the strings)."""
-        self.t = self.t.select(["op", "site"])
+    def release(self, keep=("op", "site")) -> None:
+        """Drop the numeric columns (the labels keep the strings: `keep`)."""
+        self.t = self.t.select(list(keep))
 
     def dict_values(self, name: str):
         c, v = _dict_values(self.t, name)
@@ -420,7 +435,13 @@ def _build(run) -> Model:
     del rck, kpos, cidx, pidx, kc
     tick("slots")
     _implicit_waits(_implicit_wait_rows(run, rows), rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL)
-    rows.release()          # the numeric columns are all read: only the labels' strings stay
+    # every column is read: the rows' labels are dictionary codes (_CodeLabels), and the fetched
+    # strings go with the rest of the table
+    site_codes, site_vals = rows.dict_values("site")
+    row_op = _CodeLabels(op_codes.astype(np.int32), op_vals)
+    row_site = _CodeLabels(site_codes.astype(np.int32), site_vals)
+    site_codes = row_site.codes
+    rows.release(keep=())
     have = [int(x[x != NUL].min()) for x in (t_enq, t_we) if (x != NUL).any()]
     base = min(have) if have else 0
     del have
@@ -623,7 +644,8 @@ def _build(run) -> Model:
     oth = np.flatnonzero(ev_coll < 0)
     if len(oth):
         orow = ev_row[oth]
-        ev_lab[oth] = rows.codes_at("site", orow) * 4096 + op_codes[orow]
+        # (equal sites, equal codes: only equality matters to _excess' groups)
+        ev_lab[oth] = site_codes[orow].astype(np.int64) * 4096 + op_codes[orow]
         del orow
     del oth
     ev_excess, ev_has_peers = _excess(ev_rank, ev_lab, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll,
@@ -648,7 +670,7 @@ def _build(run) -> Model:
         sl_leave=sl_leave, sl_dep=sl_dep, sl_tc=sl_tc, sl_prev=sl_prev, sl_sync=sl_sync, sl_wait=sl_wait, sl_block=sl_block,
         cm_lo=cm_lo, cm_hi=cm_hi, cm_T0=cm_T0, cm_last=cm_last.astype(np.int64), cm_is_p2p=cm_is_p2p,
         cm_op=cm_op, cm_pg=cm_pg, cm_seq=cm_seq, cm_bytes=cm_bytes, cm_factor=cm_factor, cm_tcomm=cm_tcomm,
-        row_op=rows.labels("op"), row_site=rows.labels("site"), t_begin=t_begin, t_end=t_end_,
+        row_op=row_op, row_site=row_site, t_begin=t_begin, t_end=t_end_,
         cm_opc=cm_opc, cm_pgc=cm_pgc, op_names=op_names, pg_names=pg_vals)
 
 

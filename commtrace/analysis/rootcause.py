@@ -37,6 +37,24 @@ def _where(d: dict) -> str:
     return f"before {op}{at}"
 
 
+def _when(m, d: dict) -> str:
+    """Where in the run a delay row lies, for its texts: "step N" where the run has steps (a
+    user's step markers or optimizer.step), else its time since the first op ("+1.23 s": every
+    row of a run without steps is in step 0, which says nothing)."""
+    if d.get("step") is not None and _has_steps(m):
+        return f"step {d['step']}"
+    t0 = m.base_ns + (float(m.ev_start.min()) if m.n_events else 0.0)
+    return f"at +{_fmt_s(max(0.0, (d['t_ns'] - t0) / 1e9))}"
+
+
+def _has_steps(m) -> bool:
+    hs = getattr(m, "_has_steps", None)
+    if hs is None:
+        st = m.ev_step[m.ev_step >= 0]
+        hs = m._has_steps = bool(len(st)) and int(st.min()) != int(st.max())
+    return hs
+
+
 def save_text(what: str, gain_s: float, total_s: float) -> str:
     """"Fixing X would save 11.8 s of 95.1 s (12.4%)"."""
     pct = 100.0 * gain_s / total_s if total_s > 0 else 0.0
@@ -60,7 +78,7 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
         scs.append(RP.rank_median(m, r))
     for d in dl:
         if d["delay_s"] > 0:
-            scs.append(RP.fix_delay(m, d["event"], f"rank {d['rank']}'s delay {_where(d)} (step {d['step']}) removed"))
+            scs.append(RP.fix_delay(m, d["event"], f"rank {d['rank']}'s delay {_where(d)} ({_when(m, d)}) removed"))
     scs.append(RP.comm_hidden(m))
     if busbw_ref:
         for op in sorted({str(o) for o, p2p in zip(m.cm_op.tolist(), m.cm_is_p2p.tolist()) if not p2p}):
@@ -99,6 +117,7 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
         g = gains.get(d["event"])
         d["gain_s"] = g
         d["text"] = save_text(f"Fixing rank {d['rank']}'s delay {_where(d)}", g, total) if g is not None else None
+        d["when"] = _when(m, d)
         delays.append(d)
     a = D.attribution(run)
     out = {
@@ -251,7 +270,7 @@ def delay_stragglers(run, known=()) -> list:
         if n_in < DELAY_STRAGGLER_MIN_DELAYS or n_in < DELAY_STRAGGLER_MIN_RECUR * n_of:
             continue
         t0 = int(round(float(m.ev_start[ev].min()))) + m.base_ns
-        where = f" (the costliest {_where(d)}, step {d['step']})" if d is not None else ""
+        where = f" (the costliest {_where(d)}, {_when(m, d)})" if d is not None else ""
         out.append(F.Finding(
             kind="straggler", severity="warning", rank=int(r), op=d["op"] if d else None,
             site=d["site"] if d else None, t_ns=t0, impact_ns=int(round(cost * 1e9)),
@@ -296,7 +315,7 @@ def annotate_findings(run, findings: list) -> list:
             f.root_cause = {k: d[k] for k in ("rank", "step", "op", "site", "prev_op", "prev_site", "delay_s",
                                               "direct_cost_s", "propagated_cost_s", "cost_s")}
             f.root_cause["text"] = save_text(
-                f"Fixing rank {r}'s delays (the costliest {_where(d)}, step {d['step']})", f.gain_s, total)
+                f"Fixing rank {r}'s delays (the costliest {_where(d)}, {_when(m, d)})", f.gain_s, total)
         f.evidence["what_if"] = save_text(f"Making rank {r} as fast as the median rank", f.gain_s, total)
     order = sorted(range(len(findings)), key=lambda i: (0 if findings[i].gain_s is not None else 1,
                                                         -(findings[i].gain_s or 0.0), i))

@@ -506,38 +506,49 @@ class Run:
         schema v3; docs/trace-format.md "Unrecorded collectives"), one entry per run of them,
         merged over the ranks that saw the same run: `pg`, `count` (collectives), torch's
         numbers `torch_seq_first` .. `torch_seq_last`, `ranks`, `at` ("op": found at the next
-        recorded op; "destroy" / "close": after the group's last one), `step`, and the recorded
-        ops around it on the first of those ranks, `after` / `before` = {`seq`, `op`, `site`}
-        (None at the start / end). Empty for a run recorded in full or a trace before v3."""
+        recorded op; "destroy" / "close": after the group's last one; "call": around a call of
+        torch's known to issue them, named by `origin`, e.g. "ddp_rebuild_buckets"; else None),
+        `step`, and the recorded ops around it on the first of those ranks, `after` / `before` =
+        {`seq`, `op`, `site`} (None at the start / end). Empty for a run recorded in full or a
+        trace before v3."""
         t = self._t
         if not self.sql(f"SELECT count(*) FROM {t} WHERE kind = 'gap'").fetchone()[0]:
             return []  # (the query below joins every op row even when there is no gap row)
         num = "CAST(regexp_extract(g.detail, '\"{}\": ?(-?[0-9]+)', 1) AS BIGINT)"
+        # rows found at the next recorded op name it (ref_op_id); rows of a known call
+        # (at = "call", `origin`) lie between the ops around their start time
         rows = self.sql(f"""
             WITH g AS (
-                SELECT rank, pg, count AS n, step, ref_op_id, op_id_max,
+                SELECT rank, pg, count AS n, step, ref_op_id, op_id_max, t_enqueue_ns AS t_at,
                        {num.format('torch_seq_first')} AS first, {num.format('torch_seq_last')} AS last,
-                       regexp_extract(g.detail, '"at": ?"([a-z]+)"', 1) AS at
+                       regexp_extract(g.detail, '"at": ?"([a-z]+)"', 1) AS at,
+                       nullif(regexp_extract(g.detail, '"origin": ?"([a-z_]+)"', 1), '') AS origin
                 FROM (SELECT *, coalesce(ref_op_id, 9223372036854775807) AS op_id_max FROM {t}
                       WHERE kind = 'gap') g)
-            SELECT g.pg, g.n, g.first, g.last, g.at, g.step, g.rank,
-                   nx.seq, nx.op, nx.site,
+            SELECT g.pg, g.n, g.first, g.last, g.at, g.step, g.rank, g.origin,
                    (SELECT struct_pack(seq := o.seq, op := o.op, site := o.site)
                     FROM {t} o WHERE o.kind = 'op' AND o.rank = g.rank AND o.pg = g.pg
-                      AND o.op_id < g.op_id_max ORDER BY o.op_id DESC LIMIT 1) AS prev
-            FROM g LEFT JOIN {t} nx ON nx.kind = 'op' AND nx.rank = g.rank AND nx.op_id = g.ref_op_id
-            ORDER BY g.pg, g.first, g.rank""").fetchall()
+                      AND CASE WHEN g.at = 'call' THEN o.t_enqueue_ns < g.t_at ELSE o.op_id < g.op_id_max END
+                    ORDER BY o.op_id DESC LIMIT 1) AS prev,
+                   CASE WHEN g.at = 'call' THEN
+                       (SELECT struct_pack(seq := o.seq, op := o.op, site := o.site)
+                        FROM {t} o WHERE o.kind = 'op' AND o.rank = g.rank AND o.pg = g.pg
+                          AND o.t_enqueue_ns > g.t_at ORDER BY o.op_id LIMIT 1)
+                   ELSE (SELECT struct_pack(seq := o.seq, op := o.op, site := o.site)
+                         FROM {t} o WHERE o.kind = 'op' AND o.rank = g.rank AND o.op_id = g.ref_op_id) END AS nxt
+            FROM g ORDER BY g.pg, g.first, g.rank""").fetchall()
         out: dict = {}
-        for pg, n, first, last, at, step, rank, nseq, nop, nsite, prev in rows:
-            k = (pg, first, last, at)
+        for pg, n, first, last, at, step, rank, origin, prev, nxt in rows:
+            k = (pg, first, last, at, origin)
             e = out.get(k)
             if e is None:
                 e = out[k] = {
                     "pg": pg, "count": int(n), "torch_seq_first": first, "torch_seq_last": last,
-                    "ranks": [], "at": at, "step": step,
+                    "ranks": [], "at": at, "origin": origin, "step": step,
                     "after": ({"seq": prev["seq"], "op": prev["op"], "site": prev["site"]}
                               if prev else None),
-                    "before": ({"seq": nseq, "op": nop, "site": nsite} if nop is not None else None)}
+                    "before": ({"seq": nxt["seq"], "op": nxt["op"], "site": nxt["site"]}
+                               if nxt and nxt["op"] is not None else None)}
             e["ranks"].append(int(rank))
         return list(out.values())
 

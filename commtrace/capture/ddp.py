@@ -27,6 +27,8 @@ from .registry import patch, restore
 from .wrappers import tls
 
 _DDP = None
+_Reducer = None   # torch.distributed.Reducer, once its _rebuild_buckets is patched
+_by_reducer: dict = {}   # id(reducer) -> weakref to its DDP model (models with commtrace's hook)
 _Join = None   # torch.distributed.algorithms.join.Join, once its notify_join_context is patched
 _dist = None   # torch.distributed (its all_reduce: commtrace's wrapper once installed)
 _installed = False
@@ -392,6 +394,10 @@ def _install_dispatcher(ddp, orig_register, user_hook=None, user_state=None) -> 
     else:
         orig_register(ddp, state, _dispatch)
     ddp.__dict__["_commtrace_hook_state"] = state
+    try:
+        _by_reducer[id(ddp.reducer)] = weakref.ref(ddp)
+    except Exception:
+        pass
     if user_hook is not None:
         # Show the user's hook, not ours, in DDP's logging data and hook list.
         try:
@@ -464,8 +470,49 @@ def install() -> bool:
     patch(DDP, "register_comm_hook", register_comm_hook)
     _patch_join(DDP)
     _patch_builtin(DDP)
+    _patch_rebuild()
     _installed = True
     return True
+
+
+def _patch_rebuild():
+    """DDP's Reducer rebuilds its buckets once, at the forward after the first backward, and
+    broadcasts the new bucket order from rank 0 in C++ (``sync_bucket_indices``: two
+    broadcasts): collectives no wrapper sees. ``Reducer._rebuild_buckets``, which DDP's
+    ``_pre_forward`` calls from Python, is wrapped so that the torch numbers the rebuild issued
+    on the model's group are one ``gap`` row naming it (``origin="ddp_rebuild_buckets"``,
+    with the call's start and return) instead of an unexplained gap before the next op."""
+    global _Reducer
+    try:
+        import torch.distributed as dist
+
+        R = dist.Reducer
+        orig = R._rebuild_buckets
+    except Exception as e:
+        log.warn_once("ddp-rebuild", "DDP's bucket rebuild unknown to commtrace", e)
+        return
+    from . import torchseq
+
+    def _rebuild_buckets(self):
+        rec = _R._recorder
+        if rec is None:
+            return orig(self)
+        ref = _by_reducer.get(id(self))
+        ddp = ref() if ref is not None else None
+        if ddp is None or getattr(ddp, "reducer", None) is not self:
+            return orig(self)
+        try:
+            from .wrappers import pg_info
+
+            info = pg_info(ddp.process_group)
+        except Exception:
+            info = None
+        return torchseq.around(rec, info, lambda: orig(self), "ddp_rebuild_buckets")
+
+    _rebuild_buckets.__commtrace_original__ = orig
+    _rebuild_buckets.__doc__ = getattr(orig, "__doc__", None)
+    if patch(R, "_rebuild_buckets", _rebuild_buckets):
+        _Reducer = R
 
 
 def _patch_join(DDP):
@@ -549,4 +596,6 @@ def uninstall() -> None:
         restore(_DDP)
     if _Join is not None:
         restore(_Join)
+    if _Reducer is not None:
+        restore(_Reducer)
     _installed = False

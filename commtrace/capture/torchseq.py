@@ -107,10 +107,12 @@ def after(rec, info, lo, op_id, seq, one: bool = False) -> None:
         log.warn_once("torchseq", "cannot read torch's sequence number", e)
 
 
-def on_gap(rec, name, last, lo, op_id=None, seq=None, at: str = "op") -> None:
+def on_gap(rec, name, last, lo, op_id=None, seq=None, at: str = "op", origin: str | None = None,
+           t0: int | None = None, t1: int | None = None) -> None:
     """Write a ``gap`` row: this rank's group `name` issued torch seqs ``last+1 .. lo`` that no
     recorded call claimed. Called by the C path too (op_id / seq: the recorded op after the gap,
-    the C module's None marker as a very negative number)."""
+    the C module's None marker as a very negative number). `origin`: the call known to have
+    issued them (``at="call"``; e.g. ``"ddp_rebuild_buckets"``), which ran from `t0` to `t1`."""
     global n_gaps
     try:
         from .recorder import IDX, NCOL
@@ -127,16 +129,49 @@ def on_gap(rec, name, last, lo, op_id=None, seq=None, at: str = "op") -> None:
             "pg_size": info.size if info is not None else None,
             "backend": info.backend if info is not None else None,
             "count": int(lo - last), "torch_seq": int(last + 1), "seq": seq,
-            "ref_op_id": op_id, "t_enqueue_ns": rec.now_ns(), "step": rec.step,
+            "ref_op_id": op_id, "t_enqueue_ns": rec.now_ns() if t0 is None else t0, "step": rec.step,
             "detail": json.dumps({"torch_seq_first": int(last + 1), "torch_seq_last": int(lo),
-                                  "at": at}),
+                                  "at": at, **({"origin": origin} if origin else {})}),
         }
+        if t1 is not None:
+            vals["t_return_ns"] = t1
         for k, v in vals.items():
             row[IDX[k]] = v
         rec.append_gap(row)
         n_gaps += 1
     except Exception as e:
         log.warn_once("torchseq-gap", "cannot record unrecorded collectives", e)
+
+
+def around(rec, info, call, origin: str):
+    """Run `call()` (a call of torch's that issues collectives on `info`'s group from C++, such
+    as DDP's bucket rebuild) and write the numbers it issued as one ``gap`` row naming it
+    (``origin``, ``at="call"``, its start and return times); numbers issued before it that no
+    recorded call claimed are a gap row of their own. Returns what `call` returns; only
+    `call` may raise."""
+    lo = None
+    try:
+        if enabled and info is not None and getattr(info, "tseq", False):
+            lo = read(info.pg)
+    except Exception:
+        lo = None
+    if lo is None:
+        return call()
+    t0 = rec.now_ns()
+    out = call()
+    try:
+        t1 = rec.now_ns()
+        hi = read(info.pg)
+        if hi is not None and hi > lo:
+            last_t, slot = rec._tseqs, info.seq_slot
+            last = last_t.get(slot)
+            if lo > last:
+                on_gap(rec, info.name, last, lo)
+            on_gap(rec, info.name, max(lo, last), hi, at="call", origin=origin, t0=t0, t1=t1)
+            last_t.set(slot, hi)
+    except Exception as e:
+        log.warn_once("torchseq-call", "cannot follow the collectives of a C++ call", e)
+    return out
 
 
 def baseline(rec) -> None:

@@ -253,9 +253,18 @@ def describe_unrecorded(u: dict) -> str:
     a, b = u.get("after"), u.get("before")
     where = (f"between {op(a)} and {op(b)}" if a and b else f"before {op(b)}" if b
              else f"after {op(a)}, before the group ended" if a else "before the group ended")
+    why = ORIGINS.get(u.get("origin") or "", "issued from C++, a compiled graph or an unwrapped function")
     return (f"{u['count']} collective(s) on group {u['pg']} not recorded on rank(s) "
             f"{_list(u['ranks'])}, {where} (torch seq {u['torch_seq_first']}.."
-            f"{u['torch_seq_last']}): issued from C++, a compiled graph or an unwrapped function")
+            f"{u['torch_seq_last']}): {why}")
+
+
+#: What issued the unrecorded collectives of an `unrecorded` entry with an `origin`.
+ORIGINS = {
+    "ddp_rebuild_buckets": ("DDP's bucket rebuild at the forward after the first backward "
+                            "(its Reducer broadcasts the new bucket order from rank 0, in C++; "
+                            "timed as one call, not one by one)"),
+}
 
 
 def render(rep: dict, top: int = 10, console=None, all_ranks: bool = False) -> None:
@@ -289,7 +298,9 @@ def render(rep: dict, top: int = 10, console=None, all_ranks: bool = False) -> N
         con.print(f"[yellow]warning:[/yellow] {w}")
     unrec = rep.get("unrecorded") or []
     for u in unrec[:3]:
-        con.print(f"[yellow]unrecorded:[/yellow] {describe_unrecorded(u)}")
+        # (explained ones, such as DDP's bucket rebuild, are not a warning)
+        style = "cyan" if u.get("origin") in ORIGINS else "yellow"
+        con.print(f"[{style}]unrecorded:[/{style}] {describe_unrecorded(u)}")
     if len(unrec) > 3:
         con.print(f"[yellow]unrecorded:[/yellow] {len(unrec) - 3:,} more run(s) of unrecorded "
                   f"collectives, {sum(u['count'] for u in unrec[3:]):,} in all (--format json: "
@@ -403,9 +414,15 @@ def _render_what_if(con, rep: dict, top: int) -> None:
             t.add_row(str(d["rank"]), str(d.get("step")), before, after, _s(d.get("delay_s")),
                       _s(d.get("direct_cost_s")), _s(d.get("propagated_cost_s")), _s(d.get("gain_s")))
         con.print(t)
+        if any(not d.get("delay_s") for d in dl[:top]):
+            con.print("  delay 0: no gap of that rank there was longer than the same gap on the other ranks; its "
+                      "extra time was spread (host time in its calls, several slightly longer gaps), and the "
+                      "waiting it caused is placed at its gaps in proportion to their length (no single fix to "
+                      "replay: 'if fixed, saves' -)")
         for d in dl[: min(top, 3)]:
             if d.get("text"):
-                con.print(f"  {d['text']}" + (f" (step {d['step']})" if d.get("step") is not None else ""))
+                when = d.get("when") or (f"step {d['step']}" if d.get("step") is not None else None)
+                con.print(f"  {d['text']}" + (f" ({when})" if when else ""))
     cp = rep.get("critical_path") or {}
     pr = cp.get("per_rank") or []
     if pr:
