@@ -16,9 +16,40 @@
 #include <pythread.h>
 #include <structmember.h>
 #include <limits.h>
+/* 3.11: the caller's code object and instruction offset straight from its interpreter frame
+ * (call_site, below). PyEval_GetFrame() makes a frame object for a frame that has none (one
+ * allocation and one free per op: the caller's frame is new at each call of a Python
+ * function) and is only needed when the call site is not cached yet. The internal header is
+ * the layout of that frame (as Cython includes it); 3.12 and later take the public API. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && !defined(PYPY_VERSION)
+#define CT_IFRAME 1
+#ifndef Py_BUILD_CORE
+#define Py_BUILD_CORE 1
+#define CT_UNDEF_BUILD_CORE 1
+#endif
+#include <internal/pycore_frame.h>
+#ifdef CT_UNDEF_BUILD_CORE
+#undef Py_BUILD_CORE
+#undef CT_UNDEF_BUILD_CORE
+#endif
+#else
+#define CT_IFRAME 0
+#endif
 
 /* Clear a pending error of commtrace's own (the check is cheaper than the clear). */
 #define CLEAR_ERR() do { if (PyErr_Occurred()) PyErr_Clear(); } while (0)
+
+/* The blocking path's footprint (issue 20, session 14): at 2 ranks every op starts on cold
+ * caches, so what it costs is mostly the number of distinct lines of code and data it touches.
+ * LIKELY / UNLIKELY lay the common case out in one straight run; COLD moves first-sight, error
+ * and rare-feature code out of line (GCC's .text.unlikely); HOT_DATA gathers the globals that
+ * every blocking op reads or writes into one section of a few lines, not spread over the
+ * module's data among tables that are used rarely. */
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define COLD __attribute__((cold, noinline))
+#define NOINLINE __attribute__((noinline))
+#define HOT_DATA __attribute__((section(".data.commtrace_hot")))
 
 /* A dict's version tag (PEP 509): CPython gives every modification of any dict a new,
  * process-unique value, so an unchanged tag means the same keys and the same value objects.
@@ -38,19 +69,37 @@
 #include <time.h>
 #include <signal.h>
 
+/* The wrapper's context. The fields a blocking op reads on the fast path come first, next to
+ * the header and `vectorcall` that CPython reads to call it: at 2 ranks every op starts on cold
+ * caches, and these fields then cost three or four memory lines, not the six or seven they did
+ * spread over the struct (issue 20, session 14). */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *dict;        /* attributes (functools.update_wrapper, __commtrace_original__) */
+    /* -- read by every call on the fast path -- */
+    PyObject *recmod_d, *nvtx_d;  /* recorder's and nvtx_ranges' module __dict__ (fast_attr) */
     PyObject *last_key;    /* the group of the last call, and its PgInfo facts */
+    unsigned long long last_gen;
     PyObject *last_name;
     PyObject *last_info;
-    int last_idx;
-    Py_ssize_t last_slot;     /* its seq slot (recorder.seq_slot), -1: none */
-    int last_tseq;            /* its torch seq is read around calls (PgInfo.tseq) */
-    int last_p2p1;            /* its p2p ops issue one torch seq each (PgInfo.p2p_one) */
-    unsigned long long last_gen;
+    PyObject *g_n, *g_d, *x_n, *x_d, *a_n, *a_d;   /* argument names and defaults */
     PyObject *orig;        /* torch's function */
+    PyObject *dev_names;   /* device index -> name */
+    PyObject *last_dev;    /* dev_names[last_dev_v] (strong), or NULL */
+    long long last_dev_v;
+    Py_ssize_t last_slot;     /* its seq slot (recorder.seq_slot), -1: none */
+    int g_i, x_i, a_i;        /* argument positions */
+    int last_idx;
+    int fact_i;
+    char last_tseq;           /* its torch seq is read around calls (PgInfo.tseq) */
+    char last_p2p1;           /* its p2p ops issue one torch seq each (PgInfo.p2p_one) */
+    char has_y;               /* a second (output) tensor argument: out_bytes = y.nbytes */
+    char has_root;            /* r0/r1 are (global root, group root) */
+    char has_peer;            /* r0/r1 are (global peer, group peer) */
+    char is_send;
+    char always_async;        /* isend / irecv: every call is async (ApiSpec.always_async) */
+    /* -- the rest: first sight, other ops, slow paths -- */
+    PyObject *dict;        /* attributes (functools.update_wrapper, __commtrace_original__) */
     PyObject *slow;        /* the Python wrapper: slow(*args, **kwargs) */
     PyObject *on_error;    /* on_error(rec, pre, t1, exc) */
     PyObject *recmod;      /* commtrace.capture.recorder (its _recorder) */
@@ -62,23 +111,16 @@ typedef struct {
     PyObject *code_internal; /* sites._code_internal: id(code) -> bool */
     PyObject *site_pairs;  /* sites._site_pairs: (id(code), lasti) -> (file, line) */
     PyObject *site_of_frame; /* sites.site_of_frame(frame) */
-    PyObject *recmod_d, *nvtx_d, *world_d;  /* their __dict__ (fast_attr) */
-    PyObject *dev_names;   /* device index -> name */
+    PyObject *world_d;     /* world's __dict__ (fast_attr) */
     PyObject *fact;        /* int: index in recorder.FAST_SPECS */
-    int fact_i;
-    Py_ssize_t g_i, x_i, y_i, a_i, r0_i, r1_i;
-    PyObject *g_n, *g_d, *x_n, *x_d, *y_n, *y_d, *a_n, *a_d, *r0_n, *r0_d, *r1_n, *r1_d;
-    int has_y;             /* a second (output) tensor argument: out_bytes = y.nbytes */
-    int has_root;          /* r0/r1 are (global root, group root) */
-    int has_peer;          /* r0/r1 are (global peer, group peer) */
-    int is_send;
+    int y_i, r0_i, r1_i;
+    PyObject *y_n, *y_d, *r0_n, *r0_d, *r1_n, *r1_d;
     /* The async path (as_issue): the Work type whose ops are tracked in C, once the Python
      * _track_work has seen one of them complete through a future (strong ref), else NULL. */
     PyObject *as_work_type;
     /* Its Works have no future and only wait() ends them (recorder.WAIT_ONLY: gloo's
      * isend / irecv): the backend they were learned on, else NULL. */
     PyObject *as_nofut_backend;
-    int always_async;      /* isend / irecv: every call is async (ApiSpec.always_async) */
 } FastCtx;
 
 /* Interned names. */
@@ -90,12 +132,27 @@ static PyObject *s_seq_slot, *s_seqs, *s_tseq, *s_tseqs, *s_get_tseq, *s_p2p_one
 static PyObject *i_zero, *i_one;   /* owned references to the ints 0 and 1 */
 /* Calls recorded here / handed to the Python wrapper, and the line of the last hand-over
  * (tests and benchmarks read them through counts()). */
-static unsigned long long n_fast, n_slow;
+static HOT_DATA unsigned long long n_fast;
+static unsigned long long n_slow;
 static int last_slow_line;
 
-static unsigned long long pg_gen = 1;   /* bumped when the Python side clears its cache */
-static _Thread_local PyObject *t_state;  /* this thread's wrappers.tls.__dict__ */
-static _Thread_local int t_depth;        /* inside a call recorded by this path */
+static HOT_DATA unsigned long long pg_gen = 1;   /* bumped when the Python side clears its cache */
+/* This thread's state, in one thread-local block: the blocking path reads and writes most of
+ * it per op, and each separate _Thread_local of a shared library is a call to __tls_get_addr
+ * (the module's TLS block is found once per function through a pointer to this struct). */
+typedef struct {
+    PyObject *state;      /* this thread's wrappers.tls.__dict__ (one reference for good) */
+    PyObject *st_d;       /* the state dict seen at depth 0, no coalescing, at tag st_v */
+    uint64_t st_v;
+    PyObject *api, *detail;   /* its api / detail overrides then (borrowed: the dict holds them) */
+    /* The group of a blocking call being recorded, read at its wait() (borrowed: the call
+     * holds it), and the torch seq read there (-1: not read); see tseq_read below. */
+    PyObject *tseq_g;
+    long long tseq_hi;
+    int depth;            /* inside a call recorded by this path */
+    int blk_wait;         /* set by a blocking call this path records, for its own Work.wait */
+} ThreadSt;
+static _Thread_local ThreadSt tl = {.tseq_hi = -1};
 
 static void ctx_clear_refs(FastCtx *c) {
     Py_CLEAR(c->dict); Py_CLEAR(c->last_key); Py_CLEAR(c->last_name); Py_CLEAR(c->last_info);
@@ -107,7 +164,7 @@ static void ctx_clear_refs(FastCtx *c) {
     Py_CLEAR(c->g_n); Py_CLEAR(c->g_d); Py_CLEAR(c->x_n); Py_CLEAR(c->x_d); Py_CLEAR(c->y_n);
     Py_CLEAR(c->y_d); Py_CLEAR(c->a_n); Py_CLEAR(c->a_d); Py_CLEAR(c->r0_n); Py_CLEAR(c->r0_d);
     Py_CLEAR(c->r1_n); Py_CLEAR(c->r1_d); Py_CLEAR(c->as_work_type);
-    Py_CLEAR(c->as_nofut_backend);
+    Py_CLEAR(c->as_nofut_backend); Py_CLEAR(c->last_dev);
 }
 
 /* Every live context (borrowed: a context leaves in its dealloc), so that invalidate() can drop
@@ -199,7 +256,14 @@ static PyObject *slot(PyObject *const *a, Py_ssize_t n, PyObject *kwn, Py_ssize_
                 return a[n + j];
         }
         for (Py_ssize_t j = 0; j < nk; j++) {
-            int eq = PyUnicode_Compare(PyTuple_GET_ITEM(kwn, j), name);
+            PyObject *k = PyTuple_GET_ITEM(kwn, j);
+            /* two interned strings are equal only when they are one object (make_ctx interns
+             * the names; the compiler interns a call's keyword names): no compare, whose
+             * code is cold at 2 ranks (issue 20, session 14) */
+            if (PyUnicode_CheckExact(k) && PyUnicode_CHECK_INTERNED(k) &&
+                    PyUnicode_CheckExact(name) && PyUnicode_CHECK_INTERNED(name))
+                continue;
+            int eq = PyUnicode_Compare(k, name);
             if (eq == 0)
                 return a[n + j];
             if (eq == -1 && PyErr_Occurred())
@@ -394,7 +458,9 @@ static PyObject *dict_of(PyObject *obj) {
 /* torch's TensorBase.numel / get_device (method descriptors) and dtype (getset descriptor),
  * called directly for tensors of the exact types given (torch.Tensor, nn.Parameter): no
  * method lookup. Other types (subclasses) go through the ordinary method calls. */
-static PyObject *t_numel, *t_getdev, *t_dtype, *t_types;
+static PyObject *t_numel, *t_getdev, *t_dtype;
+static HOT_DATA PyObject *t_types;
+static HOT_DATA PyTypeObject *t_type0, *t_type1;   /* its first two (torch.Tensor, Parameter) */
 
 /* What those three accessors touch first, prefetched when a call enters this path (issue 20).
  * At 2 ranks every op enters with cold caches (its previous wait slept while gloo's threads
@@ -407,8 +473,8 @@ static PyObject *t_numel, *t_getdev, *t_dtype, *t_types;
  * only: nothing of torch's is read or called here. Measured gain not settled: -0.68, -0.46
  * and +0.03 us per op in three paired runs, loaded machine (docs/performance.md). */
 #define PF_MAX 16
-static const void *pf_addr[PF_MAX];
-static int pf_n, pf_on = 1;
+static HOT_DATA const void *pf_addr[PF_MAX];
+static HOT_DATA int pf_n, pf_on = 1;
 
 static void pf_add(const void *p, int lines) {
     for (int i = 0; p != NULL && i < lines && pf_n < PF_MAX; i++)
@@ -431,6 +497,11 @@ static void pf_setup(void) {
         pf_add(t_dtype, 1);
         pf_add((const void *)g->get, 2);
     }
+}
+
+static NOINLINE void pf_accessors(void) {
+    for (int i = 0; i < pf_n; i++)
+        __builtin_prefetch(pf_addr[i]);
 }
 
 /* *flag = truth of arg; returns the previous value as a bool (the set_* switches). */
@@ -460,6 +531,9 @@ static PyObject *set_tensor_api(PyObject *module, PyObject *args) {
     Py_INCREF(getdev); Py_XSETREF(t_getdev, getdev);
     Py_INCREF(dtype); Py_XSETREF(t_dtype, dtype);
     Py_INCREF(types); Py_XSETREF(t_types, types);
+    Py_ssize_t nt = PyTuple_GET_SIZE(types);
+    t_type0 = nt > 0 ? (PyTypeObject *)PyTuple_GET_ITEM(types, 0) : NULL;
+    t_type1 = nt > 1 ? (PyTypeObject *)PyTuple_GET_ITEM(types, 1) : NULL;
     pf_setup();
     Py_RETURN_NONE;
 }
@@ -467,7 +541,10 @@ static PyObject *set_tensor_api(PyObject *module, PyObject *args) {
 static inline int exact_tensor(PyObject *x) {
     if (t_types == NULL)
         return 0;
-    PyObject *tp = (PyObject *)Py_TYPE(x);
+    PyTypeObject *tp0 = Py_TYPE(x);
+    if (LIKELY(tp0 == t_type0) || tp0 == t_type1)
+        return 1;
+    PyObject *tp = (PyObject *)tp0;
     Py_ssize_t n = PyTuple_GET_SIZE(t_types);
     for (Py_ssize_t i = 0; i < n; i++)
         if (PyTuple_GET_ITEM(t_types, i) == tp)
@@ -489,9 +566,13 @@ typedef struct {
     int (*pg_seq)(PyObject *g, long long *seq);
 } MetaApi;
 #define META_CAPSULE "commtrace.capture.accel.meta_api"
-static const MetaApi *meta_api;
+static HOT_DATA const MetaApi *meta_api;
+/* its functions, copied here (the capsule's struct is one more line to read per op) */
+static HOT_DATA int (*mt_tensor_meta)(PyObject *, long long *, PyObject **, long long *);
+static HOT_DATA int (*mt_tensor_nbytes)(PyObject *, long long *);
+static HOT_DATA int (*mt_pg_seq)(PyObject *, long long *);
 static PyObject *meta_owner;   /* the capsule, kept (its module stays loaded) */
-static unsigned long long n_meta_t, n_meta_s;   /* reads it answered: tensors, torch seqs */
+static HOT_DATA unsigned long long n_meta_t, n_meta_s;   /* reads it answered: tensors, seqs */
 
 /* meta_counts() -> (tensor reads, torch seq reads) answered through set_meta_api's capsule
  * (tests: the C++ reads were used, not only present). */
@@ -503,6 +584,9 @@ static PyObject *meta_counts(PyObject *module, PyObject *unused) {
 static PyObject *set_meta_api(PyObject *module, PyObject *cap) {
     if (cap == Py_None) {
         meta_api = NULL;
+        mt_tensor_meta = NULL;
+        mt_tensor_nbytes = NULL;
+        mt_pg_seq = NULL;
         Py_CLEAR(meta_owner);
         Py_RETURN_FALSE;
     }
@@ -517,6 +601,9 @@ static PyObject *set_meta_api(PyObject *module, PyObject *cap) {
     Py_INCREF(cap);
     Py_XSETREF(meta_owner, cap);
     meta_api = m;
+    mt_tensor_meta = m->tensor_meta;
+    mt_tensor_nbytes = m->tensor_nbytes;
+    mt_pg_seq = m->pg_seq;
     Py_RETURN_TRUE;
 }
 
@@ -599,9 +686,35 @@ static PyObject *site_walk(FastCtx *c, PyFrameObject *f) {
 }
 #endif
 
+static PyObject *call_site_miss(FastCtx *c);
+
+/* The call site, from the cache when this (code, offset) was seen before. */
 static PyObject *call_site(FastCtx *c) {
-#if PY_VERSION_HEX >= 0x030B0000
+#if CT_IFRAME
     /* The wrapper is a C callable: the current Python frame is the caller's. */
+    _PyInterpreterFrame *fr = PyThreadState_GET()->cframe->current_frame;
+    if (LIKELY(fr != NULL && !_PyFrame_IsIncomplete(fr))) {
+        PyObject *code = (PyObject *)fr->f_code;
+        int li = _PyInterpreterFrame_LASTI(fr);
+        int lasti = li < 0 ? -1 : li * (int)sizeof(_Py_CODEUNIT);   /* PyFrame_GetLasti's */
+        size_t h = site_hash(code, lasti);
+        for (int i = 0; i < SITE_PROBES; i++) {
+            SiteEnt *e = &site_tab[(h + i) & (SITE_SLOTS - 1)];
+            if (e->code == NULL)
+                break;
+            if (e->code == code && e->lasti == lasti) {
+                Py_INCREF(e->site);
+                return e->site;
+            }
+        }
+    }
+#endif
+    return call_site_miss(c);
+}
+
+/* Not cached (or before 3.11's frame layout): the frame object, the caches of sites.py. */
+static COLD PyObject *call_site_miss(FastCtx *c) {
+#if PY_VERSION_HEX >= 0x030B0000
     PyFrameObject *f = PyEval_GetFrame();
     if (f == NULL)
         Py_RETURN_NONE;
@@ -698,11 +811,18 @@ typedef struct {
     PyObject *site, *api, *detail, *dtype, *dev;   /* owned */
 } Rec;
 
-static Rec *buf;               /* completed calls, in order */
-static Py_ssize_t buf_len, buf_alloc, buf_max = 200000;
+static HOT_DATA Rec *buf;      /* completed calls, in order */
+static HOT_DATA Py_ssize_t buf_len, buf_alloc, buf_max = 200000;
 static unsigned long long n_dropped;
 static Rec inprog[MAX_INPROG]; /* blocking calls in progress */
-static int inprog_used[MAX_INPROG], inprog_taken[MAX_INPROG];
+static HOT_DATA uint64_t inprog_used, inprog_taken;   /* bit i: inprog[i] used, taken */
+
+static inline void inprog_free(int i) {
+    if (i >= 0) {
+        inprog_used &= ~(1ULL << i);
+        inprog_taken &= ~(1ULL << i);
+    }
+}
 
 static long long as_ll(PyObject *o) {
     if (o == NULL || o == Py_None || !PyLong_Check(o))
@@ -726,11 +846,11 @@ static void rec_release(Rec *r) {
     Py_CLEAR(r->dev);
 }
 
-static void buf_push(Rec *r) {
+static COLD int buf_grow(Rec *r) {
     if (buf_len >= buf_max) {
         n_dropped++;
         rec_release(r);
-        return;
+        return -1;
     }
     if (buf_len >= buf_alloc) {
         Py_ssize_t n = buf_alloc ? buf_alloc * 2 : 4096;
@@ -740,11 +860,17 @@ static void buf_push(Rec *r) {
         if (nb == NULL) {
             n_dropped++;
             rec_release(r);
-            return;
+            return -1;
         }
         buf = nb;
         buf_alloc = n;
     }
+    return 0;
+}
+
+static inline void buf_push(Rec *r) {
+    if (UNLIKELY(buf_len >= buf_alloc || buf_len >= buf_max) && buf_grow(r) != 0)
+        return;
     buf[buf_len++] = *r;
 }
 
@@ -1110,10 +1236,10 @@ static PyObject *in_progress(PyObject *module, PyObject *args) {
     if (out == NULL)
         return NULL;
     for (int i = 0; i < MAX_INPROG; i++) {
-        if (!inprog_used[i] || inprog_taken[i])
+        if (!((inprog_used >> i) & 1) || ((inprog_taken >> i) & 1))
             continue;
         if (take)
-            inprog_taken[i] = 1;
+            inprog_taken |= 1ULL << i;
         PyObject *pre = rec_pre(&inprog[i]);
         if (pre == NULL || PyList_Append(out, pre) != 0)
             CLEAR_ERR();
@@ -1135,7 +1261,7 @@ static PyObject *buffered(PyObject *module, PyObject *unused) {
 }
 
 /* The recorder's fixed fields, read once per recorder (they are set in its __init__). */
-static struct {
+static HOT_DATA struct {
     PyObject *rec;            /* strong: its address is not reused while cached */
     PyObject *seq, *p2p_seq, *op_ids, *rank;
     PyObject *rdict;          /* its __dict__: device_timer and step, read per call */
@@ -1144,7 +1270,7 @@ static struct {
     int stack, now_ok;
 } cst;
 
-static int cache_recorder(FastCtx *c, PyObject *rec) {
+static COLD int cache_recorder(FastCtx *c, PyObject *rec) {
     if (cst.rec == rec)
         return 0;
     Py_CLEAR(cst.rec); Py_CLEAR(cst.seq); Py_CLEAR(cst.p2p_seq); Py_CLEAR(cst.op_ids);
@@ -1195,56 +1321,25 @@ static int cache_recorder(FastCtx *c, PyObject *rec) {
  * pybind call releasing the GIL, a few us per op of the pipeline sample). Numbers between the last claimed one and this call's first are a gap: handed to
  * torchseq.on_gap, rarely. Errors are cleared, never raised.
  * ------------------------------------------------------------------------------------- */
-static PyObject *ts_gap;   /* torchseq.on_gap(rec, name, last, lo, op_id, seq), NULL: off */
+static HOT_DATA PyObject *ts_gap;   /* torchseq.on_gap(rec, name, last, lo, op_id, seq), NULL: off */
 /* Where the number of a blocking call is read. Right after the call returns, the thread has
  * slept in wait() while gloo's threads, the other ranks and other processes ran: its caches
  * are cold, and torch's getter (a pybind call that releases the GIL) cost 2.3-2.5 us of CPU
  * per op at 2 ranks (median, load 5-7; 0.15-0.5 us warm). Between the call's issue and its
  * wait() it finds warm what the issue just touched (pybind's dispatch, the group): the call
- * sets t_tseq_g to its group, Work.wait (wait_vectorcall) reads the number into t_tseq_hi
+ * sets tl.tseq_g to its group, Work.wait (wait_vectorcall) reads the number into tl.tseq_hi
  * before waiting, and the call uses it after it returns (a call whose wait did not run, or a
  * Work whose wait commtrace does not wrap, reads it after the call as before). The number
  * is taken when the op is issued, so both reads see the same value. */
-static _Thread_local PyObject *t_tseq_g;   /* borrowed (the call holds it): read at wait() */
-static _Thread_local long long t_tseq_hi = -1;   /* read at wait(), -1: not read */
-static int ts_at_wait = 1;   /* 0: read after the call (benchmarks/gapcheck.py compares) */
+/* (tl.tseq_g: borrowed, the call holds it; tl.tseq_hi: read at wait(), -1: not read) */
+static HOT_DATA int ts_at_wait = 1;   /* 0: read after the call (benchmarks/gapcheck.py compares) */
 
-static PyTypeObject *ts_type;   /* strong: the type whose getter ts_fn is */
-static PyObject *ts_fn;          /* type(g)._get_sequence_number_for_group, a builtin */
+static HOT_DATA PyTypeObject *ts_type;   /* strong: the type whose getter ts_fn is */
+static HOT_DATA PyObject *ts_fn;          /* type(g)._get_sequence_number_for_group, a builtin */
 
-static unsigned long long n_tseq_reads;   /* torch seq reads (tseq_reads(): tests) */
+static HOT_DATA unsigned long long n_tseq_reads;   /* torch seq reads (tseq_reads(): tests) */
 
-static long long tseq_read(PyObject *g) {
-    PyObject *v;
-    n_tseq_reads++;
-    if (Py_TYPE(g) != ts_type) {
-        /* torch's getter is a pybind builtin on the class: called with the group as its
-         * argument, with no bound method made per call. A Python override, or an instance
-         * attribute, is called the ordinary way. */
-        PyObject *f = PyObject_GetAttr((PyObject *)Py_TYPE(g), s_get_tseq);
-        PyObject *gd = f == NULL ? NULL : dict_of(g);
-        int own = gd != NULL && PyDict_GetItemWithError(gd, s_get_tseq) != NULL;
-        Py_XDECREF(gd);
-        CLEAR_ERR();
-        if (f != NULL && PyCFunction_Check(f) && !own) {
-            Py_XSETREF(ts_fn, f);
-            Py_INCREF(Py_TYPE(g));
-            Py_XSETREF(ts_type, Py_TYPE(g));
-        } else {
-            Py_XDECREF(f);
-            v = PyObject_CallMethodNoArgs(g, s_get_tseq);
-            goto got;
-        }
-    }
-    if (meta_api != NULL) {
-        long long x;
-        if (meta_api->pg_seq(g, &x) == 1) {
-            n_meta_s++;
-            return x < 0 ? -1 : x;
-        }
-    }
-    v = PyObject_CallOneArg(ts_fn, g);
-got:;
+static long long tseq_got(PyObject *v) {
     long long x = as_ll(v);
     Py_XDECREF(v);
     if (x == NONE_LL || x < 0) {
@@ -1254,7 +1349,70 @@ got:;
     return x;
 }
 
-static void tseq_after(PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *name,
+/* A group of another type than the last one read (ts_type): its getter looked up. The
+ * number (or -1), or -2 when ts_fn is now type(g)'s getter (tseq_read calls it). */
+static COLD long long tseq_read_new(PyObject *g) {
+    /* torch's getter is a pybind builtin on the class: called with the group as its
+     * argument, with no bound method made per call. A Python override, or an instance
+     * attribute, is called the ordinary way. */
+    PyObject *f = PyObject_GetAttr((PyObject *)Py_TYPE(g), s_get_tseq);
+    PyObject *gd = f == NULL ? NULL : dict_of(g);
+    int own = gd != NULL && PyDict_GetItemWithError(gd, s_get_tseq) != NULL;
+    Py_XDECREF(gd);
+    CLEAR_ERR();
+    if (f != NULL && PyCFunction_Check(f) && !own) {
+        Py_XSETREF(ts_fn, f);
+        Py_INCREF(Py_TYPE(g));
+        Py_XSETREF(ts_type, Py_TYPE(g));
+        return -2;
+    }
+    Py_XDECREF(f);
+    return tseq_got(PyObject_CallMethodNoArgs(g, s_get_tseq));
+}
+
+static long long tseq_read(PyObject *g) {
+    n_tseq_reads++;
+    if (UNLIKELY(Py_TYPE(g) != ts_type)) {
+        long long x = tseq_read_new(g);
+        if (x != -2)
+            return x;
+    }
+    if (LIKELY(mt_pg_seq != NULL)) {
+        long long x;
+        if (mt_pg_seq(g, &x) == 1) {
+            n_meta_s++;
+            return x < 0 ? -1 : x;
+        }
+    }
+    return tseq_got(PyObject_CallOneArg(ts_fn, g));
+}
+
+/* A gap (rare): torchseq.on_gap(rec, name, last, lo, op_id, seq). name NULL: the group g's
+ * name, from the wrapper c while g is still its last group (c holds the name then), else from
+ * the Python side's group cache (a blocking call does not hold its group's name through the
+ * call: one refcount line less per op). */
+static COLD void tseq_gap(FastCtx *c, PyObject *rec, PyObject *g, PyObject *name,
+                          long long last, long long lo, long long op_id, long long seq) {
+    PyObject *own = NULL;
+    if (name == NULL && c != NULL) {
+        if (c->last_key == g && c->last_name != NULL) {
+            name = c->last_name;
+        } else {
+            PyObject *inf = PyDict_GetItemWithError(c->pg_cache, g);
+            own = inf == NULL ? NULL : PyObject_GetAttr(inf, s_name);
+            name = own;
+        }
+    }
+    if (name != NULL) {
+        PyObject *x = PyObject_CallFunction(ts_gap, "OOLLLL", rec, name, last, lo, op_id, seq);
+        Py_XDECREF(x);
+    }
+    Py_XDECREF(own);
+    CLEAR_ERR();
+}
+
+/* c: the blocking call's wrapper (name NULL, see tseq_gap), or NULL with the name. */
+static void tseq_after(FastCtx *c, PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *name,
                        long long lo, long long op_id, long long seq, long long hi) {
     if (ts_gap == NULL || cst.tseqs == NULL || slot < 0)
         return;
@@ -1267,11 +1425,8 @@ static void tseq_after(PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *na
         lo = hi - 1;
     Counters *k = (Counters *)cst.tseqs;
     long long last = counters_get(k, slot);
-    if (lo > last) {
-        PyObject *x = PyObject_CallFunction(ts_gap, "OOLLLL", rec, name, last, lo, op_id, seq);
-        Py_XDECREF(x);
-        CLEAR_ERR();
-    }
+    if (UNLIKELY(lo > last))
+        tseq_gap(c, rec, g, name, last, lo, op_id, seq);
     if (hi > last)
         counters_set(k, slot, hi);
 }
@@ -1437,7 +1592,7 @@ static inline int as_recache(PyObject *rec) {
     return acst.rec == rec ? 0 : as_cache(rec);
 }
 
-static int as_usable(PyObject *rec) {
+static NOINLINE int as_usable(PyObject *rec) {
     return as_on && as_cache(rec) == 0 && acst.now_ok;
 }
 
@@ -1961,7 +2116,7 @@ typedef struct {
     long long lo, op_id, seq;
 } TseqArgs;
 
-static PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObject *y,
+static NOINLINE PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObject *y,
                           PyObject *const *args, size_t nargsf, PyObject *kwnames,
                           TseqArgs *ts) {
     PyObject *row = as_row(r);
@@ -1969,13 +2124,13 @@ static PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObje
     if (row == NULL) {
         /* commtrace's own bookkeeping failed: the call runs, unrecorded */
         CLEAR_ERR();
-        t_depth = 1;
+        tl.depth = 1;
         PyObject *ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
-        t_depth = 0;
+        tl.depth = 0;
         if (ts->g != NULL) {
             PyObject *et, *ev, *etb;
             PyErr_Fetch(&et, &ev, &etb);
-            tseq_after(rec, ts->g, ts->slot, ts->name, ts->lo, ts->op_id, ts->seq, -1);
+            tseq_after(NULL, rec, ts->g, ts->slot, ts->name, ts->lo, ts->op_id, ts->seq, -1);
             CLEAR_ERR();
             PyErr_Restore(et, ev, etb);
         }
@@ -1985,10 +2140,10 @@ static PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObje
     /* In flight while the call runs (_inflight.json): rec._blocking, as the Python path. */
     int listed = PyDict_SetItem(acst.blocking, opid, row) == 0;
     CLEAR_ERR();
-    t_depth = 1;
+    tl.depth = 1;
     PyObject *ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
     long long t1 = now_ns();
-    t_depth = 0;
+    tl.depth = 0;
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
     if (ts->g != NULL) {
@@ -1996,7 +2151,7 @@ static PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObje
          * releases the GIL, and once the callback is attached the backend's thread may be
          * waiting for it (at world size 1 on one CPU the read then cost a thread switch each
          * way). A call that raised may still have issued its number. */
-        tseq_after(rec, ts->g, ts->slot, ts->name, ts->lo, ts->op_id, ts->seq, -1);
+        tseq_after(NULL, rec, ts->g, ts->slot, ts->name, ts->lo, ts->op_id, ts->seq, -1);
         CLEAR_ERR();
     }
     int mine = as_recache(rec) == 0;
@@ -2231,223 +2386,350 @@ static PyObject *async_counts(PyObject *module, PyObject *unused) {
 
 /* The entry checks' last answers and the dict tags they were read under (HAVE_DVER, above):
  * the GIL guards them. Borrowed values: each dict holds its value while its tag is unchanged. */
-static struct {
+static HOT_DATA struct {
     PyObject *recmod_d; uint64_t recmod_v; PyObject *rec; int rec_ok;
     PyObject *nvtx_d; uint64_t nvtx_v; int nvtx_ok;            /* NVTX seen inactive */
     PyObject *rdict; uint64_t rdict_v; long long step; int rd_ok;   /* device timer None */
 } ent;
-static _Thread_local PyObject *t_st_d;     /* the thread's state dict, depth 0, no coalescing */
-static _Thread_local uint64_t t_st_v;
-static _Thread_local PyObject *t_api, *t_detail;
-/* Set by a blocking call this path records, for its own Work.wait (wait_vectorcall). */
-static _Thread_local int t_blk_wait;
+
+/* The blocking path keeps its common case in ctx_vectorcall and the rest out of line (the
+ * functions below, GCC's cold section for the rare ones): at 2 ranks each op starts on cold
+ * caches, and every instruction line the common case spans is a miss (issue 20, session 14:
+ * ctx_vectorcall was 12 KB with first-sight, error and async code inlined among it). */
+
+/* The recorder after recorder.__dict__ changed (or first call): new reference, or NULL for the
+ * Python path. */
+static COLD PyObject *ent_rec_refresh(FastCtx *c) {
+    ent.rec_ok = 0;
+    PyObject *rec = c->recmod_d != NULL ? PyDict_GetItemWithError(c->recmod_d, s_recorder) : NULL;
+    if (rec != NULL) {
+        Py_INCREF(rec);
+        ent.recmod_d = c->recmod_d;
+        ent.recmod_v = DVER(c->recmod_d);
+        ent.rec = rec;   /* borrowed: the dict holds it while its tag is unchanged */
+        ent.rec_ok = HAVE_DVER;
+        return rec;
+    }
+    CLEAR_ERR();
+    return PyObject_GetAttr(c->recmod, s_recorder);
+}
+
+/* This thread's state dict after it changed (or first call): depth 0, no coalescing manager,
+ * no object-collective accumulation, else -1 (the Python path); the api / detail overrides of
+ * rows issued in this context (borrowed: the dict, which tl.state holds, holds them). */
+static COLD int ent_thread_refresh(FastCtx *c, ThreadSt *T, PyObject **api, PyObject **detail) {
+    PyObject *st = T->state;
+    if (st == NULL) {
+        st = PyObject_GetAttr(c->tls, s_dict);
+        if (st == NULL || !PyDict_Check(st)) {
+            Py_XDECREF(st);
+            return -1;
+        }
+        T->state = st;      /* the thread keeps this reference for good */
+    }
+    T->st_d = NULL;
+    PyObject *tmp = PyDict_GetItemWithError(st, s_depth);
+    if (tmp == NULL || !PyLong_CheckExact(tmp) || PyLong_AsLong(tmp) != 0)
+        return -1;
+    tmp = PyDict_GetItemWithError(st, s_coalesce);
+    if (tmp == NULL || tmp != Py_None)
+        return -1;
+    PyObject *a = PyDict_GetItemWithError(st, s_api);
+    PyObject *d = a == NULL && PyErr_Occurred() ? NULL : PyDict_GetItemWithError(st, s_detail);
+    CLEAR_ERR();
+    *api = a ? a : Py_None;
+    *detail = d ? d : Py_None;
+    if (HAVE_DVER) {
+        T->st_d = st;
+        T->st_v = DVER(st);
+        T->api = *api;
+        T->detail = *detail;
+    }
+    return 0;
+}
+
+/* NVTX ranges (nvtx_ranges.active) after its module's dict changed: 0 when off, else -1. */
+static COLD int ent_nvtx_refresh(FastCtx *c) {
+    ent.nvtx_ok = 0;
+    PyObject *tmp = c->nvtx_d != NULL ? PyDict_GetItemWithError(c->nvtx_d, s_active) : NULL;
+    int in_dict = tmp != NULL;
+    if (in_dict) {
+        Py_INCREF(tmp);
+    } else {
+        CLEAR_ERR();
+        tmp = PyObject_GetAttr(c->nvtx, s_active);
+        if (tmp == NULL)
+            return -1;
+    }
+    int act = PyObject_IsTrue(tmp);
+    Py_DECREF(tmp);
+    if (act != 0)
+        return -1;
+    if (in_dict && HAVE_DVER) {
+        ent.nvtx_d = c->nvtx_d;
+        ent.nvtx_v = DVER(c->nvtx_d);
+        ent.nvtx_ok = 1;
+    }
+    return 0;
+}
+
+/* The device timer (must be None here) and the step, from the recorder's __dict__ after it
+ * changed: 0 with *step_v, or -1 (the Python path). */
+static COLD int ent_rd_refresh(PyObject *rec, long long *step_v) {
+    PyObject *rd = cst.rdict;
+    ent.rd_ok = 0;
+    PyObject *dt = rd != NULL ? PyDict_GetItemWithError(rd, s_device_timer) : NULL;
+    int in_dict = dt != NULL;
+    if (in_dict) {
+        if (dt != Py_None)
+            return -1;
+    } else {
+        CLEAR_ERR();
+        dt = PyObject_GetAttr(rec, s_device_timer);
+        if (dt == NULL)
+            return -1;
+        Py_DECREF(dt);
+        if (dt != Py_None)
+            return -1;
+    }
+    PyObject *step = rd != NULL ? PyDict_GetItemWithError(rd, s_step) : NULL;
+    if (step != NULL) {
+        Py_INCREF(step);
+    } else {
+        in_dict = 0;
+        CLEAR_ERR();
+        step = PyObject_GetAttr(rec, s_step);
+    }
+    *step_v = as_ll(step);
+    Py_XDECREF(step);
+    CLEAR_ERR();
+    if (in_dict && HAVE_DVER) {
+        ent.rdict = rd;
+        ent.rdict_v = DVER(rd);
+        ent.step = *step_v;
+        ent.rd_ok = 1;
+    }
+    return 0;
+}
+
+/* A group not seen last time by this wrapper: its PgInfo facts from the Python side's cache
+ * into c. 0, or -1 (not a member, or first sight: the Python path). */
+static COLD int group_refresh(FastCtx *c, PyObject *key) {
+    PyObject *inf = PyDict_GetItemWithError(c->pg_cache, key);
+    PyObject *mem = inf == NULL ? NULL : PyObject_GetAttr(inf, s_member);
+    PyObject *idx = mem == NULL ? NULL : PyObject_GetAttr(inf, s_idx);
+    PyObject *name = idx == NULL ? NULL : PyObject_GetAttr(inf, s_name);
+    int ok = name != NULL && mem == Py_True && PyLong_Check(idx);
+    if (ok) {
+        Py_INCREF(key);
+        Py_XSETREF(c->last_key, key);   /* strong: the address is not reused */
+        Py_XSETREF(c->last_name, name);
+        name = NULL;
+        Py_INCREF(inf);
+        Py_XSETREF(c->last_info, inf);
+        PyObject *sl = PyObject_GetAttr(inf, s_seq_slot);
+        c->last_slot = sl != NULL && PyLong_Check(sl) ? PyLong_AsSsize_t(sl) : -1;
+        Py_XDECREF(sl);
+        sl = PyObject_GetAttr(inf, s_tseq);
+        c->last_tseq = sl == Py_True;
+        Py_XDECREF(sl);
+        sl = PyObject_GetAttr(inf, s_p2p_one);
+        c->last_p2p1 = sl == Py_True;
+        Py_XDECREF(sl);
+        CLEAR_ERR();
+        c->last_idx = (int)PyLong_AsLong(idx);
+        c->last_gen = pg_gen;
+    }
+    Py_XDECREF(mem); Py_XDECREF(idx); Py_XDECREF(name);
+    return ok ? 0 : -1;
+}
+
+/* The device's name (dev_names[index], filled by the Python path on first sight and never
+ * changed): new reference, kept in c for the next call; NULL (no error) when not named yet. */
+static NOINLINE PyObject *dev_name(FastCtx *c, long long dev_v) {
+    PyObject *k = PyLong_FromLongLong(dev_v);
+    PyObject *dev = k == NULL ? NULL : PyDict_GetItemWithError(c->dev_names, k);
+    Py_XDECREF(k);
+    if (dev == NULL)
+        return NULL;
+    Py_INCREF(dev);
+    Py_XSETREF(c->last_dev, dev);
+    c->last_dev_v = dev_v;
+    Py_INCREF(dev);
+    return dev;
+}
+
+/* The tensor's count, dtype and device name through torch's Python accessors (the C++ reads
+ * not built, or not a plain tensor): 0 with new references, or -1 (the Python path). */
+static NOINLINE int tensor_facts_py(FastCtx *c, PyObject *x, PyObject **count, PyObject **dtype,
+                                    PyObject **dev) {
+    PyObject *tmp;
+    if (exact_tensor(x)) {
+        *count = PyObject_Vectorcall(t_numel, &x, 1, NULL);
+        if (*count == NULL)
+            return -1;
+        *dtype = Py_TYPE(t_dtype)->tp_descr_get(t_dtype, x, (PyObject *)Py_TYPE(x));
+        if (*dtype == NULL)
+            return -1;
+        tmp = PyObject_Vectorcall(t_getdev, &x, 1, NULL);
+    } else {
+        *count = PyObject_CallMethodNoArgs(x, s_numel);
+        if (*count == NULL)
+            return -1;
+        *dtype = PyObject_GetAttr(x, s_dtype);
+        if (*dtype == NULL)
+            return -1;
+        tmp = PyObject_CallMethodNoArgs(x, s_get_device);
+    }
+    if (tmp == NULL)
+        return -1;
+    *dev = PyDict_GetItemWithError(c->dev_names, tmp);
+    Py_DECREF(tmp);
+    if (*dev == NULL)
+        return -1;   /* first tensor on this device: the Python path names it */
+    Py_INCREF(*dev);
+    return 0;
+}
+
+/* A point-to-point op's peer and seq ((name, src, dst) in rec.p2p_seq), or a rooted
+ * collective's root: 0, or -1 (recv from any source, a bad rank: the Python path). */
+static NOINLINE int peer_root(FastCtx *c, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames, PyObject **peer, PyObject **root,
+                              PyObject **seq) {
+    PyObject *info = c->last_info, *name = c->last_name, *rk = cst.rank;
+    int ret = -1;
+    /* strong while __index__ of a user's rank argument may run Python code */
+    Py_INCREF(info); Py_INCREF(name); Py_INCREF(rk);
+    PyObject *a0 = slot(args, nargs, kwnames, c->r0_i, c->r0_n, c->r0_d);
+    PyObject *a1 = slot(args, nargs, kwnames, c->r1_i, c->r1_n, c->r1_d);
+    if (c->has_peer) {
+        *peer = global_rank(info, a0, a1);
+        if (*peer == NULL || *peer == Py_None)
+            goto out;   /* recv from any source */
+        PyObject *d = cst.p2p_seq;
+        Py_XINCREF(d);
+        PyObject *k = d == NULL ? NULL :
+            (c->is_send ? PyTuple_Pack(3, name, rk, *peer) : PyTuple_Pack(3, name, *peer, rk));
+        if (k != NULL) {
+            *seq = dict_next(d, k);
+            Py_DECREF(k);
+        }
+        Py_XDECREF(d);
+    } else {
+        *root = global_rank(info, a0, a1);
+        if (*root == NULL)
+            goto out;
+    }
+    ret = 0;
+out:
+    Py_DECREF(rk); Py_DECREF(name); Py_DECREF(info);
+    return ret;
+}
+
+/* A recorded blocking call raised: its error row (on_error), then the torch seq check. */
+static COLD void blk_error(FastCtx *c, PyObject *rec, Rec *r, long long t1, PyObject **et,
+                           PyObject **ev, PyObject **etb) {
+    PyErr_NormalizeException(et, ev, etb);
+    PyObject *pre = rec_pre(r);
+    PyObject *t1o = PyLong_FromLongLong(t1);
+    if (pre != NULL && t1o != NULL) {
+        PyObject *x = PyObject_CallFunctionObjArgs(c->on_error, rec, pre, t1o,
+                                                   *ev ? *ev : Py_None, NULL);
+        Py_XDECREF(x);
+    }
+    Py_XDECREF(pre);
+    Py_XDECREF(t1o);
+    rec_release(r);
+}
 
 static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames) {
     FastCtx *c = (FastCtx *)self;
+    ThreadSt *T = &tl;
+    /* one TLS lookup for the whole call: GCC would otherwise call __tls_get_addr again at
+     * each use rather than keep the address (the empty asm hides where T came from) */
+    __asm__("" : "+r"(T));
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *rec = NULL, *st = NULL, *info = NULL, *tmp = NULL;
+    PyObject *rec = NULL, *key = NULL;
     PyObject *count = NULL, *dtype = NULL, *dev = NULL, *outb = NULL, *peer = NULL,
-             *root = NULL, *seq = NULL, *site = NULL, *op_id = NULL, *step = NULL,
-             *ret = NULL;
-    PyObject *tkey = NULL, *tname = NULL;   /* torch seq check (tseq_after): group, name */
+             *root = NULL, *seq = NULL, *site = NULL, *op_id = NULL, *ret = NULL;
+    PyObject *tkey = NULL;                  /* torch seq check (tseq_after): the group */
     PyObject *api = NULL, *detail = NULL;   /* borrowed (the thread's state dict holds them) */
     long long t0, seq_v = -1, tlo = -1, step_v = NONE_LL;
-    long long count_v = NONE_LL, outb_v = NONE_LL;   /* read by meta_api (count, outb NULL) */
-    Py_ssize_t tslot = -1;
+    long long count_v = NONE_LL, outb_v = NONE_LL;   /* read by the C++ reads (count, outb NULL) */
 
     if (pf_on) {
-        /* torch's tensor accessors (not called where meta_api reads the tensor), the
-         * tensor, the device names (pf_setup, above) */
-        for (int i = 0; meta_api == NULL && i < pf_n; i++)
-            __builtin_prefetch(pf_addr[i]);
+        /* torch's tensor accessors (not called where the C++ reads read the tensor), the
+         * tensor (pf_setup, above) */
+        if (mt_tensor_meta == NULL)
+            pf_accessors();
         if (c->x_i >= 0 && c->x_i < nargs)
             __builtin_prefetch(args[c->x_i]);
-        __builtin_prefetch(c->dev_names);
     }
     /* The recorder (recorder._recorder): the last answer while the module's dict is unchanged. */
-    if (HAVE_DVER && ent.rec_ok && c->recmod_d == ent.recmod_d &&
-        DVER(ent.recmod_d) == ent.recmod_v) {
+    if (LIKELY(HAVE_DVER && ent.rec_ok && c->recmod_d == ent.recmod_d &&
+               DVER(ent.recmod_d) == ent.recmod_v)) {
         rec = ent.rec;
         Py_INCREF(rec);
     } else {
-        ent.rec_ok = 0;
-        tmp = c->recmod_d != NULL ? PyDict_GetItemWithError(c->recmod_d, s_recorder) : NULL;
-        if (tmp != NULL) {
-            rec = tmp;
-            Py_INCREF(rec);
-            ent.recmod_d = c->recmod_d;
-            ent.recmod_v = DVER(c->recmod_d);
-            ent.rec = rec;   /* borrowed: the dict holds it while its tag is unchanged */
-            ent.rec_ok = HAVE_DVER;
-        } else {
-            CLEAR_ERR();
-            rec = PyObject_GetAttr(c->recmod, s_recorder);
-            if (rec == NULL)
-                SLOW();
-        }
+        rec = ent_rec_refresh(c);
+        if (rec == NULL)
+            SLOW();
     }
-    if (rec == Py_None || t_depth) {
+    if (UNLIKELY(rec == Py_None || T->depth)) {
         /* Tracing off, or a call made inside a call this path is recording: not a row. */
         Py_DECREF(rec);
         return PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
     }
-    if (cache_recorder(c, rec) != 0 || !cst.now_ok)
-        SLOW();   /* injected clock skew (tests), a custom clock, or no recorder fields */
-    /* This thread's state dict (wrappers.tls.__dict__), looked up once per thread. */
-    st = t_state;
-    if (st == NULL) {
-        st = PyObject_GetAttr(c->tls, s_dict);
-        if (st == NULL || !PyDict_Check(st))
+    if (UNLIKELY(cst.rec != rec) && cache_recorder(c, rec) != 0)
+        SLOW();
+    if (UNLIKELY(!cst.now_ok))
+        SLOW();   /* injected clock skew (tests), a custom clock */
+    /* This thread's state (wrappers.tls.__dict__): nested call, coalescing manager,
+     * object-collective accumulation go to Python; the api / detail overrides of rows issued
+     * in this context come from the same dict. */
+    {
+        PyObject *st = T->state;
+        if (LIKELY(HAVE_DVER && st != NULL && T->st_d == st && DVER(st) == T->st_v)) {
+            api = T->api;
+            detail = T->detail;
+        } else if (ent_thread_refresh(c, T, &api, &detail) != 0) {
             SLOW();
-        t_state = st;      /* the thread keeps one reference for good */
-        Py_INCREF(st);
-    } else {
-        Py_INCREF(st);
-    }
-    /* Nested call, coalescing manager, object-collective accumulation: Python handles it.
-     * The api / detail overrides of rows issued in this context come from the same dict. */
-    if (HAVE_DVER && t_st_d == st && DVER(st) == t_st_v) {
-        api = t_api;
-        detail = t_detail;
-    } else {
-        t_st_d = NULL;
-        tmp = PyDict_GetItemWithError(st, s_depth);
-        if (tmp == NULL || !PyLong_CheckExact(tmp) || PyLong_AsLong(tmp) != 0)
-            SLOW();
-        tmp = PyDict_GetItemWithError(st, s_coalesce);
-        if (tmp == NULL || tmp != Py_None)
-            SLOW();
-        api = PyDict_GetItemWithError(st, s_api);
-        detail = api == NULL && PyErr_Occurred() ? NULL : PyDict_GetItemWithError(st, s_detail);
-        CLEAR_ERR();
-        api = api ? api : Py_None;           /* borrowed: the dict holds them */
-        detail = detail ? detail : Py_None;
-        if (HAVE_DVER) {
-            t_st_d = st;
-            t_st_v = DVER(st);
-            t_api = api;
-            t_detail = detail;
         }
     }
     /* NVTX ranges (nvtx_ranges.active): checked again only when its module's dict changed. */
-    if (!(HAVE_DVER && ent.nvtx_ok && c->nvtx_d == ent.nvtx_d &&
-          DVER(ent.nvtx_d) == ent.nvtx_v)) {
-        ent.nvtx_ok = 0;
-        tmp = c->nvtx_d != NULL ? PyDict_GetItemWithError(c->nvtx_d, s_active) : NULL;
-        int in_dict = tmp != NULL;
-        if (in_dict) {
-            Py_INCREF(tmp);
-        } else {
-            CLEAR_ERR();
-            tmp = PyObject_GetAttr(c->nvtx, s_active);
-            if (tmp == NULL)
-                SLOW();
-        }
-        int act = PyObject_IsTrue(tmp);
-        Py_DECREF(tmp);
-        if (act != 0)
-            SLOW();
-        if (in_dict && HAVE_DVER) {
-            ent.nvtx_d = c->nvtx_d;
-            ent.nvtx_v = DVER(c->nvtx_d);
-            ent.nvtx_ok = 1;
-        }
-    }
+    if (UNLIKELY(!(HAVE_DVER && ent.nvtx_ok && c->nvtx_d == ent.nvtx_d &&
+                   DVER(ent.nvtx_d) == ent.nvtx_v)) && ent_nvtx_refresh(c) != 0)
+        SLOW();
     /* The device timer (must be None here) and the step: from the recorder's __dict__. */
     {
         PyObject *rd = cst.rdict;
-        if (HAVE_DVER && ent.rd_ok && rd != NULL && rd == ent.rdict &&
-            DVER(rd) == ent.rdict_v) {
+        if (LIKELY(HAVE_DVER && ent.rd_ok && rd != NULL && rd == ent.rdict &&
+                   DVER(rd) == ent.rdict_v))
             step_v = ent.step;
-        } else {
-            ent.rd_ok = 0;
-            PyObject *dt = rd != NULL ? PyDict_GetItemWithError(rd, s_device_timer) : NULL;
-            int in_dict = dt != NULL;
-            if (in_dict) {
-                if (dt != Py_None)
-                    SLOW();
-            } else {
-                CLEAR_ERR();
-                dt = PyObject_GetAttr(rec, s_device_timer);
-                if (dt == NULL)
-                    SLOW();
-                Py_DECREF(dt);
-                if (dt != Py_None)
-                    SLOW();
-            }
-            step = rd != NULL ? PyDict_GetItemWithError(rd, s_step) : NULL;
-            if (step != NULL) {
-                Py_INCREF(step);
-            } else {
-                in_dict = 0;
-                CLEAR_ERR();
-                step = PyObject_GetAttr(rec, s_step);
-            }
-            step_v = as_ll(step);
-            CLEAR_ERR();
-            if (in_dict && HAVE_DVER) {
-                ent.rdict = rd;
-                ent.rdict_v = DVER(rd);
-                ent.step = step_v;
-                ent.rd_ok = 1;
-            }
-        }
+        else if (ent_rd_refresh(rec, &step_v) != 0)
+            SLOW();
     }
     t0 = now_ns();
 
     /* Group -> PgInfo (cached by the Python side on first sight). */
     {
         PyObject *g = slot(args, nargs, kwnames, c->g_i, c->g_n, c->g_d);
-        PyObject *key;
         if (g == Py_None) {
-            key = fast_attr(c->world_d, c->world, s_default_pg);
+            key = fast_attr(c->world_d, c->world, s_default_pg);   /* new reference */
             if (key == NULL)
                 SLOW();
         } else {
-            key = g;
+            key = g;   /* the caller holds it for the call */
             Py_INCREF(key);
         }
-        if (key != c->last_key || c->last_gen != pg_gen) {
-            /* A group not seen last time by this wrapper: its PgInfo from the Python cache. */
-            PyObject *inf = PyDict_GetItemWithError(c->pg_cache, key);
-            PyObject *mem = inf == NULL ? NULL : PyObject_GetAttr(inf, s_member);
-            PyObject *idx = mem == NULL ? NULL : PyObject_GetAttr(inf, s_idx);
-            PyObject *name = idx == NULL ? NULL : PyObject_GetAttr(inf, s_name);
-            int ok = name != NULL && mem == Py_True && PyLong_Check(idx);
-            if (ok) {
-                Py_XSETREF(c->last_key, key);   /* strong: the address is not reused */
-                Py_INCREF(key);
-                Py_XSETREF(c->last_name, name);
-                name = NULL;
-                Py_INCREF(inf);
-                Py_XSETREF(c->last_info, inf);
-                PyObject *sl = PyObject_GetAttr(inf, s_seq_slot);
-                c->last_slot = sl != NULL && PyLong_Check(sl) ? PyLong_AsSsize_t(sl) : -1;
-                Py_XDECREF(sl);
-                sl = PyObject_GetAttr(inf, s_tseq);
-                c->last_tseq = sl == Py_True;
-                Py_XDECREF(sl);
-                sl = PyObject_GetAttr(inf, s_p2p_one);
-                c->last_p2p1 = sl == Py_True;
-                Py_XDECREF(sl);
-                CLEAR_ERR();
-                c->last_idx = (int)PyLong_AsLong(idx);
-                c->last_gen = pg_gen;
-            }
-            Py_XDECREF(mem); Py_XDECREF(idx); Py_XDECREF(name);
-            if (!ok) {
-                Py_DECREF(key);
-                SLOW();   /* not a member, or first sight: the Python path */
-            }
-        }
-        Py_DECREF(key);
-        info = c->last_info;
-        Py_INCREF(info);
+        if (UNLIKELY(key != c->last_key || c->last_gen != pg_gen) && group_refresh(c, key) != 0)
+            SLOW();   /* not a member, or first sight: the Python path */
+        Py_CLEAR(key);
     }
     int is_async = 0;
     PyObject *x_arg = NULL, *y_arg = NULL;   /* borrowed: the tensors (hazard detection) */
-    if (c->always_async) {
+    if (UNLIKELY(c->always_async)) {
         /* isend / irecv: recorded here when the recorder allows the async path */
         if (!as_usable(rec))
             SLOW();
@@ -2456,7 +2738,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     if (c->a_n != Py_None) {
         PyObject *a = slot(args, nargs, kwnames, c->a_i, c->a_n, c->a_d);
         int t = a == Py_False || a == Py_None ? 0 : PyObject_IsTrue(a);
-        if (t != 0) {
+        if (UNLIKELY(t != 0)) {
             /* async_op=True: recorded here too (as_issue) when the recorder allows it */
             if (t != 1 || !as_usable(rec))
                 SLOW();
@@ -2470,115 +2752,62 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         if (x == Py_None)
             SLOW();
         long long dev_v;
-        if (exact_tensor(x) && meta_api != NULL &&
-                meta_api->tensor_meta(x, &count_v, &dtype, &dev_v) == 1) {
+        if (LIKELY(mt_tensor_meta != NULL) && exact_tensor(x) &&
+                mt_tensor_meta(x, &count_v, &dtype, &dev_v) == 1) {
             Py_INCREF(dtype);   /* borrowed from torch's dtype objects */
             n_meta_t++;
-            tmp = PyLong_FromLongLong(dev_v);
-        } else if (exact_tensor(x)) {
-            count = PyObject_Vectorcall(t_numel, &x, 1, NULL);
-            if (count == NULL)
-                SLOW();
-            dtype = Py_TYPE(t_dtype)->tp_descr_get(t_dtype, x, (PyObject *)Py_TYPE(x));
-            if (dtype == NULL)
-                SLOW();
-            tmp = PyObject_Vectorcall(t_getdev, &x, 1, NULL);
-        } else {
-            count = PyObject_CallMethodNoArgs(x, s_numel);
-            if (count == NULL)
-                SLOW();
-            dtype = PyObject_GetAttr(x, s_dtype);
-            if (dtype == NULL)
-                SLOW();
-            tmp = PyObject_CallMethodNoArgs(x, s_get_device);
-        }
-        if (tmp == NULL)
+            if (LIKELY(c->last_dev != NULL && c->last_dev_v == dev_v)) {
+                dev = c->last_dev;
+                Py_INCREF(dev);
+            } else if ((dev = dev_name(c, dev_v)) == NULL) {
+                SLOW();   /* first tensor on this device: the Python path names it */
+            }
+        } else if (tensor_facts_py(c, x, &count, &dtype, &dev) != 0) {
             SLOW();
-        dev = PyDict_GetItemWithError(c->dev_names, tmp);
-        Py_DECREF(tmp);
-        if (dev == NULL)
-            SLOW();   /* first tensor on this device: the Python path names it */
-        Py_INCREF(dev);
+        }
         if (c->has_y) {
             PyObject *y = slot(args, nargs, kwnames, c->y_i, c->y_n, c->y_d);
             if (y == Py_None)
                 SLOW();
             y_arg = y;
-            if (!(exact_tensor(y) && meta_api != NULL &&
-                  meta_api->tensor_nbytes(y, &outb_v) == 1)) {
+            if (!(exact_tensor(y) && mt_tensor_nbytes != NULL &&
+                  mt_tensor_nbytes(y, &outb_v) == 1)) {
                 outb = PyObject_GetAttr(y, s_nbytes);
                 if (outb == NULL)
                     SLOW();
             }
-        } else {
-            outb = Py_None;
-            Py_INCREF(outb);
         }
     }
-    {
-        PyObject *name = c->last_name;
-        if (name == NULL)
-            SLOW();   /* the groups were forgotten since the lookup above (invalidate) */
-        Py_INCREF(name);
-        PyObject *rk = cst.rank;
-        Py_INCREF(rk);
-        if (c->has_peer) {
-            peer = global_rank(info, slot(args, nargs, kwnames, c->r0_i, c->r0_n, c->r0_d),
-                               slot(args, nargs, kwnames, c->r1_i, c->r1_n, c->r1_d));
-            if (peer == NULL || peer == Py_None) {
-                Py_DECREF(rk);
-                Py_DECREF(name);
-                SLOW();   /* recv from any source */
-            }
-            PyObject *d = cst.p2p_seq;
+    if (UNLIKELY(c->last_name == NULL))
+        SLOW();   /* the groups were forgotten since the lookup above (invalidate) */
+    if (c->has_peer || c->has_root) {
+        if (peer_root(c, args, nargs, kwnames, &peer, &root, &seq) != 0)
+            SLOW();
+    }
+    if (!c->has_peer) {
+        if (LIKELY(cst.counters != NULL && c->last_slot >= 0) &&
+                (seq_v = counters_next((Counters *)cst.counters, c->last_slot)) >= 0) {
+            /* taken, as seq_v (no int object) */
+        } else if (cst.seq != NULL) {
+            PyObject *d = cst.seq;
             Py_INCREF(d);
-            PyObject *k = d == NULL ? NULL :
-                (c->is_send ? PyTuple_Pack(3, name, rk, peer) : PyTuple_Pack(3, name, peer, rk));
-            if (k != NULL) {
-                seq = dict_next(d, k);
-                Py_DECREF(k);
-            }
-            Py_XDECREF(d);
-        } else {
-            if (c->has_root) {
-                root = global_rank(info, slot(args, nargs, kwnames, c->r0_i, c->r0_n, c->r0_d),
-                                   slot(args, nargs, kwnames, c->r1_i, c->r1_n, c->r1_d));
-                if (root == NULL) {
-                    Py_DECREF(rk);
-                    Py_DECREF(name);
-                    SLOW();
-                }
-            }
-            if (cst.counters != NULL && c->last_slot >= 0) {
-                seq_v = counters_next((Counters *)cst.counters, c->last_slot);
-                if (seq_v >= 0) {
-                    seq = Py_None;   /* taken, as seq_v (no int object) */
-                    Py_INCREF(seq);
-                }
-            }
-            PyObject *d = seq != NULL ? NULL : cst.seq;
-            Py_XINCREF(d);
-            if (d != NULL) {
-                seq = dict_next(d, name);
-                Py_DECREF(d);
-            }
+            seq = dict_next(d, c->last_name);
+            Py_DECREF(d);
         }
-        Py_DECREF(rk);
-        Py_DECREF(name);
-        if (seq == NULL)
-            SLOW();   /* nothing counted yet: the Python path counts it */
     }
+    if (seq_v < 0 && seq == NULL)
+        SLOW();   /* nothing counted yet: the Python path counts it */
     /* From here on the seq is taken: never fall back to the Python path (it would count the
      * call again). A failure of commtrace's own bookkeeping drops the row, not the call. */
     {
         Rec r;
-        memset(&r, 0, sizeof(r));
         r.fact = c->fact_i;
         r.pgidx = c->last_idx;
         r.seq = seq_v >= 0 ? seq_v : as_ll(seq);
-        r.peer = as_ll(peer);
-        r.root = as_ll(root);
+        r.peer = peer != NULL ? as_ll(peer) : NONE_LL;
+        r.root = root != NULL ? as_ll(root) : NONE_LL;
         r.t0 = t0;
+        r.t1 = 0;
         r.step = step_v;
         r.count = count != NULL ? as_ll(count) : count_v;
         r.outb = outb != NULL ? as_ll(outb) : outb_v;
@@ -2590,23 +2819,24 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             site = Py_None;
             Py_INCREF(site);
         }
-        if (Py_TYPE(cst.op_ids) == &OpIdsType) {
+        if (LIKELY(Py_TYPE(cst.op_ids) == &OpIdsType)) {
             r.op_id = ((OpIds *)cst.op_ids)->next++;
         } else {
             op_id = PyIter_Next(cst.op_ids);
             r.op_id = as_ll(op_id);
         }
-        r.site = site; Py_INCREF(site);
-        r.api = api; Py_INCREF(r.api);
-        r.detail = detail; Py_INCREF(r.detail);
-        r.dtype = dtype; Py_INCREF(dtype);
-        r.dev = dev; Py_INCREF(dev);
+        /* the row takes the references of site, dtype and dev */
+        r.site = site; site = NULL;
+        r.api = api; Py_INCREF(api);
+        r.detail = detail; Py_INCREF(detail);
+        r.dtype = dtype; dtype = NULL;
+        r.dev = dev; dev = NULL;
         CLEAR_ERR();
         n_fast++;
         long long t_opid = r.op_id, t_seq = r.seq;
-        if (ts_gap != NULL && c->last_tseq && c->last_key != NULL && c->last_name != NULL) {
+        Py_ssize_t tslot = -1;
+        if (ts_gap != NULL && c->last_tseq && c->last_key != NULL) {
             tkey = c->last_key; Py_INCREF(tkey);
-            tname = c->last_name; Py_INCREF(tname);
             tslot = c->last_slot;
             /* A point-to-point op reads the number before the call too, unless its group
              * numbers each one (gloo: PgInfo.p2p_one), which then claims (hi - 1, hi] as a
@@ -2614,74 +2844,69 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             if (c->has_peer && !c->last_p2p1 && (tlo = tseq_read(tkey)) < 0)
                 Py_CLEAR(tkey);   /* unreadable: no check */
         }
-        if (is_async) {
+        if (UNLIKELY(is_async)) {
             /* An async op: its own path (the row, the pending-op registry, the completion). */
+            PyObject *tname = tkey != NULL ? c->last_name : NULL;
+            Py_XINCREF(tname);
             TseqArgs ts = {tkey, tname, tslot, tlo, t_opid, t_seq};
             ret = as_issue(c, rec, &r, x_arg, y_arg, args, nargsf, kwnames, &ts);
+            Py_XDECREF(tname);
             goto done;
         }
         /* In flight while the call runs (_inflight.json, final flush): a slot of its own. */
         int slot_i = -1;
-        for (int i = 0; i < MAX_INPROG; i++) {
-            if (!inprog_used[i]) {
-                slot_i = i;
-                inprog_used[i] = 1;
-                inprog_taken[i] = 0;
-                inprog[i] = r;
-                break;
-            }
+        if (LIKELY(~inprog_used != 0)) {
+            slot_i = __builtin_ctzll(~inprog_used);
+            inprog_used |= 1ULL << slot_i;
+            inprog_taken &= ~(1ULL << slot_i);
+            inprog[slot_i] = r;
         }
         /* What the row took is in r: let go of the rest now, while it is warm (after the
-         * wait it is not). The thread's state dict stays held by t_state. */
-        Py_CLEAR(st); Py_CLEAR(info); Py_CLEAR(count); Py_CLEAR(dtype); Py_CLEAR(dev);
-        Py_CLEAR(outb); Py_CLEAR(peer); Py_CLEAR(root); Py_CLEAR(seq); Py_CLEAR(site);
-        Py_CLEAR(op_id); Py_CLEAR(step);
-        /* Inner wrapped calls are not rows of their own: C wrappers read t_depth, the
+         * wait it is not). */
+        Py_CLEAR(count); Py_CLEAR(outb); Py_CLEAR(peer); Py_CLEAR(root); Py_CLEAR(seq);
+        Py_CLEAR(op_id);
+        /* Inner wrapped calls are not rows of their own: C wrappers read tl.depth, the
          * Python ones ask depth() (the same rule as tls.depth on the Python path). */
-        t_depth = 1;
-        t_blk_wait = 1;
-        /* A plain collective's number is read at its wait() (t_tseq_g, above tseq_after), and
+        T->depth = 1;
+        T->blk_wait = 1;
+        /* A plain collective's number is read at its wait() (tl.tseq_g, above tseq_after), and
          * so is a point-to-point op's on a group that numbers each (p2p_one). */
-        t_tseq_hi = -1;
-        t_tseq_g = tkey != NULL && (!c->has_peer || c->last_p2p1) && ts_at_wait ? tkey : NULL;
+        T->tseq_hi = -1;
+        T->tseq_g = tkey != NULL && (!c->has_peer || c->last_p2p1) && ts_at_wait ? tkey : NULL;
         /* The user's call. */
         ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
         long long t1 = now_ns();
-        t_depth = 0;
-        t_blk_wait = 0;
-        t_tseq_g = NULL;
-        long long thi = t_tseq_hi;
-        t_tseq_hi = -1;
+        T->depth = 0;
+        T->blk_wait = 0;
+        T->tseq_g = NULL;
+        long long thi = T->tseq_hi;
+        T->tseq_hi = -1;
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
         int taken = 0;
-        if (slot_i >= 0) {
-            r = inprog[slot_i];
-            taken = inprog_taken[slot_i];
-            inprog_used[slot_i] = 0;
-            inprog_taken[slot_i] = 0;
+        Rec *rp = &r;
+        if (LIKELY(slot_i >= 0)) {
+            taken = (inprog_taken >> slot_i) & 1;
+            if (LIKELY(!taken && ret != NULL))
+                rp = &inprog[slot_i];   /* pushed from its slot: not copied back (cold lines);
+                                         * no Python code runs before the slot is freed */
+            else
+                r = inprog[slot_i];     /* the paths below run Python code: a copy */
         }
-        r.t1 = t1;
-        if (taken) {
-            rec_release(&r);   /* a final flush wrote it as never completed */
-        } else if (ret == NULL) {
-            PyErr_NormalizeException(&et, &ev, &etb);
-            PyObject *pre = rec_pre(&r);
-            PyObject *t1o = PyLong_FromLongLong(t1);
-            if (pre != NULL && t1o != NULL) {
-                PyObject *x = PyObject_CallFunctionObjArgs(c->on_error, rec, pre, t1o,
-                                                           ev ? ev : Py_None, NULL);
-                Py_XDECREF(x);
-            }
-            Py_XDECREF(pre);
-            Py_XDECREF(t1o);
-            rec_release(&r);
+        rp->t1 = t1;
+        if (UNLIKELY(taken)) {
+            inprog_free(slot_i);
+            rec_release(rp);   /* a final flush wrote it as never completed */
+        } else if (UNLIKELY(ret == NULL)) {
+            inprog_free(slot_i);
+            blk_error(c, rec, rp, t1, &et, &ev, &etb);
             if (tkey != NULL)   /* a call that raised may still have issued its number */
-                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq, -1);
+                tseq_after(c, rec, tkey, tslot, NULL, tlo, t_opid, t_seq, -1);
         } else {
-            buf_push(&r);      /* takes the references, or releases them when full */
+            buf_push(rp);      /* takes the references, or releases them when full */
+            inprog_free(slot_i);
             if (tkey != NULL)
-                tseq_after(rec, tkey, tslot, tname, tlo, t_opid, t_seq, thi);
+                tseq_after(c, rec, tkey, tslot, NULL, tlo, t_opid, t_seq, thi);
         }
         CLEAR_ERR();   /* commtrace's own errors never reach the user */
         PyErr_Restore(et, ev, etb);
@@ -2693,10 +2918,9 @@ slow:
     n_slow++;
     ret = PyObject_Vectorcall(c->slow, args, nargsf, kwnames);
 done:
-    Py_XDECREF(rec); Py_XDECREF(st); Py_XDECREF(info); Py_XDECREF(count); Py_XDECREF(dtype);
+    Py_XDECREF(rec); Py_XDECREF(key); Py_XDECREF(count); Py_XDECREF(dtype);
     Py_XDECREF(dev); Py_XDECREF(outb); Py_XDECREF(peer); Py_XDECREF(root); Py_XDECREF(seq);
-    Py_XDECREF(site); Py_XDECREF(op_id); Py_XDECREF(step); Py_XDECREF(tkey);
-    Py_XDECREF(tname);
+    Py_XDECREF(site); Py_XDECREF(op_id); Py_XDECREF(tkey);
     return ret;
 }
 
@@ -2728,7 +2952,7 @@ static PyObject *make_ctx(PyObject *module, PyObject *args) {
     c->recmod_d = dict_of(c->recmod);
     c->nvtx_d = dict_of(c->nvtx);
     c->world_d = dict_of(c->world);
-    struct { const char *k; Py_ssize_t *i; PyObject **n, **d; } sl[] = {
+    struct { const char *k; int *i; PyObject **n, **d; } sl[] = {
         {"group", &c->g_i, &c->g_n, &c->g_d}, {"x", &c->x_i, &c->x_n, &c->x_d},
         {"y", &c->y_i, &c->y_n, &c->y_d}, {"async", &c->a_i, &c->a_n, &c->a_d},
         {"r0", &c->r0_i, &c->r0_n, &c->r0_d}, {"r1", &c->r1_i, &c->r1_n, &c->r1_d},
@@ -2740,13 +2964,15 @@ static PyObject *make_ctx(PyObject *module, PyObject *args) {
             Py_DECREF(c);
             return NULL;
         }
-        *sl[j].i = PyLong_AsSsize_t(PyTuple_GET_ITEM(v, 0));
+        *sl[j].i = (int)PyLong_AsLong(PyTuple_GET_ITEM(v, 0));
         *sl[j].n = PyTuple_GET_ITEM(v, 1);
         *sl[j].d = PyTuple_GET_ITEM(v, 2);
         Py_INCREF(*sl[j].n);
+        if (PyUnicode_CheckExact(*sl[j].n))
+            PyUnicode_InternInPlace(sl[j].n);   /* slot(): found by identity */
         Py_INCREF(*sl[j].d);
     }
-    struct { const char *k; int *v; } fl[] = {
+    struct { const char *k; char *v; } fl[] = {
         {"has_y", &c->has_y}, {"has_root", &c->has_root}, {"has_peer", &c->has_peer},
         {"is_send", &c->is_send}, {"always_async", &c->always_async},
     };
@@ -2772,22 +2998,33 @@ static PyObject *counts(PyObject *module, PyObject *unused) {
  * otherwise the Python wrapper (`slow`) records the wait.
  * ------------------------------------------------------------------------------------- */
 
+static PyObject *wait_other(WaitW *w, PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames);
+
 static PyObject *wait_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
     WaitW *w = (WaitW *)self;
-    if (t_tseq_g != NULL) {
+    ThreadSt *T = &tl;
+    __asm__("" : "+r"(T));   /* one TLS lookup (as in ctx_vectorcall) */
+    if (T->tseq_g != NULL) {
         /* the wait of a blocking call being recorded: its torch seq, read while warm */
-        PyObject *g = t_tseq_g;
-        t_tseq_g = NULL;
-        t_tseq_hi = tseq_read(g);
+        PyObject *g = T->tseq_g;
+        T->tseq_g = NULL;
+        T->tseq_hi = tseq_read(g);
     }
-    if (t_blk_wait) {
+    if (LIKELY(T->blk_wait)) {
         /* The first wait inside a blocking call this path records is that call's own Work,
          * made inside it: not an op commtrace tracks (inner calls are not rows), so the
          * Python wait would find nothing to do. No recorder or pending-op lookups. */
-        t_blk_wait = 0;
+        T->blk_wait = 0;
         return PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
     }
+    return wait_other(w, args, nargsf, kwnames);
+}
+
+/* Any other wait: an async op's (as_wait), or one with nothing pending (the original). */
+static NOINLINE PyObject *wait_other(WaitW *w, PyObject *const *args, size_t nargsf,
+                                     PyObject *kwnames) {
     PyObject *rec = fast_attr(w->recmod_d, w->recmod, s_recorder);
     if (rec == NULL) {
         CLEAR_ERR();
@@ -2941,7 +3178,7 @@ static PyObject *instancemethod(PyObject *module, PyObject *fn) {
 
 /* depth() -> 1 while this thread is inside a call the C path is recording, else 0. */
 static PyObject *depth(PyObject *module, PyObject *unused) {
-    return PyBool_FromLong(t_depth);
+    return PyBool_FromLong(tl.depth);
 }
 
 static PyObject *invalidate(PyObject *module, PyObject *unused) {
@@ -3161,7 +3398,7 @@ static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *de
     DdpTake take = {NULL, NULL, 0};
     int res = 0;
     rec = fast_attr(dh.recmod_d, dh.recmod, s_recorder);
-    if (rec == NULL || rec == Py_None || t_depth)
+    if (rec == NULL || rec == Py_None || tl.depth)
         goto out;
     {
         PyObject *uh = PyObject_GetAttr(state, s_user_hook);
@@ -3197,14 +3434,14 @@ static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *de
         if (detail == NULL)
             goto out;
     }
-    st = t_state;
+    st = tl.state;
     if (st == NULL) {
         st = PyObject_GetAttr(dh.tls, s_dict);
         if (st == NULL || !PyDict_Check(st)) {
             Py_CLEAR(st);
             goto out;
         }
-        t_state = st;      /* the thread keeps one reference for good (as ctx_vectorcall) */
+        tl.state = st;      /* the thread keeps one reference for good (as ctx_vectorcall) */
         Py_INCREF(st);
     } else {
         Py_INCREF(st);
