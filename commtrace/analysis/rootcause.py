@@ -206,8 +206,10 @@ DELAY_STRAGGLER_MIN_SHARE = 0.5
 #: ... made as fast as the median rank it would save at least this share of the run, ...
 DELAY_STRAGGLER_MIN_GAIN = 0.05
 #: ... its delays of at least findings.STRAGGLER_MIN_LATE_NS, with a mean above the clock's
-#: uncertainty and findings.STRAGGLER_TYPICAL_FACTOR x the other ranks' typical (median) delay, number at least DELAY_STRAGGLER_MIN_DELAYS and recur: in at least this share
-#: of the rank's steps in the window (without steps: of the occurrences of the event before
+#: uncertainty and findings.STRAGGLER_TYPICAL_FACTOR x the other ranks' typical (median) delay,
+#: number at least DELAY_STRAGGLER_MIN_DELAYS, stand out by count as the arrival test's do (z >=
+#: findings.STRAGGLER_MIN_Z over steps, against 1 / n by chance), and recur: in at least this
+#: share of the rank's steps in the window (without steps: of the occurrences of the event before
 #: which its costliest delay lies). A rank that trails in a few steps of forty on a loaded
 #: host (scheduling) is not one.
 DELAY_STRAGGLER_MIN_DELAYS = 3
@@ -269,6 +271,12 @@ def delay_stragglers(run, known=()) -> list:
         n_in, n_of, unit = _recurrence(m, r, ev, d["event"] if d else None)
         if n_in < DELAY_STRAGGLER_MIN_DELAYS or n_in < DELAY_STRAGGLER_MIN_RECUR * n_of:
             continue
+        # the same count evidence as the arrival test over steps: delayed in n_in of n_of
+        # steps against 1 / n (any one rank's share of the delays by chance), z >= 3
+        p = 1.0 / max(len(m.ranks), 2)
+        z = (n_in - p * n_of) / (n_of * p * (1 - p)) ** 0.5 if n_of else 0.0
+        if z < F.STRAGGLER_MIN_Z:
+            continue
         t0 = int(round(float(m.ev_start[ev].min()))) + m.base_ns
         where = f" (the costliest {_where(d)}, {_when(m, d)})" if d is not None else ""
         out.append(F.Finding(
@@ -276,7 +284,7 @@ def delay_stragglers(run, known=()) -> list:
             site=d["site"] if d else None, t_ns=t0, impact_ns=int(round(cost * 1e9)),
             evidence={"basis": "delay_analysis", "cost_s": cost, "direct_cost_s": dc, "propagated_cost_s": pc,
                       "share_of_wait": cost * 1e9 / total_wait, "wait_total_s": total_wait / 1e9,
-                      "delays": int(len(ev)), "recurs_in": int(n_in), "recurs_of": int(n_of), "recurs_unit": unit,
+                      "delays": int(len(ev)), "recurs_in": int(n_in), "recurs_of": int(n_of), "recurs_unit": unit, "z": z,
                       "mean_delay_s": mean_delay / 1e9, "typical_delay_s": typical / 1e9,
                       "clock_uncertainty_ns": unc},
             message=(f"rank {r}'s work between communications ran longer than the other ranks' in "
@@ -296,7 +304,9 @@ def annotate_findings(run, findings: list) -> list:
     m = build_model(run)
     if not m.n_events:
         return findings
-    known = {f.rank for f in findings if f.kind == "straggler"}
+    # ranks a finding already names as the cause (a straggler by arrivals, a late sender or
+    # receiver: their delays are those) get no second one
+    known = {f.rank for f in findings if f.kind in RANK_KINDS}
     findings = list(findings) + delay_stragglers(run, known)
     need = [f for f in findings if f.kind in RANK_KINDS and f.rank is not None]
     if not need:
