@@ -99,6 +99,9 @@ def test_demo_report_names_ddps_bucket_rebuild(demo_loaded, demo_text80):
     assert un[0]["after"]["op"] == un[0]["before"]["op"] == "all_reduce"
     txt = demo_text80.replace("\n", " ")
     assert "DDP's bucket rebuild" in txt and "unwrapped function" not in txt
+    # its sites are written relative to the working directory, as the findings' are
+    line = txt[txt.index("unrecorded:"):txt.index("DDP's bucket rebuild")]
+    assert "samples/ddp_mlp.py:" in line and ROOT + os.sep not in line, line
 
 
 def _secs(s: str) -> float:

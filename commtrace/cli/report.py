@@ -249,7 +249,7 @@ def _console():
 def describe_unrecorded(u: dict) -> str:
     """One line for an entry of the report's `unrecorded` list."""
     def op(o):
-        return f"seq {o['seq']} ({o['op']}{' at ' + o['site'] if o.get('site') else ''})"
+        return f"seq {o['seq']} ({o['op']}{' at ' + _site(o['site']) if o.get('site') else ''})"
     a, b = u.get("after"), u.get("before")
     where = (f"between {op(a)} and {op(b)}" if a and b else f"before {op(b)}" if b
              else f"after {op(a)}, before the group ended" if a else "before the group ended")
