@@ -102,8 +102,8 @@ class Model:
     cm_factor: np.ndarray
     cm_tcomm: np.ndarray         # min over dependent slots of tc
     # rows (for labels)
-    row_op: "_Labels"            # per row, read lazily from the Arrow column
-    row_site: "_Labels"
+    row_op: "_CodeLabels"        # per row: its op and site, from dictionary codes
+    row_site: "_CodeLabels"
     t_begin: float
     t_end: float
     notes: list = field(default_factory=list)
@@ -124,30 +124,12 @@ def _col(t: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
     return Q.arrow_numpy(t.column(name), fill=fill, dtype=dtype)
 
 
-class _Labels:
-    """`labels[i]` -> the string of row i ("" when null), without turning a column of a million
-    strings into Python objects: only the few rows a report names are read. `perm`: row i is
-    the column's row perm[i] (the rows as fetched, before their sort). The chunks are combined
-    into one Arrow array (Arrow's pool): keeping the fetched chunks instead held ~35 MB more of
-    the malloc heap that the later stages would reuse (64 x 20,000: peak RSS +40-70 MB and
-    ~10,000 more page faults, no CPU gain; docs/performance.md, session 13)."""
-
-    def __init__(self, col, perm=None):
-        self.col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-        self.perm = perm
-
-    def __getitem__(self, i):
-        i = int(i)
-        v = self.col[i if self.perm is None else int(self.perm[i])].as_py()
-        return v if v is not None else ""
-
-
 class _CodeLabels:
     """`labels[i]` -> the string of row i ("" when null) from the column's dictionary codes
-    (`codes`, int32, -1 for null) and their values (`values`, the last one "" for null): the
-    labels of _Labels without keeping the strings of every row (64 x 20,000: 35 MB of `op` and
-    `site` copied by combine_chunks, against 2 x 5 MB of codes; the `op` codes are the model's
-    own, the `site` codes one `_replay.str_codes` pass)."""
+    (`codes`, int32, -1 for null) and their values (`values`, the last one "" for null), without
+    keeping the strings of every row (64 x 20,000: the 35 MB of `op` and `site` the Arrow labels
+    of session 13 copied by combine_chunks, against 2 x 5 MB of codes; the `op` codes are the
+    model's own, the `site` codes one `_replay.str_codes` pass)."""
 
     def __init__(self, codes: np.ndarray, values: np.ndarray):
         self.codes = codes
@@ -215,9 +197,9 @@ class _Rows:
         vals, valid = p
         return Q.finish(vals[src], None if valid is None else valid[src], fill=fill, dtype=dtype)
 
-    def release(self, keep=("op", "site")) -> None:
-        """Drop the numeric columns (the labels keep the strings: `keep`)."""
-        self.t = self.t.select(list(keep))
+    def release(self) -> None:
+        """Drop the fetched table (every column is read by then)."""
+        self.t = self.t.select([])
 
     def dict_values(self, name: str):
         c, v = _dict_values(self.t, name)
@@ -226,19 +208,6 @@ class _Rows:
     def codes(self, name: str) -> np.ndarray:
         c = _codes(self.t, name)
         return c if self.perm is None else c[self.perm]
-
-    def codes_at(self, name: str, idx: np.ndarray) -> np.ndarray:
-        """Integer codes of a string column at rows `idx` (equal strings, equal codes among
-        them; null -> -1), encoding only those rows."""
-        src = idx if self.perm is None else self.perm[idx]
-        r = _str_codes(self.t.column(name), src)
-        if r is not None:
-            return r[0]
-        d = self.t.column(name).take(Q.np_array(np.asarray(src, np.int64))).combine_chunks().dictionary_encode()
-        return Q.arrow_numpy(d.indices, fill=-1, dtype=np.int64)
-
-    def labels(self, name: str) -> _Labels:
-        return _Labels(self.t.column(name), self.perm)
 
 
 def _str_codes(a, rows=None):
@@ -441,7 +410,7 @@ def _build(run) -> Model:
     row_op = _CodeLabels(op_codes.astype(np.int32), op_vals)
     row_site = _CodeLabels(site_codes.astype(np.int32), site_vals)
     site_codes = row_site.codes
-    rows.release(keep=())
+    rows.release()
     have = [int(x[x != NUL].min()) for x in (t_enq, t_we) if (x != NUL).any()]
     base = min(have) if have else 0
     del have

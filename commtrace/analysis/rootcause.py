@@ -242,11 +242,9 @@ def delay_stragglers(run, known=()) -> list:
     total_wait = float(a["total_wait"])
     if not m.n_events or total_wait <= 0:
         return []
-    wi = what_if(run)
-    total = wi["run_time_s"]
     by_rank = D.cost_by_rank(run)
     mixed = set(getattr(run.files, "conflict_ranks", None) or ())   # (rows of two processes)
-    out = []
+    out, top = [], None
     for r, (dc, pc) in sorted(by_rank.items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
         cost = dc + pc
         if r in known or r in mixed or cost * 1e9 < DELAY_STRAGGLER_MIN_SHARE * total_wait:
@@ -264,10 +262,12 @@ def delay_stragglers(run, known=()) -> list:
         typical = float(np.median(oth)) if len(oth) else 0.0
         if mean_delay < F.STRAGGLER_TYPICAL_FACTOR * typical:
             continue
-        gain = rank_gain(run, r)
-        if total <= 0 or gain < DELAY_STRAGGLER_MIN_GAIN * total:
+        total = what_if(run)["run_time_s"]
+        if total <= 0 or rank_gain(run, r) < DELAY_STRAGGLER_MIN_GAIN * total:
             continue
-        d = next((x for x in D.delays(run, per_rank=1).to_pylist() if x["rank"] == r), None)
+        if top is None:
+            top = {x["rank"]: x for x in D.delays(run, per_rank=1).to_pylist()}
+        d = top.get(r)
         n_in, n_of, unit = _recurrence(m, r, ev, d["event"] if d else None)
         if n_in < DELAY_STRAGGLER_MIN_DELAYS or n_in < DELAY_STRAGGLER_MIN_RECUR * n_of:
             continue

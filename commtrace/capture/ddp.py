@@ -27,7 +27,7 @@ from .registry import patch, restore
 from .wrappers import tls
 
 _DDP = None
-_Reducer = None   # torch.distributed.Reducer, once its _rebuild_buckets is patched
+_Reducer = None   # torch.distributed.Reducer, once patched (_patch_reducer)
 _by_reducer: dict = {}   # id(reducer) -> weakref to its DDP model (models with commtrace's hook)
 _Join = None   # torch.distributed.algorithms.join.Join, once its notify_join_context is patched
 _dist = None   # torch.distributed (its all_reduce: commtrace's wrapper once installed)
@@ -470,36 +470,51 @@ def install() -> bool:
     patch(DDP, "register_comm_hook", register_comm_hook)
     _patch_join(DDP)
     _patch_builtin(DDP)
-    _patch_rebuild()
+    _patch_reducer()
     _installed = True
     return True
 
 
-def _patch_rebuild():
-    """DDP's Reducer rebuilds its buckets once, at the forward after the first backward, and
-    broadcasts the new bucket order from rank 0 in C++ (``sync_bucket_indices``: two
-    broadcasts): collectives no wrapper sees. ``Reducer._rebuild_buckets``, which DDP's
-    ``_pre_forward`` calls from Python, is wrapped so that the torch numbers the rebuild issued
-    on the model's group are one ``gap`` row naming it (``origin="ddp_rebuild_buckets"``,
-    with the call's start and return) instead of an unexplained gap before the next op."""
+def _traced_model(reducer):
+    """The DDP model whose Reducer `reducer` is, where it carries commtrace's hook and tracing
+    is on; else None."""
+    if _R._recorder is None:
+        return None
+    ref = _by_reducer.get(id(reducer))
+    ddp = ref() if ref is not None else None
+    return ddp if ddp is not None and getattr(ddp, "reducer", None) is reducer else None
+
+
+def _patch_reducer():
+    """Two Reducer methods that DDP or torch's hooks call from Python and that issue collectives
+    from C++, no wrapper seeing them, for models with commtrace's hook:
+
+    - ``_rebuild_buckets``: the Reducer rebuilds its buckets once, at the forward after the
+      first backward, and broadcasts the new bucket order from rank 0 (``sync_bucket_indices``:
+      two broadcasts). The torch numbers it issued on the model's group become one ``gap`` row
+      naming it (``origin="ddp_rebuild_buckets"``, with the call's start and return) instead
+      of an unexplained gap before the next op.
+    - ``_run_allreduce_hook``: torch's Python hooks that keep DDP's all-reduce but do more
+      around it (mixed precision's ``_reducer_allreduce_and_upcast_hook``, the optimizer in
+      backward) have the Reducer issue the bucket's SUM all-reduce on the model's group
+      (ProcessGroup::allreduce of the bucket's buffer, its Work's future). The same all-reduce
+      is issued through the recorded all_reduce instead: the same call of the same group on the
+      same buffer, its Work's future returned."""
     global _Reducer
     try:
         import torch.distributed as dist
 
         R = dist.Reducer
-        orig = R._rebuild_buckets
+        orig, orig_run = R._rebuild_buckets, R._run_allreduce_hook
     except Exception as e:
-        log.warn_once("ddp-rebuild", "DDP's bucket rebuild unknown to commtrace", e)
+        log.warn_once("ddp-reducer", "DDP's Reducer unknown to commtrace", e)
         return
     from . import torchseq
 
     def _rebuild_buckets(self):
-        rec = _R._recorder
-        if rec is None:
-            return orig(self)
-        ref = _by_reducer.get(id(self))
-        ddp = ref() if ref is not None else None
-        if ddp is None or getattr(ddp, "reducer", None) is not self:
+        ddp = _traced_model(self)
+        if ddp is None or ddp.__dict__.get("_commtrace_rebuilt"):
+            # (the Reducer rebuilds once: after that no torch numbers are read per forward)
             return orig(self)
         try:
             from .wrappers import pg_info
@@ -507,26 +522,14 @@ def _patch_rebuild():
             info = pg_info(ddp.process_group)
         except Exception:
             info = None
-        return torchseq.around(rec, info, lambda: orig(self), "ddp_rebuild_buckets")
-
-    _rebuild_buckets.__commtrace_original__ = orig
-    _rebuild_buckets.__doc__ = getattr(orig, "__doc__", None)
-
-    # torch's own Python hooks that keep DDP's all-reduce but do more around it (mixed
-    # precision's _reducer_allreduce_and_upcast_hook, the optimizer in backward) call
-    # Reducer._run_allreduce_hook, which issues the bucket's SUM all-reduce on the model's group
-    # from C++ (ProcessGroup::allreduce of the bucket's buffer, its Work's future). For models
-    # with commtrace's hook the same all-reduce is issued through the recorded all_reduce
-    # instead: the same call of the same group on the same buffer, its Work's future returned.
-    orig_run = R._run_allreduce_hook
+        done = torchseq.around(_R._recorder, info, lambda: orig(self), "ddp_rebuild_buckets")
+        if done:
+            ddp.__dict__["_commtrace_rebuilt"] = True
+        return done
 
     def _run_allreduce_hook(self, bucket):
-        rec = _R._recorder
-        if rec is None:
-            return orig_run(self, bucket)
-        ref = _by_reducer.get(id(self))
-        ddp = ref() if ref is not None else None
-        if ddp is None or getattr(ddp, "reducer", None) is not self or _dist is None:
+        ddp = _traced_model(self)
+        if ddp is None or _dist is None:
             return orig_run(self, bucket)
         prev_api, prev_detail = tls.api, tls.detail
         tls.api, tls.detail = "ddp_comm_hook", _detail_of(bucket)
@@ -535,8 +538,9 @@ def _patch_rebuild():
         finally:
             tls.api, tls.detail = prev_api, prev_detail
 
-    _run_allreduce_hook.__commtrace_original__ = orig_run
-    _run_allreduce_hook.__doc__ = getattr(orig_run, "__doc__", None)
+    for fn, o in ((_rebuild_buckets, orig), (_run_allreduce_hook, orig_run)):
+        fn.__commtrace_original__ = o
+        fn.__doc__ = getattr(o, "__doc__", None)
     ok = patch(R, "_rebuild_buckets", _rebuild_buckets)
     ok = patch(R, "_run_allreduce_hook", _run_allreduce_hook) or ok
     if ok:
