@@ -110,14 +110,12 @@ def test_rows_columns_equal_pyarrow(tmp_path):
     for name in ("op", "pg", "site"):
         d = t.column(name).combine_chunks().dictionary_encode()
         _same(rows.codes(name), d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)[perm])
-        codes = rows.codes_at(name, idx)
+        # the model's row labels (dict_values: codes in row order, values with "" for null)
+        codes, values = rows.dict_values(name)
         labels = [t.column(name)[int(perm[i])].as_py() for i in idx]
-        # equal strings, equal codes; null -> -1
-        for c, lab in zip(codes.tolist(), labels):
+        for c, lab in zip(codes[idx].tolist(), labels):
             assert (c == -1) == (lab is None)
-        pairs = {}
-        for c, lab in zip(codes.tolist(), labels):
-            assert pairs.setdefault(c, lab) == lab
+            assert values[c] == (lab if lab is not None else "")
 
 
 def test_what_if_report_imports_no_pandas(tmp_path):
@@ -146,7 +144,7 @@ def test_string_codes_in_c_equal_arrows_dictionary_encode():
     """model._str_codes (`_replay.str_codes`) gives the codes and values of Arrow's
     dictionary_encode (first appearance order, null -> -1), over every row and over a subset
     of rows in a given order, on chunked and sliced columns; and the model's `_dict_values`,
-    `_codes` and `codes_at` equal their pyarrow.compute paths."""
+    and `_codes` equal their pyarrow.compute paths."""
     if M._C is None:
         pytest.skip("the C extension is not built")
     rng = np.random.default_rng(1)
