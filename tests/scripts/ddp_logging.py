@@ -8,6 +8,7 @@ Usage: ddp_logging.py OUT_JSON
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 
@@ -32,9 +33,18 @@ def train_and_describe() -> dict:
         opt.zero_grad()
     data = model._get_ddp_logging_data()
     kept = {k: v for k, v in data.items() if not any(p in k for p in VOLATILE)}
-    return {"logging": kept, "comm_hook": data.get("comm_hook"),
-            "comm_hooks": len(model._comm_hooks),
-            "params": [p.detach().flatten().tolist() for p in model.parameters()]}
+    out = {"logging": kept, "comm_hook": data.get("comm_hook"),
+           "comm_hooks": len(model._comm_hooks),
+           "params": [p.detach().flatten().tolist() for p in model.parameters()]}
+    # Free DDP now, not at interpreter exit, and let every rank's gloo threads finish first: a
+    # gloo group still alive while Python finalizes can abort the process (torch 2.13, about 1
+    # plain run in 4, without commtrace: a gloo worker thread frees a finished all_reduce whose
+    # saved thread-local state holds a Python object, cannot take the GIL of a finalizing
+    # interpreter, and std::terminate follows; tests/conftest.py's run_plain).
+    del model, opt
+    gc.collect()
+    dist.barrier()
+    return out
 
 
 def main() -> int:
