@@ -250,8 +250,14 @@ def job_state(rf, world_size: int | None = None, states: dict | None = None,
     by_state: dict[str, list[int]] = {}
     for r, s in sorted(states.items()):
         by_state.setdefault(s["state"], []).append(r)
+    # The launcher failed although every traced rank's exit flush says it ended normally: a
+    # rank died after commtrace's last write, e.g. torch 2.13's gloo abort at interpreter exit
+    # ("terminate called without an active exception", docs/faq.md). Its trace is complete.
+    traced = [s for s in states.values() if s["state"] != "no_trace"]
+    after = (state == "failed" and not bad and exit_code not in (None, 0) and bool(traced)
+             and all(s["state"] == "exited" and not s.get("exit_code") for s in traced))
     return {"state": state, "exit_code": exit_code, "failed_ranks": bad, "signal": sig,
-            "ranks_by_state": by_state, "rank_exit_codes": codes}
+            "ranks_by_state": by_state, "rank_exit_codes": codes, "ended_after_trace": after}
 
 
 _STATE_WORDS = {"crashed": "crashed", "killed": "died without an exit flush",
@@ -284,6 +290,9 @@ def describe(job: dict) -> str:
             bits.append(f"{who(sorted(rs))} exited with code {code}")
     if not by and job.get("failed_ranks"):
         bits.append(f"rank(s) {', '.join(map(str, job['failed_ranks']))} failed")
+    if job.get("ended_after_trace"):
+        bits.append("every rank's trace ended normally: a rank failed after its last write, "
+                    "e.g. torch's abort at interpreter exit, see docs/faq.md")
     return f"job: {st}" + (f" ({'; '.join(bits)})" if bits else "")
 
 
