@@ -134,7 +134,7 @@ def evidence(run, f) -> dict:
         c = run._ensure_coll()
         rows = run._sql(f"""
             SELECT pg, seq, first_enter_ns, last_leave_ns FROM {c}
-            WHERE last_rank = ? AND complete AND NOT first_of_pg AND n_ranks >= 2
+            WHERE last_rank = ? AND last_late_ns > 0 AND complete AND NOT first_of_pg AND n_ranks >= 2
             ORDER BY first_enter_ns LIMIT {STRAGGLER_WINDOW_COLLECTIVES}""", [int(f.rank)]).fetchall()
         if rows:
             pg, seq = rows[0][0], int(rows[0][1])
