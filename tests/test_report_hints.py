@@ -63,3 +63,29 @@ def test_synth_rejects_options_of_the_other_mode(tmp_path, capsys):
     # each mode with its own options still works
     assert _run(capsys, "synth", out, "--layout", "pipeline", "--delay", "1:2:3ms", "--steps", "4")[0] == 0
     assert _run(capsys, "synth", out, "--ops", "40", "--straggler", "1:2ms", "-f")[0] == 0
+
+
+def test_failed_job_names_its_exceptions(tmp_path, capsys):
+    # The `clean` fixture with exit flushes: ranks 1 and 3 raised the same error, rank 2
+    # another, rank 0 exited normally. The header counts them; the lines below say what failed.
+    import os
+    import shutil
+    import time
+
+    from commtrace.format import schema as S
+
+    d = tmp_path / "run"
+    shutil.copytree(os.path.join(os.path.dirname(__file__), "data", "clean"), d)
+    errs = {1: "RuntimeError: Expected to have finished reduction in the prior iteration",
+            2: "ValueError: bad\n  batch", 3: "RuntimeError: Expected to have finished reduction in the prior iteration"}
+    for r in range(4):
+        ex = {"how": "ok"} if r == 0 else {"how": "exception", "error": errs[r], "exit_code": 1}
+        (d / f"rank={r}" / S.INFLIGHT_NAME).write_text(json.dumps(
+            {"rank": r, "t_ns": time.time_ns(), "final": True, "ops": [], "flush_interval_s": 0.5, "exit": ex}))
+    rc, out, _ = _run(capsys, "report", str(d))
+    assert rc == 0
+    lines = [ln for ln in out.splitlines() if ln.startswith("  rank")]
+    assert lines[:2] == ["  ranks 1 and 3: RuntimeError: Expected to have finished reduction in the prior iteration",
+                         "  rank 2: ValueError: bad batch"], lines
+    assert "job: failed (exit code 1; ranks 1, 2, 3 exited on an exception)" in out
+    assert out.index("job: failed") < out.index(lines[0]) < out.index("clock:")

@@ -290,6 +290,8 @@ def render(rep: dict, top: int = 10, console=None, all_ranks: bool = False) -> N
         style = {"completed": "green", "failed": "bold red", "interrupted": "yellow",
                  "running": "cyan"}.get(job.get("state"), "")
         con.print(f"[{style}]{describe(job)}[/{style}]" if style else describe(job))
+        for line in _rank_errors(rep.get("rank_states") or {}):
+            con.print(line, soft_wrap=True, markup=False, highlight=False)
     ck = rep.get("clock") or {}
     if ck:
         con.print(f"clock: offsets applied: {_list(ck.get('methods'), 'none recorded')}; "
@@ -390,6 +392,23 @@ def render(rep: dict, top: int = 10, console=None, all_ranks: bool = False) -> N
             con.print(Text("        " + _rel_sites(rc["text"]), style="green"))
     if len(fs) > max(top, 1) * 3:
         con.print(f"... {len(fs) - max(top, 1) * 3} more (use --top or --format json)")
+
+
+def _rank_errors(states: dict, width: int = 240) -> list[str]:
+    """The exceptions the ranks exited on, one line per distinct message with the ranks that
+    raised it (the `rank_states` errors, which the header's "exited on an exception" counts):
+    a user's first question about a failed job is what failed."""
+    by: dict[str, list[int]] = {}
+    for r, st in (states or {}).items():
+        err = (st or {}).get("error")
+        if (st or {}).get("state") == "exception" and err:
+            by.setdefault(" ".join(str(err).split()), []).append(int(r))
+    out = []
+    for err, rs in sorted(by.items(), key=lambda kv: min(kv[1])):
+        rs.sort()
+        who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {_list(rs)}"
+        out.append(f"  {who}: {err if len(err) <= width else err[: width - 3] + '...'}")
+    return out
 
 
 #: the share of the run a rank's delays must cost (its "as fast as the median rank" scenario) for a
