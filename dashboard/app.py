@@ -226,6 +226,10 @@ def overview_children(ov: dict, d: RunData | None, prefix: str = "show-finding",
     h = ov["headline"]
     job = ov["job"]
     top = dmc.Group([job_badge(job, id_=f"job-state{suffix}"), dmc.Text(OV.job_line(job), size="sm", c="dimmed")], gap="sm")
+    errs = OV.error_lines(job)
+    if errs:
+        top = dmc.Stack([top] + [dmc.Text(e, size="sm", c="red", id=f"job-error-{i}{suffix}")
+                                 for i, e in enumerate(errs)], gap=2)
     stats = dmc.SimpleGrid(cols={"base": 2, "sm": 4, "lg": 8}, spacing="xs", children=[
         _stat(s["label"], s["value"], f"ov-{s['key']}{suffix}", s["color"], s["hint"]) for s in OV.stats(ov)])
     cards = ov["cards"]
@@ -344,6 +348,7 @@ def facts_children(d: RunData):
     job = d.overview["job"]
     job_rows = [{"fact": k, "value": v} for k, v in (
         ("state", job["state"]), ("detail", job.get("detail")), ("exit code", job.get("exit_code")),
+        *(("exception", e) for e in OV.error_lines(job)),
         ("command", (man["command"] if isinstance(man.get("command"), str)
                      else " ".join(map(str, man.get("command") or []))) or None), ("started", man.get("start_time")),
         ("directory", str(run.path)), ("world size", run.world_size),

@@ -89,3 +89,17 @@ def test_failed_job_names_its_exceptions(tmp_path, capsys):
                          "  rank 2: ValueError: bad batch"], lines
     assert "job: failed (exit code 1; ranks 1, 2, 3 exited on an exception)" in out
     assert out.index("job: failed") < out.index(lines[0]) < out.index("clock:")
+    # the dashboard shows the same lines (one source: analysis.job.rank_errors / error_lines)
+    import commtrace
+    from commtrace.analysis import overview as O
+    from commtrace.dashboard import app as A
+    from commtrace.dashboard import overview as DO
+
+    run = commtrace.load(str(d))
+    ov = O.overview(run)
+    assert ov["job"]["errors"] == [{"ranks": [1, 3], "error": errs[1]}, {"ranks": [2], "error": "ValueError: bad batch"}]
+    assert ["  " + x for x in DO.error_lines(ov["job"])] == lines[:2]
+    shown = str(A.overview_children(ov, None))
+    assert "ranks 1 and 3: RuntimeError: Expected to have finished reduction" in shown
+    assert "rank 2: ValueError: bad batch" in shown
+    run.close()

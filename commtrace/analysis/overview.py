@@ -51,7 +51,9 @@ def job_state(run, manifest: dict | None = None, snapshots: dict | None = None,
             "end_ns": sess.get("end_ns") or run.manifest.get("end_ns"),
             "detail": line[len("job: "):].split(" (", 1)[-1].rstrip(")") if "(" in line else "",
             "failed_ranks": j["failed_ranks"], "signal": j["signal"],
-            "rank_exit_codes": j.get("rank_exit_codes") or []}
+            "rank_exit_codes": j.get("rank_exit_codes") or [],
+            "errors": J.rank_errors(run.rank_states() if poll is None or files is None
+                                    else J.rank_states(files, run.world_size))}
 
 
 def _step_spans(run):

@@ -394,21 +394,13 @@ def render(rep: dict, top: int = 10, console=None, all_ranks: bool = False) -> N
         con.print(f"... {len(fs) - max(top, 1) * 3} more (use --top or --format json)")
 
 
-def _rank_errors(states: dict, width: int = 240) -> list[str]:
+def _rank_errors(states: dict) -> list[str]:
     """The exceptions the ranks exited on, one line per distinct message with the ranks that
-    raised it (the `rank_states` errors, which the header's "exited on an exception" counts):
-    a user's first question about a failed job is what failed."""
-    by: dict[str, list[int]] = {}
-    for r, st in (states or {}).items():
-        err = (st or {}).get("error")
-        if (st or {}).get("state") == "exception" and err:
-            by.setdefault(" ".join(str(err).split()), []).append(int(r))
-    out = []
-    for err, rs in sorted(by.items(), key=lambda kv: min(kv[1])):
-        rs.sort()
-        who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {_list(rs)}"
-        out.append(f"  {who}: {err if len(err) <= width else err[: width - 3] + '...'}")
-    return out
+    raised it, under the header that counted them: a user's first question about a failed job
+    is what failed."""
+    from ..analysis.job import error_lines, rank_errors
+
+    return ["  " + line for line in error_lines(rank_errors(states))]
 
 
 #: the share of the run a rank's delays must cost (its "as fast as the median rank" scenario) for a
