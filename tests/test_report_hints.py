@@ -37,6 +37,20 @@ def test_rare_costly_delays_are_named_without_a_finding(tmp_path, capsys):
     # both delays (40 ms)
     sc = [x for x in rep["what_if"]["scenarios"] if x["kind"] == "rank_median" and x["params"]["rank"] == 1]
     assert abs(sc[0]["gain_s"] - 0.040) < 0.0004
+    tr = rep["what_if"]["top_rank"]
+    assert (tr["rank"], tr["steps"], tr["n_delays"], tr["op"], tr["site"]) == (1, [3, 13], 2, "all_reduce", "model.py:40")
+    assert tr["gain_s"] == sc[0]["gain_s"]
+    # the dashboard's overview (and the report's `overview` key) carries the same, and shows it
+    assert rep["overview"]["top_rank"] == tr
+    import commtrace
+    from commtrace.analysis import overview as O
+    from commtrace.dashboard import app as A
+
+    run = commtrace.load(path)
+    ov = O.overview(run)
+    assert ov["top_rank"] == tr
+    assert tr["text"] in str(A.overview_children(ov, None))
+    run.close()
     rc, out, _ = _run(capsys, "report", path)
     assert rc == 0
     text = " ".join(out.split())

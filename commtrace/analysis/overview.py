@@ -198,7 +198,20 @@ def overview(run, top: int = TOP_CARDS) -> dict:
     for f in fs:
         counts[f.kind] = counts.get(f.kind, 0) + 1
     return {"job": job_state(run), "headline": headline(run), "health": health(run, fs),
-            "cards": cards(run, fs, top), "finding_counts": counts}
+            "cards": cards(run, fs, top), "finding_counts": counts, "top_rank": _top_rank(run, fs)}
+
+
+def _top_rank(run, findings) -> dict | None:
+    """Without findings, the what-if's costliest rank (rootcause.top_rank), when the what-if is
+    computed for this run (rootcause.wanted): the overview says what the report says."""
+    if findings:
+        return None
+    from . import rootcause as RC
+
+    try:
+        return RC.top_rank(RC.what_if(run)) if RC.wanted(run) else None
+    except Exception:  # noqa: BLE001  (the report's what-if failing is a warning there too)
+        return None
 
 
 # ------------------------------------------------------------------------------------ live

@@ -367,9 +367,9 @@ def render(rep: dict, top: int = 10, console=None, all_ranks: bool = False) -> N
     con.rule("Findings")
     if not fs:
         con.print("[green]No findings: no straggler, mismatch, hang or synchronisation misuse.[/green]")
-        hint = _unflagged_delays(rep)
-        if hint:
-            con.print(hint)
+        tr = (rep.get("what_if") or {}).get("top_rank")
+        if tr:
+            con.print(tr["text"], markup=False, highlight=False)
     for f in fs[: max(top, 1) * 3]:
         head = Text()
         head.append(f"{f['severity'].upper():7} ", style=sev_style.get(f["severity"], ""))
@@ -401,41 +401,6 @@ def _rank_errors(states: dict) -> list[str]:
     from ..analysis.job import error_lines, rank_errors
 
     return ["  " + line for line in error_lines(rank_errors(states))]
-
-
-#: the share of the run a rank's delays must cost (its "as fast as the median rank" scenario) for a
-#: report without findings to point at them.
-UNFLAGGED_DELAY_PCT = 5.0
-
-
-def _unflagged_delays(rep: dict) -> str | None:
-    """For a report without findings: the rank whose delays the what-if says cost the most, when
-    that is at least UNFLAGGED_DELAY_PCT of the run, with the steps of its costliest delays. Such
-    delays are real (a periodic data load, a checkpoint on one rank) but too rare to make the rank
-    a straggler (docs/findings.md#straggler), so without this line the report would say nothing
-    about them after the root-cause table. The figures are the what-if's own (one source)."""
-    wi = rep.get("what_if") or {}
-    sc = [x for x in wi.get("scenarios") or [] if x.get("kind") == "rank_median"
-          and (x.get("gain_pct") or 0) >= UNFLAGGED_DELAY_PCT]
-    if not sc:
-        return None
-    best = max(sc, key=lambda x: x.get("gain_s") or 0)
-    rank = (best.get("params") or {}).get("rank")
-    run = wi.get("run_time_s") or 0
-    mine = [d for d in wi.get("delays") or [] if d.get("rank") == rank
-            and (d.get("gain_s") or 0) >= 0.01 * run]
-    mine.sort(key=lambda d: -(d.get("gain_s") or 0))
-    steps = sorted({int(d["step"]) for d in mine if d.get("step") is not None})
-    where = ""
-    if mine:
-        top = mine[0]
-        shown = ", ".join(map(str, steps[:8])) + (" ..." if len(steps) > 8 else "")
-        where = (f"; its {len(mine)} delay(s) of 1% of the run or more"
-                 + (f" (step{'s' if len(steps) > 1 else ''} {shown})" if steps else "")
-                 + f", the costliest before {top.get('op')}"
-                 + (f" at {_site(top.get('site'), 40)}" if top.get("site") else ""))
-    return (f"Delays still cost time: {best.get('text')}{where}. They are too rare to make rank {rank} a "
-            "straggler (docs/findings.md#straggler); see Root cause and what-if above.")
 
 
 def _render_what_if(con, rep: dict, top: int) -> None:
