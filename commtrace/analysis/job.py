@@ -264,6 +264,30 @@ _STATE_WORDS = {"crashed": "crashed", "killed": "died without an exit flush",
                 "exception": "exited on an exception", "alive": "alive", "signalled": "ended on a signal"}
 
 
+def rank_errors(states: dict) -> list[dict]:
+    """The exceptions ranks exited on: ``[{"ranks": [...], "error": msg}]``, one per distinct
+    message (whitespace folded), ordered by their lowest rank. `states` is :func:`rank_states`'
+    dict (int or str keys). One source for the text report and the dashboard."""
+    by: dict[str, list[int]] = {}
+    for r, st in (states or {}).items():
+        st = st or {}
+        if st.get("state") == "exception" and st.get("error"):
+            by.setdefault(" ".join(str(st["error"]).split()), []).append(int(r))
+    return [{"ranks": sorted(rs), "error": e} for e, rs in sorted(by.items(), key=lambda kv: min(kv[1]))]
+
+
+def error_lines(errors: list[dict], width: int = 240) -> list[str]:
+    """"ranks 0 and 1: RuntimeError: ..." for each of :func:`rank_errors`' entries, the message
+    cut to `width` characters (the text report and the dashboard)."""
+    out = []
+    for e in errors or []:
+        rs = [str(r) for r in e["ranks"]]
+        who = f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(rs[:-1]) + " and " + rs[-1]
+        err = e["error"]
+        out.append(f"{who}: {err if len(err) <= width else err[: width - 3] + '...'}")
+    return out
+
+
 def describe(job: dict) -> str:
     """One line for the text report's header, e.g. ``job: failed (exit code 1; rank 0 crashed,
     SIGABRT; ranks 1, 2 exited on an exception)``."""
