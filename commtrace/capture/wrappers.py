@@ -1321,6 +1321,13 @@ def wrapped_names() -> set[str]:
 
 
 def reset_caches() -> None:
+    """Forget every process group commtrace looked up (``_pg_cache``, the C fast path's last
+    group per wrapper, the functional collectives' group names): destroy_process_group and the
+    recorder's close (atexit) call it, so that commtrace never holds a group to the
+    interpreter's finalisation."""
     _pg_cache.clear()
     if _cfast is not None:
         _cfast.invalidate()
+    fc = sys.modules.get(__package__ + ".funcol")
+    if fc is not None:
+        fc._name_cache.clear()

@@ -15,6 +15,7 @@ With DDPEQ_BUCKET_VIEW=1 the models are built with gradient_as_bucket_view=True.
 Prints one JSON line per rank: whether each model's parameters equal the untraced model's after
 the last step, the time window of each traced model's steps, and the C hook's counts."""
 
+import gc
 import json
 import os
 import time
@@ -94,5 +95,9 @@ out["equal"] = {name: bool(torch.equal(flat(m[0]), want))
                 for name, m in (("traced_c", c), ("traced_py", py), ("torch_hook", th))}
 out["n_params"] = int(want.numel())
 print("DDPEQ " + json.dumps(out), flush=True)
+# Free DDP before the group goes (docs/faq.md: torch 2.13 gloo can abort at interpreter exit
+# while a DDP model, in reference cycles, still holds the group).
+del ref, c, py, th
+gc.collect()
 dist.barrier()
 dist.destroy_process_group()
