@@ -47,6 +47,8 @@ def _rank(rank, world, port, rounds, calls, out, q, modes):
     import ddp_mlp
 
     torch.set_num_threads(1)
+    # comm hooks only: not the recording group (capture/ddp.py _install_group), which runs none
+    os.environ["COMMTRACE_DDP_GROUP"] = "0"
     commtrace.enable(output=out)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)

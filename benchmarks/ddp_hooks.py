@@ -12,7 +12,9 @@ with tracing on and the C++ hook hidden: commtrace's C hook, ``_fastpath.ddp_hoo
 calls through torch's PythonCommHook) and "cxx" (tracing on, the C++ hook of
 ``commtrace accel build``, registered on DDP's C++ Reducer; hook interface v2: the bucket's
 scaling and all-reduce issued through c10d's C++ API), "cxx_v1" (the same hook built with
-``COMMTRACE_DDP_V2=0``: scaling and all-reduce through Python's calls), and "floor" (built and run
+``COMMTRACE_DDP_V2=0``: scaling and all-reduce through Python's calls), "group" (tracing on, no
+hook: DDP's Reducer issues its all-reduces on commtrace's recording group, the default where the
+module is built; capture/ddp.py ``_install_group``), and "floor" (built and run
 with tracing off, with torch's builtin C++ ALLREDUCE comm hook: what any comm hook costs a
 DDP step before commtrace does anything -- the Reducer copies each gradient into its bucket
 instead of scaling it on the way; that hook sums without dividing by the world size, so the
@@ -42,7 +44,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-MODES = ("builtin", "builtin_traced", "c", "cxx_v1", "cxx", "floor")
+MODES = ("builtin", "builtin_traced", "c", "cxx_v1", "cxx", "floor", "group")
 
 
 def _median_ci(xs):
@@ -96,9 +98,11 @@ def _rank(rank, world, port, rounds, steps, out, q, modes=MODES):
     cxx_mod = accel.load()
     for mode in modes:   # builtin first: the others are differences to it
         R._set_recorder(None if mode.startswith("builtin") or mode == "floor" else rec)
-        accel._loaded = cxx_mod if mode.startswith("cxx") else None
+        accel._loaded = cxx_mod if mode.startswith("cxx") or mode == "group" else None
         if mode == "cxx_v1":
             os.environ["COMMTRACE_DDP_V2"] = "0"   # read when the hook registers
+        if mode != "group":
+            os.environ["COMMTRACE_DDP_GROUP"] = "0"   # the hook, not the recording group
         st = ddp_mlp.setup(args, rank, world, torch.device("cpu"))
         if mode == "builtin_traced":
             st["ddp"].__dict__["_commtrace_foreign_hook"] = True   # no hook of commtrace's
@@ -107,6 +111,7 @@ def _rank(rank, world, port, rounds, steps, out, q, modes=MODES):
         for i in range(5):
             ddp_mlp.train_step(st, i)
         os.environ.pop("COMMTRACE_DDP_V2", None)
+        os.environ.pop("COMMTRACE_DDP_GROUP", None)
         copies[mode] = st
         kinds[mode] = st["ddp"].__dict__.get("_commtrace_hook_kind", "c" if mode == "c" else None)
         if st["ddp"].__dict__.get("_commtrace_hook_v2"):

@@ -951,9 +951,13 @@ def main(argv=None) -> int:
 
     from commtrace.capture import accel, wrappers
 
-    # DDP's comm hook: C++ where `commtrace accel build` built it for this torch, else C
+    # How DDP's all-reduce is recorded: where `commtrace accel build` built the module for this
+    # torch, no hook (the recording group) or, with COMMTRACE_DDP_GROUP=0, the C++ hook; else C
+    mod = accel.load()
     ddp_hook = ("python" if wrappers._cfast is None or os.environ.get("COMMTRACE_DDP_C") == "0"
-                else "c++" if accel.load() is not None else "c")
+                else "c" if mod is None
+                else "group" if hasattr(mod, "wrap_group")
+                and os.environ.get("COMMTRACE_DDP_GROUP", "1") not in ("0", "") else "c++")
     print(f"steps: torch {torch.__version__}, C fast path "
           f"{'on' if wrappers._cfast is not None else 'OFF'}, DDP comm hook {ddp_hook}; "
           f"{uptime()}", flush=True)

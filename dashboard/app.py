@@ -226,11 +226,15 @@ def overview_children(ov: dict, d: RunData | None, prefix: str = "show-finding",
     h = ov["headline"]
     job = ov["job"]
     top = dmc.Group([job_badge(job, id_=f"job-state{suffix}"), dmc.Text(OV.job_line(job), size="sm", c="dimmed")], gap="sm")
+    errs = OV.error_lines(job)
+    if errs:
+        top = dmc.Stack([top] + [dmc.Text(e, size="sm", c="red", id=f"job-error-{i}{suffix}")
+                                 for i, e in enumerate(errs)], gap=2)
     stats = dmc.SimpleGrid(cols={"base": 2, "sm": 4, "lg": 8}, spacing="xs", children=[
         _stat(s["label"], s["value"], f"ov-{s['key']}{suffix}", s["color"], s["hint"]) for s in OV.stats(ov)])
     cards = ov["cards"]
     cards_block = (dmc.SimpleGrid(cols={"base": 1, "md": 2}, spacing="sm", children=[card(c, prefix) for c in cards])
-                   if cards else _empty(NO_FINDINGS, f"no-findings{suffix}"))
+                   if cards else _empty(no_findings_text(ov), f"no-findings{suffix}"))
     sf = F.steps_figure(ov)
     steps_block = (_graph(f"ov-steps-fig{suffix}", sf) if sf is not None else _empty(no_steps_text(h["steps"]), f"no-steps{suffix}"))
     hf = F.health_figure(ov)
@@ -248,6 +252,13 @@ def overview_children(ov: dict, d: RunData | None, prefix: str = "show-finding",
 NO_FINDINGS = ("No findings: no straggler, hang, mismatch, late sender or host hazard stood out in this run "
                "(docs/findings.md lists every check).")
 STEPS_TITLE = "Time per step: compute, exposed communication, wait"
+
+
+def no_findings_text(ov: dict) -> str:
+    """NO_FINDINGS, and the what-if's costliest rank when its delays cost 5% of the run or more
+    (the overview's `top_rank`: the text report's line)."""
+    tr = ov.get("top_rank")
+    return NO_FINDINGS + (" " + tr["text"] if tr else "")
 
 
 def no_steps_text(steps: int) -> str:
@@ -344,6 +355,7 @@ def facts_children(d: RunData):
     job = d.overview["job"]
     job_rows = [{"fact": k, "value": v} for k, v in (
         ("state", job["state"]), ("detail", job.get("detail")), ("exit code", job.get("exit_code")),
+        *(("exception", e) for e in OV.error_lines(job)),
         ("command", (man["command"] if isinstance(man.get("command"), str)
                      else " ".join(map(str, man.get("command") or []))) or None), ("started", man.get("start_time")),
         ("directory", str(run.path)), ("world size", run.world_size),

@@ -35,6 +35,14 @@ def job_line(job: dict) -> str:
     return f"{job['state']}{end}" + (f": {job['detail']}" if job.get("detail") else "")
 
 
+def error_lines(job: dict) -> list[str]:
+    """"ranks 0 and 1: RuntimeError: ..." per distinct exception the ranks exited on (the
+    overview's `job.errors`; the text report's lines, analysis.job.error_lines)."""
+    from ..analysis.job import error_lines as lines
+
+    return lines(job.get("errors") or [], width=300)
+
+
 def stats(ov: dict) -> list[dict]:
     """The headline figures: dicts of ``key`` (the element id is ``ov-<key>``), ``label``,
     ``value``, ``color`` (a Mantine colour name or None) and ``hint``."""

@@ -142,9 +142,9 @@ def overview_html(ov: dict, d, pages, dark: bool, severity_color: dict, steps_he
                     f'elementtiming="{ELEMENT_TIMING}">{_e(s["value"])}</p><p class="ct-xs ct-dim">{_e(s["hint"])}</p></div>'
                     for s in OV.stats(ov))
     cards = ("".join(_card(c, dark, severity_color) for c in ov["cards"]) if ov["cards"] else "")
-    from .app import NO_FINDINGS, STEPS_TITLE, no_steps_text
+    from .app import STEPS_TITLE, no_findings_text, no_steps_text
     cards_block = (f'<div class="ct-cards" id="pre-cards">{cards}</div>' if cards
-                   else f'<div class="ct-empty" elementtiming="{ELEMENT_TIMING}">{_e(NO_FINDINGS)}</div>')
+                   else f'<div class="ct-empty" elementtiming="{ELEMENT_TIMING}">{_e(no_findings_text(ov))}</div>')
     steps_block = (f'<div class="ct-plot-pending" style="height:{steps_height}px"></div>' if steps_height
                    else f'<div class="ct-empty">{_e(no_steps_text(h["steps"]))}</div>')
     rows = OV.health_rows(ov)

@@ -11,6 +11,7 @@ step's gradient all-reduces while the others wait for it: a planted straggler, w
 """
 
 import argparse
+import gc
 import os
 import time
 
@@ -83,6 +84,13 @@ def main():
     dist.all_reduce(loss_val)
     if rank == 0:
         print(f"ddp_mlp: {args.steps} steps on {world} ranks, mean loss {loss_val.item() / world:.4f}")
+    # Free DDP and the optimiser now (DDP is in reference cycles: only the collector frees it),
+    # not while the interpreter finalises: on torch 2.13 gloo that can abort the process at exit,
+    # "terminate called without an active exception" (docs/faq.md, pytorch/pytorch#179291).
+    # (No barrier: the all_reduce above already waited for every rank, and an extra collective
+    # would be one more op in the demo's trace.)
+    state.clear()
+    gc.collect()
     dist.destroy_process_group()
 
 

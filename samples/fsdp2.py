@@ -5,6 +5,7 @@ layer's forward/backward and gradients reduce-scattered after. A plain torch scr
 """
 
 import argparse
+import gc
 import os
 
 import torch
@@ -70,6 +71,11 @@ def main():
         loss = train_step(state, step)
     if rank == 0:
         print(f"fsdp2: {args.steps} steps, loss {loss.item():.4f}")
+    # Free the model and optimiser now, not while the interpreter finalises (see
+    # samples/ddp_mlp.py; docs/faq.md: torch 2.13 gloo can abort the process at exit).
+    del loss
+    state.clear()
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -172,7 +172,7 @@ else
   # _commtrace_hook_kind = "c++" only for the C++ hook) and the C hook's counts (buckets issued
   # by commtrace's hook, handed to Python).
   cat >ddp_cxx.py <<'PYEOF'
-import json
+import gc, json
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from commtrace.capture import wrappers as W
@@ -191,6 +191,8 @@ print("SMOKEDDP " + json.dumps({"rank": dist.get_rank(),
       "n_params": sum(p.numel() for p in ddp.parameters()),
       "counts": list(cf.ddp_counts()) if cf is not None and hasattr(cf, "ddp_counts") else None}),
       flush=True)
+del ddp, opt   # free DDP before the group goes (docs/faq.md: torch 2.13 gloo's abort at exit)
+gc.collect()
 dist.barrier()
 dist.destroy_process_group()
 PYEOF

@@ -1,5 +1,6 @@
 """Ties broken deterministically (issue 17): the last arrival of a collective when several ranks
-entered at the same instant is the lowest of them, and the clock's worst violation names the
+entered at the same instant is the lowest of them (and no rank's last arrival in the straggler
+counts), and the clock's worst violation names the
 (pg, seq) of one collective, the lowest collective key among equal violations; whatever the
 load order of the parts (``rank=10`` is read before ``rank=2``), the storage arrangement or
 the number of threads."""
@@ -66,8 +67,10 @@ def test_ties_pick_the_lowest(tie_run, monkeypatch, how):
         c = run.collectives().to_pylist()
         assert len(c) == 2 * N
         assert {x["last_rank"] for x in c} == {min(TIED)}, sorted({x["last_rank"] for x in c})
+        # ...but a tie is nobody's late arrival: the straggler counts leave it out (a run
+        # without jitter named a false straggler from the lowest-rank tie break)
         st = {x["rank"]: x["last_count"] for x in run.stragglers().to_pylist()}
-        assert st[min(TIED)] > 0 and all(st[r] == 0 for r in st if r != min(TIED))
+        assert len(st) == WORLD and all(v == 0 for v in st.values()), st
         ck = run.clock()
         assert ck["violations"] == len(VIOLATIONS) and ck["max_violation_ns"] == 3 * MS
         assert ck["worst"] == {"pg": "0", "seq": 7}

@@ -45,15 +45,24 @@ def job2(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def job2_cxx(tmp_path_factory, accel_cache):
+    # the C++ hook: the recording group off (COMMTRACE_DDP_GROUP=0)
     return _job(tmp_path_factory.mktemp("ddp-hook-2-cxx"), 2,
-                env={"COMMTRACE_CACHE_DIR": accel_cache})
+                env={"COMMTRACE_CACHE_DIR": accel_cache, "COMMTRACE_DDP_GROUP": "0"})
 
 
 @pytest.fixture(scope="module")
 def job2_cxx_v1(tmp_path_factory, accel_cache):
     # the C++ hook with interface v2 off: the bucket's scaling and all_reduce through Python
     return _job(tmp_path_factory.mktemp("ddp-hook-2-cxx-v1"), 2,
-                env={"COMMTRACE_CACHE_DIR": accel_cache, "COMMTRACE_DDP_V2": "0"})
+                env={"COMMTRACE_CACHE_DIR": accel_cache, "COMMTRACE_DDP_V2": "0",
+                     "COMMTRACE_DDP_GROUP": "0"})
+
+
+@pytest.fixture(scope="module")
+def job2_group(tmp_path_factory, accel_cache):
+    # the default where the module is built: no hook, the recording group
+    return _job(tmp_path_factory.mktemp("ddp-hook-2-group"), 2,
+                env={"COMMTRACE_CACHE_DIR": accel_cache})
 
 
 def _check_cxx(res, rows, v2):
@@ -83,7 +92,12 @@ def _check(res, rows, torch_hook_equal):
         rc = _ddp_rows(rows, rank, r["window_c"])
         rp = _ddp_rows(rows, rank, r["window_py"])
         assert len(rc) >= 4 and len(rc) == len(rp), (len(rc), len(rp))
-        if r["c_hook"]:
+        if r["hook_kind"] == "group":
+            # every bucket of the first traced model went through the recording group's C
+            # path, of the second through its Python fallback (the C path off)
+            assert r["counts_c"] == r["counts_py"] == [len(rc), 0], r
+            assert r["group_counts"] == [len(rc), len(rp)], r
+        elif r["c_hook"]:
             # every bucket of the first traced model went through the C hook, of the second
             # through the Python dispatcher
             assert r["counts_c"] == [len(rc), 0], r
@@ -127,6 +141,17 @@ def test_ddp_cxx_hook_gradients_equal_untraced_and_rows_equal_python_rows(job2_c
 
 
 @needs_c
+def test_ddp_recording_group_gradients_equal_untraced_and_rows_equal_python_rows(job2_group):
+    """No comm hook (the default where the module is built): DDP's Reducer scales as without
+    commtrace and issues its all-reduces on commtrace's recording group, which records them
+    through the C path: the same gradients, bit for bit, and the same rows as the Python
+    dispatcher's, completed through the Work's future, no C++ hook run."""
+    res, rows = job2_group
+    assert all(r["hook_kind"] == "group" and r["cxx_counts"] == [0, 0] for r in res), res
+    _check(res, rows, torch_hook_equal=True)
+
+
+@needs_c
 def test_ddp_cxx_hook_v1_gradients_equal_untraced_and_rows_equal_python_rows(job2_cxx_v1):
     """COMMTRACE_DDP_V2=0 (what the C++ hook does for a group it does not issue on from C++):
     the bucket's scaling and all_reduce through Python's calls; the same gradients and rows."""
@@ -143,7 +168,7 @@ def test_ddp_cxx_hook_v2_three_ranks_gradients_equal_untraced(tmp_path, accel_ca
     """Hook interface v2 at 3 ranks, where the division rounds: the C++ scaling (``mul_`` by
     1/3, or ``div_`` by 3 for gradients that are views of their buckets, as DDP) gives
     untraced DDP's gradients bit for bit, and the rows are the Python dispatcher's."""
-    env = {"COMMTRACE_CACHE_DIR": accel_cache}
+    env = {"COMMTRACE_CACHE_DIR": accel_cache, "COMMTRACE_DDP_GROUP": "0"}
     if bucket_view:
         env["DDPEQ_BUCKET_VIEW"] = "1"
     res, rows = _job(tmp_path, 3, env=env)
@@ -170,21 +195,25 @@ def test_ddp_pure_python_gradients_equal_untraced(tmp_path):
 
 
 @needs_c
-@pytest.mark.parametrize("kind", ["c++", "c"])
+@pytest.mark.parametrize("kind", ["group", "c++", "c"])
 def test_ddp_join_shadow_allreduces_complete(tmp_path, request, kind):
     """DDP's join mode: the joined rank's shadow all-reduces run the hook through
     ``Reducer._run_comm_hook`` and are waited in Python, never read by ``parseHookResult``;
     the C++ hook's completion times (queued by its continuations without the GIL) are written
-    by the writer thread's service all the same: every bucket's row has its end time."""
-    if kind == "c++":
+    by the writer thread's service all the same: every bucket's row has its end time. So are
+    the recording group's (no hook: ``_run_comm_hook`` runs DDP's all-reduce on it)."""
+    if kind == "group":
         env = {"COMMTRACE_CACHE_DIR": request.getfixturevalue("accel_cache")}
+    elif kind == "c++":
+        env = {"COMMTRACE_CACHE_DIR": request.getfixturevalue("accel_cache"),
+               "COMMTRACE_DDP_GROUP": "0"}
     else:
         env = {"COMMTRACE_DDP_CXX": "0"}
     p = run_traced(tmp_path, torchrun_cmd(os.path.join(SCRIPTS, "ddp_join.py")), env=env,
                    timeout=240)
     res = marked_json(p.stdout, "DDPJOIN ")
     assert [r["rank"] for r in res] == [0, 1], p.stdout[-2000:]
-    assert all(r["hook_kind"] == (kind if kind == "c++" else None) for r in res), res
+    assert all(r["hook_kind"] == (kind if kind != "c" else None) for r in res), res
     rows = load_rows(tmp_path)
     per_rank = {}
     for r in res:
@@ -267,3 +296,88 @@ def test_v2_group_only_for_torchs_process_group_on_gloo_or_nccl(monkeypatch):
     fake.get_backend = lambda pg: pg.backend
     monkeypatch.setenv("COMMTRACE_DDP_V2", "0")
     assert D._v2_group(state(("mul_", 0.5, PG("gloo")))) is None
+
+
+def test_recording_group_only_where_it_can_wrap(monkeypatch):
+    """The recording group (capture/ddp.py _install_group) is handed to a model's Reducer only
+    where the built module has it, the C path is on, the group is exactly torch's
+    ProcessGroup on gloo or NCCL, the model has no mixed precision and no Python reducer, and
+    not COMMTRACE_DDP_GROUP=0; anywhere else, or where wrapping fails, nothing is changed (the
+    caller then registers the hook)."""
+    import types
+
+    from commtrace.capture import accel
+    from commtrace.capture import ddp as D
+    from commtrace.capture import recorder as R
+
+    class PG:   # stands for torch's ProcessGroup
+        def __init__(self, backend="gloo"):
+            self.backend = backend
+
+    class SubPG(PG):
+        pass
+
+    class Reducer:
+        def __init__(self):
+            self.got = []
+
+        def _update_process_group(self, g):
+            self.got.append(g)
+
+    class Model:
+        def __init__(self, pg=None, **kw):
+            self.process_group = pg if pg is not None else PG()
+            self.reducer = Reducer()
+            self.mixed_precision = None
+            self.__dict__.update(kw)
+
+    monkeypatch.setattr(D, "_dist", types.SimpleNamespace(ProcessGroup=PG,
+                                                          get_backend=lambda pg: pg.backend))
+    monkeypatch.setattr(D, "_by_reducer", {})
+    monkeypatch.setattr(R, "STAMP_FLUSHERS", [])
+    monkeypatch.setattr(Wr, "_cfast", types.SimpleNamespace(ddp_cxx_api=lambda: "capsule"))
+    monkeypatch.setattr(D, "_hook_in_c", lambda: "c hook")
+    seen = []
+
+    def wrap(pg, state, fallback, capsule):
+        seen.append((pg, state.user_hook, state.scale, fallback, capsule))
+        return "recording group", "control"
+
+    mod = types.SimpleNamespace(wrap_group=wrap, flush_all=lambda: None)
+    monkeypatch.setattr(accel, "load", lambda: mod)
+    monkeypatch.delenv("COMMTRACE_DDP_GROUP", raising=False)
+
+    m = Model()
+    assert D._install_group(m) is True
+    assert m.reducer.got == ["recording group"]
+    assert seen == [(m.process_group, None, ("mul_", 1.0, m.process_group), D._group_fallback,
+                     "capsule")]
+    assert m.__dict__["_commtrace_group"] == "control"
+    assert m.__dict__["_commtrace_hook_kind"] == "group"
+    assert D._by_reducer[id(m.reducer)]() is m and R.STAMP_FLUSHERS == [mod.flush_all]
+
+    def refused(m):
+        assert D._install_group(m) is False
+        assert m.reducer.got == [] and "_commtrace_group" not in m.__dict__
+
+    refused(Model(SubPG()))                              # a subclass of the group
+    for backend in ("mpi", "ucc", "cpu:gloo,cuda:custom", ""):
+        refused(Model(PG(backend)))
+    refused(Model(mixed_precision=object()))
+    refused(Model(_use_python_reducer=True))
+    monkeypatch.setenv("COMMTRACE_DDP_GROUP", "0")
+    refused(Model())
+    monkeypatch.delenv("COMMTRACE_DDP_GROUP")
+    monkeypatch.setattr(D, "_hook_in_c", lambda: None)   # the C path off
+    refused(Model())
+    monkeypatch.setattr(D, "_hook_in_c", lambda: "c hook")
+    monkeypatch.setattr(accel, "load", lambda: None)     # not built for this torch
+    refused(Model())
+    monkeypatch.setattr(accel, "load", lambda: types.SimpleNamespace())   # an older build
+    refused(Model())
+
+    def broken(*a):
+        raise RuntimeError("cannot wrap")
+
+    monkeypatch.setattr(accel, "load", lambda: types.SimpleNamespace(wrap_group=broken))
+    refused(Model())

@@ -68,9 +68,33 @@ def _check(tmp_path, res, want_kind):
 
 
 def test_ddp_modes_equal_untraced_3_ranks_cxx_hook(tmp_path, accel_cache):
-    # at 3 ranks 1/3 rounds, so dividing and multiplying differ
-    res = _job(tmp_path, 3, {"COMMTRACE_CACHE_DIR": accel_cache})
+    # at 3 ranks 1/3 rounds, so dividing and multiplying differ. The C++ hook: what a model
+    # gets where the recording group is off (COMMTRACE_DDP_GROUP=0, or a group it cannot wrap)
+    res = _job(tmp_path, 3, {"COMMTRACE_CACHE_DIR": accel_cache, "COMMTRACE_DDP_GROUP": "0"})
     _check(tmp_path, res, "c++")
+
+
+def test_ddp_modes_equal_untraced_3_ranks_recording_group(tmp_path, accel_cache):
+    """The default where the module is built: no comm hook, DDP's Reducer issues its
+    all-reduces on commtrace's recording group (capture/ddp.py _install_group). The Reducer
+    scales as without commtrace in every mode (the Python hook scales nothing), and every
+    synced step's buckets are recorded, the joined ranks' zero buckets included."""
+    res = _job(tmp_path, 3, {"COMMTRACE_CACHE_DIR": accel_cache})
+    rows = load_rows(run_path(tmp_path))
+    for r in res:
+        assert all(r["equal"].values()), r["equal"]
+        assert set(r["hook_kind"].values()) == {"group"}, r["hook_kind"]
+        assert all(sc == [0, 0, 0] for sc in r["scaled"].values()), r["scaled"]
+        ddp_rows = [x for x in rows if x["kind"] == "op" and x["rank"] == r["rank"]
+                    and x["api"] == "ddp_comm_hook"]
+        assert sum(x["count"] for x in ddp_rows) == r["elements"], r["elements"]
+        assert all(x["completion"] in ("callback", "observed") for x in ddp_rows)
+        assert all(json.loads(x["detail"])["ddp_bucket"] >= 0 for x in ddp_rows)
+    rep = subprocess.run([sys.executable, "-m", "commtrace", "report", str(tmp_path), "--format",
+                          "json"], env=clean_env(), capture_output=True, text=True, timeout=180)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    errors = {f["kind"] for f in json.loads(rep.stdout)["findings"] if f["severity"] == "error"}
+    assert not errors, errors
 
 
 @pytest.mark.slow

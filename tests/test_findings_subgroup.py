@@ -16,6 +16,7 @@ import os
 import json
 
 import commtrace
+from commtrace.analysis import rootcause
 from commtrace.cli import main
 from conftest import run_traced, torchrun_cmd
 
@@ -31,7 +32,13 @@ def test_straggler_behind_a_subgroup_is_found_by_delay_analysis(tmp_path, capsys
     fs = run.findings()
     st = [f for f in fs if f.kind == "straggler"]
     assert [f.rank for f in st] == [3], [(f.kind, f.rank, f.message) for f in fs]
-    f = st[0]
+    # Which of ranks 2 and 3 enters the world's collectives last is chance (the script's
+    # docstring); on a loaded machine rank 3 can be last at 18 of its 22 collectives, and then
+    # the arrival counts name it first (basis "arrivals"; delay analysis only adds ranks they do
+    # not name). Delay analysis itself must name it either way: asked with no rank known.
+    da = rootcause.delay_stragglers(run)
+    assert [f.rank for f in da] == [3], [(f.rank, f.message) for f in da]
+    f = da[0]
     ev = f.evidence
     assert ev["basis"] == "delay_analysis", ev
     # the sleep of every step in the window (the first step's precedes the first collective)
@@ -39,14 +46,18 @@ def test_straggler_behind_a_subgroup_is_found_by_delay_analysis(tmp_path, capsys
     assert 0.8 * SLEEP_MS < ev["mean_delay_s"] * 1e3 < 1.6 * SLEEP_MS, ev
     assert ev["share_of_wait"] > 0.5
     assert f.op == "all_reduce" and f.site.endswith("subgroup_straggler.py:28"), (f.op, f.site)
-    # what fixing it would gain: about one sleep per step in the window
-    assert 0.7 * (STEPS - 1) * SLEEP_MS < f.gain_s * 1e3 < 1.3 * (STEPS - 1) * SLEEP_MS, f.gain_s
-    assert f.cost_s == ev["cost_s"]
+    # the finding (whichever detector named it) carries what fixing it would gain, the replay's
+    # rank 3 as fast as the median: about one sleep per step in the window; and its cost, the
+    # delay costs that delay analysis found
+    gain = st[0].gain_s
+    assert gain == rootcause.rank_gain(run, 3)
+    assert 0.7 * (STEPS - 1) * SLEEP_MS < gain * 1e3 < 1.3 * (STEPS - 1) * SLEEP_MS, gain
+    assert st[0].cost_s == ev["cost_s"]
     run.close()
     # the report's JSON carries it, first by gain
     capsys.readouterr()
     assert main(["report", str(out), "--format", "json"]) == 0
     js = json.loads(capsys.readouterr().out)
     top = js["findings"][0]
-    assert (top["kind"], top["rank"], top["evidence"]["basis"]) == ("straggler", 3, "delay_analysis")
-    assert top["gain_s"] == f.gain_s
+    assert (top["kind"], top["rank"], top["evidence"]["basis"]) == ("straggler", 3, st[0].evidence["basis"])
+    assert top["gain_s"] == gain

@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, clean_env, run_plain, run_traced, torchrun_cmd
+from conftest import ROOT, SCRIPTS, clean_env, load_rows, run_plain, run_traced, torchrun_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +100,8 @@ def test_two_jobs_under_one_output_are_two_runs(two_jobs):
             assert not [w for w in j["warnings"] if "written by" in w]
             assert j["job"] == {"state": "completed", "exit_code": j["job"]["exit_code"],
                                 "failed_ranks": [], "signal": None,
-                                "ranks_by_state": {"exited": [0, 1]}, "rank_exit_codes": []}
+                                "ranks_by_state": {"exited": [0, 1]}, "rank_exit_codes": [],
+                                "ended_after_trace": False}
             got.add(j["ops"])
         assert got == counts
         latest = _report(out, "--run", "latest")
@@ -166,6 +167,29 @@ def test_gloo_abort_is_a_crash_and_the_job_failed(tmp_path):
     text = _ct("report", out)
     assert text.returncode == 0 and "left no trace" not in text.stdout
     assert "job: failed (exit code" in text.stdout and "crashed, SIGABRT" in text.stdout
+
+
+def test_an_abort_after_the_exit_flush_fails_the_job_with_a_complete_trace(tmp_path):
+    """Rank 1 aborts after commtrace's exit flush (runs_exit_abort.py: as torch 2.13's gloo abort
+    at interpreter exit does, docs/faq.md). The trace holds every op of both ranks, the job is
+    failed with the launcher's exit code, no rank is blamed, and the header says the failure
+    came after every rank's trace ended normally."""
+    out = tmp_path / "t"
+    p = run_traced(out, torchrun_cmd(os.path.join(SCRIPTS, "runs_exit_abort.py")), check=False)
+    assert p.returncode != 0 and "SIGABRT" in p.stderr, p.stderr[-3000:]
+    assert "rank 0 sum 128" in p.stdout and "rank 1 sum 128" in p.stdout   # 4 ones, 5 sums of 2
+    rows = [r for r in load_rows(str(out)) if r["kind"] == "op"]
+    assert sorted((r["rank"], r["op"]) for r in rows) == [(0, "all_reduce")] * 5 + [(1, "all_reduce")] * 5
+    assert all(r["t_end_ns"] is not None for r in rows)
+    rep = _report(out)
+    assert rep["job"] == {"state": "failed", "exit_code": p.returncode, "failed_ranks": [],
+                          "signal": None, "ranks_by_state": {"exited": [0, 1]},
+                          "rank_exit_codes": [], "ended_after_trace": True}
+    text = _ct("report", out)
+    assert text.returncode == 0
+    assert f"job: failed (exit code {p.returncode}; every rank's trace ended normally: a rank " \
+           "failed after its last write, e.g. torch's abort at interpreter exit, see docs/faq.md)" \
+        in " ".join(text.stdout.split())
 
 
 def _run_bg(out, cmd, opts=()):

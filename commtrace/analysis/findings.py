@@ -176,7 +176,8 @@ def straggler(run) -> list[Finding]:
             continue
         row = run.sql(f"""
             SELECT mode(op), mode(site), count(DISTINCT pg), min(pg), min(first_enter_ns), max(last_enter_ns)
-            FROM {c} WHERE last_rank = ? AND complete AND NOT first_of_pg AND n_ranks >= 2""", [r]).fetchone()
+            FROM {c} WHERE last_rank = ? AND last_late_ns > 0 AND complete AND NOT first_of_pg
+              AND n_ranks >= 2""", [r]).fetchone()
         total = int(s["total_late_ns"] or 0)
         # What the others waited for it, rank by rank: their wait states (the per-rank table's
         # `wait`) at the collectives it arrived last at, so that the message's figures are the
@@ -184,7 +185,8 @@ def straggler(run) -> list[Finding]:
         w = run.table("waits")
         caused = [int(v or 0) for (v,) in run.sql(f"""
             SELECT sum(w.wait_ns) FROM {w} w JOIN {c} k ON k.ckey = w.ckey
-            WHERE k.last_rank = ? AND w.rank <> ? AND k.complete AND NOT k.first_of_pg AND k.n_ranks >= 2
+            WHERE k.last_rank = ? AND k.last_late_ns > 0 AND w.rank <> ? AND k.complete
+              AND NOT k.first_of_pg AND k.n_ranks >= 2
             GROUP BY w.rank""", [r, r]).fetchall()]
         each_lo, each_hi = (min(caused), max(caused)) if caused else (0, 0)
         each = fmt_ns(each_hi) if fmt_ns(each_lo) == fmt_ns(each_hi) else f"{fmt_ns(each_lo)} to {fmt_ns(each_hi)}"

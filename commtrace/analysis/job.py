@@ -250,12 +250,42 @@ def job_state(rf, world_size: int | None = None, states: dict | None = None,
     by_state: dict[str, list[int]] = {}
     for r, s in sorted(states.items()):
         by_state.setdefault(s["state"], []).append(r)
+    # The launcher failed although every traced rank's exit flush says it ended normally: a
+    # rank died after commtrace's last write, e.g. torch 2.13's gloo abort at interpreter exit
+    # ("terminate called without an active exception", docs/faq.md). Its trace is complete.
+    traced = [s for s in states.values() if s["state"] != "no_trace"]
+    after = (state == "failed" and not bad and exit_code not in (None, 0) and bool(traced)
+             and all(s["state"] == "exited" and not s.get("exit_code") for s in traced))
     return {"state": state, "exit_code": exit_code, "failed_ranks": bad, "signal": sig,
-            "ranks_by_state": by_state, "rank_exit_codes": codes}
+            "ranks_by_state": by_state, "rank_exit_codes": codes, "ended_after_trace": after}
 
 
 _STATE_WORDS = {"crashed": "crashed", "killed": "died without an exit flush",
                 "exception": "exited on an exception", "alive": "alive", "signalled": "ended on a signal"}
+
+
+def rank_errors(states: dict) -> list[dict]:
+    """The exceptions ranks exited on: ``[{"ranks": [...], "error": msg}]``, one per distinct
+    message (whitespace folded), ordered by their lowest rank. `states` is :func:`rank_states`'
+    dict (int or str keys). One source for the text report and the dashboard."""
+    by: dict[str, list[int]] = {}
+    for r, st in (states or {}).items():
+        st = st or {}
+        if st.get("state") == "exception" and st.get("error"):
+            by.setdefault(" ".join(str(st["error"]).split()), []).append(int(r))
+    return [{"ranks": sorted(rs), "error": e} for e, rs in sorted(by.items(), key=lambda kv: min(kv[1]))]
+
+
+def error_lines(errors: list[dict], width: int = 240) -> list[str]:
+    """"ranks 0 and 1: RuntimeError: ..." for each of :func:`rank_errors`' entries, the message
+    cut to `width` characters (the text report and the dashboard)."""
+    out = []
+    for e in errors or []:
+        rs = [str(r) for r in e["ranks"]]
+        who = f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(rs[:-1]) + " and " + rs[-1]
+        err = e["error"]
+        out.append(f"{who}: {err if len(err) <= width else err[: width - 3] + '...'}")
+    return out
 
 
 def describe(job: dict) -> str:
@@ -284,6 +314,9 @@ def describe(job: dict) -> str:
             bits.append(f"{who(sorted(rs))} exited with code {code}")
     if not by and job.get("failed_ranks"):
         bits.append(f"rank(s) {', '.join(map(str, job['failed_ranks']))} failed")
+    if job.get("ended_after_trace"):
+        bits.append("every rank's trace ended normally: a rank failed after its last write, "
+                    "e.g. torch's abort at interpreter exit, see docs/faq.md")
     return f"job: {st}" + (f" ({'; '.join(bits)})" if bits else "")
 
 

@@ -51,7 +51,9 @@ def job_state(run, manifest: dict | None = None, snapshots: dict | None = None,
             "end_ns": sess.get("end_ns") or run.manifest.get("end_ns"),
             "detail": line[len("job: "):].split(" (", 1)[-1].rstrip(")") if "(" in line else "",
             "failed_ranks": j["failed_ranks"], "signal": j["signal"],
-            "rank_exit_codes": j.get("rank_exit_codes") or []}
+            "rank_exit_codes": j.get("rank_exit_codes") or [],
+            "errors": J.rank_errors(run.rank_states() if poll is None or files is None
+                                    else J.rank_states(files, run.world_size))}
 
 
 def _step_spans(run):
@@ -134,7 +136,7 @@ def evidence(run, f) -> dict:
         c = run._ensure_coll()
         rows = run._sql(f"""
             SELECT pg, seq, first_enter_ns, last_leave_ns FROM {c}
-            WHERE last_rank = ? AND complete AND NOT first_of_pg AND n_ranks >= 2
+            WHERE last_rank = ? AND last_late_ns > 0 AND complete AND NOT first_of_pg AND n_ranks >= 2
             ORDER BY first_enter_ns LIMIT {STRAGGLER_WINDOW_COLLECTIVES}""", [int(f.rank)]).fetchall()
         if rows:
             pg, seq = rows[0][0], int(rows[0][1])
@@ -196,7 +198,20 @@ def overview(run, top: int = TOP_CARDS) -> dict:
     for f in fs:
         counts[f.kind] = counts.get(f.kind, 0) + 1
     return {"job": job_state(run), "headline": headline(run), "health": health(run, fs),
-            "cards": cards(run, fs, top), "finding_counts": counts}
+            "cards": cards(run, fs, top), "finding_counts": counts, "top_rank": _top_rank(run, fs)}
+
+
+def _top_rank(run, findings) -> dict | None:
+    """Without findings, the what-if's costliest rank (rootcause.top_rank), when the what-if is
+    computed for this run (rootcause.wanted): the overview says what the report says."""
+    if findings:
+        return None
+    from . import rootcause as RC
+
+    try:
+        return RC.top_rank(RC.what_if(run)) if RC.wanted(run) else None
+    except Exception:  # noqa: BLE001  (the report's what-if failing is a warning there too)
+        return None
 
 
 # ------------------------------------------------------------------------------------ live

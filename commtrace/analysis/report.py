@@ -201,8 +201,9 @@ def _root_cause(run, busbw_ref, top):
     """The `what_if` (with its `delays`) and `critical_path` sections; (None, None, warning)
     when the analysis fails on odd input: the rest of the report stands."""
     try:
-        from .rootcause import critical_path, what_if
+        from .rootcause import critical_path, top_rank, what_if
         wi = dict(what_if(run, busbw_ref))
+        wi["top_rank"] = top_rank(wi)
         wi["delays"] = wi["delays"][: max(int(top), 0)]
         return _clean(wi), _clean(critical_path(run)), None
     except Exception as e:  # noqa: BLE001

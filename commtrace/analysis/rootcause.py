@@ -332,6 +332,43 @@ def annotate_findings(run, findings: list) -> list:
     return [findings[i] for i in order]
 
 
+#: the share of the run that making one rank as fast as the median rank must save for
+#: :func:`top_rank` to name it (a report without findings then says so).
+TOP_RANK_MIN_PCT = 5.0
+
+
+def top_rank(wi: dict) -> dict | None:
+    """From a :func:`what_if` dict: the rank whose "as fast as the median rank" scenario saves
+    the most, when that is at least TOP_RANK_MIN_PCT of the run: ``rank``, ``gain_s``,
+    ``gain_pct``, ``steps`` (of its delays of 1% of the run or more, ascending), ``n_delays``
+    (how many), ``op`` / ``site`` (the costliest of them) and ``text`` (the sentence the text
+    report and the dashboard print when there are no findings: such delays, a periodic data load
+    or a checkpoint on one rank, are real but too rare to make the rank a straggler). None
+    otherwise. One source for the report and the dashboard."""
+    sc = [x for x in wi.get("scenarios") or [] if x.get("kind") == "rank_median"
+          and (x.get("gain_pct") or 0) >= TOP_RANK_MIN_PCT]
+    if not sc:
+        return None
+    best = max(sc, key=lambda x: x.get("gain_s") or 0)
+    rank = int((best.get("params") or {}).get("rank"))
+    run = wi.get("run_time_s") or 0
+    mine = sorted((d for d in wi.get("delays") or [] if d.get("rank") == rank
+                   and (d.get("gain_s") or 0) >= 0.01 * run), key=lambda d: -(d.get("gain_s") or 0))
+    steps = sorted({int(d["step"]) for d in mine if d.get("step") is not None})
+    top = mine[0] if mine else {}
+    text = f"Delays still cost time: {best.get('text')}"
+    if mine:
+        shown = ", ".join(map(str, steps[:8])) + (" ..." if len(steps) > 8 else "")
+        text += (f"; its {len(mine)} delay(s) of 1% of the run or more"
+                 + (f" (step{'s' if len(steps) > 1 else ''} {shown})" if steps else "")
+                 + f", the costliest before {top.get('op')}"
+                 + (f" at {top.get('site')}" if top.get("site") else ""))
+    text += (f". They are too rare to make rank {rank} a straggler (docs/findings.md#straggler); "
+             "see the root causes and the what-if.")
+    return {"rank": rank, "gain_s": best.get("gain_s"), "gain_pct": best.get("gain_pct"), "steps": steps,
+            "n_delays": len(mine), "op": top.get("op"), "site": top.get("site"), "text": text}
+
+
 def critical_path(run) -> dict:
     """The report's `critical_path` section (critical_path.summary)."""
     s = CP.summary(run)

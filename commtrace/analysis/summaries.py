@@ -21,14 +21,16 @@ def stragglers(con, coll: str, waits: str) -> dict[str, np.ndarray]:
     last_count / n_collectives, `expected_share` (sum of 1/n over those collectives /
     n_collectives), `var_count`, `mean_late_ns` / `total_late_ns` (its lead over the
     second-latest arrival when last), `typical_late_ns` (median lead of the last arrival in the
-    collectives where it was not last)."""
+    collectives where it was not last). A collective whose latest entries tie to the nanosecond
+    (`last_late_ns` 0: synthetic runs without jitter, coarse clocks) has no last arrival: its
+    `last_rank`, the lowest of the tied ranks, would otherwise count as one."""
     part = Q.numpy(con, f"""
         SELECT rank, count(*) AS n_collectives, sum(1.0 / n_ranks) AS exp_count,
                sum((1.0 / n_ranks) * (1 - 1.0 / n_ranks)) AS var_count
         FROM {waits} WHERE n_ranks >= 2 AND NOT first_of_pg GROUP BY rank ORDER BY rank""")
     lr = Q.numpy(con, f"""
         SELECT last_rank, last_late_ns FROM {coll}
-        WHERE complete AND n_ranks >= 2 AND NOT first_of_pg AND last_late_ns IS NOT NULL""")
+        WHERE complete AND n_ranks >= 2 AND NOT first_of_pg AND last_late_ns > 0""")
     last_rank = lr["last_rank"].astype(np.int64)
     late = lr["last_late_ns"].astype(np.float64)
     ranks = part["rank"].astype(np.int64)

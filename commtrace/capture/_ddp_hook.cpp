@@ -362,6 +362,203 @@ class CommtraceHook : public c10d::CommHookInterface {
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
 };
 
+// ---------------------------------------------------------------------------------------
+// The group route (ddp.py _install_group): DDP's own all-reduce recorded without a comm hook.
+//
+// Any comm hook costs a pass over every bucket: with a hook registered the Reducer copies each
+// gradient into its bucket unscaled and the hook must scale the bucket (DDP without a hook
+// multiplies while copying, one pass). Instead of a hook, the model's Reducer is handed this
+// group (Reducer._update_process_group): a c10d::ProcessGroup that shares the model's group's
+// backends and forwards every call to it, except allreduce, which it records. So the Reducer
+// keeps comm_hook_ == nullptr: it scales as it copies, reads the Work's future itself, and
+// DDP's logging data shows no hook. A bucket's allreduce is recorded by _fastpath's ddp_issue,
+// as the C++ hook's (the same row, api "ddp_comm_hook", detail naming the bucket), with a scale
+// step that does nothing (the Reducer has scaled) and the all_reduce issued on the model's
+// group in C++ (the v2 issuer). The bucket's index is not passed to allreduce: the Reducer
+// launches its buckets in index order, so this group counts them from the model's forward
+// (GroupControl.reset, ddp.py's forward), and a bucket that Python hands to the Reducer
+// (Reducer._run_comm_hook: DDP's join mode) names its index first (GroupControl.hint). Its
+// completion is stamped by a callback on the Work's future, without the GIL, queued as the C++
+// hook's continuations queue theirs. Other tensors (the int32 map of used parameters under
+// find_unused_parameters) go to the model's group unrecorded, as without this group; a bucket
+// ddp_issue does not take (tracing off, a CUDA or complex bucket, the C path off) goes to
+// ddp._group_fallback, which records it through Python's all_reduce or hands it back.
+
+class RecordingGroup : public c10d::ProcessGroup {
+ public:
+  RecordingGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner, py::object py_inner,
+                 py::object state, py::object fallback, const DdpCxxApi* api)
+      : c10d::ProcessGroup(inner->getRank(), inner->getSize()), inner_(std::move(inner)),
+        py_inner_(std::move(py_inner)), state_(std::move(state)),
+        fallback_(std::move(fallback)), api_(api), stamps_(std::make_shared<Stamps>(api)) {
+    auto bound = inner_->getBoundDeviceId();
+    if (bound)
+      setBoundDeviceId(bound);
+    // the same backend objects (sequence numbers, flight recorder, connections): the calls not
+    // forwarded below reach them through c10d's dispatcher ops with this group as argument
+    for (const auto& dev : inner_->getDeviceTypes()) {
+      auto b = inner_->getBackend(dev.type());
+      setBackend(dev.type(), c10d::ProcessGroup::strToBackendType(b->getBackendName()), b);
+    }
+    setDefaultBackend(inner_->getBackendType());
+    std::lock_guard<std::mutex> g(registry_mu);
+    registry.push_back(stamps_);
+  }
+
+  ~RecordingGroup() override {
+    if (!Py_IsInitialized()) {
+      py_inner_.release();
+      state_.release();
+      fallback_.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    stamps_->flush();
+    py_inner_ = py::object();
+    state_ = py::object();
+    fallback_ = py::object();
+  }
+
+  const std::string getBackendName() const override {
+    return inner_->getBackendName();
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    return inner_->broadcast(tensors, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    if (tensors.size() != 1 || opts.reduceOp.op_ != c10d::ReduceOp::SUM ||
+        opts.sparseIndices.has_value() || !tensors[0].defined() || tensors[0].is_sparse() ||
+        !(at::isFloatingType(tensors[0].scalar_type()) ||
+          at::isComplexType(tensors[0].scalar_type())) ||
+        !Py_IsInitialized())
+      return inner_->allreduce(tensors, opts);
+    py::gil_scoped_acquire gil;
+    stamps_->flush();
+    long long i = hint_ >= 0 ? hint_ : next_++;
+    hint_ = -1;
+    PyObject* buf = THPVariable_Wrap(tensors[0]);
+    if (buf == nullptr)
+      throw python_error();
+    PyObject* idx = PyLong_FromLongLong(i);
+    if (idx == nullptr) {
+      Py_DECREF(buf);
+      throw python_error();
+    }
+    V2Call call;
+    call.buf = tensors[0];
+    call.pg = inner_.get();
+    call.opts = &opts;
+    call.scales = nullptr;
+    DdpIssuer iss{py_inner_.ptr(), &call, keep_scale, v2_issue_ar};
+    PyObject *work = nullptr, *row = nullptr, *pyfut = nullptr;
+    int r = api_->issue(state_.ptr(), buf, idx, idx, &iss, &work, &row, &pyfut);
+    Py_XDECREF(pyfut);
+    if (r == 0) {
+      PyObject* w = PyObject_CallFunctionObjArgs(fallback_.ptr(), py_inner_.ptr(), buf, idx,
+                                                 nullptr);
+      Py_DECREF(buf);
+      Py_DECREF(idx);
+      if (w == nullptr)
+        throw python_error();   // the all_reduce's own error, as without commtrace
+      n_group_py.fetch_add(1, std::memory_order_relaxed);
+      if (w == Py_None) {
+        Py_DECREF(w);
+        py::gil_scoped_release nogil;
+        return inner_->allreduce(tensors, opts);
+      }
+      return py::reinterpret_steal<py::object>(w).cast<c10::intrusive_ptr<c10d::Work>>();
+    }
+    Py_DECREF(buf);
+    Py_DECREF(idx);
+    if (r < 0) {
+      Py_XDECREF(row);
+      Py_XDECREF(work);
+      throw python_error();
+    }
+    c10::intrusive_ptr<c10d::Work> w;
+    if (call.work) {
+      Py_XDECREF(work);
+      w = std::move(call.work);
+    } else {
+      try {
+        w = py::reinterpret_steal<py::object>(work).cast<c10::intrusive_ptr<c10d::Work>>();
+      } catch (...) {
+        Py_XDECREF(row);
+        throw;
+      }
+    }
+    n_group.fetch_add(1, std::memory_order_relaxed);
+    if (row != nullptr) {
+      auto p = std::make_shared<Pending>();
+      p->row = row;
+      p->issuer = std::this_thread::get_id();
+      auto stamps = stamps_;
+      auto now = api_->now;
+      w->getFuture()->addCallback([p, stamps, now](c10::ivalue::Future&) {
+        long long t = now();
+        if (p->row != nullptr) {
+          bool observed = p->attaching.load(std::memory_order_acquire) &&
+                          std::this_thread::get_id() == p->issuer;
+          stamps->push(p->row, t, observed);
+          p->row = nullptr;
+        }
+      });
+      p->attaching.store(false, std::memory_order_release);
+    }
+    return w;
+  }
+
+  // GIL held (Python calls): the forward starts the bucket count again; flushes the stamps
+  void reset() {
+    next_ = 0;
+    hint_ = -1;
+    stamps_->flush();
+  }
+  void hint(long long i) { hint_ = i; }
+  void flush() { stamps_->flush(); }
+
+  static std::atomic<unsigned long long> n_group, n_group_py;
+
+ private:
+  // the Reducer scaled the gradients as it copied them into the bucket: nothing to do
+  static int keep_scale(void*, int, double, long long) { return 0; }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> inner_;
+  py::object py_inner_;
+  py::object state_;
+  py::object fallback_;
+  const DdpCxxApi* api_;
+  std::shared_ptr<Stamps> stamps_;
+  long long next_ = 0;   // the GIL guards both
+  long long hint_ = -1;
+};
+
+std::atomic<unsigned long long> RecordingGroup::n_group{0}, RecordingGroup::n_group_py{0};
+
+// What Python keeps of a recording group: its reset and hint (ddp.py).
+struct GroupControl {
+  c10::intrusive_ptr<RecordingGroup> g;
+};
+
+// wrap_group(group, state, fallback, capsule) -> (recording group, GroupControl)
+py::tuple wrap_group(py::object group, py::object state, py::object fallback,
+                     py::capsule api_capsule) {
+  if (std::string(api_capsule.name()) != kCapsule)
+    throw std::invalid_argument("commtrace DDP group: not _fastpath's capsule");
+  auto* api = static_cast<const DdpCxxApi*>(api_capsule.get_pointer());
+  if (api == nullptr || api->version != kApiVersion)
+    throw std::invalid_argument("commtrace DDP group: _fastpath's capsule has another version");
+  auto inner = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+  auto g = c10::make_intrusive<RecordingGroup>(inner, group, std::move(state),
+                                               std::move(fallback), api);
+  c10::intrusive_ptr<c10d::ProcessGroup> base = g;
+  return py::make_tuple(py::cast(base), GroupControl{g});
+}
+
 // register(reducer, state, fallback, capsule, v2_group=None): register the hook on a DDP
 // model's Reducer (raises as Reducer::register_comm_hook does when the model has a hook
 // already); v2_group: the group the hook issues on through c10d's C++ API (interface v2), or
@@ -392,6 +589,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "counts",
       []() { return py::make_tuple(n_v2.load(), n_v1.load()); },
       "(buckets issued through c10d's C++ API (v2), through Python's calls (v1)).");
+  py::class_<GroupControl>(m, "GroupControl")
+      .def("reset", [](GroupControl& c) { c.g->reset(); },
+           "A forward: the next bucket is bucket 0; writes the queued completion times.")
+      .def("hint", [](GroupControl& c, long long i) { c.g->hint(i); },
+           "The next bucket's index (a bucket Python hands to the Reducer).")
+      .def("flush", [](GroupControl& c) { c.g->flush(); });
+  m.def("wrap_group", &wrap_group, "wrap_group(group, state, fallback, capsule)",
+        py::arg("group"), py::arg("state"), py::arg("fallback"), py::arg("capsule"));
+  m.def(
+      "group_counts",
+      []() {
+        return py::make_tuple(RecordingGroup::n_group.load(), RecordingGroup::n_group_py.load());
+      },
+      "(buckets recorded by recording groups through the C path, handed to Python).");
   m.def("flush_all", &flush_all,
         "Write the completion times queued by every hook's continuations into their rows.");
   commtrace_register_meta(m);

@@ -1,8 +1,16 @@
 """DDP's gradient all-reduce, which DDP's C++ Reducer issues without passing through Python.
 
-Capture point: a DDP communication hook (``shared/reference/torch-notes.md``). DDP accepts one
-registration per model, so commtrace registers exactly one hook, the *dispatcher*, and keeps
-the user's hook (if any) inside it:
+Capture point, where ``commtrace accel build`` built the module for this torch (the default):
+no hook. At the model's first forward under tracing its Reducer is handed commtrace's
+*recording group* (``_ddp_hook.cpp`` RecordingGroup, :func:`_install_group`), which forwards
+every call to the model's group and records the Reducer's bucket all-reduces: DDP computes and
+reports exactly what it does untraced (it scales as it copies, as without a hook), and no
+hook's extra pass over the buckets is paid. A hook of the user's goes through the dispatcher
+below (registered later, the group stays: it records only what still reaches it).
+
+Elsewhere, or with ``COMMTRACE_DDP_GROUP=0``: a DDP communication hook
+(``shared/reference/torch-notes.md``). DDP accepts one registration per model, so commtrace
+registers exactly one hook, the *dispatcher*, and keeps the user's hook (if any) inside it:
 
 - no user hook: at the model's first forward under tracing (before the first backward)
   commtrace registers the dispatcher, which runs ``default_hooks.allreduce_hook`` -- what DDP
@@ -354,7 +362,90 @@ def _v2_group(state):
         sc = state.base   # the 3-tuple, also while ``scale`` hands buckets to Python (_route)
         if sc is None:
             return None
-        pg = sc[2]
+        return _group_of(sc[2])
+    except Exception:
+        return None
+
+
+class _GroupState:
+    """What the C path (``_fastpath.ddp_issue``) reads of a model on the group route
+    (:func:`_install_group`): no hook of the user's, and a ``mul_`` whose step the recording
+    group does not take (DDP's Reducer has scaled the gradients as it copied them)."""
+
+    __slots__ = ("user_hook", "scale")
+
+    def __init__(self, pg):
+        self.user_hook = None
+        self.scale = ("mul_", 1.0, pg)
+
+
+def _group_fallback(group, buf, idx):
+    """A bucket the recording group's C path did not take (tracing off, a CUDA or complex
+    bucket, the C path off): its all_reduce through commtrace's all_reduce, recorded as the
+    Python dispatcher records it (the Work), or None where tracing is off (the group then
+    issues it itself, unrecorded)."""
+    if _R._recorder is None or _dist is None:
+        return None
+    prev_api, prev_detail = tls.api, tls.detail
+    tls.api, tls.detail = "ddp_comm_hook", _detail_of(idx)
+    try:
+        return _dist.all_reduce(buf, group=group, async_op=True)
+    finally:
+        tls.api, tls.detail = prev_api, prev_detail
+
+
+def _install_group(ddp) -> bool:
+    """The group route (``_ddp_hook.cpp`` RecordingGroup): record DDP's own all-reduce of each
+    bucket without a comm hook, by handing the model's Reducer a group that records its
+    all-reduces and forwards everything to the model's group. No hook: the Reducer scales as
+    it copies (one pass over the gradients less than any hook: docs/performance.md, "Session
+    15"), DDP's numerics and logging data are untouched. False (nothing changed) where the
+    built module is missing, ``COMMTRACE_DDP_GROUP=0``, the C path is off, mixed precision or
+    DDP's Python reducer, or the group is not torch's ProcessGroup on gloo or NCCL."""
+    import os
+
+    if os.environ.get("COMMTRACE_DDP_GROUP", "1") in ("0", ""):
+        return False
+    if (getattr(ddp, "mixed_precision", None) is not None
+            or getattr(ddp, "_use_python_reducer", False)):
+        return False
+    pg = ddp.process_group
+    if _group_of(pg) is None:
+        return False
+    from . import accel
+    from . import wrappers as W
+
+    mod = accel.load()
+    wrap = getattr(mod, "wrap_group", None) if mod is not None else None
+    if wrap is None or _hook_in_c() is None:
+        return False
+    reducer = ddp.reducer
+    upd = getattr(reducer, "_update_process_group", None)
+    if upd is None:
+        return False
+    try:
+        gpg, ctl = wrap(pg, _GroupState(pg), _group_fallback, W._cfast.ddp_cxx_api())
+        upd(gpg)
+    except Exception as e:
+        log.warn_once("ddp-group", "DDP's recording group did not install; using the C++ hook", e)
+        return False
+    d = ddp.__dict__
+    d["_commtrace_group"] = ctl
+    d["_commtrace_hook_kind"] = "group"
+    try:
+        _by_reducer[id(reducer)] = weakref.ref(ddp)
+    except Exception:
+        pass
+    fl = getattr(mod, "flush_all", None)
+    if fl is not None and fl not in _R.STAMP_FLUSHERS:
+        _R.STAMP_FLUSHERS.append(fl)
+    return True
+
+
+def _group_of(pg):
+    """``pg`` where it is exactly torch's ``ProcessGroup`` on gloo or NCCL backends, else None
+    (what the C++ side issues on through c10d's C++ API)."""
+    try:
         if type(pg) is not _dist.ProcessGroup:
             return None
         name = str(_dist.get_backend(pg))
@@ -431,7 +522,12 @@ def install() -> bool:
     orig_register = DDP.register_comm_hook
 
     def forward(self, *inputs, **kwargs):
-        st = self.__dict__.get("_commtrace_hook_state")
+        d = self.__dict__
+        g = d.get("_commtrace_group")
+        if g is not None:
+            g.reset()   # the Reducer's buckets of this iteration count from 0 (_install_group)
+            return orig_forward(self, *inputs, **kwargs)
+        st = d.get("_commtrace_hook_state")
         if st is None:
             if _R._recorder is not None:
                 _maybe_install_default(self, orig_register)
@@ -506,6 +602,7 @@ def _patch_reducer():
 
         R = dist.Reducer
         orig, orig_run = R._rebuild_buckets, R._run_allreduce_hook
+        orig_comm = R._run_comm_hook
     except Exception as e:
         log.warn_once("ddp-reducer", "DDP's Reducer unknown to commtrace", e)
         return
@@ -538,11 +635,25 @@ def _patch_reducer():
         finally:
             tls.api, tls.detail = prev_api, prev_detail
 
-    for fn, o in ((_rebuild_buckets, orig), (_run_allreduce_hook, orig_run)):
+    def _run_comm_hook(self, bucket):
+        # a bucket Python hands to the Reducer (DDP's join mode: the shadow all-reduces of a
+        # joined rank): a recording group learns its index first (_install_group)
+        ddp = _traced_model(self)
+        g = ddp.__dict__.get("_commtrace_group") if ddp is not None else None
+        if g is not None:
+            try:
+                g.hint(int(bucket.index()))
+            except Exception:
+                pass
+        return orig_comm(self, bucket)
+
+    for fn, o in ((_rebuild_buckets, orig), (_run_allreduce_hook, orig_run),
+                  (_run_comm_hook, orig_comm)):
         fn.__commtrace_original__ = o
         fn.__doc__ = getattr(o, "__doc__", None)
     ok = patch(R, "_rebuild_buckets", _rebuild_buckets)
     ok = patch(R, "_run_allreduce_hook", _run_allreduce_hook) or ok
+    ok = patch(R, "_run_comm_hook", _run_comm_hook) or ok
     if ok:
         _Reducer = R
 
@@ -583,6 +694,9 @@ def _patch_builtin(DDP):
 
     def _register_builtin_comm_hook(self, comm_hook_type):
         st = self.__dict__.get("_commtrace_hook_state")
+        if st is None and self.__dict__.get("_commtrace_group") is not None:
+            # the builtin hook issues its all-reduces on the Reducer's group: recorded there
+            return orig(self, comm_hook_type)
         if st is None:
             # DDP runs a C++ builtin hook: its all-reduces are invisible to commtrace.
             self.__dict__["_commtrace_foreign_hook"] = True
@@ -613,6 +727,8 @@ def _maybe_install_default(ddp, orig_register) -> None:
             ddp.__dict__["_commtrace_foreign_hook"] = True
             log.warn_once("ddp-foreign", "a DDP comm hook was registered before tracing was "
                           "turned on; DDP's gradient all-reduces of that model are not recorded")
+            return
+        if _install_group(ddp):
             return
         _install_dispatcher(ddp, orig_register)
     except Exception as e:

@@ -121,7 +121,9 @@ def funcol_reason(name: str) -> str | None:
 
 
 _mod = None
-_pending_by_tensor: dict = {}
+#: group (or its name) -> (group, its PgInfo). Holds the group: wrappers.reset_caches() empties
+#: it at destroy_process_group (a group created again under the same name must not get the
+#: destroyed one's PgInfo) and at the recorder's close.
 _name_cache: dict = {}
 
 

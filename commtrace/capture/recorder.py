@@ -1557,6 +1557,16 @@ class Recorder:
                 t.join(timeout=5.0)
             self.flush(final=True)
             _CH.closing()
+            # Everything is written: let go of the process groups commtrace looked up (the
+            # pending ops' Work objects and tensors went with the final flush), so that none
+            # lives on in commtrace to the interpreter's finalisation, where torch 2.13's gloo
+            # can abort the process (docs/faq.md).
+            w = sys.modules.get(__package__ + ".wrappers")
+            if w is not None:
+                try:
+                    w.reset_caches()
+                except Exception as e:
+                    log.warn_once("close-caches", "could not drop cached process groups", e)
         finally:
             self._close_done = True
         crash = sys.modules.get(__package__ + ".crash")

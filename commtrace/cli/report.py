@@ -290,6 +290,8 @@ def render(rep: dict, top: int = 10, console=None, all_ranks: bool = False) -> N
         style = {"completed": "green", "failed": "bold red", "interrupted": "yellow",
                  "running": "cyan"}.get(job.get("state"), "")
         con.print(f"[{style}]{describe(job)}[/{style}]" if style else describe(job))
+        for line in _rank_errors(rep.get("rank_states") or {}):
+            con.print(line, soft_wrap=True, markup=False, highlight=False)
     ck = rep.get("clock") or {}
     if ck:
         con.print(f"clock: offsets applied: {_list(ck.get('methods'), 'none recorded')}; "
@@ -365,6 +367,9 @@ def render(rep: dict, top: int = 10, console=None, all_ranks: bool = False) -> N
     con.rule("Findings")
     if not fs:
         con.print("[green]No findings: no straggler, mismatch, hang or synchronisation misuse.[/green]")
+        tr = (rep.get("what_if") or {}).get("top_rank")
+        if tr:
+            con.print(tr["text"], markup=False, highlight=False)
     for f in fs[: max(top, 1) * 3]:
         head = Text()
         head.append(f"{f['severity'].upper():7} ", style=sev_style.get(f["severity"], ""))
@@ -387,6 +392,15 @@ def render(rep: dict, top: int = 10, console=None, all_ranks: bool = False) -> N
             con.print(Text("        " + _rel_sites(rc["text"]), style="green"))
     if len(fs) > max(top, 1) * 3:
         con.print(f"... {len(fs) - max(top, 1) * 3} more (use --top or --format json)")
+
+
+def _rank_errors(states: dict) -> list[str]:
+    """The exceptions the ranks exited on, one line per distinct message with the ranks that
+    raised it, under the header that counted them: a user's first question about a failed job
+    is what failed."""
+    from ..analysis.job import error_lines, rank_errors
+
+    return ["  " + line for line in error_lines(rank_errors(states))]
 
 
 def _render_what_if(con, rep: dict, top: int) -> None:

@@ -87,6 +87,7 @@ def command(out, ranks, ops, straggler, late_send, skip, mismatch, skew, no_offs
         stall = parse_duration_ns(init_stall)
     except ValueError:
         raise UsageError(f"--init-stall expects a duration, got {init_stall!r}") from None
+    _check_mode(layout)
     t0 = time.perf_counter()
     if layout:
         from ..analysis.synth import synth_layout
@@ -126,3 +127,34 @@ def command(out, ranks, ops, straggler, late_send, skip, mismatch, skew, no_offs
                f"in {time.perf_counter() - t0:.1f} s", err=True)
     click.echo(f"next: commtrace report {out}", err=True)
     return 0
+
+
+#: Options of the default loop, and of --layout only: given with the other mode they would be
+#: ignored without a word (a `--straggler` on a layout run planted nothing).
+LOOP_ONLY = ("ranks", "ops", "straggler", "late_send", "skip", "mismatch", "skew", "no_offsets", "hazards",
+             "init_stall", "parts")
+LAYOUT_ONLY = ("tp", "dp", "stages", "steps", "microbatches", "delays")
+
+
+def _check_mode(layout) -> None:
+    """A one-line error when an option of the other mode was given on the command line."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    given = [p for p in ctx.params if ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE]
+    names = {p.name: p.opts[0] for p in ctx.command.params}
+    if layout:
+        wrong = [names[p] for p in given if p in LOOP_ONLY]
+        if wrong:
+            raise UsageError(f"{_listed(wrong)} {'does' if len(wrong) == 1 else 'do'} not apply with --layout "
+                             f"{layout} (plant delays with "
+                             "--delay R:STEP:DELAY; size the layout with --tp/--dp or --stages, and --steps)")
+    else:
+        wrong = [names[p] for p in given if p in LAYOUT_ONLY]
+        if wrong:
+            raise UsageError(f"{_listed(wrong)} {'needs' if len(wrong) == 1 else 'need'} --layout tpdp or "
+                             "--layout pipeline")
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]

@@ -4,6 +4,7 @@ several in flight waited out of order, isend / irecv, a host read before wait (a
 unwaited, DDP's gradient all-reduce through commtrace's comm hook, and optimizer steps (step
 marks) with host reads after waited point-to-point ops, as in samples/pipeline.py."""
 
+import gc
 import time
 
 import torch
@@ -90,6 +91,10 @@ for step in range(3):
     w.wait()
     opt.step()
     other.step()
+# Free DDP before the group goes (docs/faq.md: torch 2.13 gloo can abort at interpreter exit
+# while a DDP model, in reference cycles, still holds the group).
+del m
+gc.collect()
 dist.barrier()
 from commtrace.capture import wrappers as W  # noqa: E402
 

@@ -3,6 +3,7 @@ model "after" after a warm-up forward (when commtrace's own hook is already in p
 really all-reduces, then returns zeros, so parameters must stay unchanged if DDP used the user's
 result. Writes OUT_JSON.rank<r> with the hook call counts and that check."""
 
+import gc
 import json
 import os
 import sys
@@ -42,6 +43,11 @@ def main():
                     for a, b in zip(init[k], m.parameters()))
     with open(f"{sys.argv[1]}.rank{rank}", "w") as f:
         json.dump({"calls": calls, "unchanged": unchanged}, f)
+    # Free DDP before the group goes (docs/faq.md: torch 2.13 gloo can abort at interpreter exit
+    # while a DDP model, in reference cycles, still holds the group).
+    del models, m, opt
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -7,6 +7,7 @@ Usage: ddp_compile.py OUT_JSON
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 
@@ -34,6 +35,12 @@ def main() -> int:
            "params": [p.detach().flatten().tolist() for p in model.parameters()]}
     with open(f"{sys.argv[1]}.{dist.get_rank()}", "w") as f:
         json.dump(res, f)
+    # Free DDP before the group goes (docs/faq.md: torch 2.13 gloo can abort at interpreter exit
+    # while a DDP model, in reference cycles, still holds the group).
+    del model, compiled, opt
+    torch._dynamo.reset()   # its caches hold the compiled module
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

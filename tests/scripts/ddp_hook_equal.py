@@ -3,10 +3,13 @@
 
 - "untraced": tracing off (commtrace's recorder unset): DDP's own C++ all-reduce, which divides
   each gradient by the world size as it copies it into the bucket;
-- "traced_c": tracing on: commtrace's hook, in C++ where built for this torch (_ddp_hook.cpp,
-  `commtrace accel build`; its bucket scaling and all-reduce in C++ too, hook interface v2,
-  unless COMMTRACE_DDP_V2=0), else in C where built (_fastpath.ddp_hook);
-- "traced_py": tracing on, the C hook told to hand every bucket to the Python dispatcher;
+- "traced_c": tracing on: where commtrace's module is built for this torch (_ddp_hook.cpp,
+  `commtrace accel build`), no hook: DDP's Reducer issues its all-reduces on commtrace's
+  recording group (unless COMMTRACE_DDP_GROUP=0), else commtrace's hook, in C++ (its bucket
+  scaling and all-reduce in C++ too, hook interface v2, unless COMMTRACE_DDP_V2=0), else in C
+  where built (_fastpath.ddp_hook);
+- "traced_py": tracing on, the C path told to hand every bucket to Python (the dispatcher, or
+  the recording group's Python fallback);
 - "torch_hook": tracing off, torch's ``allreduce_hook`` registered by hand (``div_`` by the world
   size): the planted difference, which at 3 ranks rounds differently from DDP's own.
 
@@ -15,6 +18,7 @@ With DDPEQ_BUCKET_VIEW=1 the models are built with gradient_as_bucket_view=True.
 Prints one JSON line per rank: whether each model's parameters equal the untraced model's after
 the last step, the time window of each traced model's steps, and the C hook's counts."""
 
+import gc
 import json
 import os
 import time
@@ -79,11 +83,13 @@ out["hook_kind"] = c[0].__dict__.get("_commtrace_hook_kind")
 out["hook_v2"] = c[0].__dict__.get("_commtrace_hook_v2")
 _mod = accel.load()
 out["cxx_counts"] = list(_mod.counts()) if _mod is not None and hasattr(_mod, "counts") else None
+_gc = getattr(_mod, "group_counts", None) if _mod is not None else None
 py = build()
 if cf is not None:
     cf.ddp_off()   # every bucket to the Python dispatcher (ddp._dispatch)
 out["window_py"] = train(*py)
 out["counts_py"] = list(cf.ddp_counts()) if cf is not None else None
+out["group_counts"] = list(_gc()) if _gc is not None else None
 R._set_recorder(None)
 th = build()
 th[0].register_comm_hook(th[0].process_group, default_hooks.allreduce_hook)
@@ -94,5 +100,9 @@ out["equal"] = {name: bool(torch.equal(flat(m[0]), want))
                 for name, m in (("traced_c", c), ("traced_py", py), ("torch_hook", th))}
 out["n_params"] = int(want.numel())
 print("DDPEQ " + json.dumps(out), flush=True)
+# Free DDP before the group goes (docs/faq.md: torch 2.13 gloo can abort at interpreter exit
+# while a DDP model, in reference cycles, still holds the group).
+del ref, c, py, th
+gc.collect()
 dist.barrier()
 dist.destroy_process_group()

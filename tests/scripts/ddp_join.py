@@ -4,6 +4,7 @@ runs the comm hook through ``Reducer._run_comm_hook`` and waits for its future i
 DDP never reads the result through the hook's ``parseHookResult``). Prints one JSON line per
 rank: the steps it ran, the hook kind commtrace registered and its training thread."""
 
+import gc
 import json
 import threading
 
@@ -32,5 +33,9 @@ with ddp.join():
 print("DDPJOIN " + json.dumps({"rank": rank, "steps": steps, "thread": threading.get_ident(),
                                "hook_kind": ddp.__dict__.get("_commtrace_hook_kind")}),
       flush=True)
+# Free DDP before the group goes (docs/faq.md: torch 2.13 gloo can abort at interpreter exit
+# while a DDP model, in reference cycles, still holds the group).
+del ddp, model, opt, loss
+gc.collect()
 dist.barrier()
 dist.destroy_process_group()

@@ -23,6 +23,7 @@ all divided, per gradient: ddp.SCALED), and how many gradient elements the trace
 all-reduces should hold in all (every synced step's buckets; a joined rank all-reduces zeros in
 step with the others)."""
 
+import gc
 import json
 
 import torch
@@ -128,5 +129,9 @@ for name, (kw, tkw) in CASES.items():
     out["hook_kind"][name] = tr[0].__dict__.get("_commtrace_hook_kind")
     out["elements"] += synced * int(flat(tr[0]).numel())
 print("NUMERICS " + json.dumps(out), flush=True)
+# Free DDP before the group goes (docs/faq.md: torch 2.13 gloo can abort at interpreter exit
+# while a DDP model, in reference cycles, still holds the group).
+del ref, tr
+gc.collect()
 dist.barrier()
 dist.destroy_process_group()

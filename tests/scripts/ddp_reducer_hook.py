@@ -3,6 +3,7 @@ hooks (which need an accelerator): it has DDP's Reducer issue the bucket's all-r
 (Reducer._run_allreduce_hook, C++), waits, divides by the world size. Writes OUT.rank<r> with
 the parameters' sum (to compare traced against untraced) and the hook's call count."""
 
+import gc
 import json
 import sys
 
@@ -44,6 +45,11 @@ def main():
     total = sum(float(p.detach().double().sum()) for p in m.parameters())
     with open(f"{sys.argv[1]}.rank{rank}", "w") as f:
         json.dump({"calls": calls[0], "sum": total, "params": [p.detach().flatten().tolist() for p in m.parameters()]}, f)
+    # Free DDP before the group goes (docs/faq.md: torch 2.13 gloo can abort at interpreter exit
+    # while a DDP model, in reference cycles, still holds the group).
+    del m, opt
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 
