@@ -33,7 +33,7 @@ import tempfile
 EVENTS = ["Ir", "I1mr", "ILmr", "Dr", "D1mr", "DLmr", "Dw", "D1mw", "DLmw"]
 
 
-def _child(n_ops: int, sweep_kb: int) -> None:
+def _child(n_ops: int, sweep_kb: int, async_op: bool = False) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from common import free_port
 
@@ -50,24 +50,36 @@ def _child(n_ops: int, sweep_kb: int) -> None:
     t = torch.ones(16)
     junk = bytearray(sweep_kb * 1024)
     ones = b"\x01" * (len(junk) // 64)
+    if async_op:
+        def op():
+            dist.all_reduce(t, group=g, async_op=True).wait()
+    else:
+        def op():
+            dist.all_reduce(t, group=g)
     for _ in range(20):   # first sight: group, device, call site
-        dist.all_reduce(t, group=g)
+        op()
     for _ in range(n_ops):
         junk[::64] = ones
-        dist.all_reduce(t, group=g)
+        op()
     commtrace.disable()
     dist.destroy_process_group()
 
 
-def _run(n_ops: int, sweep_kb: int, pythonpath: str | None, out: str) -> dict:
+def _run(n_ops: int, sweep_kb: int, pythonpath: str | None, out: str, async_op: bool = False,
+         whole: bool = False) -> dict:
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-           "--collect-atstart=no", "--toggle-collect=ctx_vectorcall", "--cache-sim=yes",
-           "--I1=32768,8,64", "--D1=32768,8,64", "--LL=4194304,16,64",
+    if whole:   # every thread, everything (the sweep too: the same in both runs of an A/B)
+        collect = ["--collect-atstart=yes"]
+    else:
+        collect = ["--collect-atstart=no", "--toggle-collect=ctx_vectorcall"]
+        if async_op:   # the op's wait() too (commtrace's Work.wait wrapper)
+            collect.append("--toggle-collect=wait_vectorcall")
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *collect,
+           "--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=4194304,16,64",
            sys.executable, os.path.abspath(__file__), "--child", str(n_ops), "--sweep-kb",
-           str(sweep_kb)]
+           str(sweep_kb)] + (["--async-op"] if async_op else [])
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"callgrind run failed ({p.returncode}): {p.stderr[-2000:]}")
@@ -113,11 +125,16 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-kb", type=int, default=8192)
     ap.add_argument("--pythonpath", default=None,
                     help="put this folder first on PYTHONPATH (another copy of commtrace)")
+    ap.add_argument("--async-op", action="store_true",
+                    help="all_reduce(async_op=True).wait(): the async path, its wait() counted too")
+    ap.add_argument("--whole", action="store_true",
+                    help="count the whole process, every thread (the backend's completion "
+                         "callback, the writer thread), not only inside the wrapper")
     ap.add_argument("--keep", default=None, metavar="DIR",
                     help="keep callgrind's two output files in DIR (callgrind_annotate)")
     args = ap.parse_args(argv)
     if args.child is not None:
-        _child(args.child, args.sweep_kb)
+        _child(args.child, args.sweep_kb, args.async_op)
         return 0
     n1, n2 = args.ops
     if n2 <= n1 or n1 < 0:
@@ -125,13 +142,16 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         d = args.keep or tmp
         os.makedirs(d, exist_ok=True)
-        r1 = _run(n1, args.sweep_kb, args.pythonpath, os.path.join(d, f"callgrind.{n1}.out"))
-        r2 = _run(n2, args.sweep_kb, args.pythonpath, os.path.join(d, f"callgrind.{n2}.out"))
+        kw = {"async_op": args.async_op, "whole": args.whole}
+        r1 = _run(n1, args.sweep_kb, args.pythonpath, os.path.join(d, f"callgrind.{n1}.out"), **kw)
+        r2 = _run(n2, args.sweep_kb, args.pythonpath, os.path.join(d, f"callgrind.{n2}.out"), **kw)
     for part in ("total", "own"):
         po = _per_op(r1[part], r2[part], n2 - n1)
         d1 = po["D1mr"] + po["D1mw"]
         dl = po["DLmr"] + po["DLmw"]
-        label = "in ctx_vectorcall (incl. torch's call)" if part == "total" else \
+        label = ("the whole process" if args.whole else
+                 "in ctx_vectorcall" + (" and wait_vectorcall" if args.async_op else "") +
+                 " (incl. torch's call)") if part == "total" else \
             "_fastpath's own functions (self)"
         print(f"{label}: Ir {po['Ir']:.0f}, I1 misses {po['I1mr']:.1f}, "
               f"IL misses {po['ILmr']:.1f}, D1 misses {d1:.1f}, DL misses {dl:.1f} per op")

@@ -44,14 +44,20 @@ MODES = {"cxx": {}, "accessors": {"COMMTRACE_ACCEL_META": "0"},
 
 def _run(tmp_path_factory, accel_cache, mode):
     """The job under `commtrace run` in `mode`: (its rows less the volatile fields, {rank:
-    (meta on, tensor reads, seq reads, C calls)})."""
+    (meta on, tensor reads, seq reads, C calls)}, {rank: async completions attached in C++},
+    its async op rows whole)."""
     d = tmp_path_factory.mktemp(f"accel-meta-{mode}") / "run"
     p = run_traced(d, torchrun_cmd(os.path.join(SCRIPTS, "accel_meta_equal.py")),
                    env={"COMMTRACE_CACHE_DIR": accel_cache, **MODES[mode]}, timeout=240)
     stats = {int(m[0]): tuple(map(int, m[1:]))
              for m in re.findall(r"ACCELMETA (\d) (\d+) (\d+) (\d+) (\d+)", p.stdout)}
     assert sorted(stats) == [0, 1], p.stdout[-2000:]
-    return _rows(d), stats
+    attach = {int(r): int(n) for r, n in re.findall(r"ACCELATTACH (\d) (\d+)", p.stdout)}
+    import pyarrow.dataset as ds
+
+    raw = [r for r in ds.dataset(run_path(d), partitioning="hive").to_table().to_pylist()
+           if r["kind"] == "op" and r["async_op"]]
+    return _rows(d), stats, attach, raw
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +71,25 @@ def test_the_cxx_reads_are_used(runs):
         assert t_reads > 30 and s_reads > 30, runs["cxx"][1]
     for rank, (on, t_reads, s_reads, n_c) in runs["accessors"][1].items():
         assert (on, t_reads, s_reads) == (0, 0, 0) and n_c > 30
+
+
+def test_async_completion_through_the_cxx_callback(runs):
+    # Collectives with a future (all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
+    # async) complete through the module's C++ callback, with no Python on gloo's thread; the
+    # accessors' run attaches Python callbacks. Either way every async row has its end, seen
+    # no later than its wait() returned, and after the call was issued.
+    assert runs["cxx"][2] == {0: runs["cxx"][2][0], 1: runs["cxx"][2][1]}
+    assert min(runs["cxx"][2].values()) >= 6, runs["cxx"][2]
+    assert runs["accessors"][2] == {0: 0, 1: 0}
+    for mode in ("cxx", "accessors"):
+        raw = runs[mode][3]
+        assert len(raw) > 20
+        for r in raw:
+            assert r["t_end_ns"] is not None and r["completion"] in (
+                "callback", "observed", "wait"), r
+            assert r["t_end_ns"] >= r["t_enqueue_ns"], r
+            if r["t_wait_end_ns"] is not None:
+                assert r["t_end_ns"] <= r["t_wait_end_ns"], r
 
 
 def test_rows_are_the_same_with_and_without_the_cxx_reads(runs):
@@ -86,7 +111,7 @@ def test_rows_are_the_same_with_and_without_the_cxx_reads(runs):
 
 @pytest.mark.slow  # issue 14: main suite within 8 minutes; CI's slow stage runs it
 def test_rows_are_the_same_on_the_pure_python_path(runs, tmp_path_factory, accel_cache):
-    rows, stats = _run(tmp_path_factory, accel_cache, "pure")
+    rows, stats, _, _ = _run(tmp_path_factory, accel_cache, "pure")
     for rank, (on, t_reads, s_reads, n_c) in stats.items():
         assert (on, t_reads, s_reads, n_c) == (0, 0, 0, 0)
     assert rows == runs["cxx"][0], _unequal(rows, runs["cxx"][0])

@@ -303,3 +303,58 @@ def test_arrays_of_rows_handle_nulls_single_values_and_values_that_do_not_fit():
         assert R.arrays_of_rows(1, odd) is None, col
     # a row of another length
     assert R.arrays_of_rows(1, rows + [rows[0][:-1]]) is None
+
+
+@needs_c
+def test_columns_built_in_c_equal_the_numpy_built_ones():
+    """``int_column`` / ``string_column`` (the columns' Arrow buffers built in C, Session 15)
+    give the arrays the numpy route gives: nulls, int32 edges (out of range: the list path),
+    empty and non-ASCII strings, a column null throughout, one value on every row."""
+    if not hasattr(R._cfast, "string_column"):
+        pytest.skip("a build of _fastpath without the column builders")
+    import numpy as np
+
+    base = dict.fromkeys(R.COLUMNS)
+    base.update(kind="op", rank=1, pg="0", pg_size=2, op="all_reduce", api="all_reduce",
+                async_op=True, backend="gloo", device="cpu", dtype="float32", count=4,
+                t_enqueue_ns=10, step=3, site=("a.py", 3), thread=123)
+    rows = []
+    for i in range(300):   # 300: past pack_rows' threshold in the writer, any size works here
+        r = dict(base, seq=i, op_id=7 + i, t_end_ns=None if i % 7 == 0 else 30 + i,
+                 peer=[None, -2 ** 31, 2 ** 31 - 1, 0][i % 4],
+                 detail=[None, "", "éü 中", '{"ddp_bucket": 1}'][i % 4],
+                 error=None if i % 5 else "RuntimeError: x" * (i % 3),
+                 site=("a.py", 3) if i % 2 else "b/c.py:12", bytes=-(2 ** 62) + i)
+        rows.append([r[c] for c in R.COLUMNS])
+    try:
+        R.C_COLUMNS = False
+        want = W.table_of_arrays(R.arrays_of_rows(1, rows))
+        R.C_COLUMNS = True
+        got = W.table_of_arrays(R.arrays_of_rows(1, rows))
+    finally:
+        R.C_COLUMNS = True
+    got.validate(full=True)
+    assert [c for c in R.COLUMNS if not got[c].equals(want[c])] == []
+    assert got["detail"].to_pylist()[:4] == [None, "", "éü 中", '{"ddp_bucket": 1}']
+    assert got["peer"].to_pylist()[:4] == [None, -2 ** 31, 2 ** 31 - 1, 0]
+    assert got["torch_seq"].null_count == 300 and got["kind"].to_pylist() == ["op"] * 300
+    for bad in (2 ** 31, -2 ** 31 - 1):   # beyond int32: the list path decides (None)
+        odd = [list(r) for r in rows]
+        odd[299][R.IDX["peer"]] = bad
+        assert R.arrays_of_rows(1, odd) is None
+    # the builders themselves
+    f = R._cfast
+    v = np.array([5, R._NULL_LL, -(2 ** 40)], dtype=np.int64)
+    valid, nnull, data = f.int_column(v, 0, 3, 8)
+    assert nnull == 1 and valid == bytes([0b101]) and \
+        np.frombuffer(data, np.int64).tolist() == [5, 0, -(2 ** 40)]
+    assert f.int_column(v, 0, 3, 4) is None
+    assert f.int_column(v[:1].copy(), 0, 1, 4) == (None, 0, np.int32(5).tobytes())
+    k = np.array([1, -1, 0, 1, 7], dtype=np.int32)   # 7: no such value, null
+    valid, nnull, offs, data = f.string_column(k, 0, 5, [b"ab", b"xyz"])
+    assert nnull == 2 and valid == bytes([0b01101]) and data == b"xyzabxyz"
+    assert np.frombuffer(offs, np.int32).tolist() == [0, 3, 3, 5, 8, 8]
+    with pytest.raises(TypeError):
+        f.string_column(k, 0, 5, ["not bytes"])
+    with pytest.raises(ValueError):
+        f.int_column(v, 1, 3, 8)   # past the buffer

@@ -23,11 +23,16 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/jit/frontend/tracer.h>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
 
 namespace {
 
-// The capsule's layout (_fastpath.c, MetaApi); version 1. All take the GIL held.
+// The capsule's layout (_fastpath.c, MetaApi); version 2. All take the GIL held.
 struct MetaApi {
   int version;
   // x: a tensor; numel, dtype (a borrowed torch.dtype, as x.dtype), device (x.get_device())
@@ -36,8 +41,18 @@ struct MetaApi {
   int (*tensor_nbytes)(PyObject* x, long long* nbytes);
   // g._get_sequence_number_for_group() for a c10d ProcessGroup (as the pybind method)
   int (*pg_seq)(PyObject* g, long long* seq);
+  // Version 2: an async op's completion without Python on the backend's thread (below).
+  // work.get_future().add_done_callback(stamp row) for a c10d Work: 1 attached (a reference
+  // to row is taken), 0 not handled here (the caller attaches its Python callback)
+  int (*work_attach)(PyObject* work, PyObject* row, long long (*now)());
+  // work.is_completed() for a c10d Work: 1 with *done, 0 not handled here
+  int (*work_done)(PyObject* work, int* done);
+  // the stamps queued by the callbacks, written: stamp(row, t, observed) for each (GIL held)
+  int (*stamps_flush)(void (*stamp)(PyObject* row, long long t, int observed));
+  // the number of stamps queued (any thread; a look before stamps_flush)
+  const std::atomic<long long>* stamps_queued;
 };
-constexpr int kMetaVersion = 1;
+constexpr int kMetaVersion = 2;
 constexpr const char* kMetaCapsule = "commtrace.capture.accel.meta_api";
 
 // Whether the accessors would do more than read the tensor (see the top of the file).
@@ -129,7 +144,126 @@ int pg_seq(PyObject* g, long long* seq) {
   }
 }
 
-const MetaApi meta_api = {kMetaVersion, tensor_meta, tensor_nbytes, pg_seq};
+// ---- async completion (version 2) -------------------------------------------------------
+// The C path's async ops with a future (gloo's collectives: FSDP2's all-gather and
+// reduce-scatter, async all_reduce) completed their row through a Python callback
+// (future.add_done_callback): per op a get_future() and an add_done_callback() pybind call on
+// the training thread, and on the backend's thread the GIL taken to run the callback (while
+// the training thread computes, that is a GIL hand-over each way). Here the callback is C++
+// on the c10 future: on the backend's thread it reads the clock and queues (row, time) under
+// a mutex, no GIL; a thread holding the GIL writes the queued times into their rows
+// (stamps_flush: the op's wait(), the next async call, the writer thread's service). The
+// writer thread releases an op with a future only once its row has an end time, and wait()
+// flushes before it completes the row, so the rows are the Python callback's.
+
+// c10d's Work class as pybind registered it, looked up once.
+PyTypeObject* work_class() {
+  static PyTypeObject* t = reinterpret_cast<PyTypeObject*>(
+      py::detail::get_type_handle(typeid(c10d::Work), false).ptr());
+  return t;
+}
+
+// The c10d::Work of an object of exactly torch's Work class (a Python subclass may override
+// get_future or is_completed: left to the Python-level calls), else nullptr.
+c10d::Work* work_of(PyObject* w) {
+  PyTypeObject* tp = work_class();
+  if (tp == nullptr || Py_TYPE(w) != tp)
+    return nullptr;
+  auto vh = reinterpret_cast<py::detail::instance*>(w)->get_value_and_holder(nullptr, false);
+  if (!vh || !vh.holder_constructed())
+    return nullptr;
+  return static_cast<c10d::Work*>(vh.value_ptr());
+}
+
+struct Stamp {
+  PyObject* row;   // a reference owned by the stamp, released with the GIL
+  long long t;
+  bool observed;
+};
+
+// Allocated once and never freed: a backend thread may run a callback while the process
+// exits, after static destructors.
+struct StampQueue {
+  std::mutex mu;
+  std::vector<Stamp> queued;
+  std::atomic<long long> n{0};
+};
+StampQueue* const stamp_q = new StampQueue();
+
+// Set on the training thread while it attaches: a callback run at once by addCallback (the
+// future was complete) runs on it with this set, and is "observed" (an upper bound).
+thread_local bool t_attaching = false;
+
+int work_attach(PyObject* work, PyObject* row, long long (*now)()) {
+  bool had = PyErr_Occurred() != nullptr;
+  try {
+    c10d::Work* w = work_of(work);
+    if (w == nullptr) {
+      clear_own_error(had);
+      return 0;
+    }
+    c10::intrusive_ptr<c10::ivalue::Future> fut = w->getFuture();   // throws: no future
+    if (!fut)
+      return 0;
+    Py_INCREF(row);
+    t_attaching = true;
+    try {
+      fut->addCallback(
+          [row, now](c10::ivalue::Future&) {
+            Stamp s{row, now(), t_attaching};
+            std::lock_guard<std::mutex> g(stamp_q->mu);
+            stamp_q->queued.push_back(s);
+            stamp_q->n.store(static_cast<long long>(stamp_q->queued.size()),
+                             std::memory_order_release);
+          },
+          /*uses_future=*/false);
+    } catch (...) {
+      t_attaching = false;
+      Py_DECREF(row);
+      throw;
+    }
+    t_attaching = false;
+    return 1;
+  } catch (...) {
+    clear_own_error(had);
+    return 0;
+  }
+}
+
+int work_done(PyObject* work, int* done) {
+  bool had = PyErr_Occurred() != nullptr;
+  try {
+    c10d::Work* w = work_of(work);
+    if (w == nullptr) {
+      clear_own_error(had);
+      return 0;
+    }
+    *done = w->isCompleted() ? 1 : 0;
+    return 1;
+  } catch (...) {
+    clear_own_error(had);
+    return 0;
+  }
+}
+
+int stamps_flush(void (*stamp)(PyObject* row, long long t, int observed)) {
+  if (stamp_q->n.load(std::memory_order_acquire) == 0)
+    return 0;
+  std::vector<Stamp> got;
+  {
+    std::lock_guard<std::mutex> g(stamp_q->mu);
+    got.swap(stamp_q->queued);
+    stamp_q->n.store(0, std::memory_order_release);
+  }
+  for (auto& s : got) {
+    stamp(s.row, s.t, s.observed ? 1 : 0);
+    Py_DECREF(s.row);
+  }
+  return static_cast<int>(got.size());
+}
+
+const MetaApi meta_api = {kMetaVersion, tensor_meta, tensor_nbytes, pg_seq,
+                          work_attach,  work_done,   stamps_flush, &stamp_q->n};
 
 }  // namespace
 

@@ -564,6 +564,11 @@ typedef struct {
     int (*tensor_meta)(PyObject *x, long long *numel, PyObject **dtype, long long *device);
     int (*tensor_nbytes)(PyObject *x, long long *nbytes);
     int (*pg_seq)(PyObject *g, long long *seq);
+    /* version 2: an async op's completion stamped in C++ (see _accel_meta.cpp) */
+    int (*work_attach)(PyObject *work, PyObject *row, long long (*now)(void));
+    int (*work_done)(PyObject *work, int *done);
+    int (*stamps_flush)(void (*stamp)(PyObject *row, long long t, int observed));
+    const long long *stamps_queued;   /* a std::atomic<long long>: read with __atomic_load_n */
 } MetaApi;
 #define META_CAPSULE "commtrace.capture.accel.meta_api"
 static HOT_DATA const MetaApi *meta_api;
@@ -571,8 +576,16 @@ static HOT_DATA const MetaApi *meta_api;
 static HOT_DATA int (*mt_tensor_meta)(PyObject *, long long *, PyObject **, long long *);
 static HOT_DATA int (*mt_tensor_nbytes)(PyObject *, long long *);
 static HOT_DATA int (*mt_pg_seq)(PyObject *, long long *);
+static HOT_DATA int (*mt_work_attach)(PyObject *, PyObject *, long long (*)(void));
+static HOT_DATA int (*mt_work_done)(PyObject *, int *);
+static HOT_DATA int (*mt_stamps_flush)(void (*)(PyObject *, long long, int));
+static HOT_DATA const long long *mt_stamps_n;
+static unsigned long long n_meta_attach;   /* completions attached in C++ (tests) */
+static int cxx_completion = 1;   /* set_cxx_completion(): benchmarks compare (0: Python callback) */
 static PyObject *meta_owner;   /* the capsule, kept (its module stays loaded) */
 static HOT_DATA unsigned long long n_meta_t, n_meta_s;   /* reads it answered: tensors, seqs */
+
+static void stamps_flush_now(void);
 
 /* meta_counts() -> (tensor reads, torch seq reads) answered through set_meta_api's capsule
  * (tests: the C++ reads were used, not only present). */
@@ -583,18 +596,25 @@ static PyObject *meta_counts(PyObject *module, PyObject *unused) {
 /* set_meta_api(capsule or None) -> whether the reads are now through it. */
 static PyObject *set_meta_api(PyObject *module, PyObject *cap) {
     if (cap == Py_None) {
+        stamps_flush_now();
         meta_api = NULL;
         mt_tensor_meta = NULL;
         mt_tensor_nbytes = NULL;
         mt_pg_seq = NULL;
+        mt_work_attach = NULL;
+        mt_work_done = NULL;
+        mt_stamps_flush = NULL;
+        mt_stamps_n = NULL;
         Py_CLEAR(meta_owner);
         Py_RETURN_FALSE;
     }
     const MetaApi *m = PyCapsule_GetPointer(cap, META_CAPSULE);
     if (m == NULL)
         return NULL;
-    if (m->version != 1 || m->tensor_meta == NULL || m->tensor_nbytes == NULL ||
-            m->pg_seq == NULL) {
+    if (m->version < 1 || m->version > 2 || m->tensor_meta == NULL ||
+            m->tensor_nbytes == NULL || m->pg_seq == NULL ||
+            (m->version >= 2 && (m->work_attach == NULL || m->work_done == NULL ||
+                                 m->stamps_flush == NULL || m->stamps_queued == NULL))) {
         PyErr_SetString(PyExc_ValueError, "set_meta_api: another version of the capsule");
         return NULL;
     }
@@ -604,6 +624,12 @@ static PyObject *set_meta_api(PyObject *module, PyObject *cap) {
     mt_tensor_meta = m->tensor_meta;
     mt_tensor_nbytes = m->tensor_nbytes;
     mt_pg_seq = m->pg_seq;
+    /* Queued stamps of the capsule being replaced are written first (they hold rows). */
+    stamps_flush_now();
+    mt_work_attach = m->version >= 2 ? m->work_attach : NULL;
+    mt_work_done = m->version >= 2 ? m->work_done : NULL;
+    mt_stamps_flush = m->version >= 2 ? m->stamps_flush : NULL;
+    mt_stamps_n = m->version >= 2 ? m->stamps_queued : NULL;
     Py_RETURN_TRUE;
 }
 
@@ -1226,6 +1252,209 @@ static PyObject *pack_rows(PyObject *module, PyObject *args) {
     return out;
 }
 
+/* Arrow buffers of one column, built in C from the writer's typed buffers (issue 20): the
+ * writer's numpy route paid 10-30 numpy calls per column, a fixed cost per column and part
+ * that dominated parts of a few hundred rows (a DDP rank writes ~1,000 rows per 2 s part).
+ * Validity bitmaps are Arrow's: least significant bit first, a 1 for a value. */
+
+static PyObject *bitmap_or_none(const unsigned char *ok, Py_ssize_t n, Py_ssize_t nnull) {
+    if (nnull == 0)
+        Py_RETURN_NONE;
+    PyObject *bm = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+    if (bm == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(bm);
+    memset(p, 0, (size_t)((n + 7) / 8));
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (ok[i])
+            p[i >> 3] |= (unsigned char)(1u << (i & 7));
+    return bm;
+}
+
+/* int_column(buf, j, n, width) -> None or (validity or None, nnull, data): column j of `buf`
+ * (int64 values, n per column, LLONG_MIN for null) as Arrow data of `width` bytes per value
+ * (8: int64, 4: int32; nulls written as 0). None when a value does not fit int32 (width 4):
+ * the caller's general route decides. */
+static PyObject *int_column(PyObject *module, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t j, n;
+    int width;
+    if (!PyArg_ParseTuple(args, "y*nni", &b, &j, &n, &width))
+        return NULL;
+    PyObject *out = NULL, *data = NULL, *bm = NULL;
+    unsigned char *ok = NULL;
+    if (n < 0 || j < 0 || (width != 4 && width != 8) ||
+        (j + 1) * n * (Py_ssize_t)sizeof(long long) > b.len) {
+        PyErr_SetString(PyExc_ValueError, "int_column: bad column");
+        goto done;
+    }
+    const long long *v = (const long long *)b.buf + j * n;
+    data = PyBytes_FromStringAndSize(NULL, n * width);
+    ok = (unsigned char *)PyMem_RawMalloc((size_t)(n ? n : 1));
+    if (data == NULL || ok == NULL) {
+        if (ok == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t nnull = 0;
+    if (width == 8) {
+        long long *d = (long long *)PyBytes_AS_STRING(data);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            long long y = v[i];
+            ok[i] = y != NONE_LL;
+            nnull += y == NONE_LL;
+            d[i] = y == NONE_LL ? 0 : y;
+        }
+    } else {
+        int *d = (int *)PyBytes_AS_STRING(data);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            long long y = v[i];
+            if (y == NONE_LL) {
+                ok[i] = 0;
+                nnull++;
+                d[i] = 0;
+            } else if (y < INT_MIN || y > INT_MAX) {
+                Py_CLEAR(data);
+                out = Py_None;
+                Py_INCREF(out);
+                goto done;
+            } else {
+                ok[i] = 1;
+                d[i] = (int)y;
+            }
+        }
+    }
+    bm = bitmap_or_none(ok, n, nnull);
+    if (bm != NULL)
+        out = Py_BuildValue("(NnN)", bm, nnull, data);
+    if (out != NULL)
+        data = NULL;
+done:
+    Py_XDECREF(data);
+    PyMem_RawFree(ok);
+    PyBuffer_Release(&b);
+    return out;
+}
+
+/* bool_column(codes, j, n) -> (validity or None, nnull, values): column j of `codes` (int32, n
+ * per column: 1 true, 0 false, -1 null) as an Arrow bool column's bitmaps. */
+static PyObject *bool_column(PyObject *module, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t j, n;
+    if (!PyArg_ParseTuple(args, "y*nn", &b, &j, &n))
+        return NULL;
+    PyObject *out = NULL, *vals = NULL, *bm = NULL;
+    unsigned char *ok = NULL;
+    if (n < 0 || j < 0 || (j + 1) * n * (Py_ssize_t)sizeof(int) > b.len) {
+        PyErr_SetString(PyExc_ValueError, "bool_column: bad column");
+        goto done;
+    }
+    const int *k = (const int *)b.buf + j * n;
+    vals = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+    ok = (unsigned char *)PyMem_RawMalloc((size_t)(n ? n : 1));
+    if (vals == NULL || ok == NULL) {
+        if (ok == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    unsigned char *v = (unsigned char *)PyBytes_AS_STRING(vals);
+    memset(v, 0, (size_t)((n + 7) / 8));
+    Py_ssize_t nnull = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ok[i] = k[i] >= 0;
+        nnull += k[i] < 0;
+        if (k[i] == 1)
+            v[i >> 3] |= (unsigned char)(1u << (i & 7));
+    }
+    bm = bitmap_or_none(ok, n, nnull);
+    if (bm != NULL)
+        out = Py_BuildValue("(NnN)", bm, nnull, vals);
+    if (out != NULL)
+        vals = NULL;
+done:
+    Py_XDECREF(vals);
+    PyMem_RawFree(ok);
+    PyBuffer_Release(&b);
+    return out;
+}
+
+/* string_column(codes, j, n, values) -> None or (validity or None, nnull, offsets, data):
+ * column j of `codes` (int32, n per column: an index into `values`, -1 for null) as an Arrow
+ * string column: int32 offsets and the values' bytes gathered. `values`: a list of bytes or
+ * None (null). None when the data would pass 2**31 - 1 bytes (Arrow's string offsets). */
+static PyObject *string_column(PyObject *module, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t j, n;
+    PyObject *values;
+    if (!PyArg_ParseTuple(args, "y*nnO!", &b, &j, &n, &PyList_Type, &values))
+        return NULL;
+    PyObject *out = NULL, *offs = NULL, *data = NULL, *bm = NULL;
+    unsigned char *ok = NULL;
+    Py_ssize_t nv = PyList_GET_SIZE(values);
+    if (n < 0 || j < 0 || (j + 1) * n * (Py_ssize_t)sizeof(int) > b.len) {
+        PyErr_SetString(PyExc_ValueError, "string_column: bad column");
+        goto done;
+    }
+    for (Py_ssize_t t = 0; t < nv; t++) {
+        PyObject *x = PyList_GET_ITEM(values, t);
+        if (x != Py_None && !PyBytes_CheckExact(x)) {
+            PyErr_SetString(PyExc_TypeError, "string_column: values are bytes or None");
+            goto done;
+        }
+    }
+    const int *k = (const int *)b.buf + j * n;
+    offs = PyBytes_FromStringAndSize(NULL, (n + 1) * (Py_ssize_t)sizeof(int));
+    ok = (unsigned char *)PyMem_RawMalloc((size_t)(n ? n : 1));
+    if (offs == NULL || ok == NULL) {
+        if (ok == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    int *o = (int *)PyBytes_AS_STRING(offs);
+    long long total = 0;
+    Py_ssize_t nnull = 0;
+    o[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int c = k[i];
+        PyObject *x = (c >= 0 && c < nv) ? PyList_GET_ITEM(values, c) : Py_None;
+        if (x == Py_None) {
+            ok[i] = 0;
+            nnull++;
+        } else {
+            ok[i] = 1;
+            total += PyBytes_GET_SIZE(x);
+            if (total > INT_MAX) {
+                out = Py_None;
+                Py_INCREF(out);
+                goto done;
+            }
+        }
+        o[i + 1] = (int)total;
+    }
+    data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (data == NULL)
+        goto done;
+    char *d = PyBytes_AS_STRING(data);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!ok[i])
+            continue;
+        PyObject *x = PyList_GET_ITEM(values, k[i]);
+        Py_ssize_t len = PyBytes_GET_SIZE(x);
+        memcpy(d + o[i], PyBytes_AS_STRING(x), (size_t)len);
+    }
+    bm = bitmap_or_none(ok, n, nnull);
+    if (bm != NULL)
+        out = Py_BuildValue("(NnNN)", bm, nnull, offs, data);
+    if (out != NULL)
+        offs = data = NULL;
+done:
+    Py_XDECREF(offs);
+    Py_XDECREF(data);
+    PyMem_RawFree(ok);
+    PyBuffer_Release(&b);
+    return out;
+}
+
 /* in_progress(take=False) -> list of pre of the blocking calls in progress. take=True: they
  * are written now as never completed, and not queued again when their call returns. */
 static PyObject *in_progress(PyObject *module, PyObject *args) {
@@ -1484,7 +1713,7 @@ static unsigned long long n_async;  /* async calls recorded here */
 static PyObject *s_get_future, *s_add_done_callback, *s_acquire, *s_release, *s_notify,
     *s_wake, *s_itemsize, *s_dropped, *s_by_storage, *s_pending, *s_ready, *s_pend_lock,
     *s_listeners, *s_blocking, *s_config, *s_hazards, *s_off, *s_async_completion, *s_wait_s,
-    *s_name_attr, *s_append_m, *s_lazy_idle, *s_idle_owed;
+    *s_name_attr, *s_append_m, *s_lazy_idle, *s_idle_owed, *s_polled;
 
 /* Row columns (schema order, as recorder.expand writes them; checked in set_async). */
 enum { C_KIND, C_RANK, C_PG, C_PG_SIZE, C_SEQ, C_OP, C_API, C_ASYNC, C_BACKEND, C_DEVICE,
@@ -1790,6 +2019,42 @@ static PyObject *done_vectorcall(PyObject *self, PyObject *const *args, size_t n
     Py_RETURN_NONE;
 }
 
+/* Completion stamps of the C++ callbacks (set_meta_api's capsule, version 2: work_attach),
+ * queued on the backend's thread without the GIL, written into their rows here (GIL held):
+ * by the op's wait() (before it completes the row), by the next async call, and by the writer
+ * thread's service (flush_stamps, in recorder.STAMP_FLUSHERS). */
+static void stamp_row(PyObject *row, long long t, int observed) {
+    if (PyList_Check(row) && PyList_GET_SIZE(row) == C_NCOL)
+        as_complete(row, t, observed ? s_how_observed : s_how_callback);
+}
+
+static void stamps_flush_now(void) {
+    if (mt_stamps_n != NULL && __atomic_load_n(mt_stamps_n, __ATOMIC_ACQUIRE) != 0) {
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        mt_stamps_flush(stamp_row);
+        CLEAR_ERR();
+        PyErr_Restore(et, ev, etb);
+    }
+}
+
+/* flush_stamps() -> None: write the queued completion stamps into their rows. */
+static PyObject *flush_stamps(PyObject *module, PyObject *unused) {
+    stamps_flush_now();
+    Py_RETURN_NONE;
+}
+
+/* set_cxx_completion(flag) -> previous: an async op's completion callback in C++ (1, the
+ * default, where the capsule has it) or through its future's Python add_done_callback (0). */
+static PyObject *set_cxx_completion(PyObject *module, PyObject *arg) {
+    return swap_flag(&cxx_completion, arg);
+}
+
+/* attach_counts() -> completions attached in C++ so far (tests). */
+static PyObject *attach_counts(PyObject *module, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(n_meta_attach);
+}
+
 static void done_dealloc(DoneCB *d) {
     Py_CLEAR(d->row);
     Py_TYPE(d)->tp_free((PyObject *)d);
@@ -2009,9 +2274,17 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
      * object, except for the C++ DDP hook, which takes the future in C++ and stamps the
      * completion itself (t_ddp_take->nofut: the pybind call would make a Python object that
      * nothing uses) */
-    int hasfut = 0;
+    int hasfut = 0, attached = 0;
     if (acst.callback && !nofut && t_ddp_take != NULL && t_ddp_take->nofut) {
         hasfut = 1;
+    } else if (acst.callback && !nofut && t_ddp_take == NULL && mt_work_attach != NULL &&
+               cxx_completion &&
+               mt_work_attach(work, row, now_ns) == 1) {
+        /* the completion callback is C++ on the Work's future: no get_future() or
+         * add_done_callback() pybind call here, no GIL on the backend's thread */
+        hasfut = 1;
+        attached = 1;
+        n_meta_attach++;
     } else if (acst.callback && !nofut) {
         hasfut = 1;
         fut = PyObject_CallMethodNoArgs(work, s_get_future);
@@ -2031,7 +2304,7 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
      * then completes the row as "observed" (DoneCB.attaching). A look (future.done(), a
      * pybind call) cost 0.3-0.4 us per op and told nothing the attach does not. */
     int done = 0;
-    if (!hasfut) {
+    if (!hasfut && (mt_work_done == NULL || mt_work_done(work, &done) != 1)) {
         PyObject *look = PyObject_CallMethodNoArgs(work, s_is_completed);
         done = look == Py_True;
         Py_XDECREF(look);
@@ -2080,7 +2353,7 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
         as_complete(row, t_seen, s_how_observed);
     if (nofut && acst.callback) {
         /* _track_work's rec.wake(): free unless the writer has other Works to poll */
-        PyObject *pl = PyDict_GetItemString(acst.rdict, "_polled");
+        PyObject *pl = PyDict_GetItemWithError(acst.rdict, s_polled);   /* no str per op */
         if (pl == NULL || !PyDict_Check(pl) || PyDict_GET_SIZE(pl) > 0) {
             PyObject *z = PyObject_CallMethodNoArgs(rec, s_wake);
             Py_XDECREF(z);
@@ -2103,6 +2376,8 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
         CLEAR_ERR();
     }
     Py_XDECREF(fut);
+    if (attached)   /* an op that had ended: its "observed" stamp, written now as before */
+        stamps_flush_now();
     n_async++;
     Py_DECREF(p);
 }
@@ -2119,6 +2394,7 @@ typedef struct {
 static NOINLINE PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObject *y,
                           PyObject *const *args, size_t nargsf, PyObject *kwnames,
                           TseqArgs *ts) {
+    stamps_flush_now();   /* earlier ops' completions (a cheap look when none are queued) */
     PyObject *row = as_row(r);
     rec_release(r);
     if (row == NULL) {
@@ -2249,6 +2525,7 @@ static PyObject *as_wait(WaitW *w, PyObject *rec, PyObject *const *args, size_t 
     long long t0 = now_ns();
     PyObject *r = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
     long long t1 = now_ns();
+    stamps_flush_now();   /* the op's callback time, if it ran, before the wait's (keeps its own error) */
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
     PyObject *t1o = PyLong_FromLongLong(t1);
@@ -4028,6 +4305,12 @@ static PyMethodDef methods[] = {
      "set_prefetch(flag) -> previous: prefetch torch's tensor accessors at entry (default on)."},
     {"meta_counts", meta_counts, METH_NOARGS,
      "meta_counts() -> (tensor reads, torch seq reads) made through set_meta_api's capsule."},
+    {"flush_stamps", flush_stamps, METH_NOARGS,
+     "flush_stamps(): write the completion times queued by the C++ callbacks into their rows."},
+    {"set_cxx_completion", set_cxx_completion, METH_O,
+     "set_cxx_completion(flag) -> previous: async completion callbacks in C++ (default on)."},
+    {"attach_counts", attach_counts, METH_NOARGS,
+     "attach_counts() -> async completions attached in C++ (set_meta_api's capsule) so far."},
     {"set_meta_api", set_meta_api, METH_O,
      "set_meta_api(capsule or None) -> on: tensor / group reads through torch's C++ API."},
     {"tseq_reads", tseq_reads, METH_NOARGS,
@@ -4038,6 +4321,9 @@ static PyMethodDef methods[] = {
      "(async path on, async calls recorded in C)."},
     {"set_untrack_rows", set_untrack_rows, METH_O, "set_untrack_rows(flag): untrack async rows from the cyclic GC (default True)."},
     {"pack_rows", pack_rows, METH_VARARGS, "pack_rows(rows, kinds) -> None or (n, nums, codes, tables): queued rows as typed column buffers (issue 20)."},
+    {"int_column", int_column, METH_VARARGS, "int_column(buf, j, n, width) -> None or (validity, nnull, data): an Arrow integer column (issue 20)."},
+    {"bool_column", bool_column, METH_VARARGS, "bool_column(codes, j, n) -> (validity, nnull, values): an Arrow bool column (issue 20)."},
+    {"string_column", string_column, METH_VARARGS, "string_column(codes, j, n, values) -> None or (validity, nnull, offsets, data): an Arrow string column (issue 20)."},
     {"drain_records", drain_records, METH_NOARGS, "drain_records() -> None or (n, nums, codes, tables): typed column buffers (issue 20)."},
     {"drain_columns", drain_columns, METH_NOARGS, "drain_columns() -> None or 19 column lists (F_* fields, t_return_ns)."},
     {"in_progress", in_progress, METH_VARARGS, "in_progress(take=False) -> [pre] of blocking calls in progress."},
@@ -4083,6 +4369,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_by_storage, "_by_storage"); INTERN(s_pending, "_pending");
     INTERN(s_ready, "_ready"); INTERN(s_pend_lock, "_pend_lock");
     INTERN(s_lazy_idle, "lazy_idle"); INTERN(s_idle_owed, "_idle_owed");
+    INTERN(s_polled, "_polled");
     INTERN(s_listeners, "_listeners"); INTERN(s_blocking, "_blocking");
     INTERN(s_config, "config"); INTERN(s_hazards, "hazards"); INTERN(s_off, "off");
     INTERN(s_async_completion, "async_completion"); INTERN(s_wait_s, "wait");

@@ -228,6 +228,10 @@ _NULL_LL = -(2 ** 63)
 RECORD_BUFFERS = True
 
 
+#: Build the columns' Arrow buffers in C (``_fastpath.int_column`` / ``string_column``) where
+#: the C module has them; the numpy route otherwise (tests and benchmarks flip it).
+C_COLUMNS = True
+
 _np_state = None
 
 
@@ -253,9 +257,48 @@ def _kit(n: int):
     def bitmap(mask):
         return pa.py_buffer(np.packbits(mask, bitorder="little").tobytes())
 
+    c_int = c_str = None
+    if C_COLUMNS and _cfast is not None and hasattr(_cfast, "string_column"):
+        # The column's buffers built in C in one pass (``int_column`` / ``string_column``):
+        # the numpy route below costs 10-30 numpy calls per column, a fixed cost per column
+        # and part that dominated parts of a few hundred rows (docs/performance.md, Session 15).
+        int32 = pa.int32()
+        int_column, string_column, from_buffers = (_cfast.int_column, _cfast.string_column,
+                                                   pa.Array.from_buffers)
+        py_buffer, i32, i64 = pa.py_buffer, np.int32, np.int64
+
+        def c_int(vals, typ):
+            """None: an int32 value out of range, or not an int64 array (the numpy route)."""
+            if vals.dtype != i64 or not vals.flags.c_contiguous:
+                return None
+            r = int_column(vals, 0, n, 4 if typ == int32 else 8)
+            if r is None:
+                return None
+            valid, nnull, data = r
+            if nnull == n:
+                return pa.nulls(n, typ)
+            return from_buffers(typ, n, [None if valid is None else py_buffer(valid),
+                                         py_buffer(data)], nnull)
+
+        def c_str(code, enc):
+            if code.dtype != i32 or not code.flags.c_contiguous:
+                code = np.ascontiguousarray(code, dtype=i32)
+            r = string_column(code, 0, n, enc)
+            if r is None:
+                return None
+            valid, nnull, offsets, data = r
+            if nnull == n:
+                return pa.nulls(n, pa.string())
+            return from_buffers(pa.string(), n, [None if valid is None else py_buffer(valid),
+                                                 py_buffer(offsets), py_buffer(data)], nnull)
+
     def ints(vals, typ, valid=None):
         """int64 values (``_NULL_LL`` or ~valid: null) as an Arrow array of `typ`."""
         if valid is None:
+            if c_int is not None:
+                made = c_int(vals, typ)
+                if made is not None:
+                    return made
             valid = vals != _NULL_LL
         nnull = n - int(np.count_nonzero(valid))
         if nnull == n:
@@ -282,6 +325,10 @@ def _kit(n: int):
             offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(enc[0]))
             return pa.Array.from_buffers(pa.string(), n, [
                 None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(enc[0] * n)], 0)
+        if c_str is not None:
+            made = c_str(code, enc)
+            if made is not None:
+                return made
         valid_t = np.array([e is not None for e in enc] + [False], dtype=bool)
         lens_t = np.array([0 if e is None else len(e) for e in enc] + [0], dtype=np.int64)
         if not valid_t.any():
@@ -404,6 +451,10 @@ ROW_BUFFERS = True
 #: it saves (inside a flush of async rows at world size 1, the conversion's thread CPU: 50
 #: rows 0.43 ms lists against 0.54 buffers, 200 rows about even, 5,000 rows about half).
 ROW_BUFFERS_MIN_ROWS = 256
+#: ... and from this many with the columns built in C (C_COLUMNS): that route wins at every size
+#: (thread CPU of the conversion, the DDP sample's rows, session 15: 3 rows 95 us against 161
+#: for the lists, 50 rows 105 against 308, 250 rows 138 against 913).
+ROW_BUFFERS_MIN_ROWS_C = 1
 _ROW_KINDS = None   # pack_rows' column letters, from the schema
 
 
@@ -433,12 +484,15 @@ def arrays_of_rows(rank: int, rows: list):
     packed = _cfast.pack_rows(rows, kinds)
     if packed is None:
         return None
+    if C_COLUMNS and hasattr(_cfast, "bool_column"):
+        return _arrays_of_packed(packed)
     n, nums_b, codes_b, tables, nulls_b = packed
     n_i = kinds.count(b"i")
     nulls = np.frombuffer(nulls_b, dtype=np.int64).tolist()
     nums = np.frombuffer(nums_b, dtype=np.int64).reshape(n_i, n)
     codes = np.frombuffer(codes_b, dtype=np.int32).reshape(len(kinds) - n_i, n)
     ints, _table_ints, strings, bools = _kit(n)
+    c_cols = C_COLUMNS and hasattr(_cfast, "int_column")
     out = []
     a = c = o = 0
     for j, (f, kd) in enumerate(zip(S.SCHEMA, kinds)):
@@ -452,9 +506,13 @@ def arrays_of_rows(rank: int, rows: list):
             vals = nums[a]
             a += 1
             if f.type == pa.int32():
-                ok = vals != _NULL_LL
-                if ok.any() and (vals[ok].min() < -2 ** 31 or vals[ok].max() >= 2 ** 31):
-                    return None   # the list path's conversion decides
+                if c_cols:
+                    if _cfast.int_column(vals, 0, n, 4) is None:
+                        return None   # an int32 value out of range: the list path decides
+                else:
+                    ok = vals != _NULL_LL
+                    if ok.any() and (vals[ok].min() < -2 ** 31 or vals[ok].max() >= 2 ** 31):
+                        return None   # the list path's conversion decides
             out.append(ints(vals, f.type))
         elif kd == 0x62:  # 'b'
             k = codes[c]
@@ -472,6 +530,94 @@ def arrays_of_rows(rank: int, rows: list):
             else:   # inflight_ids: the values, then the list path's conversion
                 out.append(W.array_from_list([None if x < 0 else table[x] for x in k.tolist()],
                                              f.type))
+    return out
+
+
+_PLAN = None   # per column of the schema: (letter, type, int width or field name)
+
+
+def _plan() -> list:
+    global _PLAN
+    if _PLAN is None:
+        import pyarrow as pa
+
+        _PLAN = [(k, f.type, (4 if f.type == pa.int32() else 8) if k == 0x69 else f.name)
+                 for f, k in zip(S.SCHEMA, _row_kinds())]
+    return _PLAN
+
+
+def _arrays_of_packed(packed):
+    """:func:`arrays_of_rows`' arrays with every column's buffers built in C from pack_rows'
+    output (``int_column``, ``bool_column``, ``string_column``): no numpy, a handful of calls
+    per column (session 15: inside a flush, after the training steps have evicted the
+    caches, each call costs several times what it costs hot, so their number is the cost)."""
+    import array
+
+    import pyarrow as pa
+
+    from ..format import writer as W
+
+    n, nums_b, codes_b, tables, nulls_b = packed
+    nulls = array.array("q", nulls_b).tolist()
+    int_column, bool_column, string_column = (_cfast.int_column, _cfast.bool_column,
+                                              _cfast.string_column)
+    fb, buf, nulls_of = pa.Array.from_buffers, pa.py_buffer, pa.nulls
+    string = pa.string()
+    all_null: dict = {}
+    out = []
+    a = c = o = 0
+    for (kd, typ, what), nn in zip(_plan(), nulls):
+        if kd == 0x69:   # 'i'
+            j = a
+            a += 1
+            if nn == n and what == 8:
+                x = all_null.get(typ)
+                if x is None:
+                    x = all_null[typ] = nulls_of(n, typ)
+                out.append(x)
+                continue
+            r = int_column(nums_b, j, n, what)
+            if r is None:
+                return None   # an int32 value out of range: the list path decides
+            valid, nn, data = r
+            out.append(nulls_of(n, typ) if nn == n else
+                       fb(typ, n, [valid and buf(valid), buf(data)], nn))
+            continue
+        j = c
+        c += 1
+        if kd == 0x62:   # 'b'
+            if nn == n:
+                out.append(nulls_of(n, typ))
+                continue
+            valid, nn, data = bool_column(codes_b, j, n)
+            out.append(fb(typ, n, [valid and buf(valid), buf(data)], nn))
+            continue
+        table = tables[o]
+        o += 1
+        if nn == n:
+            x = all_null.get(typ)
+            if x is None:
+                x = all_null[typ] = nulls_of(n, typ)
+            out.append(x)
+            continue
+        if typ == string:
+            if what == "site":
+                table = [format_site(v) for v in table]
+            enc = [None if v is None else str(v).encode("utf-8", "surrogateescape")
+                   for v in table]
+            r = string_column(codes_b, j, n, enc)
+            if r is not None:
+                valid, nn, offsets, data = r
+                out.append(nulls_of(n, typ) if nn == n else
+                           fb(typ, n, [valid and buf(valid), buf(offsets), buf(data)], nn))
+                continue
+            # past 2 GiB of text: pyarrow's own conversion (large offsets refused there too)
+            codes = array.array("i", codes_b[4 * j * n:4 * (j + 1) * n])
+            out.append(pa.array([None if x < 0 else enc[x].decode("utf-8", "surrogateescape")
+                                 for x in codes], string))
+        else:   # inflight_ids: the values, then the list path's conversion
+            codes = array.array("i", codes_b[4 * j * n:4 * (j + 1) * n])
+            out.append(W.array_from_list([None if x < 0 else table[x] for x in codes], typ))
     return out
 
 
@@ -1272,12 +1418,13 @@ class Recorder:
             try:
                 if final:
                     self._service(final=True)
-                rows = []
                 q = self._ready
                 rank = self.rank
-                while q:
-                    r = q.popleft()
-                    rows.append(expand(rank, r[0], r[1]) if len(r) == 2 else r)
+                # the rows queued now, taken from the left at C speed (no Python frame per
+                # row): the training thread may append meanwhile, on the right
+                rows = list(itertools.starmap(q.popleft, itertools.repeat((), len(q))))
+                if 2 in set(map(len, rows)):   # short records of the blocking path: expand
+                    rows = [expand(rank, r[0], r[1]) if len(r) == 2 else r for r in rows]
                 ccols = None
                 if _cfast is not None:
                     if (RECORD_BUFFERS and _bounded(self) is None and _numpy_ok()
@@ -1319,7 +1466,10 @@ class Recorder:
             # Queued full rows (async ops of either path, gaps, marks, ...) as typed buffers
             # too (pack_rows) from ROW_BUFFERS_MIN_ROWS rows on, where the C path is built,
             # numpy imports and capture is not bounded (its split works on column lists).
-            row_buffers = (ROW_BUFFERS and RECORD_BUFFERS and len(rows) >= ROW_BUFFERS_MIN_ROWS
+            c_cols = C_COLUMNS and hasattr(_cfast, "string_column")
+            row_buffers = (ROW_BUFFERS and RECORD_BUFFERS
+                           and len(rows) >= (ROW_BUFFERS_MIN_ROWS_C if c_cols
+                                             else ROW_BUFFERS_MIN_ROWS)
                            and _cfast is not None and hasattr(_cfast, "pack_rows")
                            and _bounded(self) is None and _numpy_ok())
             if (buffers and n_c) or (row_buffers and not n_c):

@@ -897,6 +897,8 @@ def _make_wait(orig_wait):
             raise
         t1 = rec.now_ns()
         try:
+            if _stamp_flush is not None:
+                _stamp_flush()   # a callback time queued in C++ comes before the wait's
             if p.nvtx_range is not None:
                 nvtx_ranges.end(p.nvtx_range)
                 p.nvtx_range = None
@@ -1227,6 +1229,8 @@ def _set_tensor_api() -> None:
 
 
 _meta_set = False
+#: _fastpath.flush_stamps once the C++ reads are set (async completions stamped in C++)
+_stamp_flush = None
 
 
 def _set_meta_api() -> None:
@@ -1243,6 +1247,13 @@ def _set_meta_api() -> None:
             return
         _cfast.set_meta_api(cap)
         _meta_set = True
+        # async completions stamped in C++ (capsule version 2): the writer thread's service
+        # writes the queued stamps into their rows before it looks at them
+        global _stamp_flush
+        fl = getattr(_cfast, "flush_stamps", None)
+        if fl is not None and fl not in _R.STAMP_FLUSHERS:
+            _R.STAMP_FLUSHERS.append(fl)
+        _stamp_flush = fl
     except Exception as e:
         _meta_set = True
         log.warn_once("cfast-meta", "C fast path: torch's C++ reads unavailable", e)

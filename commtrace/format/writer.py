@@ -29,8 +29,14 @@ def atomic_write_text(path: str, text: str) -> None:
             continue
 
     def write():
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        # bytes through os.write: no text-file object per write (the rank's writer rewrites
+        # _inflight.json at every flush); the text is JSON, ASCII unless a caller says otherwise
+        try:
+            data = memoryview(text.encode("utf-8"))
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
 
     _write_then_rename(write, tmp, path)
 

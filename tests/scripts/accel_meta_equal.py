@@ -6,7 +6,8 @@ Covers float / bfloat16 / integer dtypes, an nn.Parameter, non-contiguous, zero-
 tensors, output tensors (byte sizes), tensor lists, point-to-point ops (blocking, async,
 batched), async collectives, a subgroup, a call that raises, calls under a torch function
 mode, and ops torch issued that commtrace did not record (gap rows: torch's sequence numbers).
-Prints one line per rank: "ACCELMETA <rank> <meta on> <tensor reads> <seq reads> <C calls>"."""
+Prints one line per rank: "ACCELMETA <rank> <meta on> <tensor reads> <seq reads> <C calls>",
+and "ACCELATTACH <rank> <async completions attached in C++>"."""
 
 import torch
 import torch.distributed as dist
@@ -72,6 +73,14 @@ for rep in range(2):   # first sightings go to the Python path; later calls take
             dist.irecv(torch.empty(3, dtype=torch.bfloat16), peer)]
     for r in reqs:
         r.wait()
+    # async collectives with a future, in flight together and waited in reverse (FSDP2's
+    # pattern): where the module is built their completion is stamped by its C++ callback
+    works = [dist.all_gather_into_tensor(torch.empty(4 * world), torch.ones(4), async_op=True),
+             dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * world), async_op=True),
+             dist.all_reduce(torch.ones(5), async_op=True)]
+    for w in reversed(works):
+        w.wait()
+    del works, w
     ops = [dist.P2POp(dist.isend, torch.ones(2, dtype=torch.int64), peer),
            dist.P2POp(dist.irecv, torch.empty(2, dtype=torch.int64), peer)]
     for r in dist.batch_isend_irecv(ops):
@@ -92,4 +101,6 @@ cf = W._cfast
 meta = cf.meta_counts() if cf is not None and hasattr(cf, "meta_counts") else (0, 0)
 print(f"ACCELMETA {rank} {int(W._meta_set)} {meta[0]} {meta[1]} "
       f"{cf.counts()[0] if cf is not None else 0}", flush=True)
+att = cf.attach_counts() if cf is not None and hasattr(cf, "attach_counts") else 0
+print(f"ACCELATTACH {rank} {att}", flush=True)
 dist.destroy_process_group()
