@@ -84,6 +84,27 @@ struct Stamps {
   std::vector<Stamp> queued;
   std::atomic<size_t> n{0};
 
+  // The last reference may be a continuation's or a recording group's callback that ran after
+  // its hook or group was freed (a Work's future wakes its waiters before it runs callbacks, so
+  // the training thread can free DDP first): write what it queued, or the row keeps no end.
+  ~Stamps() {
+    if (queued.empty() || !Py_IsInitialized() || finalizing())
+      return;   // (interpreter gone: leak the rows rather than touch it)
+    py::gil_scoped_acquire gil;
+    for (auto& s : queued) {
+      api->stamp(s.row, s.t, s.observed ? 1 : 0);
+      Py_DECREF(s.row);
+    }
+  }
+
+  static bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+  }
+
   void push(PyObject* row, long long t, bool observed) {
     std::lock_guard<std::mutex> g(mu);
     queued.push_back({row, t, observed});
