@@ -15,6 +15,7 @@ Used with and without commtrace by tests/test_compile.py; the two JSON files mus
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -258,6 +259,13 @@ def main() -> int:
     dist.barrier()
     with open(f"{out_json}.{rank}", "w") as f:
         json.dump(results, f, indent=1, sort_keys=True)
+    # Free the compiled graphs (dynamo's caches hold their collectives' works and tensors) before
+    # the group goes, and let both ranks' gloo threads finish: a gloo work freed while Python
+    # finalizes aborts the process (torch 2.13, pytorch/pytorch#179291; CI saw it twice in a row
+    # here). A careful user's exit, not a retry.
+    torch._dynamo.reset()
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
