@@ -492,7 +492,6 @@ def arrays_of_rows(rank: int, rows: list):
     nums = np.frombuffer(nums_b, dtype=np.int64).reshape(n_i, n)
     codes = np.frombuffer(codes_b, dtype=np.int32).reshape(len(kinds) - n_i, n)
     ints, _table_ints, strings, bools = _kit(n)
-    c_cols = C_COLUMNS and hasattr(_cfast, "int_column")
     out = []
     a = c = o = 0
     for j, (f, kd) in enumerate(zip(S.SCHEMA, kinds)):
@@ -506,13 +505,9 @@ def arrays_of_rows(rank: int, rows: list):
             vals = nums[a]
             a += 1
             if f.type == pa.int32():
-                if c_cols:
-                    if _cfast.int_column(vals, 0, n, 4) is None:
-                        return None   # an int32 value out of range: the list path decides
-                else:
-                    ok = vals != _NULL_LL
-                    if ok.any() and (vals[ok].min() < -2 ** 31 or vals[ok].max() >= 2 ** 31):
-                        return None   # the list path's conversion decides
+                ok = vals != _NULL_LL
+                if ok.any() and (vals[ok].min() < -2 ** 31 or vals[ok].max() >= 2 ** 31):
+                    return None   # the list path's conversion decides
             out.append(ints(vals, f.type))
         elif kd == 0x62:  # 'b'
             k = codes[c]
