@@ -87,3 +87,81 @@ def test_arrays_from_buffers_odd_values():
     u = [f"site{i}" for i in range(300)]
     assert W.array_from_list(u, pa.string()).to_pylist() == u
     assert W.array_from_list([1, None] * 40, pa.string()).to_pylist() == ["1", None] * 40
+
+
+class _Work:
+    """A stand-in for a Work object with a future (weakly referenced by its pending op)."""
+
+    def is_completed(self):
+        return True
+
+
+@pytest.mark.skipif(R._service_pass is None, reason="the C fast path is not built here")
+def test_service_in_c_releases_what_the_python_loop_releases(tmp_path, monkeypatch):
+    """The writer's service (Recorder._service) decides in C (``_fastpath.service_pass``) for the
+    ops whose end is known: each case below ends the same with SERVICE_C on and off (released
+    rows, ops still pending, their t_done_seen)."""
+    from commtrace.capture import wrappers as Wr
+
+    was_on = R._cfast.async_counts()[0]
+    Wr._set_async()
+    if not R._cfast.async_counts()[0]:
+        pytest.skip("the C async path is off here")
+    try:
+        outcomes = {}
+        for c in (True, False):
+            monkeypatch.setattr(R, "SERVICE_C", c)
+            rec = R.Recorder(Config(output=str(tmp_path / str(c))), 0, 1, start_thread=False)
+            keep = []   # Works kept alive during the service
+            hold = int(R.HOLD_FLUSHES * rec.config.flush_interval * 1e9)
+            now = rec.now_ns()
+
+            def op(op_id, t_end, alive, waited=False, t_done=None, token=None, future=True):
+                row = [None] * R.NCOL
+                row[R.I_KIND], row[R.I_OP], row[R.I_BACKEND] = "op", "all_reduce", "gloo"
+                row[R.I_OP_ID], row[R.I_T_END] = op_id, t_end
+                w = _Work()
+                if alive:
+                    keep.append(w)
+                p = rec.add_pending(row, key_obj=w, work=w, has_future=future,
+                                    device_token=token)
+                p.waited, p.t_done_seen = waited, t_done
+                return p
+
+            op(1, now, alive=False)                      # done, Work gone: released
+            op(2, now, alive=True)                       # done, Work held: stays, seen now
+            op(3, now, alive=True, waited=True)          # done and waited: released
+            op(4, now, alive=True, t_done=now - hold)    # done for HOLD_FLUSHES: released
+            op(5, now, alive=True, t_done=now - 5)       # done lately: stays
+            op(6, None, alive=True)                      # in flight: stays
+            op(7, None, alive=False)                     # in flight, Work gone: stays (future)
+            op(8, now, alive=False, token=object())      # device token: the Python loop's
+            row = [None] * R.NCOL
+            row[R.I_KIND], row[R.I_OP_ID] = "op", 9
+            rec.add_pending_tensors(row, [])             # no Work at all, in flight: stays
+            rec._service(final=False)
+            outcomes[c] = (sorted(r[R.I_OP_ID] for r in rec._ready),
+                           {i: (p.t_done_seen is not None, p.t_done_seen == now - 5)
+                            for i, p in rec._pending.items()},
+                           sorted(rec._by_key.values(), key=id) == sorted(
+                               rec._pending.values(), key=id))
+            keep.clear()
+        assert outcomes[True] == outcomes[False]
+        released, pending, _ = outcomes[True]
+        assert released == [1, 3, 4, 8]
+        assert set(pending) == {2, 5, 6, 7, 9}
+        assert pending[2] == (True, False) and pending[5] == (True, True)
+        assert pending[6] == (False, False)
+        # and the C pass decided them itself: only the ops it leaves come back to Python
+        rec = R.Recorder(Config(output=str(tmp_path / "direct")), 0, 1, start_thread=False)
+        kept = []
+        for i, t_end in enumerate((5, 5, None)):
+            row = [None] * R.NCOL
+            row[R.I_KIND], row[R.I_OP_ID], row[R.I_T_END] = "op", i, t_end
+            kept.append(rec.add_pending(row, key_obj=_Work(), work=_Work(), has_future=True))
+        left = R._service_pass(rec, list(rec._pending.values()), 10, 100)
+        assert [p.op_id for p in left] == [2]
+        assert [r[R.I_OP_ID] for r in rec._ready] == [0, 1] and list(rec._pending) == [2]
+    finally:
+        if not was_on:
+            R._cfast.async_off()

@@ -951,31 +951,31 @@ static int sync_search(Py_ssize_t G, Py_ssize_t NS, const int64_t *cnt, const in
     return 1;
 }
 
-/* sync_points(a_group, a_rel, s_group, s_enter, G) -> None or (found uint8, value float64) bytes
- * For each slot j: among the anchors of its group, the last in (floor(rel), anchor order) with
- * floor(rel) <= floor(s_enter[j]): model._build's searchsorted over the int64 keys
- * group << 44 | floor(ns), which order as (group, floor) when every floor is in [0, 2^44) and
- * every group in [0, 2^19) (else None). Anchors are bucketed by group in their order; None too
- * when a bucket is not in floor order already. */
-static PyObject *sync_points(PyObject *self, PyObject *args) {
-    PyObject *o[4];
-    Py_ssize_t G;
-    if (!PyArg_ParseTuple(args, "OOOOn", &o[0], &o[1], &o[2], &o[3], &G)) return NULL;
-    Py_buffer b[4];
-    int nb = 0;
+/* The validation, bucketing and search shared by sync_points and sync_points_ev: item i of n
+ * is an anchor when `anchor` is NULL or anchor[i] != 0; its group is ag[i] (`ag` given) or
+ * sg[ev_slot[i]]; its time arel[i]. Returns None (out of range, a bad slot, or a bucket out of
+ * floor order), the (found, value) tuple, or NULL with an exception set. */
+static PyObject *sync_run(Py_ssize_t G, Py_ssize_t n, const uint8_t *anchor, const int64_t *ag,
+                          const int64_t *ev_slot, const double *arel, Py_ssize_t NS,
+                          const int64_t *sg, const double *sen) {
     PyObject *res = NULL, *ofound = NULL, *oval = NULL;
     int64_t *cnt = NULL, *pos = NULL;
     double *fl = NULL;
-    for (; nb < 4; nb++) if (get(o[nb], &b[nb], 8, "sync_points") < 0) goto done;
-    const int64_t *ag = b[0].buf, *sg = b[2].buf;
-    const double *arel = b[1].buf, *sen = b[3].buf;
-    Py_ssize_t A = b[0].len / 8, NS = b[2].len / 8;
-    if (b[1].len / 8 != A || b[3].len / 8 != NS || G < 0) { PyErr_SetString(PyExc_ValueError, "sync_points: sizes"); goto done; }
+    Py_ssize_t A = 0;
     const double LIM = 17592186044416.0;  /* 2^44 */
     int ok = G <= (1 << 19);
-    for (Py_ssize_t i = 0; i < A && ok; i++) {
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        if (anchor && !anchor[i]) continue;
+        A++;
         double f = floor(arel[i]);
-        if (!(f >= 0.0 && f < LIM) || ag[i] < 0 || ag[i] >= G) ok = 0;
+        int64_t g;
+        if (ag) g = ag[i];
+        else {
+            int64_t sl = ev_slot[i];
+            if (sl < 0 || sl >= NS) { ok = 0; break; }
+            g = sg[sl];
+        }
+        if (!(f >= 0.0 && f < LIM) || g < 0 || g >= G) ok = 0;
     }
     for (Py_ssize_t j = 0; j < NS && ok; j++) {
         double f = floor(sen[j]);
@@ -989,15 +989,18 @@ static PyObject *sync_points(PyObject *self, PyObject *args) {
     if (!cnt || !pos || !fl) { PyErr_NoMemory(); goto done; }
     uint8_t *found = (uint8_t *)PyBytes_AS_STRING(ofound);
     double *val = (double *)PyBytes_AS_STRING(oval);
-    for (Py_ssize_t i = 0; i < A; i++) cnt[ag[i] + 1]++;
+#define SYNC_GROUP(i) (ag ? ag[i] : sg[ev_slot[i]])
+    for (Py_ssize_t i = 0; i < n; i++) if (!anchor || anchor[i]) cnt[SYNC_GROUP(i) + 1]++;
     for (Py_ssize_t k = 0; k < G; k++) cnt[k + 1] += cnt[k];
     {
         int64_t *at = malloc(sizeof(int64_t) * (G + 1));
         if (!at) { PyErr_NoMemory(); goto done; }
         memcpy(at, cnt, sizeof(int64_t) * (G + 1));
-        for (Py_ssize_t i = 0; i < A; i++) { int64_t p = at[ag[i]]++; pos[p] = i; fl[p] = floor(arel[i]); }
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!anchor || anchor[i]) { int64_t p = at[SYNC_GROUP(i)]++; pos[p] = i; fl[p] = floor(arel[i]); }
         free(at);
     }
+#undef SYNC_GROUP
     {
         int r = sync_search(G, NS, cnt, pos, fl, sg, sen, arel, found, val);
         if (r < 0) { PyErr_NoMemory(); goto done; }
@@ -1007,6 +1010,26 @@ static PyObject *sync_points(PyObject *self, PyObject *args) {
 done:
     free(cnt); free(pos); free(fl);
     Py_XDECREF(ofound); Py_XDECREF(oval);
+    return res;
+}
+
+/* sync_points(a_group, a_rel, s_group, s_enter, G) -> None or (found uint8, value float64) bytes
+ * For each slot j: among the anchors of its group, the last in (floor(rel), anchor order) with
+ * floor(rel) <= floor(s_enter[j]): model._build's searchsorted over the int64 keys
+ * group << 44 | floor(ns), which order as (group, floor) when every floor is in [0, 2^44) and
+ * every group in [0, 2^19) (else None). Anchors are bucketed by group in their order; None too
+ * when a bucket is not in floor order already. */
+static PyObject *sync_points(PyObject *self, PyObject *args) {
+    PyObject *o[4], *res = NULL;
+    Py_ssize_t G;
+    if (!PyArg_ParseTuple(args, "OOOOn", &o[0], &o[1], &o[2], &o[3], &G)) return NULL;
+    Py_buffer b[4];
+    int nb = 0;
+    for (; nb < 4; nb++) if (get(o[nb], &b[nb], 8, "sync_points") < 0) goto done;
+    Py_ssize_t A = b[0].len / 8, NS = b[2].len / 8;
+    if (b[1].len / 8 != A || b[3].len / 8 != NS || G < 0) { PyErr_SetString(PyExc_ValueError, "sync_points: sizes"); goto done; }
+    res = sync_run(G, A, NULL, b[0].buf, NULL, b[1].buf, NS, b[2].buf, b[3].buf);
+done:
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     return res;
 }
@@ -1015,65 +1038,20 @@ done:
  * ev_rel[a], s_group, s_enter, G) for a = the anchor events (ev_anchor != 0) in event order,
  * without their gathered copies (None likewise, and where an anchor's slot is out of range). */
 static PyObject *sync_points_ev(PyObject *self, PyObject *args) {
-    PyObject *o[5];
+    PyObject *o[5], *res = NULL;
     Py_ssize_t G;
     if (!PyArg_ParseTuple(args, "OOOOOn", &o[0], &o[1], &o[2], &o[3], &o[4], &G)) return NULL;
     Py_buffer b[5];
     int nb = 0;
-    PyObject *res = NULL, *ofound = NULL, *oval = NULL;
-    int64_t *cnt = NULL, *pos = NULL;
-    double *fl = NULL;
     static const Py_ssize_t isz[5] = {8, 1, 8, 8, 8};
     for (; nb < 5; nb++) if (get(o[nb], &b[nb], isz[nb], "sync_points_ev") < 0) goto done;
-    const int64_t *ev_slot = b[0].buf, *sg = b[3].buf;
-    const uint8_t *anchor = b[1].buf;
-    const double *arel = b[2].buf, *sen = b[4].buf;
-    Py_ssize_t E = b[0].len / 8, NS = b[3].len / 8, A = 0;
+    Py_ssize_t E = b[0].len / 8, NS = b[3].len / 8;
     if (b[1].len != E || b[2].len / 8 != E || b[4].len / 8 != NS || G < 0) {
         PyErr_SetString(PyExc_ValueError, "sync_points_ev: sizes");
         goto done;
     }
-    const double LIM = 17592186044416.0;  /* 2^44 */
-    int ok = G <= (1 << 19);
-    for (Py_ssize_t i = 0; i < E && ok; i++) {
-        if (!anchor[i]) continue;
-        A++;
-        double f = floor(arel[i]);
-        int64_t sl = ev_slot[i];
-        if (sl < 0 || sl >= NS) { ok = 0; break; }
-        if (!(f >= 0.0 && f < LIM) || sg[sl] < 0 || sg[sl] >= G) ok = 0;
-    }
-    for (Py_ssize_t j = 0; j < NS && ok; j++) {
-        double f = floor(sen[j]);
-        if (!(f >= 0.0 && f < LIM) || sg[j] < 0 || sg[j] >= G) ok = 0;
-    }
-    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
-    NEWBYTES(ofound, NS); NEWBYTES(oval, NS * 8);     /* the outputs before the temporaries */
-    cnt = calloc(G + 1, sizeof(int64_t));
-    pos = malloc(sizeof(int64_t) * (A + 1));
-    fl = malloc(sizeof(double) * (A + 1));
-    if (!cnt || !pos || !fl) { PyErr_NoMemory(); goto done; }
-    uint8_t *found = (uint8_t *)PyBytes_AS_STRING(ofound);
-    double *val = (double *)PyBytes_AS_STRING(oval);
-    for (Py_ssize_t i = 0; i < E; i++) if (anchor[i]) cnt[sg[ev_slot[i]] + 1]++;
-    for (Py_ssize_t k = 0; k < G; k++) cnt[k + 1] += cnt[k];
-    {
-        int64_t *at = malloc(sizeof(int64_t) * (G + 1));
-        if (!at) { PyErr_NoMemory(); goto done; }
-        memcpy(at, cnt, sizeof(int64_t) * (G + 1));
-        for (Py_ssize_t i = 0; i < E; i++)
-            if (anchor[i]) { int64_t p = at[sg[ev_slot[i]]]++; pos[p] = i; fl[p] = floor(arel[i]); }
-        free(at);
-    }
-    {
-        int r = sync_search(G, NS, cnt, pos, fl, sg, sen, arel, found, val);
-        if (r < 0) { PyErr_NoMemory(); goto done; }
-        if (r == 0) { res = Py_None; Py_INCREF(res); goto done; }
-    }
-    res = PyTuple_Pack(2, ofound, oval);
+    res = sync_run(G, E, b[1].buf, NULL, b[0].buf, b[2].buf, NS, b[3].buf, b[4].buf);
 done:
-    free(cnt); free(pos); free(fl);
-    Py_XDECREF(ofound); Py_XDECREF(oval);
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     return res;
 }

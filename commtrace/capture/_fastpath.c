@@ -1304,6 +1304,50 @@ static PyObject *bitmap_or_none(const unsigned char *ok, Py_ssize_t n, Py_ssize_
     return bm;
 }
 
+/* A column's flags (1: a value, 0: null), n of them; NULL with MemoryError set. */
+static unsigned char *flags_new(Py_ssize_t n) {
+    unsigned char *ok = (unsigned char *)PyMem_RawMalloc((size_t)(n ? n : 1));
+    if (ok == NULL)
+        PyErr_NoMemory();
+    return ok;
+}
+
+/* The column builders' common end: (validity or None, nnull, a) or, b not NULL, (validity or
+ * None, nnull, a, b), the validity bitmap built from ok[0..n). Takes the references to a and
+ * b whatever happens (Py_BuildValue's "N"); NULL on error. */
+static PyObject *column_result(const unsigned char *ok, Py_ssize_t n, Py_ssize_t nnull,
+                               PyObject *a, PyObject *b) {
+    PyObject *bm = bitmap_or_none(ok, n, nnull);
+    if (bm == NULL) {
+        Py_DECREF(a);
+        Py_XDECREF(b);
+        return NULL;
+    }
+    return b == NULL ? Py_BuildValue("(NnN)", bm, nnull, a)
+                     : Py_BuildValue("(NnNN)", bm, nnull, a, b);
+}
+
+/* Whether column j (n values of `size` bytes each) lies in `b`; ValueError "NAME: bad column"
+ * if not (NAME: the builder's). */
+static int column_in(const char *name, const Py_buffer *b, Py_ssize_t j, Py_ssize_t n,
+                     Py_ssize_t size) {
+    if (n >= 0 && j >= 0 && (j + 1) * n * size <= b->len)
+        return 1;
+    PyErr_Format(PyExc_ValueError, "%s: bad column", name);
+    return 0;
+}
+
+/* The column builders' exit: drops a and c (NULL or a reference), frees the flags, releases
+ * the argument's buffer; returns out. */
+static PyObject *column_done(PyObject *out, unsigned char *ok, Py_buffer *b, PyObject *a,
+                             PyObject *c) {
+    Py_XDECREF(a);
+    Py_XDECREF(c);
+    PyMem_RawFree(ok);
+    PyBuffer_Release(b);
+    return out;
+}
+
 /* int_column(buf, j, n, width) -> None or (validity or None, nnull, data): column j of `buf`
  * (int64 values, n per column, LLONG_MIN for null) as Arrow data of `width` bytes per value
  * (8: int64, 4: int32; nulls written as 0). None when a value does not fit int32 (width 4):
@@ -1314,21 +1358,19 @@ static PyObject *int_column(PyObject *module, PyObject *args) {
     int width;
     if (!PyArg_ParseTuple(args, "y*nni", &b, &j, &n, &width))
         return NULL;
-    PyObject *out = NULL, *data = NULL, *bm = NULL;
+    PyObject *out = NULL, *data = NULL;
     unsigned char *ok = NULL;
-    if (n < 0 || j < 0 || (width != 4 && width != 8) ||
-        (j + 1) * n * (Py_ssize_t)sizeof(long long) > b.len) {
+    if (width != 4 && width != 8) {
         PyErr_SetString(PyExc_ValueError, "int_column: bad column");
         goto done;
     }
+    if (!column_in("int_column", &b, j, n, (Py_ssize_t)sizeof(long long)))
+        goto done;
     const long long *v = (const long long *)b.buf + j * n;
     data = PyBytes_FromStringAndSize(NULL, n * width);
-    ok = (unsigned char *)PyMem_RawMalloc((size_t)(n ? n : 1));
-    if (data == NULL || ok == NULL) {
-        if (ok == NULL)
-            PyErr_NoMemory();
+    ok = flags_new(n);
+    if (data == NULL || ok == NULL)
         goto done;
-    }
     Py_ssize_t nnull = 0;
     if (width == 8) {
         long long *d = (long long *)PyBytes_AS_STRING(data);
@@ -1357,16 +1399,9 @@ static PyObject *int_column(PyObject *module, PyObject *args) {
             }
         }
     }
-    bm = bitmap_or_none(ok, n, nnull);
-    if (bm != NULL)
-        out = Py_BuildValue("(NnN)", bm, nnull, data);
-    if (out != NULL)
-        data = NULL;
+    return column_done(column_result(ok, n, nnull, data, NULL), ok, &b, NULL, NULL);
 done:
-    Py_XDECREF(data);
-    PyMem_RawFree(ok);
-    PyBuffer_Release(&b);
-    return out;
+    return column_done(out, ok, &b, data, NULL);
 }
 
 /* bool_column(codes, j, n) -> (validity or None, nnull, values): column j of `codes` (int32, n
@@ -1376,20 +1411,15 @@ static PyObject *bool_column(PyObject *module, PyObject *args) {
     Py_ssize_t j, n;
     if (!PyArg_ParseTuple(args, "y*nn", &b, &j, &n))
         return NULL;
-    PyObject *out = NULL, *vals = NULL, *bm = NULL;
+    PyObject *out = NULL, *vals = NULL;
     unsigned char *ok = NULL;
-    if (n < 0 || j < 0 || (j + 1) * n * (Py_ssize_t)sizeof(int) > b.len) {
-        PyErr_SetString(PyExc_ValueError, "bool_column: bad column");
+    if (!column_in("bool_column", &b, j, n, (Py_ssize_t)sizeof(int)))
         goto done;
-    }
     const int *k = (const int *)b.buf + j * n;
     vals = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
-    ok = (unsigned char *)PyMem_RawMalloc((size_t)(n ? n : 1));
-    if (vals == NULL || ok == NULL) {
-        if (ok == NULL)
-            PyErr_NoMemory();
+    ok = flags_new(n);
+    if (vals == NULL || ok == NULL)
         goto done;
-    }
     unsigned char *v = (unsigned char *)PyBytes_AS_STRING(vals);
     memset(v, 0, (size_t)((n + 7) / 8));
     Py_ssize_t nnull = 0;
@@ -1399,16 +1429,9 @@ static PyObject *bool_column(PyObject *module, PyObject *args) {
         if (k[i] == 1)
             v[i >> 3] |= (unsigned char)(1u << (i & 7));
     }
-    bm = bitmap_or_none(ok, n, nnull);
-    if (bm != NULL)
-        out = Py_BuildValue("(NnN)", bm, nnull, vals);
-    if (out != NULL)
-        vals = NULL;
+    return column_done(column_result(ok, n, nnull, vals, NULL), ok, &b, NULL, NULL);
 done:
-    Py_XDECREF(vals);
-    PyMem_RawFree(ok);
-    PyBuffer_Release(&b);
-    return out;
+    return column_done(out, ok, &b, vals, NULL);
 }
 
 /* string_column(codes, j, n, values) -> None or (validity or None, nnull, offsets, data):
@@ -1421,13 +1444,11 @@ static PyObject *string_column(PyObject *module, PyObject *args) {
     PyObject *values;
     if (!PyArg_ParseTuple(args, "y*nnO!", &b, &j, &n, &PyList_Type, &values))
         return NULL;
-    PyObject *out = NULL, *offs = NULL, *data = NULL, *bm = NULL;
+    PyObject *out = NULL, *offs = NULL, *data = NULL;
     unsigned char *ok = NULL;
     Py_ssize_t nv = PyList_GET_SIZE(values);
-    if (n < 0 || j < 0 || (j + 1) * n * (Py_ssize_t)sizeof(int) > b.len) {
-        PyErr_SetString(PyExc_ValueError, "string_column: bad column");
+    if (!column_in("string_column", &b, j, n, (Py_ssize_t)sizeof(int)))
         goto done;
-    }
     for (Py_ssize_t t = 0; t < nv; t++) {
         PyObject *x = PyList_GET_ITEM(values, t);
         if (x != Py_None && !PyBytes_CheckExact(x)) {
@@ -1437,12 +1458,9 @@ static PyObject *string_column(PyObject *module, PyObject *args) {
     }
     const int *k = (const int *)b.buf + j * n;
     offs = PyBytes_FromStringAndSize(NULL, (n + 1) * (Py_ssize_t)sizeof(int));
-    ok = (unsigned char *)PyMem_RawMalloc((size_t)(n ? n : 1));
-    if (offs == NULL || ok == NULL) {
-        if (ok == NULL)
-            PyErr_NoMemory();
+    ok = flags_new(n);
+    if (offs == NULL || ok == NULL)
         goto done;
-    }
     int *o = (int *)PyBytes_AS_STRING(offs);
     long long total = 0;
     Py_ssize_t nnull = 0;
@@ -1475,17 +1493,9 @@ static PyObject *string_column(PyObject *module, PyObject *args) {
         Py_ssize_t len = PyBytes_GET_SIZE(x);
         memcpy(d + o[i], PyBytes_AS_STRING(x), (size_t)len);
     }
-    bm = bitmap_or_none(ok, n, nnull);
-    if (bm != NULL)
-        out = Py_BuildValue("(NnNN)", bm, nnull, offs, data);
-    if (out != NULL)
-        offs = data = NULL;
+    return column_done(column_result(ok, n, nnull, offs, data), ok, &b, NULL, NULL);
 done:
-    Py_XDECREF(offs);
-    Py_XDECREF(data);
-    PyMem_RawFree(ok);
-    PyBuffer_Release(&b);
-    return out;
+    return column_done(out, ok, &b, offs, data);
 }
 
 /* in_progress(take=False) -> list of pre of the blocking calls in progress. take=True: they
@@ -2014,6 +2024,80 @@ static void as_release(PyObject *rec, PyObject *p) {
     as_append(rec, pget(p, P_ROW));
     if (n == 0)
         as_tell_idle(rec);
+}
+
+/* service_pass(rec, ops, now, hold_ns) -> list: the writer thread's service (Recorder._service,
+ * not the final one) over the pending ops `ops` (a list of PendingOp), for the ops whose end
+ * time is known and that have no device token and no NVTX range: each gets its t_done_seen
+ * (now, if unset) and is released (as_release: Recorder._release) when waited, when its Work
+ * is gone, or once completed for hold_ns; the others are returned, untouched, for the Python
+ * loop (an op still in flight: its polling and its dropped result are Python's). A sparse
+ * loop's ops (DDP's buckets) are all of the first kind: the Python loop cost ~1.7 us per op
+ * on the writer thread, GIL held (docs/performance.md, session 16). Where the async path is
+ * off every op is returned. */
+static PyObject *service_pass(PyObject *module, PyObject *args) {
+    PyObject *rec, *ops;
+    long long now, hold;
+    if (!PyArg_ParseTuple(args, "OO!LL", &rec, &PyList_Type, &ops, &now, &hold))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(ops);
+    if (!as_on || p_off[P_T_DONE] < 0 || as_pending_type == NULL || as_cache(rec) != 0) {
+        CLEAR_ERR();
+        return PyList_GetSlice(ops, 0, n);
+    }
+    PyObject *rest = PyList_New(0);
+    if (rest == NULL)
+        return NULL;
+    PyObject *now_o = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *p = PyList_GET_ITEM(ops, i);
+        PyObject *row = Py_TYPE(p) == (PyTypeObject *)as_pending_type ? pget(p, P_ROW) : NULL;
+        PyObject *wref = row != NULL ? pget(p, P_WORK_REF) : NULL;
+        PyObject *td = row != NULL ? pget(p, P_T_DONE) : NULL;
+        long long t_done = now;
+        if (row == NULL || !PyList_CheckExact(row) || PyList_GET_SIZE(row) != C_NCOL ||
+            PyList_GET_ITEM(row, C_T_END) == Py_None || pget(p, P_DEVTOK) != Py_None ||
+            pget(p, P_NVTX) != Py_None || (wref != Py_None && !PyWeakref_CheckRef(wref)) ||
+            (td != Py_None && (!PyLong_CheckExact(td) ||
+                               ((t_done = PyLong_AsLongLong(td)) == -1 && PyErr_Occurred())))) {
+            CLEAR_ERR();
+            if (PyList_Append(rest, p) != 0)
+                goto fail;
+            continue;
+        }
+        if (td == Py_None) {
+            if (now_o == NULL && (now_o = PyLong_FromLongLong(now)) == NULL)
+                goto fail;
+            pset(p, P_T_DONE, now_o);
+        }
+        int waited = PyObject_IsTrue(pget(p, P_WAITED));
+        if (waited < 0) {
+            CLEAR_ERR();
+            waited = 0;
+        }
+        /* PendingOp.work_alive: a strong Work, or a weak one still there */
+        int alive = pget(p, P_WORK) != Py_None ||
+                    (wref != Py_None && PyWeakref_GetObject(wref) != Py_None);
+        if (waited || !alive || now - t_done >= hold)
+            as_release(rec, p);
+        if (as_recache(rec) != 0) {   /* a listener ran Python: the rest to the Python loop */
+            CLEAR_ERR();
+            PyObject *tail = PyList_GetSlice(ops, i + 1, n);
+            if (tail == NULL || PyList_SetSlice(rest, PyList_GET_SIZE(rest),
+                                                PyList_GET_SIZE(rest), tail) != 0) {
+                Py_XDECREF(tail);
+                goto fail;
+            }
+            Py_DECREF(tail);
+            break;
+        }
+    }
+    Py_XDECREF(now_o);
+    return rest;
+fail:
+    Py_XDECREF(now_o);
+    Py_DECREF(rest);
+    return NULL;
 }
 
 /* A completion callback of one async op (runs on the backend's thread, GIL held): it stamps
@@ -4391,6 +4475,7 @@ static PyMethodDef methods[] = {
      "(async path on, async calls recorded in C)."},
     {"set_untrack_rows", set_untrack_rows, METH_O, "set_untrack_rows(flag): untrack async rows from the cyclic GC (default True)."},
     {"pack_rows", pack_rows, METH_VARARGS, "pack_rows(rows, kinds) -> None or (n, nums, codes, tables): queued rows as typed column buffers (issue 20)."},
+    {"service_pass", service_pass, METH_VARARGS, "service_pass(rec, ops, now, hold_ns) -> ops left: the writer's service of the pending ops whose end is known, in C (issue 20)."},
     {"int_column", int_column, METH_VARARGS, "int_column(buf, j, n, width) -> None or (validity, nnull, data): an Arrow integer column (issue 20)."},
     {"bool_column", bool_column, METH_VARARGS, "bool_column(codes, j, n) -> (validity, nnull, values): an Arrow bool column (issue 20)."},
     {"string_column", string_column, METH_VARARGS, "string_column(codes, j, n, values) -> None or (validity, nnull, offsets, data): an Arrow string column (issue 20)."},

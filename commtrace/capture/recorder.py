@@ -232,6 +232,10 @@ RECORD_BUFFERS = True
 #: the C module has them; the numpy route otherwise (tests and benchmarks flip it).
 C_COLUMNS = True
 
+#: The writer's service releases the pending ops whose end is known in C
+#: (``_fastpath.service_pass``) where the C module has it (tests and benchmarks flip it).
+SERVICE_C = True
+
 _np_state = None
 
 
@@ -654,6 +658,7 @@ if os.environ.get("COMMTRACE_PURE_PYTHON", "") in ("", "0"):
             _cfast = None   # a stale build of an older source: not used
     except ImportError:
         _cfast = None
+_service_pass = getattr(_cfast, "service_pass", None)
 
 _recorder: "Recorder | None" = None
 _part_counter = 0  # process-wide, so a second recorder in the same process never overwrites
@@ -1312,7 +1317,12 @@ class Recorder:
         now = self.now_ns()
         hold_ns = int(HOLD_FLUSHES * max(0.05, float(self.config.flush_interval)) * 1e9)
         polled = 0
-        for p in list(self._pending.values()):
+        ops = list(self._pending.values())
+        if not final and SERVICE_C and ops and _service_pass is not None:
+            # the ops whose end is known, released in C (the same decisions as below): the
+            # loop below gets the others (in flight, device-timed, with an NVTX range)
+            ops = _service_pass(self, ops, now, hold_ns)
+        for p in ops:
             row = p.row
             if (row[I_T_END] is None and p.work is not None and not p.has_future
                     and polled < MAX_POLL and _pollable(row)):

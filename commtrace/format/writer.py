@@ -136,19 +136,36 @@ def encoding_kwargs(schema: pa.Schema) -> dict:
 #: Parts of fewer rows are written uncompressed: zstd sets up a compressor per column chunk
 #: (35 of them: about 1.3 ms of a part's 2.4 ms of Parquet writing, whatever its size), and on
 #: chunks this small it saves nothing (a 100-row part: 11.2 kB uncompressed, 11.3 kB with zstd,
-#: the footer being most of it). Larger parts compress every column that has a value.
+#: the footer being most of it). Larger parts compress every column that has a value
+#: (below ZSTD_ALL_ROWS rows, all but LEAN_COLUMNS).
 ZSTD_MIN_ROWS = 1024
+
+
+#: Below this many rows a part's labels (few distinct values: dictionary pages and
+#: run-length or bit-packed indices of a few bits a row) and its counters written as deltas
+#: (seq, op_id: a bit or so a row) are not compressed: zstd saves nothing on them there and
+#: costs a compressor's set-up per column (on a DDP part of 2,400 rows: -18 to +20 bytes each,
+#: ~45 us each; docs/performance.md, session 16). A sparse loop (DDP: ~1,000-2,500 rows per
+#: 2 s part) writes its parts in this range; a tight one (the soak: tens of thousands) does not.
+ZSTD_ALL_ROWS = 16384
+LEAN_COLUMNS = frozenset({"kind", "rank", "pg", "pg_size", "op", "api", "backend", "device",
+                          "dtype", "peer", "root", "thread", "seq", "op_id"})
+#: Tests and benchmarks flip it (False: every column with a value is compressed from
+#: ZSTD_MIN_ROWS rows, the rule up to session 15).
+LEAN_CODECS = True
 
 
 def part_compression(table: pa.Table):
     """The `compression` argument for a trace part of `table` (see ZSTD_MIN_ROWS): "none",
-    or per column, zstd except for the columns that are null throughout."""
+    or per column, zstd except for the columns that are null throughout and, in parts of
+    fewer than ZSTD_ALL_ROWS rows, LEAN_COLUMNS."""
     n = table.num_rows
     if n < ZSTD_MIN_ROWS:
         return "none"
+    lean = LEAN_CODECS and n < ZSTD_ALL_ROWS
     out = {}
     for f, col in zip(table.schema, table.columns):
-        codec = "none" if col.null_count == n else "zstd"
+        codec = "none" if col.null_count == n or (lean and f.name in LEAN_COLUMNS) else "zstd"
         if pa.types.is_list(f.type):
             out[f.name + ".list.element"] = codec
         else:
