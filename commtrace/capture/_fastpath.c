@@ -121,6 +121,10 @@ typedef struct {
     /* Its Works have no future and only wait() ends them (recorder.WAIT_ONLY: gloo's
      * isend / irecv): the backend they were learned on, else NULL. */
     PyObject *as_nofut_backend;
+    /* The key of its last p2p op in rec.p2p_seq, (group name, src, dst), and its hash (see
+     * p2p_seq_next); NULL before the first. */
+    PyObject *p2p_key;
+    Py_hash_t p2p_hash;
 } FastCtx;
 
 /* Interned names. */
@@ -168,7 +172,7 @@ static void ctx_clear_refs(FastCtx *c) {
     Py_CLEAR(c->g_n); Py_CLEAR(c->g_d); Py_CLEAR(c->x_n); Py_CLEAR(c->x_d); Py_CLEAR(c->y_n);
     Py_CLEAR(c->y_d); Py_CLEAR(c->a_n); Py_CLEAR(c->a_d); Py_CLEAR(c->r0_n); Py_CLEAR(c->r0_d);
     Py_CLEAR(c->r1_n); Py_CLEAR(c->r1_d); Py_CLEAR(c->as_work_type);
-    Py_CLEAR(c->as_nofut_backend); Py_CLEAR(c->last_dev);
+    Py_CLEAR(c->as_nofut_backend); Py_CLEAR(c->last_dev); Py_CLEAR(c->p2p_key);
 }
 
 /* Every live context (borrowed: a context leaves in its dealloc), so that invalidate() can drop
@@ -431,6 +435,35 @@ static PyObject *dict_next(PyObject *d, PyObject *key) {
     }
     Py_DECREF(s1);
     return s;
+}
+
+/* dict_next with key's hash given (h), for a dict: one hash, not one per lookup. */
+static PyObject *dict_next_h(PyObject *d, PyObject *key, Py_hash_t h) {
+#if PY_VERSION_HEX < 0x030D0000
+    if (!PyDict_Check(d))
+        return dict_next(d, key);
+    PyObject *s = _PyDict_GetItem_KnownHash(d, key, h);
+    if (s == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        s = PyLong_FromLong(0);
+        if (s == NULL)
+            return NULL;
+    } else {
+        Py_INCREF(s);
+    }
+    PyObject *s1 = PyNumber_Add(s, i_one);
+    if (s1 == NULL || _PyDict_SetItem_KnownHash(d, key, s1, h) != 0) {
+        Py_XDECREF(s1);
+        Py_DECREF(s);
+        return NULL;
+    }
+    Py_DECREF(s1);
+    return s;
+#else
+    (void)h;
+    return dict_next(d, key);
+#endif
 }
 
 /* obj.name read from obj's own __dict__ when it is there (modules, plain instances: a dict
@@ -3063,6 +3096,45 @@ static NOINLINE int tensor_facts_py(FastCtx *c, PyObject *x, PyObject **count, P
     return 0;
 }
 
+/* a and b the same int (a rank): the same object, or exact ints of equal value. */
+static inline int same_rank(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    if (!PyLong_CheckExact(a) || !PyLong_CheckExact(b))
+        return 0;
+    int eq = PyObject_RichCompareBool(a, b, Py_EQ);
+    CLEAR_ERR();
+    return eq == 1;
+}
+
+/* rec.p2p_seq[(name, src, dst)] (0 when absent; new reference), and += 1; NULL on error.
+ * The key is the context's last one when it names the same group, src and dst (a p2p call
+ * site keeps its peer): the dict then finds that very tuple (identity, no item compares) and
+ * its hash is kept. A new tuple per op, hashed twice (get, set) and compared item by item with
+ * the stored key, was about 1,100 of the 1,450 instructions of peer_root per op (session 16,
+ * callgrind of samples/pipeline.py). The dict and its values are the Python path's. */
+static PyObject *p2p_seq_next(FastCtx *c, PyObject *d, PyObject *name, PyObject *src,
+                              PyObject *dst) {
+    PyObject *k = c->p2p_key;
+    if (k == NULL || PyTuple_GET_ITEM(k, 0) != name || !same_rank(PyTuple_GET_ITEM(k, 1), src) ||
+        !same_rank(PyTuple_GET_ITEM(k, 2), dst)) {
+        k = PyTuple_Pack(3, name, src, dst);
+        if (k == NULL)
+            return NULL;
+        Py_hash_t h = PyObject_Hash(k);
+        if (h == -1) {
+            Py_DECREF(k);
+            return NULL;
+        }
+        Py_XSETREF(c->p2p_key, k);
+        c->p2p_hash = h;
+    }
+    Py_INCREF(k);   /* the dict's operations may run Python code (a key's __eq__) */
+    PyObject *seq = dict_next_h(d, k, c->p2p_hash);
+    Py_DECREF(k);
+    return seq;
+}
+
 /* A point-to-point op's peer and seq ((name, src, dst) in rec.p2p_seq), or a rooted
  * collective's root: 0, or -1 (recv from any source, a bad rank: the Python path). */
 static NOINLINE int peer_root(FastCtx *c, PyObject *const *args, Py_ssize_t nargs,
@@ -3079,14 +3151,12 @@ static NOINLINE int peer_root(FastCtx *c, PyObject *const *args, Py_ssize_t narg
         if (*peer == NULL || *peer == Py_None)
             goto out;   /* recv from any source */
         PyObject *d = cst.p2p_seq;
-        Py_XINCREF(d);
-        PyObject *k = d == NULL ? NULL :
-            (c->is_send ? PyTuple_Pack(3, name, rk, *peer) : PyTuple_Pack(3, name, *peer, rk));
-        if (k != NULL) {
-            *seq = dict_next(d, k);
-            Py_DECREF(k);
+        if (d != NULL) {
+            Py_INCREF(d);
+            *seq = c->is_send ? p2p_seq_next(c, d, name, rk, *peer)
+                              : p2p_seq_next(c, d, name, *peer, rk);
+            Py_DECREF(d);
         }
-        Py_XDECREF(d);
     } else {
         *root = global_rank(info, a0, a1);
         if (*root == NULL)
