@@ -5,7 +5,7 @@
 #   commtrace, --help, --version, every subcommand's --help;
 #   commtrace run -- torchrun on a sample, then report (text, json), export, diff, synth;
 #   dashboard started, fetched once, stopped (Ctrl-C); python -c "import commtrace; commtrace.load(...)";
-#   commtrace accel build (the C++ DDP comm hook, into $WORK/accel-cache via COMMTRACE_CACHE_DIR),
+#   commtrace accel build (the C++ module: DDP recording, tensor reads; into $WORK/accel-cache via COMMTRACE_CACHE_DIR),
 #   accel status, and a traced 2-rank DDP job whose buckets go through that hook (skipped, and
 #   said so, only without a C++ compiler).
 # The regular suite runs from an editable install with test extras, which hides missing
@@ -147,7 +147,7 @@ for noise in ("Traceback", "GET /", "Serving Flask app", "development server"):
 assert p.returncode == 130, f"exit code after Ctrl-C: {p.returncode} (want 130)"
 PYEOF
 
-step "accel: the C++ DDP comm hook built from the wheel, and a traced DDP job through it"
+step "accel: the C++ module built from the wheel, and a traced DDP job through it"
 T_ACCEL=$SECONDS
 # The documented cache directory (commtrace/capture/accel.py: COMMTRACE_CACHE_DIR), inside $WORK.
 export COMMTRACE_CACHE_DIR=$WORK/accel-cache
@@ -163,9 +163,9 @@ else
   grep -q "not built for torch" "$WORK/out.txt" || { cat "$WORK/out.txt"; fail "accel status says built before the build"; }
   check "accel build" "$CT" accel build
   cat "$WORK/out.txt"
-  grep -q "^C++ DDP comm hook: $COMMTRACE_CACHE_DIR/" "$WORK/out.txt" || fail "accel build names no module in $COMMTRACE_CACHE_DIR"
+  grep -q "^C++ module (DDP recording, tensor reads): $COMMTRACE_CACHE_DIR/" "$WORK/out.txt" || fail "accel build names no module in $COMMTRACE_CACHE_DIR"
   check "accel status" "$CT" accel status
-  grep -q "^C++ DDP comm hook: built for torch .*: $COMMTRACE_CACHE_DIR/.*\.so$" "$WORK/out.txt" \
+  grep -q "^C++ module (DDP recording, tensor reads): built for torch .*: $COMMTRACE_CACHE_DIR/.*\.so$" "$WORK/out.txt" \
     || { cat "$WORK/out.txt"; fail "accel status does not report the hook built in $COMMTRACE_CACHE_DIR"; }
   # A tiny DDP job (3 steps; 2 buckets after DDP's first step, whose bucket holds at most 1 MiB):
   # each rank prints which hook commtrace registered on its DDP model (ddp.py sets

@@ -215,6 +215,15 @@ def browser():
         b.close()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests using `accel_cache` get a 20-minute timeout: the first of them in a session pays
+    the fixture's build of the C++ module (setup counts toward pytest-timeout's 300 s), which
+    took over 300 s on the 2-core machine at load 8 (2026-12-03) and about 1-2 minutes idle."""
+    for item in items:
+        if "accel_cache" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(1200))
+
+
 @pytest.fixture(scope="session")
 def accel_cache(request):
     """The module of ``commtrace accel build`` (the C++ DDP hook and the C fast path's reads

@@ -201,12 +201,16 @@ def wanted(run) -> bool:
 
 #: A straggler by delay analysis (where arrival counts miss it: a rank that holds up a small
 #: group, whose members then arrive late together at the larger ones): its delays cost at least
-#: this share of all the waiting, ...
-DELAY_STRAGGLER_MIN_SHARE = 0.5
+#: this share of all the waiting (a quarter: two recurring stragglers, or one and a single long
+#: stall of another rank, each stay above it; half hid a 40 ms-per-step straggler at 44% behind
+#: one 1 s stall of a loaded host's rank), ...
+DELAY_STRAGGLER_MIN_SHARE = 0.25
 #: ... made as fast as the median rank it would save at least this share of the run, ...
 DELAY_STRAGGLER_MIN_GAIN = 0.05
 #: ... its delays of at least findings.STRAGGLER_MIN_LATE_NS, with a mean above the clock's
-#: uncertainty and findings.STRAGGLER_TYPICAL_FACTOR x the other ranks' typical (median) delay,
+#: uncertainty and findings.STRAGGLER_TYPICAL_FACTOR x the other ranks' typical delay (the median
+#: over the other ranks of each one's median excess per event: a loaded host's ranks that all
+#: trail now and then set it; one rank's single stall, or a second straggler, does not),
 #: number at least DELAY_STRAGGLER_MIN_DELAYS, stand out by count as the arrival test's do (z >=
 #: findings.STRAGGLER_MIN_Z over steps, against 1 / n by chance), and recur: in at least this
 #: share of the rank's steps in the window (without steps: of the occurrences of the event before
@@ -232,6 +236,17 @@ def _recurrence(m, r: int, ev: np.ndarray, top_event: int | None) -> tuple[int, 
     return sum(1 for e in same if e in big), len(same), "occurrences"
 
 
+def _median_excess_by_rank(m) -> dict:
+    """rank -> the median of its events' excess (ns, 0 where it is not late at most of them)."""
+    if not m.n_events:
+        return {}
+    order = np.argsort(m.ev_rank, kind="stable")
+    ranks, starts = np.unique(m.ev_rank[order], return_index=True)
+    ex = m.ev_excess[order]
+    ends = list(starts[1:]) + [len(order)]
+    return {int(q): max(0.0, float(np.median(ex[a:b]))) for q, a, b in zip(ranks, starts, ends)}
+
+
 def delay_stragglers(run, known=()) -> list:
     """`straggler` findings from delay analysis (docs/findings.md, `straggler`, "by delay
     analysis") for ranks not in `known` (those the arrival counts already name)."""
@@ -244,7 +259,7 @@ def delay_stragglers(run, known=()) -> list:
         return []
     by_rank = D.cost_by_rank(run)
     mixed = set(getattr(run.files, "conflict_ranks", None) or ())   # (rows of two processes)
-    out, top = [], None
+    out, top, rank_typ = [], None, None
     for r, (dc, pc) in sorted(by_rank.items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
         cost = dc + pc
         if r in known or r in mixed or cost * 1e9 < DELAY_STRAGGLER_MIN_SHARE * total_wait:
@@ -257,9 +272,10 @@ def delay_stragglers(run, known=()) -> list:
         unc = F._clock_uncertainty_ns(run, r)
         if mean_delay < F.STRAGGLER_CLOCK_FACTOR * unc:
             continue
-        oth = m.ev_excess[(m.ev_rank != r) & (m.ev_excess >= F.STRAGGLER_MIN_LATE_NS)
-                          & (a["ev_direct"] + a["ev_prop"] > 0)]
-        typical = float(np.median(oth)) if len(oth) else 0.0
+        if rank_typ is None:
+            rank_typ = _median_excess_by_rank(m)
+        oth = [v for q, v in rank_typ.items() if q != r]
+        typical = float(np.median(oth)) if oth else 0.0
         if mean_delay < F.STRAGGLER_TYPICAL_FACTOR * typical:
             continue
         total = what_if(run)["run_time_s"]

@@ -145,16 +145,19 @@ int pg_seq(PyObject* g, long long* seq) {
 }
 
 // ---- async completion (version 2) -------------------------------------------------------
-// The C path's async ops with a future (gloo's collectives: FSDP2's all-gather and
-// reduce-scatter, async all_reduce) completed their row through a Python callback
-// (future.add_done_callback): per op a get_future() and an add_done_callback() pybind call on
-// the training thread, and on the backend's thread the GIL taken to run the callback (while
-// the training thread computes, that is a GIL hand-over each way). Here the callback is C++
-// on the c10 future: on the backend's thread it reads the clock and queues (row, time) under
-// a mutex, no GIL; a thread holding the GIL writes the queued times into their rows
-// (stamps_flush: the op's wait(), the next async call, the writer thread's service). The
-// writer thread releases an op with a future only once its row has an end time, and wait()
-// flushes before it completes the row, so the rows are the Python callback's.
+// The C path's async ops with a future (gloo's collectives called with async_op=True: an
+// async all_reduce, DDP without the C++ hook, user code that overlaps; on torch 2.13 / gloo
+// FSDP2 issues its all-gathers and reduce-scatters blocking, so none of this runs for it)
+// completed their row through a Python callback (future.add_done_callback): per op a
+// get_future() and an add_done_callback() pybind call on the training thread, and on the
+// backend's thread the GIL taken to run the callback (while the training thread computes,
+// that is a GIL hand-over each way). Here the callback is C++ on the c10 future: on the
+// backend's thread it reads the clock and queues (row, time) under a mutex, no GIL; a thread
+// holding the GIL writes the queued times into their rows (stamps_flush: the op's wait(), the
+// next async call, the writer thread's service). The writer thread releases an op with a
+// future only once its row has an end time, and wait() flushes before it completes the row,
+// so the rows are the Python callback's. Gloo's p2p Works (isend / irecv) have no future:
+// for them only is_completed() is read here (work_done).
 
 // c10d's Work class as pybind registered it, looked up once.
 PyTypeObject* work_class() {
@@ -194,15 +197,25 @@ StampQueue* const stamp_q = new StampQueue();
 // future was complete) runs on it with this set, and is "observed" (an upper bound).
 thread_local bool t_attaching = false;
 
-int work_attach(PyObject* work, PyObject* row, long long (*now)()) {
+// work_attach's and work_done's common frame: f(*w) for the c10d::Work of `work` (its
+// answer: 1 handled, 0 not), 0 for anything but exactly torch's Work or when f throws,
+// leaving no Python error of its own set.
+template <class F>
+int with_work(PyObject* work, F&& f) {
   bool had = PyErr_Occurred() != nullptr;
   try {
     c10d::Work* w = work_of(work);
-    if (w == nullptr) {
-      clear_own_error(had);
-      return 0;
-    }
-    c10::intrusive_ptr<c10::ivalue::Future> fut = w->getFuture();   // throws: no future
+    if (w != nullptr)
+      return f(*w);
+  } catch (...) {
+  }
+  clear_own_error(had);
+  return 0;
+}
+
+int work_attach(PyObject* work, PyObject* row, long long (*now)()) {
+  return with_work(work, [row, now](c10d::Work& w) {
+    c10::intrusive_ptr<c10::ivalue::Future> fut = w.getFuture();   // throws: no future
     if (!fut)
       return 0;
     Py_INCREF(row);
@@ -224,26 +237,14 @@ int work_attach(PyObject* work, PyObject* row, long long (*now)()) {
     }
     t_attaching = false;
     return 1;
-  } catch (...) {
-    clear_own_error(had);
-    return 0;
-  }
+  });
 }
 
 int work_done(PyObject* work, int* done) {
-  bool had = PyErr_Occurred() != nullptr;
-  try {
-    c10d::Work* w = work_of(work);
-    if (w == nullptr) {
-      clear_own_error(had);
-      return 0;
-    }
-    *done = w->isCompleted() ? 1 : 0;
+  return with_work(work, [done](c10d::Work& w) {
+    *done = w.isCompleted() ? 1 : 0;
     return 1;
-  } catch (...) {
-    clear_own_error(had);
-    return 0;
-  }
+  });
 }
 
 int stamps_flush(void (*stamp)(PyObject* row, long long t, int observed)) {

@@ -151,11 +151,59 @@ void flush_all() {   // the GIL is held (called from Python)
     s->flush();
 }
 
-// One issued bucket's continuation state.
+// What a hook and a recording group both hold: the Python objects ddp_issue and the fallback
+// take (the state, the fallback, and the group: the v2 group or the model's), released with
+// the GIL (leaked once the interpreter is gone), and the stamps, registered for flush_all and
+// written before the objects go.
+struct Shared {
+  Shared(py::object state_, py::object fallback_, py::object group_, const DdpCxxApi* api_)
+      : state(std::move(state_)), fallback(std::move(fallback_)), group(std::move(group_)),
+        api(api_), stamps(std::make_shared<Stamps>(api_)) {
+    std::lock_guard<std::mutex> g(registry_mu);
+    registry.push_back(stamps);
+  }
+
+  ~Shared() {
+    if (!Py_IsInitialized()) {
+      // interpreter gone: leak the references rather than touch it
+      state.release();
+      fallback.release();
+      group.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    stamps->flush();
+    state = py::object();
+    fallback = py::object();
+    group = py::object();
+  }
+
+  py::object state;
+  py::object fallback;
+  py::object group;
+  const DdpCxxApi* api;
+  std::shared_ptr<Stamps> stamps;
+};
+
+// One issued bucket's completion stamp, for its Work's future's callback (any thread, no GIL).
 struct Pending {
-  PyObject* row = nullptr;   // moved to Stamps on completion
+  Pending(PyObject* r, const Shared& s)
+      : row(r), issuer(std::this_thread::get_id()), stamps(s.stamps), now(s.api->now) {}
+  PyObject* row;   // moved to Stamps on completion
   std::thread::id issuer;
   std::atomic<bool> attaching{true};
+  std::shared_ptr<Stamps> stamps;
+  long long (*now)();
+
+  void stamp() {
+    long long t = now();
+    if (row != nullptr) {
+      bool observed = attaching.load(std::memory_order_acquire) &&
+                      std::this_thread::get_id() == issuer;
+      stamps->push(row, t, observed);
+      row = nullptr;
+    }
+  }
 };
 
 // AllreduceOptions as torch's Python all_reduce builds them for an async SUM (ddp.py passes
@@ -248,6 +296,22 @@ PyObject* v2_issue_ar(void* ctx) {
 
 std::atomic<unsigned long long> n_v2{0}, n_v1{0};
 
+// The Work of a bucket ddp_issue issued (`work`, a new reference, is consumed): the one issued
+// here (v2: the Python object is the same Work), or the Python object's (v1). A Python object
+// that is no Work throws, after dropping the row's reference.
+c10::intrusive_ptr<c10d::Work> issued_work(V2Call& call, PyObject* work, PyObject* row) {
+  if (call.work) {
+    Py_XDECREF(work);
+    return std::move(call.work);
+  }
+  try {
+    return py::reinterpret_steal<py::object>(work).cast<c10::intrusive_ptr<c10d::Work>>();
+  } catch (...) {
+    Py_XDECREF(row);
+    throw;
+  }
+}
+
 at::Tensor first_tensor(const c10::IValue& v) {
   if (v.isTensor())
     return v.toTensor();
@@ -260,33 +324,15 @@ class CommtraceHook : public c10d::CommHookInterface {
  public:
   CommtraceHook(py::object state, py::object fallback, const DdpCxxApi* api,
                 py::object v2_group)
-      : state_(std::move(state)), fallback_(std::move(fallback)), api_(api),
-        stamps_(std::make_shared<Stamps>(api)), opts_(sum_async_opts()) {
-    if (!v2_group.is_none()) {
-      pg_ = v2_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
-      v2_group_ = std::move(v2_group);
-    }
-    std::lock_guard<std::mutex> g(registry_mu);
-    registry.push_back(stamps_);
-  }
-
-  ~CommtraceHook() override {
-    if (!Py_IsInitialized()) {
-      // interpreter gone: leak the references rather than touch it
-      state_.release();
-      fallback_.release();
-      return;
-    }
-    py::gil_scoped_acquire gil;
-    stamps_->flush();
-    state_ = py::object();
-    fallback_ = py::object();
-    v2_group_ = py::object();
-  }
+      : pg_(v2_group.is_none() ? c10::intrusive_ptr<c10d::ProcessGroup>()
+                               : v2_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>()),
+        sh_(std::move(state), std::move(fallback),
+            v2_group.is_none() ? py::object() : std::move(v2_group), api),
+        opts_(sum_async_opts()) {}
 
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
     py::gil_scoped_acquire gil;
-    stamps_->flush();
+    sh_.stamps->flush();
     PyObject* buf = THPVariable_Wrap(bucket.getBufferRef());
     if (buf == nullptr)
       throw python_error();
@@ -297,7 +343,7 @@ class CommtraceHook : public c10d::CommHookInterface {
     }
     PyObject *work = nullptr, *row = nullptr, *pyfut = nullptr;
     V2Call call;
-    DdpIssuer iss{v2_group_.ptr(), &call, v2_scale, v2_issue_ar};
+    DdpIssuer iss{sh_.group.ptr(), &call, v2_scale, v2_issue_ar};
     // v2 unless a torch function mode is on (the Python calls would go through it)
     bool v2 = pg_ && !at::impl::torch_function_mode_enabled();
     if (v2) {
@@ -306,7 +352,8 @@ class CommtraceHook : public c10d::CommHookInterface {
       call.opts = &opts_;
       call.scales = &scales_;
     }
-    int r = api_->issue(state_.ptr(), buf, idx, idx, v2 ? &iss : nullptr, &work, &row, &pyfut);
+    int r = sh_.api->issue(sh_.state.ptr(), buf, idx, idx, v2 ? &iss : nullptr, &work, &row,
+                           &pyfut);
     Py_DECREF(buf);
     Py_DECREF(idx);
     Py_XDECREF(pyfut);
@@ -316,35 +363,13 @@ class CommtraceHook : public c10d::CommHookInterface {
     }
     if (r == 0)
       return run_fallback(bucket);
-    c10::intrusive_ptr<c10d::Work> w;
-    if (call.work) {   // issued here (v2): the same Work as the Python object tracked
-      Py_XDECREF(work);
-      w = std::move(call.work);
-      n_v2.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      try {
-        w = py::reinterpret_steal<py::object>(work).cast<c10::intrusive_ptr<c10d::Work>>();
-      } catch (...) {
-        Py_XDECREF(row);
-        throw;
-      }
-      n_v1.fetch_add(1, std::memory_order_relaxed);
-    }
+    (call.work ? n_v2 : n_v1).fetch_add(1, std::memory_order_relaxed);
+    auto w = issued_work(call, work, row);
     auto fut = w->getFuture();
-    auto p = std::make_shared<Pending>();
-    p->row = row;
-    p->issuer = std::this_thread::get_id();
-    auto stamps = stamps_;
-    auto now = api_->now;
+    auto p = std::make_shared<Pending>(row, sh_);
     auto child = fut->then(
-        [p, stamps, now](c10::ivalue::Future& f) -> c10::IValue {
-          long long t = now();
-          if (p->row != nullptr) {
-            bool observed = p->attaching.load(std::memory_order_acquire) &&
-                            std::this_thread::get_id() == p->issuer;
-            stamps->push(p->row, t, observed);
-            p->row = nullptr;
-          }
+        [p](c10::ivalue::Future& f) -> c10::IValue {
+          p->stamp();
           return first_tensor(f.value());   // rethrows the all_reduce's error, if any
         },
         c10::TensorType::get());
@@ -353,9 +378,9 @@ class CommtraceHook : public c10d::CommHookInterface {
   }
 
   at::Tensor parseHookResult(const c10::IValue& result) override {
-    if (stamps_->n.load(std::memory_order_acquire) != 0) {
+    if (sh_.stamps->n.load(std::memory_order_acquire) != 0) {
       py::gil_scoped_acquire gil;
-      stamps_->flush();
+      sh_.stamps->flush();
     }
     if (result.isPyObject()) {
       // a future of the Python dispatcher's: its value is a Python object
@@ -369,18 +394,14 @@ class CommtraceHook : public c10d::CommHookInterface {
  private:
   c10::intrusive_ptr<c10::ivalue::Future> run_fallback(c10d::GradBucket& bucket) {
     // GIL held (runHook)
-    py::object ret = fallback_(state_, bucket);
+    py::object ret = sh_.fallback(sh_.state, bucket);
     return ret.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>()->fut;
   }
 
-  py::object state_;
-  py::object fallback_;
-  const DdpCxxApi* api_;
-  std::shared_ptr<Stamps> stamps_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;   // null: v1 (ddp_issue's Python calls)
+  Shared sh_;                                   // group: the v2 group (None: v1)
   c10d::AllreduceOptions opts_;
-  ScaleCache scales_;                       // v2's mul_ factors (v2_scale)
-  py::object v2_group_;                     // None: v1 (ddp_issue's Python calls)
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  ScaleCache scales_;                           // v2's mul_ factors (v2_scale)
 };
 
 // ---------------------------------------------------------------------------------------
@@ -410,8 +431,7 @@ class RecordingGroup : public c10d::ProcessGroup {
   RecordingGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner, py::object py_inner,
                  py::object state, py::object fallback, const DdpCxxApi* api)
       : c10d::ProcessGroup(inner->getRank(), inner->getSize()), inner_(std::move(inner)),
-        py_inner_(std::move(py_inner)), state_(std::move(state)),
-        fallback_(std::move(fallback)), api_(api), stamps_(std::make_shared<Stamps>(api)) {
+        sh_(std::move(state), std::move(fallback), std::move(py_inner), api) {
     auto bound = inner_->getBoundDeviceId();
     if (bound)
       setBoundDeviceId(bound);
@@ -422,22 +442,6 @@ class RecordingGroup : public c10d::ProcessGroup {
       setBackend(dev.type(), c10d::ProcessGroup::strToBackendType(b->getBackendName()), b);
     }
     setDefaultBackend(inner_->getBackendType());
-    std::lock_guard<std::mutex> g(registry_mu);
-    registry.push_back(stamps_);
-  }
-
-  ~RecordingGroup() override {
-    if (!Py_IsInitialized()) {
-      py_inner_.release();
-      state_.release();
-      fallback_.release();
-      return;
-    }
-    py::gil_scoped_acquire gil;
-    stamps_->flush();
-    py_inner_ = py::object();
-    state_ = py::object();
-    fallback_ = py::object();
   }
 
   const std::string getBackendName() const override {
@@ -458,7 +462,7 @@ class RecordingGroup : public c10d::ProcessGroup {
         !Py_IsInitialized())
       return inner_->allreduce(tensors, opts);
     py::gil_scoped_acquire gil;
-    stamps_->flush();
+    sh_.stamps->flush();
     long long i = hint_ >= 0 ? hint_ : next_++;
     hint_ = -1;
     PyObject* buf = THPVariable_Wrap(tensors[0]);
@@ -474,12 +478,12 @@ class RecordingGroup : public c10d::ProcessGroup {
     call.pg = inner_.get();
     call.opts = &opts;
     call.scales = nullptr;
-    DdpIssuer iss{py_inner_.ptr(), &call, keep_scale, v2_issue_ar};
+    DdpIssuer iss{sh_.group.ptr(), &call, keep_scale, v2_issue_ar};
     PyObject *work = nullptr, *row = nullptr, *pyfut = nullptr;
-    int r = api_->issue(state_.ptr(), buf, idx, idx, &iss, &work, &row, &pyfut);
+    int r = sh_.api->issue(sh_.state.ptr(), buf, idx, idx, &iss, &work, &row, &pyfut);
     Py_XDECREF(pyfut);
     if (r == 0) {
-      PyObject* w = PyObject_CallFunctionObjArgs(fallback_.ptr(), py_inner_.ptr(), buf, idx,
+      PyObject* w = PyObject_CallFunctionObjArgs(sh_.fallback.ptr(), sh_.group.ptr(), buf, idx,
                                                  nullptr);
       Py_DECREF(buf);
       Py_DECREF(idx);
@@ -500,34 +504,11 @@ class RecordingGroup : public c10d::ProcessGroup {
       Py_XDECREF(work);
       throw python_error();
     }
-    c10::intrusive_ptr<c10d::Work> w;
-    if (call.work) {
-      Py_XDECREF(work);
-      w = std::move(call.work);
-    } else {
-      try {
-        w = py::reinterpret_steal<py::object>(work).cast<c10::intrusive_ptr<c10d::Work>>();
-      } catch (...) {
-        Py_XDECREF(row);
-        throw;
-      }
-    }
+    auto w = issued_work(call, work, row);
     n_group.fetch_add(1, std::memory_order_relaxed);
     if (row != nullptr) {
-      auto p = std::make_shared<Pending>();
-      p->row = row;
-      p->issuer = std::this_thread::get_id();
-      auto stamps = stamps_;
-      auto now = api_->now;
-      w->getFuture()->addCallback([p, stamps, now](c10::ivalue::Future&) {
-        long long t = now();
-        if (p->row != nullptr) {
-          bool observed = p->attaching.load(std::memory_order_acquire) &&
-                          std::this_thread::get_id() == p->issuer;
-          stamps->push(p->row, t, observed);
-          p->row = nullptr;
-        }
-      });
+      auto p = std::make_shared<Pending>(row, sh_);
+      w->getFuture()->addCallback([p](c10::ivalue::Future&) { p->stamp(); });
       p->attaching.store(false, std::memory_order_release);
     }
     return w;
@@ -537,10 +518,10 @@ class RecordingGroup : public c10d::ProcessGroup {
   void reset() {
     next_ = 0;
     hint_ = -1;
-    stamps_->flush();
+    sh_.stamps->flush();
   }
   void hint(long long i) { hint_ = i; }
-  void flush() { stamps_->flush(); }
+  void flush() { sh_.stamps->flush(); }
 
   static std::atomic<unsigned long long> n_group, n_group_py;
 
@@ -549,11 +530,7 @@ class RecordingGroup : public c10d::ProcessGroup {
   static int keep_scale(void*, int, double, long long) { return 0; }
 
   c10::intrusive_ptr<c10d::ProcessGroup> inner_;
-  py::object py_inner_;
-  py::object state_;
-  py::object fallback_;
-  const DdpCxxApi* api_;
-  std::shared_ptr<Stamps> stamps_;
+  Shared sh_;            // group: the model's group as a Python object
   long long next_ = 0;   // the GIL guards both
   long long hint_ = -1;
 };

@@ -121,6 +121,10 @@ typedef struct {
     /* Its Works have no future and only wait() ends them (recorder.WAIT_ONLY: gloo's
      * isend / irecv): the backend they were learned on, else NULL. */
     PyObject *as_nofut_backend;
+    /* The key of its last p2p op in rec.p2p_seq, (group name, src, dst), and its hash (see
+     * p2p_seq_next); NULL before the first. */
+    PyObject *p2p_key;
+    Py_hash_t p2p_hash;
 } FastCtx;
 
 /* Interned names. */
@@ -145,6 +149,10 @@ typedef struct {
     PyObject *st_d;       /* the state dict seen at depth 0, no coalescing, at tag st_v */
     uint64_t st_v;
     PyObject *api, *detail;   /* its api / detail overrides then (borrowed: the dict holds them) */
+    /* ddp_issue's api / detail for the one call of its all_reduce ctx it makes (borrowed:
+     * ddp_issue holds them), taken by that call: the dict is written only if the call goes to
+     * the Python wrapper (ov_slow), not twice per bucket */
+    PyObject *ov_api, *ov_detail;
     /* The group of a blocking call being recorded, read at its wait() (borrowed: the call
      * holds it), and the torch seq read there (-1: not read); see tseq_read below. */
     PyObject *tseq_g;
@@ -164,7 +172,7 @@ static void ctx_clear_refs(FastCtx *c) {
     Py_CLEAR(c->g_n); Py_CLEAR(c->g_d); Py_CLEAR(c->x_n); Py_CLEAR(c->x_d); Py_CLEAR(c->y_n);
     Py_CLEAR(c->y_d); Py_CLEAR(c->a_n); Py_CLEAR(c->a_d); Py_CLEAR(c->r0_n); Py_CLEAR(c->r0_d);
     Py_CLEAR(c->r1_n); Py_CLEAR(c->r1_d); Py_CLEAR(c->as_work_type);
-    Py_CLEAR(c->as_nofut_backend); Py_CLEAR(c->last_dev);
+    Py_CLEAR(c->as_nofut_backend); Py_CLEAR(c->last_dev); Py_CLEAR(c->p2p_key);
 }
 
 /* Every live context (borrowed: a context leaves in its dealloc), so that invalidate() can drop
@@ -427,6 +435,35 @@ static PyObject *dict_next(PyObject *d, PyObject *key) {
     }
     Py_DECREF(s1);
     return s;
+}
+
+/* dict_next with key's hash given (h), for a dict: one hash, not one per lookup. */
+static PyObject *dict_next_h(PyObject *d, PyObject *key, Py_hash_t h) {
+#if PY_VERSION_HEX < 0x030D0000
+    if (!PyDict_Check(d))
+        return dict_next(d, key);
+    PyObject *s = _PyDict_GetItem_KnownHash(d, key, h);
+    if (s == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        s = PyLong_FromLong(0);
+        if (s == NULL)
+            return NULL;
+    } else {
+        Py_INCREF(s);
+    }
+    PyObject *s1 = PyNumber_Add(s, i_one);
+    if (s1 == NULL || _PyDict_SetItem_KnownHash(d, key, s1, h) != 0) {
+        Py_XDECREF(s1);
+        Py_DECREF(s);
+        return NULL;
+    }
+    Py_DECREF(s1);
+    return s;
+#else
+    (void)h;
+    return dict_next(d, key);
+#endif
 }
 
 /* obj.name read from obj's own __dict__ when it is there (modules, plain instances: a dict
@@ -712,27 +749,134 @@ static PyObject *site_walk(FastCtx *c, PyFrameObject *f) {
 }
 #endif
 
+#if CT_IFRAME
+/* Code objects classified internal (sites._code_internal[id(code)] is True), by address, kept
+ * alive as site_tab's: a classification never changes once made (sites.py caches it for
+ * good), so the walk below skips torch's frames without a dict lookup or a frame object. */
+#define ICODE_SLOTS 1024
+#define ICODE_PROBES 8
+static PyObject *icode_tab[ICODE_SLOTS];
+
+static inline size_t icode_hash(PyObject *code) {
+    return (((size_t)code) >> 4) & (ICODE_SLOTS - 1);
+}
+
+static inline int icode_known(PyObject *code) {
+    size_t h = icode_hash(code);
+    for (int i = 0; i < ICODE_PROBES; i++) {
+        PyObject *e = icode_tab[(h + i) & (ICODE_SLOTS - 1)];
+        if (e == code)
+            return 1;
+        if (e == NULL)
+            return 0;
+    }
+    return 0;
+}
+
+static void icode_add(PyObject *code) {
+    size_t h = icode_hash(code);
+    for (int i = 0; i < ICODE_PROBES; i++) {
+        PyObject **e = &icode_tab[(h + i) & (ICODE_SLOTS - 1)];
+        if (*e == NULL) {
+            Py_INCREF(code);
+            *e = code;
+            return;
+        }
+    }
+}
+
+static inline SiteEnt *site_find(PyObject *code, int lasti) {
+    size_t h = site_hash(code, lasti);
+    for (int i = 0; i < SITE_PROBES; i++) {
+        SiteEnt *e = &site_tab[(h + i) & (SITE_SLOTS - 1)];
+        if (e->code == NULL)
+            return NULL;
+        if (e->code == code && e->lasti == lasti)
+            return e;
+    }
+    return NULL;
+}
+
+static void site_add(PyObject *code, int lasti, PyObject *site) {
+    size_t h = site_hash(code, lasti);
+    for (int i = 0; i < SITE_PROBES; i++) {
+        SiteEnt *e = &site_tab[(h + i) & (SITE_SLOTS - 1)];
+        if (e->code == NULL) {
+            e->code = code;
+            Py_INCREF(code);
+            e->lasti = lasti;
+            e->site = site;
+            Py_INCREF(site);
+            return;
+        }
+    }
+}
+
+/* sites.site_of_frame's answer for the frame `fr` (the innermost one), read from the
+ * interpreter frames (no frame objects, no int key per frame): frames whose code is known
+ * internal are skipped, the first other frame's site comes from site_tab, or from sites.py's
+ * caches (then kept in the C tables). NULL (no error) wherever that walk would not give the
+ * Python walk's answer for sure -- an incomplete frame, a code object or a site not cached
+ * yet, a full table, no user frame left -- and the caller walks as before. A new reference. */
+static PyObject *site_walk_frames(_PyInterpreterFrame *fr, PyObject *code_internal,
+                                  PyObject *site_pairs) {
+    for (; fr != NULL; fr = fr->previous) {
+        if (_PyFrame_IsIncomplete(fr))
+            return NULL;
+        PyObject *code = (PyObject *)fr->f_code;
+        if (icode_known(code))
+            continue;
+        int li = _PyInterpreterFrame_LASTI(fr);
+        int lasti = li < 0 ? -1 : li * (int)sizeof(_Py_CODEUNIT);   /* PyFrame_GetLasti's */
+        SiteEnt *e = site_find(code, lasti);
+        if (e != NULL) {
+            Py_INCREF(e->site);
+            return e->site;
+        }
+        PyObject *k = PyLong_FromVoidPtr(code);
+        PyObject *internal = k != NULL ? PyDict_GetItemWithError(code_internal, k) : NULL;
+        PyObject *res = NULL;
+        if (internal == Py_True) {
+            Py_DECREF(k);
+            icode_add(code);
+            continue;
+        }
+        if (internal == Py_False) {
+            PyObject *lio = PyLong_FromLong(lasti);
+            PyObject *key = lio == NULL ? NULL : PyTuple_Pack(2, k, lio);
+            Py_XDECREF(lio);
+            if (key != NULL) {
+                res = PyDict_GetItemWithError(site_pairs, key);
+                Py_DECREF(key);
+            }
+            if (res != NULL && res != Py_None) {
+                site_add(code, lasti, res);
+                Py_INCREF(res);
+            } else {
+                res = NULL;
+            }
+        }
+        Py_XDECREF(k);
+        CLEAR_ERR();
+        return res;
+    }
+    return NULL;
+}
+#endif
+
 static PyObject *call_site_miss(FastCtx *c);
 
 /* The call site, from the cache when this (code, offset) was seen before. */
 static PyObject *call_site(FastCtx *c) {
 #if CT_IFRAME
-    /* The wrapper is a C callable: the current Python frame is the caller's. */
+    /* The wrapper is a C callable: the current Python frame is the caller's, its site in
+     * site_tab; called from torch's code (DDP's buckets inside backward(), FSDP2's
+     * collectives), the walk out to the user's frame over the cached classifications. */
     _PyInterpreterFrame *fr = PyThreadState_GET()->cframe->current_frame;
-    if (LIKELY(fr != NULL && !_PyFrame_IsIncomplete(fr))) {
-        PyObject *code = (PyObject *)fr->f_code;
-        int li = _PyInterpreterFrame_LASTI(fr);
-        int lasti = li < 0 ? -1 : li * (int)sizeof(_Py_CODEUNIT);   /* PyFrame_GetLasti's */
-        size_t h = site_hash(code, lasti);
-        for (int i = 0; i < SITE_PROBES; i++) {
-            SiteEnt *e = &site_tab[(h + i) & (SITE_SLOTS - 1)];
-            if (e->code == NULL)
-                break;
-            if (e->code == code && e->lasti == lasti) {
-                Py_INCREF(e->site);
-                return e->site;
-            }
-        }
+    if (LIKELY(fr != NULL)) {
+        PyObject *res = site_walk_frames(fr, c->code_internal, c->site_pairs);
+        if (res != NULL)
+            return res;
     }
 #endif
     return call_site_miss(c);
@@ -2972,6 +3116,45 @@ static NOINLINE int tensor_facts_py(FastCtx *c, PyObject *x, PyObject **count, P
     return 0;
 }
 
+/* a and b the same int (a rank): the same object, or exact ints of equal value. */
+static inline int same_rank(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    if (!PyLong_CheckExact(a) || !PyLong_CheckExact(b))
+        return 0;
+    int eq = PyObject_RichCompareBool(a, b, Py_EQ);
+    CLEAR_ERR();
+    return eq == 1;
+}
+
+/* rec.p2p_seq[(name, src, dst)] (0 when absent; new reference), and += 1; NULL on error.
+ * The key is the context's last one when it names the same group, src and dst (a p2p call
+ * site keeps its peer): the dict then finds that very tuple (identity, no item compares) and
+ * its hash is kept. A new tuple per op, hashed twice (get, set) and compared item by item with
+ * the stored key, was about 1,100 of the 1,450 instructions of peer_root per op (session 16,
+ * callgrind of samples/pipeline.py). The dict and its values are the Python path's. */
+static PyObject *p2p_seq_next(FastCtx *c, PyObject *d, PyObject *name, PyObject *src,
+                              PyObject *dst) {
+    PyObject *k = c->p2p_key;
+    if (k == NULL || PyTuple_GET_ITEM(k, 0) != name || !same_rank(PyTuple_GET_ITEM(k, 1), src) ||
+        !same_rank(PyTuple_GET_ITEM(k, 2), dst)) {
+        k = PyTuple_Pack(3, name, src, dst);
+        if (k == NULL)
+            return NULL;
+        Py_hash_t h = PyObject_Hash(k);
+        if (h == -1) {
+            Py_DECREF(k);
+            return NULL;
+        }
+        Py_XSETREF(c->p2p_key, k);
+        c->p2p_hash = h;
+    }
+    Py_INCREF(k);   /* the dict's operations may run Python code (a key's __eq__) */
+    PyObject *seq = dict_next_h(d, k, c->p2p_hash);
+    Py_DECREF(k);
+    return seq;
+}
+
 /* A point-to-point op's peer and seq ((name, src, dst) in rec.p2p_seq), or a rooted
  * collective's root: 0, or -1 (recv from any source, a bad rank: the Python path). */
 static NOINLINE int peer_root(FastCtx *c, PyObject *const *args, Py_ssize_t nargs,
@@ -2988,14 +3171,12 @@ static NOINLINE int peer_root(FastCtx *c, PyObject *const *args, Py_ssize_t narg
         if (*peer == NULL || *peer == Py_None)
             goto out;   /* recv from any source */
         PyObject *d = cst.p2p_seq;
-        Py_XINCREF(d);
-        PyObject *k = d == NULL ? NULL :
-            (c->is_send ? PyTuple_Pack(3, name, rk, *peer) : PyTuple_Pack(3, name, *peer, rk));
-        if (k != NULL) {
-            *seq = dict_next(d, k);
-            Py_DECREF(k);
+        if (d != NULL) {
+            Py_INCREF(d);
+            *seq = c->is_send ? p2p_seq_next(c, d, name, rk, *peer)
+                              : p2p_seq_next(c, d, name, *peer, rk);
+            Py_DECREF(d);
         }
-        Py_XDECREF(d);
     } else {
         *root = global_rank(info, a0, a1);
         if (*root == NULL)
@@ -3023,6 +3204,43 @@ static COLD void blk_error(FastCtx *c, PyObject *rec, Rec *r, long long t1, PyOb
     rec_release(r);
 }
 
+/* The Python wrapper for a call of ddp_issue's that this path hands over: it reads the api /
+ * detail from the thread's state dict (tls.api, tls.detail), set for the call and restored
+ * after, as ddp.py's Python hook sets them. */
+static COLD PyObject *ov_slow(FastCtx *c, ThreadSt *T, PyObject *api, PyObject *detail,
+                              PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PyObject *st = T->state;
+    if (st == NULL) {
+        st = PyObject_GetAttr(c->tls, s_dict);
+        if (st == NULL || !PyDict_Check(st)) {
+            Py_XDECREF(st);
+            CLEAR_ERR();
+            return PyObject_Vectorcall(c->slow, args, nargsf, kwnames);
+        }
+        T->state = st;      /* the thread keeps this reference for good */
+    }
+    Py_INCREF(st);
+    PyObject *pa = PyDict_GetItemWithError(st, s_api);
+    PyObject *pd = pa != NULL ? PyDict_GetItemWithError(st, s_detail) : NULL;
+    Py_XINCREF(pa);
+    Py_XINCREF(pd);
+    if (PyDict_SetItem(st, s_api, api) != 0 || PyDict_SetItem(st, s_detail, detail) != 0)
+        CLEAR_ERR();
+    PyObject *ret = PyObject_Vectorcall(c->slow, args, nargsf, kwnames);
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    CLEAR_ERR();
+    PyObject *keys[2] = {s_api, s_detail}, *was[2] = {pa, pd};
+    for (int i = 0; i < 2; i++) {
+        if ((was[i] != NULL ? PyDict_SetItem(st, keys[i], was[i])
+                            : PyDict_DelItem(st, keys[i])) != 0)
+            CLEAR_ERR();
+    }
+    PyErr_Restore(et, ev, etb);
+    Py_XDECREF(pa); Py_XDECREF(pd); Py_DECREF(st);
+    return ret;
+}
+
 static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames) {
     FastCtx *c = (FastCtx *)self;
@@ -3038,6 +3256,8 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     PyObject *api = NULL, *detail = NULL;   /* borrowed (the thread's state dict holds them) */
     long long t0, seq_v = -1, tlo = -1, step_v = NONE_LL;
     long long count_v = NONE_LL, outb_v = NONE_LL;   /* read by the C++ reads (count, outb NULL) */
+    PyObject *ov_api = T->ov_api, *ov_detail = T->ov_detail;   /* ddp_issue's, for this call */
+    T->ov_api = T->ov_detail = NULL;
 
     if (pf_on) {
         /* torch's tensor accessors (not called where the C++ reads read the tensor), the
@@ -3076,6 +3296,10 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             detail = T->detail;
         } else if (ent_thread_refresh(c, T, &api, &detail) != 0) {
             SLOW();
+        }
+        if (UNLIKELY(ov_api != NULL)) {
+            api = ov_api;
+            detail = ov_detail;
         }
     }
     /* NVTX ranges (nvtx_ranges.active): checked again only when its module's dict changed. */
@@ -3297,7 +3521,10 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
 slow:
     CLEAR_ERR();
     n_slow++;
-    ret = PyObject_Vectorcall(c->slow, args, nargsf, kwnames);
+    if (UNLIKELY(ov_api != NULL))
+        ret = ov_slow(c, T, ov_api, ov_detail, args, nargsf, kwnames);
+    else
+        ret = PyObject_Vectorcall(c->slow, args, nargsf, kwnames);
 done:
     Py_XDECREF(rec); Py_XDECREF(key); Py_XDECREF(count); Py_XDECREF(dtype);
     Py_XDECREF(dev); Py_XDECREF(outb); Py_XDECREF(peer); Py_XDECREF(root); Py_XDECREF(seq);
@@ -3774,8 +4001,7 @@ static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *de
     *work_out = *row_out = *fut_out = NULL;
     if (!dh.on)
         return 0;
-    PyObject *rec = NULL, *scale = NULL, *detail = NULL, *st = NULL, *prev_api = NULL,
-             *prev_detail = NULL, *work = NULL;
+    PyObject *rec = NULL, *scale = NULL, *detail = NULL, *work = NULL;
     DdpTake take = {NULL, NULL, 0};
     int res = 0;
     rec = fast_attr(dh.recmod_d, dh.recmod, s_recorder);
@@ -3795,12 +4021,23 @@ static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *de
     if (buf == NULL || !exact_tensor(buf))
         goto out;
     {
-        PyObject *dev = PyObject_Vectorcall(t_getdev, &buf, 1, NULL);
-        long d = dev != NULL && PyLong_Check(dev) ? PyLong_AsLong(dev) : 0;
-        Py_XDECREF(dev);
-        if (d != -1)
+        /* the device and dtype: through torch's C++ API where built (a plain read: the
+         * accessors' answer), else the accessors */
+        long long n_v, d = 0;
+        PyObject *dt = NULL;
+        if (mt_tensor_meta != NULL && mt_tensor_meta(buf, &n_v, &dt, &d) == 1) {
+            Py_INCREF(dt);   /* borrowed from torch's dtype objects */
+        } else {
+            PyObject *dev = PyObject_Vectorcall(t_getdev, &buf, 1, NULL);
+            d = dev != NULL && PyLong_Check(dev) ? PyLong_AsLong(dev) : 0;
+            Py_XDECREF(dev);
+            dt = d != -1 ? NULL :
+                 Py_TYPE(t_dtype)->tp_descr_get(t_dtype, buf, (PyObject *)Py_TYPE(buf));
+        }
+        if (d != -1) {
+            Py_XDECREF(dt);
             goto out;   /* not a CPU tensor: the device timer, CUDA streams: Python */
-        PyObject *dt = Py_TYPE(t_dtype)->tp_descr_get(t_dtype, buf, (PyObject *)Py_TYPE(buf));
+        }
         int ok = dt != NULL && PySet_Contains(dh.dtypes, dt) == 1;
         Py_XDECREF(dt);
         if (!ok)
@@ -3815,26 +4052,6 @@ static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *de
         if (detail == NULL)
             goto out;
     }
-    st = tl.state;
-    if (st == NULL) {
-        st = PyObject_GetAttr(dh.tls, s_dict);
-        if (st == NULL || !PyDict_Check(st)) {
-            Py_CLEAR(st);
-            goto out;
-        }
-        tl.state = st;      /* the thread keeps one reference for good (as ctx_vectorcall) */
-        Py_INCREF(st);
-    } else {
-        Py_INCREF(st);
-    }
-    prev_api = PyDict_GetItemWithError(st, s_api);
-    prev_detail = PyDict_GetItemWithError(st, s_detail);
-    if (prev_api == NULL || prev_detail == NULL) {
-        prev_api = prev_detail = NULL;
-        goto out;
-    }
-    Py_INCREF(prev_api);
-    Py_INCREF(prev_detail);
     /* From here on the bucket is this path's: DDP's numerics first (as allreduce_hook, the
      * division before the all_reduce) */
     res = -1;
@@ -3867,26 +4084,23 @@ static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *de
             Py_DECREF(r);
         }
     }
-    if (PyDict_SetItem(st, s_api, dh.api) != 0 || PyDict_SetItem(st, s_detail, detail) != 0)
-        CLEAR_ERR();
     {
+        /* the row's api and detail: handed to the ctx's call (ThreadSt.ov_api), which writes
+         * them into tls only if it hands the call to the Python wrapper */
         PyObject *av[4] = {buf, dh.op_sum, PyTuple_GET_ITEM(scale, 2), Py_True};
+        ThreadSt *T = &tl;
         take.nofut = nofut;
         t_ddp_take = &take;
         t_ddp_iss = iss;
         t_ddp_iss_buf = buf;
+        T->ov_api = dh.api;
+        T->ov_detail = detail;
         work = PyObject_Vectorcall(dh.ctx, av, 4, NULL);
+        T = &tl;
+        T->ov_api = T->ov_detail = NULL;
         t_ddp_take = NULL;
         t_ddp_iss = NULL;
         t_ddp_iss_buf = NULL;
-    }
-    {
-        PyObject *et, *ev, *etb;
-        PyErr_Fetch(&et, &ev, &etb);
-        if (PyDict_SetItem(st, s_api, prev_api) != 0 ||
-            PyDict_SetItem(st, s_detail, prev_detail) != 0)
-            CLEAR_ERR();
-        PyErr_Restore(et, ev, etb);
     }
     if (work == NULL)
         goto out;
@@ -3900,8 +4114,7 @@ out:
     if (res == 0)
         CLEAR_ERR();
     Py_XDECREF(take.fut); Py_XDECREF(take.row);
-    Py_XDECREF(rec); Py_XDECREF(scale); Py_XDECREF(detail); Py_XDECREF(st);
-    Py_XDECREF(prev_api); Py_XDECREF(prev_detail);
+    Py_XDECREF(rec); Py_XDECREF(scale); Py_XDECREF(detail);
     return res;
 }
 
@@ -4082,6 +4295,16 @@ static PyObject *steps_setup(PyObject *module, PyObject *args) {
  * frames), or None. New reference; NULL on error. */
 static PyObject *mark_site(void) {
     PyObject *res = NULL;
+#if CT_IFRAME
+    /* the walk over the interpreter frames where its tables know the frames (call_site's) */
+    {
+        _PyInterpreterFrame *fr = PyThreadState_GET()->cframe->current_frame;
+        if (fr != NULL && mk_code_internal != NULL && mk_site_pairs != NULL)
+            res = site_walk_frames(fr, mk_code_internal, mk_site_pairs);
+    }
+    if (res != NULL)
+        goto found;
+#endif
 #if PY_VERSION_HEX >= 0x030B0000
     PyFrameObject *f = PyEval_GetFrame();   /* borrowed */
     if (f == NULL)
@@ -4116,6 +4339,9 @@ static PyObject *mark_site(void) {
 #endif
     if (res == NULL || res == Py_None)
         return res;
+#if CT_IFRAME
+found:
+#endif
     /* sites.format_site: the Python hook's emit() stores the formatted string. One string
      * object per site (mk_site_str), not one per step: the writer encodes a string column
      * once per distinct object (pack_rows' tables are by identity), so a new string per mark

@@ -1,5 +1,5 @@
 """`commtrace accel build|status`: the parts of capture compiled against the installed torch
-(today DDP's comm hook in C++; commtrace/capture/accel.py)."""
+(DDP's recording group and C++ comm hook, the tensor reads; commtrace/capture/accel.py)."""
 
 from __future__ import annotations
 
@@ -17,34 +17,35 @@ Examples:
 
 @click.group("accel", epilog=EPILOG)
 def command():
-    """Build or inspect the C++ DDP comm hook for the installed torch.
+    """Build or inspect commtrace's C++ module for the installed torch (DDP, tensor reads).
 
-    DDP's gradient all-reduces are recorded through a comm hook. Built, the hook is C++ to
-    DDP's Reducer: no GIL on the backend's thread, and about half the training-thread CPU
-    that commtrace's C hook (which DDP calls through Python) adds per step
-    (docs/performance.md). Not built, or built for another torch,
-    commtrace uses its C hook, as before, with no error. The same build gives the C fast path
-    its per-op reads of the tensor (count, dtype, device) and of torch's sequence number
-    through torch's C++ API instead of its Python-level accessors (about 2 us of CPU less
-    per op at 2 ranks; COMMTRACE_ACCEL_META=0 turns them off). The build goes to
-    $COMMTRACE_CACHE_DIR (default ~/.cache/commtrace) and needs a C++ compiler and ninja."""
+    Built, DDP's gradient all-reduces are recorded by a process group handed to DDP's
+    Reducer (no comm hook, no Python and no GIL on the backend's thread; DDP runs its own
+    kernels, bit for bit; COMMTRACE_DDP_GROUP=0 records through a C++ comm hook instead).
+    Not built, or built for another torch, commtrace records DDP through its C comm hook, with
+    no error. The same build gives the C fast path its per-op reads of the tensor (count,
+    dtype, device) and of torch's sequence number through torch's C++ API instead of its
+    Python-level accessors (about 2 us of CPU less per op at 2 ranks; COMMTRACE_ACCEL_META=0
+    turns them off); docs/performance.md. The build goes to $COMMTRACE_CACHE_DIR (default
+    ~/.cache/commtrace) and needs a C++ compiler and ninja."""
 
 
 @command.command("build", epilog=EPILOG)
 @click.option("--verbose", is_flag=True, help="Show the compiler's commands.")
 def build(verbose):
-    """Compile the C++ DDP hook for the installed torch (nothing to do if built already)."""
+    """Compile the C++ module (DDP recording, tensor reads) for the installed torch (nothing
+    to do if built already)."""
     from ..capture import accel
 
     t0 = time.monotonic()
     path = accel.build(verbose=verbose)
-    click.echo(f"C++ DDP comm hook: {path} ({time.monotonic() - t0:.0f} s)")
+    click.echo(f"C++ module (DDP recording, tensor reads): {path} ({time.monotonic() - t0:.0f} s)")
     return 0
 
 
 @command.command("status", epilog=EPILOG)
 def status():
-    """Say whether the C++ DDP hook is built for the installed torch, and where."""
+    """Say whether the C++ module is built for the installed torch, and where."""
     import torch
 
     from ..capture import accel
@@ -52,11 +53,10 @@ def status():
     name = accel.module_name()
     path = accel._built_file(name)
     if path:
-        click.echo(f"C++ DDP comm hook: built for torch {torch.__version__}: {path}")
-        click.echo("tensor and group reads through torch's C++ API: built (same module)")
+        click.echo(f"C++ module (DDP recording, tensor reads): built for torch {torch.__version__}: {path}")
     else:
-        click.echo(f"C++ DDP comm hook: not built for torch {torch.__version__} in "
-                   f"{accel.cache_dir()} (commtrace accel build); the C hook is used")
-        click.echo("tensor and group reads through torch's C++ API: not built; torch's "
-                   "Python-level accessors are used")
+        click.echo(f"C++ module (DDP recording, tensor reads): not built for torch "
+                   f"{torch.__version__} in {accel.cache_dir()} (commtrace accel build); DDP is "
+                   "recorded through the C comm hook and tensors read through torch's "
+                   "Python-level accessors")
     return 0
