@@ -240,6 +240,26 @@ def _label(m: Model, e: int) -> tuple:
     return op, (m.row_site[row] or None)
 
 
+DELAY_COLUMNS = ("rank", "step", "op", "site", "prev_op", "prev_site", "delay_s", "direct_cost_s",
+                 "propagated_cost_s", "cost_s", "t_ns", "event")
+
+
+def delay_row(m, a: dict, e: int) -> dict:
+    """The row of :func:`delays` for host event `e` of model `m` (`a`: its attribution)."""
+    op, site = _label(m, e)
+    if e > 0 and not m.ev_first[e]:
+        pop, psite = _label(m, e - 1)
+        t0 = m.ev_rel[e - 1]
+    else:
+        pop, psite, t0 = None, None, m.ev_start[e]
+    st = int(m.ev_step[e])
+    dc, pc = float(a["ev_direct"][e]), float(a["ev_prop"][e])
+    return {"rank": int(m.ev_rank[e]), "step": st if st >= 0 else None, "op": op, "site": site,
+            "prev_op": pop, "prev_site": psite, "delay_s": float(m.ev_excess[e]) / 1e9,
+            "direct_cost_s": dc / 1e9, "propagated_cost_s": pc / 1e9, "cost_s": (dc + pc) / 1e9,
+            "t_ns": int(round(t0)) + m.base_ns, "event": int(e)}
+
+
 def delays(run, top: int | None = None, min_cost_s: float = 0.0, per_rank: int | None = None) -> pa.Table:
     """Root causes, one row per host event with delay costs, largest cost first: `rank`,
     `step`, `op` / `site` (the op the delay precedes: "before all_reduce at train.py:88"),
@@ -261,28 +281,10 @@ def delays(run, top: int | None = None, min_cost_s: float = 0.0, per_rank: int |
         idx = idx[np.sort(o[k < int(per_rank)])]
     if top is not None:
         idx = idx[: int(top)]
-    cols = {k: [] for k in ("rank", "step", "op", "site", "prev_op", "prev_site", "delay_s", "direct_cost_s",
-                            "propagated_cost_s", "cost_s", "t_ns", "event")}
+    cols = {k: [] for k in DELAY_COLUMNS}
     for e in idx.tolist():
-        op, site = _label(m, e)
-        if e > 0 and not m.ev_first[e]:
-            pop, psite = _label(m, e - 1)
-            t0 = m.ev_rel[e - 1]
-        else:
-            pop, psite, t0 = None, None, m.ev_start[e]
-        cols["rank"].append(int(m.ev_rank[e]))
-        st = int(m.ev_step[e])
-        cols["step"].append(st if st >= 0 else None)
-        cols["op"].append(op)
-        cols["site"].append(site)
-        cols["prev_op"].append(pop)
-        cols["prev_site"].append(psite)
-        cols["delay_s"].append(float(m.ev_excess[e]) / 1e9)
-        cols["direct_cost_s"].append(float(a["ev_direct"][e]) / 1e9)
-        cols["propagated_cost_s"].append(float(a["ev_prop"][e]) / 1e9)
-        cols["cost_s"].append(float(cost[e]) / 1e9)
-        cols["t_ns"].append(int(round(t0)) + m.base_ns)
-        cols["event"].append(int(e))
+        for k, v in delay_row(m, a, e).items():
+            cols[k].append(v)
     # (sql.py_array, not pa.array: that imports pandas, 0.2-0.4 s the report does not pay otherwise)
     types = {"op": pa.string(), "site": pa.string(), "prev_op": pa.string(), "prev_site": pa.string(),
              "delay_s": pa.float64(), "direct_cost_s": pa.float64(), "propagated_cost_s": pa.float64(),

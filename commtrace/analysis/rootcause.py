@@ -247,6 +247,24 @@ def _median_excess_by_rank(m) -> dict:
     return {int(q): max(0.0, float(np.median(ex[a:b]))) for q, a, b in zip(ranks, starts, ends)}
 
 
+def _main_site_delay(m, a: dict, ev: np.ndarray) -> dict | None:
+    """The delay row (delay.delay_row) that stands for a straggler's delays `ev` (event
+    indices): the costliest of those before the op and call site where together they cost
+    most. Not simply the costliest one: a loaded host's single stall of the rank elsewhere can
+    outweigh any one of its recurring delays (CI, 2026-12-03: a stall before the all_gather
+    after the planted sleep's all_reduce), never their sum."""
+    if not len(ev):
+        return None
+    cost = a["ev_direct"][ev] + a["ev_prop"][ev]
+    by_site: dict = {}
+    for e, c in zip(ev.tolist(), cost.tolist()):
+        k = D._label(m, e)
+        t, best, bc = by_site.get(k, (0.0, e, -1.0))
+        by_site[k] = (t + c, e, c) if c > bc else (t + c, best, bc)
+    _t, e, _c = max(by_site.values(), key=lambda v: (v[0], v[2]))
+    return D.delay_row(m, a, e)
+
+
 def delay_stragglers(run, known=()) -> list:
     """`straggler` findings from delay analysis (docs/findings.md, `straggler`, "by delay
     analysis") for ranks not in `known` (those the arrival counts already name)."""
@@ -259,7 +277,7 @@ def delay_stragglers(run, known=()) -> list:
         return []
     by_rank = D.cost_by_rank(run)
     mixed = set(getattr(run.files, "conflict_ranks", None) or ())   # (rows of two processes)
-    out, top, rank_typ = [], None, None
+    out, rank_typ = [], None
     for r, (dc, pc) in sorted(by_rank.items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
         cost = dc + pc
         if r in known or r in mixed or cost * 1e9 < DELAY_STRAGGLER_MIN_SHARE * total_wait:
@@ -281,9 +299,7 @@ def delay_stragglers(run, known=()) -> list:
         total = what_if(run)["run_time_s"]
         if total <= 0 or rank_gain(run, r) < DELAY_STRAGGLER_MIN_GAIN * total:
             continue
-        if top is None:
-            top = {x["rank"]: x for x in D.delays(run, per_rank=1).to_pylist()}
-        d = top.get(r)
+        d = _main_site_delay(m, a, ev)
         n_in, n_of, unit = _recurrence(m, r, ev, d["event"] if d else None)
         if n_in < DELAY_STRAGGLER_MIN_DELAYS or n_in < DELAY_STRAGGLER_MIN_RECUR * n_of:
             continue
@@ -294,7 +310,7 @@ def delay_stragglers(run, known=()) -> list:
         if z < F.STRAGGLER_MIN_Z:
             continue
         t0 = int(round(float(m.ev_start[ev].min()))) + m.base_ns
-        where = f" (the costliest {_where(d)}, {_when(m, d)})" if d is not None else ""
+        where = f" (most {_where(d)}, the costliest there {_when(m, d)})" if d is not None else ""
         out.append(F.Finding(
             kind="straggler", severity="warning", rank=int(r), op=d["op"] if d else None,
             site=d["site"] if d else None, t_ns=t0, impact_ns=int(round(cost * 1e9)),
