@@ -2161,6 +2161,26 @@ static PyObject *service_pass(PyObject *module, PyObject *args) {
         return NULL;
     PyObject *now_o = NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
+        /* The ops' objects are out of the caches after a quarter second of training (their
+         * misses are what this pass costs): ask for them ahead, the op 8 on, what it points
+         * to 4 on, its row's items 2 on, each read once arrived (no effect on what is read). */
+        if (i + 8 < n)
+            __builtin_prefetch(PyList_GET_ITEM(ops, i + 8));
+        if (i + 4 < n) {
+            PyObject *q = PyList_GET_ITEM(ops, i + 4);
+            if (Py_TYPE(q) == (PyTypeObject *)as_pending_type) {
+                __builtin_prefetch(pget(q, P_ROW));
+                __builtin_prefetch(pget(q, P_WORK_REF));
+                __builtin_prefetch(pget(q, P_OP_ID));
+                __builtin_prefetch(pget(q, P_KEY));
+            }
+        }
+        if (i + 2 < n) {
+            PyObject *q = PyList_GET_ITEM(ops, i + 2);
+            PyObject *r = Py_TYPE(q) == (PyTypeObject *)as_pending_type ? pget(q, P_ROW) : NULL;
+            if (r != NULL && PyList_CheckExact(r) && PyList_GET_SIZE(r) == C_NCOL)
+                __builtin_prefetch(&PyList_GET_ITEM(r, C_T_END));
+        }
         PyObject *p = PyList_GET_ITEM(ops, i);
         PyObject *row = Py_TYPE(p) == (PyTypeObject *)as_pending_type ? pget(p, P_ROW) : NULL;
         PyObject *wref = row != NULL ? pget(p, P_WORK_REF) : NULL;

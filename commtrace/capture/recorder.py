@@ -1321,7 +1321,11 @@ class Recorder:
         if not final and SERVICE_C and ops and _service_pass is not None:
             # the ops whose end is known, released in C (the same decisions as below): the
             # loop below gets the others (in flight, device-timed, with an NVTX range)
-            ops = _service_pass(self, ops, now, hold_ns)
+            try:
+                ops = _service_pass(self, ops, now, hold_ns)
+            except Exception as e:  # the loop below looks at every op (one released already
+                # is not in _pending: _release does nothing to it)
+                log.warn_once("service-c", "C service pass failed; using the Python loop", e)
         for p in ops:
             row = p.row
             if (row[I_T_END] is None and p.work is not None and not p.has_future
