@@ -90,3 +90,31 @@ def c_fast_path() -> bool:
     from commtrace.capture import wrappers
 
     return getattr(wrappers, "_cfast", None) is not None
+
+
+def ddp_sample_one_rank(prefix: str, threads: int | None = None):
+    """The DDP sample (samples/ddp_mlp.py, no straggler) at world size 1 on gloo, traced into a
+    new temporary directory with flushes only when asked (flush_interval 3600 s): returns
+    (recorder, the sample module, its state) for the one-process writer probes
+    (flush_stages.py, writer_sparse.py). `threads`: torch.set_num_threads first."""
+    import importlib.util
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+
+    import commtrace
+    from commtrace.capture import recorder as R
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(free_port())
+    if threads is not None:
+        torch.set_num_threads(threads)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    commtrace.enable(tempfile.mkdtemp(prefix=prefix), flush_interval=3600)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("ddp_mlp", os.path.join(root, "samples", "ddp_mlp.py"))
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    st = m.setup(m.parse_args(["--straggler-ms", "0"]), 0, 1, torch.device("cpu"))
+    return R.get_recorder(), m, st

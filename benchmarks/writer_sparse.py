@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
-import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 
-from common import free_port, uptime
+from common import ddp_sample_one_rank, uptime
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ("service", "flush", "arrays", "parquet", "check", "inflight", "rest")
 
 
@@ -38,24 +34,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ab", action="store_true", help="alternate the replaced paths (A) and these (B)")
     args = ap.parse_args(argv)
     print("load before:", uptime())
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(free_port())
-    import torch
     import torch.distributed as dist
 
-    import commtrace
     from commtrace.capture import recorder as R
     from commtrace.format import writer as W
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    commtrace.enable(tempfile.mkdtemp(prefix="commtrace-sparse-"), flush_interval=3600)
-    rec = R.get_recorder()
-    spec = importlib.util.spec_from_file_location("ddp_mlp", os.path.join(ROOT, "samples",
-                                                                          "ddp_mlp.py"))
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    st = m.setup(m.parse_args(["--straggler-ms", "0"]), 0, 1, torch.device("cpu"))
+    rec, m, st = ddp_sample_one_rank("commtrace-sparse-", threads=1)
     acc: dict = {}
     me = threading.get_ident()
 
