@@ -415,55 +415,33 @@ static PyTypeObject OpIdsType = {
     .tp_doc = "OpIds(start=0): start, start + 1, ... (the recorder's op ids).",
 };
 
-/* d[key] (0 when absent) as a new reference, and d[key] += 1; NULL on error. */
-static PyObject *dict_next(PyObject *d, PyObject *key) {
-    PyObject *s = PyDict_GetItemWithError(d, key);
-    if (s == NULL) {
-        if (PyErr_Occurred())
-            return NULL;
-        s = PyLong_FromLong(0);
-        if (s == NULL)
-            return NULL;
-    } else {
-        Py_INCREF(s);
-    }
-    PyObject *s1 = PyNumber_Add(s, i_one);
-    if (s1 == NULL || PyDict_SetItem(d, key, s1) != 0) {
-        Py_XDECREF(s1);
-        Py_DECREF(s);
-        return NULL;
-    }
-    Py_DECREF(s1);
-    return s;
-}
-
-/* dict_next with key's hash given (h), for a dict: one hash, not one per lookup. */
-static PyObject *dict_next_h(PyObject *d, PyObject *key, Py_hash_t h) {
-#if PY_VERSION_HEX < 0x030D0000
-    if (!PyDict_Check(d))
-        return dict_next(d, key);
-    PyObject *s = _PyDict_GetItem_KnownHash(d, key, h);
-    if (s == NULL) {
-        if (PyErr_Occurred())
-            return NULL;
-        s = PyLong_FromLong(0);
-        if (s == NULL)
-            return NULL;
-    } else {
-        Py_INCREF(s);
-    }
-    PyObject *s1 = PyNumber_Add(s, i_one);
-    if (s1 == NULL || _PyDict_SetItem_KnownHash(d, key, s1, h) != 0) {
-        Py_XDECREF(s1);
-        Py_DECREF(s);
-        return NULL;
-    }
-    Py_DECREF(s1);
-    return s;
-#else
-    (void)h;
-    return dict_next(d, key);
+/* d[key] (0 when absent) as a new reference, and d[key] += 1; NULL on error. h is key's hash
+ * where the caller keeps it (one hash per key, not one per lookup), or -1: not known (no
+ * Python hash is -1, it is the error value). d is a dict. */
+static PyObject *dict_next(PyObject *d, PyObject *key, Py_hash_t h) {
+#if PY_VERSION_HEX >= 0x030D0000
+    h = -1;   /* the known-hash calls are internal API from 3.13 on */
 #endif
+    PyObject *s = h == -1 ? PyDict_GetItemWithError(d, key)
+                          : _PyDict_GetItem_KnownHash(d, key, h);
+    if (s == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        s = PyLong_FromLong(0);
+        if (s == NULL)
+            return NULL;
+    } else {
+        Py_INCREF(s);
+    }
+    PyObject *s1 = PyNumber_Add(s, i_one);
+    if (s1 == NULL || (h == -1 ? PyDict_SetItem(d, key, s1)
+                               : _PyDict_SetItem_KnownHash(d, key, s1, h)) != 0) {
+        Py_XDECREF(s1);
+        Py_DECREF(s);
+        return NULL;
+    }
+    Py_DECREF(s1);
+    return s;
 }
 
 /* obj.name read from obj's own __dict__ when it is there (modules, plain instances: a dict
@@ -3150,7 +3128,7 @@ static PyObject *p2p_seq_next(FastCtx *c, PyObject *d, PyObject *name, PyObject 
         c->p2p_hash = h;
     }
     Py_INCREF(k);   /* the dict's operations may run Python code (a key's __eq__) */
-    PyObject *seq = dict_next_h(d, k, c->p2p_hash);
+    PyObject *seq = dict_next(d, k, c->p2p_hash);
     Py_DECREF(k);
     return seq;
 }
@@ -3396,7 +3374,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         } else if (cst.seq != NULL) {
             PyObject *d = cst.seq;
             Py_INCREF(d);
-            seq = dict_next(d, c->last_name);
+            seq = dict_next(d, c->last_name, -1);
             Py_DECREF(d);
         }
     }
