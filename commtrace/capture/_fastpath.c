@@ -852,6 +852,18 @@ static PyObject *call_site(FastCtx *c) {
      * collectives), the walk out to the user's frame over the cached classifications. */
     _PyInterpreterFrame *fr = PyThreadState_GET()->cframe->current_frame;
     if (LIKELY(fr != NULL)) {
+        /* The caller's own site first, inline: a user's call (the common case) then touches
+         * neither icode_tab nor the walk's code (session 17: the blocking op's cold lines).
+         * The same answer as the walk's: site_tab holds only codes not internal. */
+        if (LIKELY(!_PyFrame_IsIncomplete(fr))) {
+            int li = _PyInterpreterFrame_LASTI(fr);
+            SiteEnt *e = site_find((PyObject *)fr->f_code,
+                                   li < 0 ? -1 : li * (int)sizeof(_Py_CODEUNIT));
+            if (LIKELY(e != NULL)) {
+                Py_INCREF(e->site);
+                return e->site;
+            }
+        }
         PyObject *res = site_walk_frames(fr, c->code_internal, c->site_pairs);
         if (res != NULL)
             return res;
