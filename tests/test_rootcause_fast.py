@@ -143,6 +143,47 @@ def test_critical_path_queue_and_summary(run):
     assert s["per_step"] == steps and len(steps) > 1
 
 
+def _per_step_reference(m, sg):
+    """The critical path's per-step figures by a mask, np.unique and bincount per step (the loop
+    summary() ran before its one bincount over all steps)."""
+    L = sg["t1"] - sg["t0"]
+    st = np.full(len(L), -1, np.int64)
+    e = sg["event"]
+    st[e >= 0] = m.ev_step[e[e >= 0]]
+    sel = (e < 0) & (sg["comm"] >= 0)
+    st[sel] = m.ev_step[m.sl_call[m.cm_lo[sg["comm"][sel]]]]
+    steps = []
+    for k in np.unique(st[st >= 0]).tolist():
+        w = st == k
+        rs, inv = np.unique(sg["rank"][w], return_inverse=True)
+        per = np.bincount(inv, weights=L[w])
+        steps.append({"step": k, "length_s": float(L[w].sum()) / 1e9, "top_rank": int(rs[np.argmax(per)]),
+                      "top_rank_share": float(per.max() / L[w].sum()) if L[w].sum() > 0 else 0.0})
+    return steps
+
+
+def test_critical_path_per_step_on_ties_zeros_and_nan(run, monkeypatch):
+    """summary()'s per-step figures by one bincount over all steps equal the per-step loop where
+    ranks tie for a step (the lowest rank is named), a step's path has zero length, and (the
+    loop's fallback) a length is NaN."""
+    m = M.build_model(run)
+    ev = np.flatnonzero(m.ev_step >= 0)
+    steps = np.unique(m.ev_step[ev])
+    assert len(steps) >= 3
+    a, b, c = (ev[m.ev_step[ev] == s][:4] for s in steps[:3])
+    events = np.r_[a, b[:1], c[:2]]
+    ranks = np.array([3, 1, 3, 1, 2, 5, 4], np.int64)
+    lengths = np.array([1.0, 2.0, 2.0, 1.0, 5.0, 0.0, 0.0])
+    for L in (lengths, np.r_[lengths[:4], np.nan, 0.0, 0.0]):
+        sg = {"rank": ranks, "t0": np.zeros(7), "t1": L.copy(), "kind": np.zeros(7, np.int64),
+              "comm": np.full(7, -1, np.int64), "event": events.astype(np.int64)}
+        monkeypatch.setattr(CP, "_segments", lambda _run, sg=sg: (m, sg))
+        s = CP.summary(run)
+        ref = _per_step_reference(m, sg)
+        assert [x["top_rank"] for x in ref] == [1, 2, 4]
+        assert repr(s["per_step"]) == repr(ref)      # (NaN == NaN as text)
+
+
 def test_delays_per_rank_group_delayed_and_step_ends(run):
     m = M.build_model(run)
     full = D.delays(run).to_pylist()

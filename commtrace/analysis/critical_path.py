@@ -226,12 +226,35 @@ def summary(run) -> dict:
         o = ok[np.argsort(st[ok], kind="stable")]
         so, Lo, ro = st[o], L[o], sg["rank"][o]
         b = np.flatnonzero(np.r_[True, so[1:] != so[:-1]]) if len(o) else np.zeros(0, np.int64)
-        for s, i0, i1 in zip(so[b].tolist(), b.tolist(), np.r_[b[1:], len(o)].tolist()):
-            Lk = Lo[i0:i1]
-            rs, inv = np.unique(ro[i0:i1], return_inverse=True)
-            per = np.bincount(inv, weights=Lk)
-            tot = Lk.sum()
-            steps.append({"step": int(s), "length_s": float(tot) / 1e9, "top_rank": int(rs[np.argmax(per)]),
-                          "top_rank_share": float(per.max() / tot) if tot > 0 else 0.0})
+        if len(b) and not np.isfinite(Lo).all():   # (NaN: the reference loop, numpy's argmax)
+            for s, i0, i1 in zip(so[b].tolist(), b.tolist(), np.r_[b[1:], len(o)].tolist()):
+                Lk = Lo[i0:i1]
+                rs, inv = np.unique(ro[i0:i1], return_inverse=True)
+                per = np.bincount(inv, weights=Lk)
+                tot = Lk.sum()
+                steps.append({"step": int(s), "length_s": float(tot) / 1e9, "top_rank": int(rs[np.argmax(per)]),
+                              "top_rank_share": float(per.max() / tot) if tot > 0 else 0.0})
+        elif len(b):
+            # per (step, rank) sums by one bincount over all steps (each bin adds its segments
+            # in the order a bincount per step would; 2,223 steps of the 64 x 20,000 run: 0.23 s
+            # of np.unique and bincount per step before), then per step the first (lowest)
+            # rank of those holding most of it, as argmax over the step's ranks
+            nb = len(b)
+            ends = np.r_[b[1:], len(o)]
+            ur, rpos = np.unique(ro, return_inverse=True)
+            flat = np.repeat(np.arange(nb), ends - b) * len(ur) + rpos
+            keys, kid = np.unique(flat, return_inverse=True)       # (step, rank) pairs in order
+            per = np.bincount(kid, weights=Lo, minlength=len(keys))
+            kstep = keys // len(ur)
+            kb = np.flatnonzero(np.r_[True, kstep[1:] != kstep[:-1]])
+            pmax = np.maximum.reduceat(per, kb)
+            first = np.minimum.reduceat(np.where(per == pmax[np.repeat(np.arange(nb), np.diff(np.r_[kb, len(keys)]))],
+                                                 np.arange(len(keys)), len(keys)), kb)
+            top = ur[keys[first] % len(ur)]
+            # (each step's total as the sum of its slice: numpy's pairwise sum, as before)
+            tots = [float(Lo[i0:i1].sum()) for i0, i1 in zip(b.tolist(), ends.tolist())]
+            for s, tot, r, pm in zip(so[b].tolist(), tots, top.tolist(), pmax.tolist()):
+                steps.append({"step": int(s), "length_s": tot / 1e9, "top_rank": int(r),
+                              "top_rank_share": float(pm / tot) if tot > 0 else 0.0})
     out["per_step"] = steps
     return out

@@ -195,7 +195,11 @@ def _order_by_key(key: np.ndarray, block: np.ndarray, rank: np.ndarray):
     order of equal keys would then be the sort's own), else the lexsort. (numpy's stable sort:
     the same order for distinct keys, and it finds the slots' runs of increasing keys: 34
     against 45 ms for the 1.28M slots of the 64 x 20,000 run.)"""
-    o = np.argsort(key, kind="stable")
+    # by rank first (a counting sort), then by key: the same stable order (equal keys are of one
+    # rank, in their original order either way), with runs numpy's sort merges instead of the
+    # slots' communication order, ranks interleaved (64 x 20,000: 50 -> 22 ms)
+    o = _M.stable_argsort(rank) if len(rank) else np.zeros(0, np.int64)
+    o = o[np.argsort(key[o], kind="stable")]
     ks = key[o]
     if len(ks) > 1 and (np.any(ks[1:] == ks[:-1]) or not np.array_equal(np.floor(block), block)):
         o = np.lexsort((block, rank))
