@@ -5,9 +5,11 @@ the writer thread's own work done on this thread instead, where its thread CPU i
 (``Recorder._service``) every ``--every`` steps (100: the writer's 0.25 s service period), then
 the part (``rec.flush()``), thread CPU per stage. ``--ab`` alternates this version (B) with
 the code paths it replaced (A: ``recorder.SERVICE_C = False``, ``format.writer.LEAN_CODECS =
-False``) part by part; the rows written are the same in both.
+False``, ``_fastpath.stamp_release(False)``; ``--toggle`` picks which) part by part; the rows
+written are the same in both.
 
     python benchmarks/writer_sparse.py [--steps 830] [--every 100] [--parts 8] [--ab]
+                                       [--toggle STAMP_RELEASE]
 
 Prints, per variant, the median and range over the parts of the thread CPU per op (services,
 flush, its stages) and per part, and the load average before and after."""
@@ -24,6 +26,10 @@ import time
 from common import ddp_sample_one_rank, uptime
 
 STAGES = ("service", "flush", "arrays", "parquet", "check", "inflight", "rest")
+#: --ab's switches (True in B, False in A): the service in C (``recorder.SERVICE_C``) and the
+#: lean codecs (``format.writer.LEAN_CODECS``) of session 16, the release of a DDP bucket's op
+#: at its stamp (``_fastpath.stamp_release``) of session 17
+TOGGLES = ("SERVICE_C", "LEAN_CODECS", "STAMP_RELEASE")
 
 
 def main(argv=None) -> int:
@@ -32,6 +38,9 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=int, default=100)
     ap.add_argument("--parts", type=int, default=8)
     ap.add_argument("--ab", action="store_true", help="alternate the replaced paths (A) and these (B)")
+    ap.add_argument("--toggle", default=",".join(TOGGLES),
+                    help="the switches --ab turns off in A (comma-separated; default: all of "
+                         + ", ".join(TOGGLES) + ")")
     args = ap.parse_args(argv)
     print("load before:", uptime())
     import torch.distributed as dist
@@ -69,16 +78,27 @@ def main(argv=None) -> int:
     rec.flush()
     res: dict = {}
     rows = []
-    lean = hasattr(W, "LEAN_CODECS")
+    toggles = [t for t in args.toggle.split(",") if t]
+    unknown = [t for t in toggles if t not in TOGGLES]
+    if unknown:
+        ap.error(f"--toggle: unknown {unknown}; known: {', '.join(TOGGLES)}")
+    print("A turns off:", ", ".join(toggles) if args.ab else "(no --ab)")
     for part in range(args.parts + 2):
         mode = ("A" if part % 2 else "B") if args.ab else "B"
-        R.SERVICE_C = mode == "B"
-        if lean:
-            W.LEAN_CODECS = mode == "B"
+        for name in toggles:
+            if name == "STAMP_RELEASE":
+                if hasattr(R._cfast, "stamp_release"):
+                    R._cfast.stamp_release(mode == "B")
+                continue
+            for mod in (R, W):
+                if hasattr(mod, name):
+                    setattr(mod, name, mode == "B")
         acc.clear()
         with rec._write_lock:   # the writer thread writes no part meanwhile
             for i in range(args.steps):
+                t0 = time.thread_time_ns()
                 m.train_step(st, i)
+                acc["train"] = acc.get("train", 0) + time.thread_time_ns() - t0
                 if (i + 1) % args.every == 0:
                     t0 = time.thread_time_ns()
                     service(False)
@@ -106,6 +126,9 @@ def main(argv=None) -> int:
                   f"   {statistics.median(v) * ops / 1e3:6.3f} ms")
         tot = [(p.get("service", 0) + p.get("flush", 0)) / 1e3 / ops for p in parts]
         print(f"  {'total':9s} {statistics.median(tot):6.3f} [{min(tot):.3f}, {max(tot):.3f}]")
+        tr = [p.get("train", 0) / 1e3 / args.steps for p in parts]
+        print(f"  (the training steps: {statistics.median(tr):.1f} [{min(tr):.1f}, {max(tr):.1f}] us "
+              "of thread CPU per step, where a release at the stamp is paid)")
     print("load after:", uptime())
     rec._service = service
     del st

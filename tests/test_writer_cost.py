@@ -165,3 +165,48 @@ def test_service_in_c_releases_what_the_python_loop_releases(tmp_path, monkeypat
     finally:
         if not was_on:
             R._cfast.async_off()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(R._cfast is None or not hasattr(R._cfast, "stamp_release"),
+                    reason="the C fast path is not built here")
+@pytest.mark.parametrize("hazards", ["basic", "full"])
+def test_ddp_bucket_ops_released_at_their_stamp_write_the_same_rows(tmp_path, hazards):
+    """A DDP bucket's op recorded by the C++ hook or recording group is released when its
+    completion stamp is written on the training thread, where its Work is gone (session 17):
+    with the writer's service held off, only the last step's buckets (whose stamps the next
+    step writes) and a few more stay pending with ``stamp_release`` on (hazards' basic mode takes a late
+    "nothing pending"; in full mode a release that would tell its listener is the service's),
+    all stay pending with it off; a service then leaves nothing in either, and both phases
+    write the same rows."""
+    import json
+
+    from conftest import ROOT, load_rows, run_plain, torchrun_cmd
+
+    out = tmp_path / "job"
+    run_plain(torchrun_cmd(os.path.join(ROOT, "tests", "scripts", "ddp_stamp_release.py"), out,
+                           hazards), timeout=240)
+    rows = load_rows(str(out) + ".trace")
+    for rank in (0, 1):
+        res = json.loads((tmp_path / f"job.rank{rank}").read_text())
+        on, off = res["phases"]["on"], res["phases"]["off"]
+        assert on["left"] == 0 and off["left"] == 0   # a service releases the rest, as before
+        n = len(off["pending"])
+        assert off["queued"] == 0 and n >= 6 and {tuple(p) for p in off["pending"]} == {("all_reduce", "ddp_comm_hook")}
+        if res["cxx"]:   # the stamps are the C++ hook's (commtrace accel build)
+            # the last step's buckets wait for the next step to write their stamps (and a
+            # bucket still running when the next one was issued, for DDP's own wait)
+            assert on["queued"] + len(on["pending"]) == n
+            assert len(on["pending"]) <= n // 2 if hazards == "basic" else on["queued"] > 0
+        ddp = sorted((r for r in rows if r["rank"] == rank and r["kind"] == "op"
+                      and r["api"] == "ddp_comm_hook"), key=lambda r: r["op_id"])[-2 * n:]
+
+        def same(r):
+            return (r["op"], r["pg"], r["count"], r["bytes"], r["dtype"], r["detail"],
+                    r["async_op"], r["t_end_ns"] is not None, r["t_end_ns"] >= r["t_return_ns"])
+
+        assert [same(r) for r in ddp[:n]] == [same(r) for r in ddp[n:]]
+        # ("observed": a bucket already done when its continuation was attached, either way)
+        assert {r["completion"] for r in ddp} <= {"callback", "observed"}
+        seqs = [r["seq"] for r in ddp]
+        assert seqs == sorted(set(seqs))   # each bucket once (the barriers between take seqs too)

@@ -4159,10 +4159,71 @@ typedef struct {
     long long (*now)(void);   /* the rows' clock; any thread, no GIL */
 } DdpCxxApi;
 
+/* Release at the stamp (issue 20, session 17): the op whose end a C++ hook's stamp has just
+ * written is released then and there when its Work is gone (or it was waited) and it has no
+ * device token and no NVTX range: the decision the writer's service (service_pass, the
+ * Python loop) takes at its next pass, up to IDLE_WAKE_S later, for a reason other than the
+ * hold. The stamps are written on the training thread a bucket or a step after the op's issue
+ * (the next bucket's issue, DDP's parseHookResult, the next forward), its objects still in
+ * cache; the service found them cold (~1.4 us of the writer's CPU per DDP bucket,
+ * docs/performance.md session 17). A release that would tell a listener "nothing pending"
+ * now (a listener that takes it at once: hazards' full mode) is left to the service: no
+ * listener runs inside DDP's hook. stamp_release(False) turns it off (benchmarks' A/B). */
+static int stamp_release_on = 1;
+
+static void as_release_stamped(PyObject *row) {
+    if (!stamp_release_on || !as_on || as_pending_type == NULL || dh.recmod == NULL ||
+        !PyList_CheckExact(row) || PyList_GET_SIZE(row) != C_NCOL ||
+        PyList_GET_ITEM(row, C_T_END) == Py_None)
+        return;
+    PyObject *rec = fast_attr(dh.recmod_d, dh.recmod, s_recorder);
+    if (rec == NULL || rec == Py_None || as_cache(rec) != 0) {
+        Py_XDECREF(rec);
+        CLEAR_ERR();
+        return;
+    }
+    PyObject *p = PyDict_GetItemWithError(acst.pending, PyList_GET_ITEM(row, C_OP_ID));
+    if (p == NULL || Py_TYPE(p) != (PyTypeObject *)as_pending_type || pget(p, P_ROW) != row ||
+        pget(p, P_DEVTOK) != Py_None || pget(p, P_NVTX) != Py_None) {
+        Py_DECREF(rec);
+        CLEAR_ERR();
+        return;
+    }
+    PyObject *wref = pget(p, P_WORK_REF);
+    int alive = pget(p, P_WORK) != Py_None ||
+                (wref != Py_None && (!PyWeakref_CheckRef(wref) ||
+                                     PyWeakref_GetObject(wref) != Py_None));
+    int waited = PyObject_IsTrue(pget(p, P_WAITED));
+    if (waited < 0) {
+        CLEAR_ERR();
+        waited = 0;
+    }
+    if ((waited || !alive) && (PyDict_GET_SIZE(acst.pending) > 1 ||
+                               PyList_GET_SIZE(acst.listeners) == 0 ||
+                               PyDict_GetItemWithError(acst.rdict, s_lazy_idle) == Py_True)) {
+        Py_INCREF(p);   /* the pending dict's reference goes in the release */
+        as_release(rec, p);
+        Py_DECREF(p);
+    }
+    Py_DECREF(rec);
+    CLEAR_ERR();
+}
+
+static PyObject *stamp_release(PyObject *module, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    int was = stamp_release_on;
+    stamp_release_on = on;
+    return PyBool_FromLong(was);
+}
+
 static void ddp_cxx_stamp(PyObject *row, long long t, int observed) {
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
     as_complete(row, t, observed ? s_how_observed : s_how_callback);
+    CLEAR_ERR();
+    as_release_stamped(row);
     CLEAR_ERR();
     PyErr_Restore(et, ev, etb);
 }
@@ -4236,7 +4297,9 @@ static int ddp_init(void) {
     {"ddp_setup", ddp_setup, METH_VARARGS, "ddp_setup(...): turn ddp_hook's C path on."},   \
     {"ddp_off", ddp_off, METH_NOARGS, "Send every bucket to the Python dispatcher."},        \
     {"ddp_counts", ddp_counts, METH_NOARGS, "(buckets issued by ddp_hook, handed to Python)."}, \
-    {"ddp_cxx_api", ddp_cxx_api, METH_NOARGS, "Capsule of the C++ DDP hook's entry points."},
+    {"ddp_cxx_api", ddp_cxx_api, METH_NOARGS, "Capsule of the C++ DDP hook's entry points."}, \
+    {"stamp_release", stamp_release, METH_O,                                                \
+     "stamp_release(on) -> the previous setting: release a C++ hook's op at its stamp."},
 
 /* ---------------------------------------------------------------------------------------
  * End of DDP's comm hook in C.

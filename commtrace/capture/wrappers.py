@@ -1261,7 +1261,8 @@ def _set_meta_api() -> None:
 
 def _set_async() -> None:
     """Let the C fast path record async calls too (issue 20: no Python frame per op), unless
-    COMMTRACE_ASYNC_C=0. Its semantics are _run / _finish / _track_work / the wait() wrapper's
+    COMMTRACE_ASYNC_C=0 (and release a C++ DDP hook's op at its stamp, unless
+    COMMTRACE_STAMP_RELEASE=0: ``_fastpath.stamp_release``). Its semantics are _run / _finish / _track_work / the wait() wrapper's
     (it hands anything unusual to them)."""
     import os
 
@@ -1276,6 +1277,11 @@ def _set_async() -> None:
     except Exception as e:
         _cfast.async_off()
         log.warn_once("cfast-async", "C async path unavailable; using the Python one", e)
+        return
+    if hasattr(_cfast, "stamp_release"):
+        # a DDP bucket's op released at its stamp (session 17); COMMTRACE_STAMP_RELEASE=0:
+        # by the writer's service, as before (benchmarks compare the two)
+        _cfast.stamp_release(os.environ.get("COMMTRACE_STAMP_RELEASE", "1") not in ("0", ""))
 
 
 def install_late() -> None:
