@@ -128,18 +128,7 @@ def test_critical_path_queue_and_summary(run):
                    "t_comm_in_window_s": tc_win.get(op, 0.0) / 1e9} for op in sorted(set(tc_total) | set(per_op))),
                  key=lambda x: -x["on_path_s"])
     assert s["per_op"] == ref
-    st = np.full(len(L), -1, np.int64)
-    e = sg["event"]
-    st[e >= 0] = m.ev_step[e[e >= 0]]
-    sel = (e < 0) & (sg["comm"] >= 0)
-    st[sel] = m.ev_step[m.sl_call[m.cm_lo[sg["comm"][sel]]]]
-    steps = []
-    for k in np.unique(st[st >= 0]).tolist():
-        w = st == k
-        rs, inv = np.unique(sg["rank"][w], return_inverse=True)
-        per = np.bincount(inv, weights=L[w])
-        steps.append({"step": k, "length_s": float(L[w].sum()) / 1e9, "top_rank": int(rs[np.argmax(per)]),
-                      "top_rank_share": float(per.max() / L[w].sum()) if L[w].sum() > 0 else 0.0})
+    steps = _per_step_reference(m, sg)
     assert s["per_step"] == steps and len(steps) > 1
 
 
