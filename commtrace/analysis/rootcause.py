@@ -240,13 +240,9 @@ def _median_excess_by_rank(m) -> dict:
     """rank -> the median of its events' excess (ns, 0 where it is not late at most of them)."""
     if not m.n_events:
         return {}
-    rk, ex = m.ev_rank, m.ev_excess
-    if not bool((rk[1:] >= rk[:-1]).all()):   # (the model's events come by rank: no sort)
-        order = np.argsort(rk, kind="stable")
-        rk, ex = rk[order], ex[order]
-    starts = np.concatenate(([0], np.flatnonzero(rk[1:] != rk[:-1]) + 1))
-    ranks = rk[starts]
-    ends = list(starts[1:]) + [len(rk)]
+    # (the model's events come by rank: rank m.ranks[i]'s are m.rank_lo[i]..m.rank_hi[i])
+    ex = m.ev_excess
+    ranks, starts, ends = m.ranks.tolist(), m.rank_lo.tolist(), m.rank_hi.tolist()
     return {int(q): max(0.0, float(np.median(ex[a:b]))) for q, a, b in zip(ranks, starts, ends)}
 
 

@@ -1262,8 +1262,8 @@ def _set_meta_api() -> None:
 def _set_async() -> None:
     """Let the C fast path record async calls too (issue 20: no Python frame per op), unless
     COMMTRACE_ASYNC_C=0 (and release a C++ DDP hook's op at its stamp, unless
-    COMMTRACE_STAMP_RELEASE=0: ``_fastpath.stamp_release``). Its semantics are _run / _finish / _track_work / the wait() wrapper's
-    (it hands anything unusual to them)."""
+    COMMTRACE_STAMP_RELEASE=0: ``_fastpath.stamp_release``). Its semantics are _run / _finish /
+    _track_work / the wait() wrapper's (it hands anything unusual to them)."""
     import os
 
     if not hasattr(_cfast, "set_async"):
