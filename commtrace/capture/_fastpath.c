@@ -143,23 +143,31 @@ static int last_slow_line;
 static HOT_DATA unsigned long long pg_gen = 1;   /* bumped when the Python side clears its cache */
 /* This thread's state, in one thread-local block: the blocking path reads and writes most of
  * it per op, and each separate _Thread_local of a shared library is a call to __tls_get_addr
- * (the module's TLS block is found once per function through a pointer to this struct). */
+ * (the module's TLS block is found once per function through a pointer to this struct).
+ * What a blocking op touches (ctx_vectorcall, and wait_vectorcall inside torch's call) is the
+ * first 64 bytes, aligned: one memory line per op (issue 20, session 18; 80 bytes over two
+ * lines from session 16's ov_api / ov_detail, which only DDP's issue uses: now in the second
+ * line, flagged by `ov` in the first). */
 typedef struct {
+    /* -- the first line: every blocking op -- */
     PyObject *state;      /* this thread's wrappers.tls.__dict__ (one reference for good) */
     PyObject *st_d;       /* the state dict seen at depth 0, no coalescing, at tag st_v */
     uint64_t st_v;
     PyObject *api, *detail;   /* its api / detail overrides then (borrowed: the dict holds them) */
-    /* ddp_issue's api / detail for the one call of its all_reduce ctx it makes (borrowed:
-     * ddp_issue holds them), taken by that call: the dict is written only if the call goes to
-     * the Python wrapper (ov_slow), not twice per bucket */
-    PyObject *ov_api, *ov_detail;
     /* The group of a blocking call being recorded, read at its wait() (borrowed: the call
      * holds it), and the torch seq read there (-1: not read); see tseq_read below. */
     PyObject *tseq_g;
     long long tseq_hi;
-    int depth;            /* inside a call recorded by this path */
-    int blk_wait;         /* set by a blocking call this path records, for its own Work.wait */
-} ThreadSt;
+    char depth;           /* inside a call recorded by this path (0 or 1) */
+    char blk_wait;        /* set by a blocking call this path records, for its own Work.wait */
+    char ov;              /* ov_api / ov_detail are set, for the next call of a ctx */
+    /* -- the second line: ddp_issue's api / detail for the one call of its all_reduce ctx it
+     * makes (borrowed: ddp_issue holds them), taken by that call: the dict is written only if
+     * the call goes to the Python wrapper (ov_slow), not twice per bucket -- */
+    PyObject *ov_api __attribute__((aligned(64)));
+    PyObject *ov_detail;
+} __attribute__((aligned(64))) ThreadSt;
+_Static_assert(offsetof(ThreadSt, ov_api) == 64, "ThreadSt: a blocking op's fields in one line");
 static _Thread_local ThreadSt tl = {.tseq_hi = -1};
 
 static void ctx_clear_refs(FastCtx *c) {
@@ -591,10 +599,11 @@ static HOT_DATA const MetaApi *meta_api;
 static HOT_DATA int (*mt_tensor_meta)(PyObject *, long long *, PyObject **, long long *);
 static HOT_DATA int (*mt_tensor_nbytes)(PyObject *, long long *);
 static HOT_DATA int (*mt_pg_seq)(PyObject *, long long *);
-static HOT_DATA int (*mt_work_attach)(PyObject *, PyObject *, long long (*)(void));
-static HOT_DATA int (*mt_work_done)(PyObject *, int *);
-static HOT_DATA int (*mt_stamps_flush)(void (*)(PyObject *, long long, int));
-static HOT_DATA const long long *mt_stamps_n;
+/* the async path's (not a blocking op's: outside the hot section, which stays six lines) */
+static int (*mt_work_attach)(PyObject *, PyObject *, long long (*)(void));
+static int (*mt_work_done)(PyObject *, int *);
+static int (*mt_stamps_flush)(void (*)(PyObject *, long long, int));
+static const long long *mt_stamps_n;
 static unsigned long long n_meta_attach;   /* completions attached in C++ (tests) */
 static int cxx_completion = 1;   /* set_cxx_completion(): benchmarks compare (0: Python callback) */
 static PyObject *meta_owner;   /* the capsule, kept (its module stays loaded) */
@@ -673,8 +682,10 @@ static PyObject *global_rank(PyObject *info, PyObject *glob, PyObject *grp) {
  * kept alive, so an address is never reused while cached. */
 #define SITE_SLOTS 4096
 #define SITE_PROBES 8
-typedef struct { PyObject *code; int lasti; PyObject *site; } SiteEnt;
-static SiteEnt site_tab[SITE_SLOTS];
+/* 32 bytes, the table aligned to a line: an entry never straddles two lines (24 bytes from
+ * an offset of 32 did, one in four: the blocking op's lookup reads one) */
+typedef struct { PyObject *code; PyObject *site; int lasti; } __attribute__((aligned(32))) SiteEnt;
+static SiteEnt site_tab[SITE_SLOTS] __attribute__((aligned(64)));
 
 static inline size_t site_hash(PyObject *code, int lasti) {
     return ((((size_t)code) >> 4) ^ ((size_t)(unsigned)lasti * 2654435761u)) & (SITE_SLOTS - 1);
@@ -977,7 +988,9 @@ typedef struct {
 static HOT_DATA Rec *buf;      /* completed calls, in order */
 static HOT_DATA Py_ssize_t buf_len, buf_alloc, buf_max = 200000;
 static unsigned long long n_dropped;
-static Rec inprog[MAX_INPROG]; /* blocking calls in progress */
+static Rec inprog[MAX_INPROG] __attribute__((aligned(64))); /* blocking calls in progress
+                                                                * (a slot: two lines) */
+_Static_assert(sizeof(Rec) == 128, "Rec: two lines");
 static HOT_DATA uint64_t inprog_used, inprog_taken;   /* bit i: inprog[i] used, taken */
 
 static inline void inprog_free(int i) {
@@ -1019,12 +1032,17 @@ static COLD int buf_grow(Rec *r) {
         Py_ssize_t n = buf_alloc ? buf_alloc * 2 : 4096;
         if (n > buf_max)
             n = buf_max;
-        Rec *nb = (Rec *)PyMem_RawRealloc(buf, (size_t)n * sizeof(Rec));
+        /* aligned to a line: a record is then two lines, not three (buf_push writes one per
+         * op on cold caches at 2 ranks); freed by free(), as drain_* do */
+        Rec *nb = (Rec *)aligned_alloc(64, (size_t)n * sizeof(Rec));
         if (nb == NULL) {
             n_dropped++;
             rec_release(r);
             return -1;
         }
+        if (buf_len > 0)
+            memcpy(nb, buf, (size_t)buf_len * sizeof(Rec));
+        free(buf);
         buf = nb;
         buf_alloc = n;
     }
@@ -1117,7 +1135,7 @@ static PyObject *drain_columns(PyObject *module, PyObject *unused) {
         }
         rec_release(r);
     }
-    PyMem_RawFree(b);
+    free(b);   /* buf_grow's aligned_alloc */
     if (!ok) {
         for (int j = 0; j < 19; j++)
             Py_XDECREF(cols[j]);
@@ -1234,7 +1252,7 @@ static PyObject *drain_records(PyObject *module, PyObject *unused) {
     /* the tables hold their own references now; the records give theirs up */
     for (Py_ssize_t i = 0; i < n; i++)
         rec_release(&b[i]);
-    PyMem_RawFree(b);
+    free(b);   /* buf_grow's aligned_alloc */
     for (int j = 0; j < DR_OBJS; j++)
         PyMem_RawFree(tabs[j]);
     PyObject *out = NULL;
@@ -2922,7 +2940,33 @@ static HOT_DATA struct {
     PyObject *recmod_d; uint64_t recmod_v; PyObject *rec; int rec_ok;
     PyObject *nvtx_d; uint64_t nvtx_v; int nvtx_ok;            /* NVTX seen inactive */
     PyObject *rdict; uint64_t rdict_v; long long step; int rd_ok;   /* device timer None */
-} ent;
+    /* The thread state block (tl) of the Python thread that last called a blocking op's
+     * wrapper (thread_st, below), by its PyThreadState and that state's id (ids are never
+     * reused, addresses are: a thread that ended is never matched again). */
+    PyThreadState *ts; uint64_t ts_id; ThreadSt *ts_T;
+} ent __attribute__((aligned(64)));   /* GCC places it first in the section: from a line's start
+                                       * the section's ~370 bytes are six lines, not seven */
+
+/* This thread's ThreadSt (tl) for a caller holding the GIL. A dlopen'ed module's thread-local
+ * is found through __tls_get_addr (the thread's TCB, the TLS generation, its dtv entries and
+ * the module's GOT pair: three to five lines, each a miss on cold caches, twice per blocking
+ * op: the wrapper and its Work.wait); while one Python thread calls, its PyThreadState (which
+ * CPython's own code keeps warm) and its id find the same block in ent's line (issue 20,
+ * session 18). Another thread, or a new one on a reused PyThreadState: the lookup, cached. */
+static NOINLINE ThreadSt *thread_st_slow(PyThreadState *ts) {
+    ThreadSt *T = &tl;
+    ent.ts = ts;
+    ent.ts_id = ts->id;
+    ent.ts_T = T;
+    return T;
+}
+
+static inline ThreadSt *thread_st(void) {
+    PyThreadState *ts = PyThreadState_GET();
+    if (LIKELY(ts == ent.ts && ts->id == ent.ts_id))
+        return ent.ts_T;
+    return thread_st_slow(ts);
+}
 
 /* The blocking path keeps its common case in ctx_vectorcall and the rest out of line (the
  * functions below, GCC's cold section for the rare ones): at 2 ranks each op starts on cold
@@ -3251,10 +3295,7 @@ static COLD PyObject *ov_slow(FastCtx *c, ThreadSt *T, PyObject *api, PyObject *
 static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames) {
     FastCtx *c = (FastCtx *)self;
-    ThreadSt *T = &tl;
-    /* one TLS lookup for the whole call: GCC would otherwise call __tls_get_addr again at
-     * each use rather than keep the address (the empty asm hides where T came from) */
-    __asm__("" : "+r"(T));
+    ThreadSt *T = thread_st();
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *rec = NULL, *key = NULL;
     PyObject *count = NULL, *dtype = NULL, *dev = NULL, *outb = NULL, *peer = NULL,
@@ -3263,8 +3304,13 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     PyObject *api = NULL, *detail = NULL;   /* borrowed (the thread's state dict holds them) */
     long long t0, seq_v = -1, tlo = -1, step_v = NONE_LL;
     long long count_v = NONE_LL, outb_v = NONE_LL;   /* read by the C++ reads (count, outb NULL) */
-    PyObject *ov_api = T->ov_api, *ov_detail = T->ov_detail;   /* ddp_issue's, for this call */
-    T->ov_api = T->ov_detail = NULL;
+    PyObject *ov_api = NULL, *ov_detail = NULL;   /* ddp_issue's, for this call */
+    if (UNLIKELY(T->ov)) {
+        ov_api = T->ov_api;
+        ov_detail = T->ov_detail;
+        T->ov_api = T->ov_detail = NULL;
+        T->ov = 0;
+    }
 
     if (pf_on) {
         /* torch's tensor accessors (not called where the C++ reads read the tensor), the
@@ -3619,8 +3665,7 @@ static PyObject *wait_other(WaitW *w, PyObject *const *args, size_t nargsf,
 static PyObject *wait_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
     WaitW *w = (WaitW *)self;
-    ThreadSt *T = &tl;
-    __asm__("" : "+r"(T));   /* one TLS lookup (as in ctx_vectorcall) */
+    ThreadSt *T = thread_st();
     if (T->tseq_g != NULL) {
         /* the wait of a blocking call being recorded: its torch seq, read while warm */
         PyObject *g = T->tseq_g;
@@ -4102,9 +4147,11 @@ static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *de
         t_ddp_iss_buf = buf;
         T->ov_api = dh.api;
         T->ov_detail = detail;
+        T->ov = 1;
         work = PyObject_Vectorcall(dh.ctx, av, 4, NULL);
         T = &tl;
         T->ov_api = T->ov_detail = NULL;
+        T->ov = 0;
         t_ddp_take = NULL;
         t_ddp_iss = NULL;
         t_ddp_iss_buf = NULL;
