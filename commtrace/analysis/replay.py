@@ -31,6 +31,7 @@ of independent communications in a topological order of the dependencies.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +39,9 @@ import numpy as np
 from .model import Model, build_model, stable_argsort
 
 EPS = 1.0
+#: Guards the scenario-independent caches on a model (_c_inputs, _step_index, plan_for):
+#: what_if replays scenarios in two threads at once, and each cache is built once.
+_CACHE_LOCK = threading.RLock()
 
 
 @dataclass
@@ -242,8 +246,11 @@ class _Plan:
 def plan_for(m: Model) -> _Plan:
     p = getattr(m, "_plan", None)
     if p is None:
-        p = _Plan(m)
-        m._plan = p
+        with _CACHE_LOCK:
+            p = getattr(m, "_plan", None)
+            if p is None:
+                p = _Plan(m)
+                m._plan = p
     return p
 
 
@@ -273,6 +280,12 @@ def _c_inputs(m: Model) -> dict:
     ci = getattr(m, "_c_inputs", None)
     if ci is not None:
         return ci
+    with _CACHE_LOCK:
+        ci = getattr(m, "_c_inputs", None)
+        return ci if ci is not None else _c_inputs_build(m)
+
+
+def _c_inputs_build(m: Model) -> dict:
     E, nsl, C = m.n_events, len(m.sl_comm), len(m.cm_lo)
     call_slot = np.full(E, -1, np.int64)
     if nsl:
@@ -311,9 +324,12 @@ def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayR
     steps, sinv, sok = _step_index(m)
     ev_steppos = ci.get("ev_steppos")
     if ev_steppos is None:
-        ev_steppos = np.full(E, -1, np.int64)
-        ev_steppos[sok] = sinv
-        ci["ev_steppos"] = ev_steppos
+        with _CACHE_LOCK:
+            ev_steppos = ci.get("ev_steppos")
+            if ev_steppos is None:
+                ev_steppos = np.full(E, -1, np.int64)
+                ev_steppos[sok] = sinv
+                ci["ev_steppos"] = ev_steppos
     nst = len(steps)
     t_end = np.zeros(S)
     step_end = np.full((S, nst), -np.inf)
@@ -470,6 +486,12 @@ def _step_index(m: Model):
     si = getattr(m, "_step_idx", None)
     if si is not None:
         return si[:3]
+    with _CACHE_LOCK:
+        si = getattr(m, "_step_idx", None)
+        return si[:3] if si is not None else _step_index_build(m)
+
+
+def _step_index_build(m: Model):
     ok = m.ev_step >= 0
     if not ok.any():
         si = (np.zeros(0, np.int64), np.zeros(0, np.int64), ok, np.zeros(0, np.int64), np.zeros(0, np.int64))
