@@ -402,21 +402,6 @@ def test_events_of_a_run_longer_than_the_packed_keys_come_by_rank():
             assert np.array_equal(x, y, equal_nan=True)
 
 
-def test_model_with_its_excess_beside_the_sync_points_equals_one_thread(run, monkeypatch):
-    """_build computes the excess gaps in a second thread beside the synchronisation points
-    (model.PARALLEL): every array of the model equal to one thread's."""
-    mp = M._build(run)
-    monkeypatch.setattr(M, "PARALLEL", False)
-    ms = M._build(run)
-    a, b = _model_fields(mp), _model_fields(ms)
-    for k in a:
-        x, y = a[k], b[k]
-        if isinstance(x, np.ndarray):
-            assert x.dtype == y.dtype and np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), k
-        else:
-            assert x == y, k
-
-
 @pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
 def test_critical_path_walk_in_c_equals_the_python_loop(run):
     m = M.build_model(run)
@@ -708,17 +693,17 @@ def test_delay_passes_in_c_equal_numpy_and_are_taken(run, monkeypatch):
 def test_report_with_root_cause_beside_the_rest_equals_the_sequential_report(sample, monkeypatch):
     """build_report runs root cause and what-if in the main thread while a second one computes
     the rest of the report (report.PARALLEL), and parts of root cause and what-if in threads of
-    their own (rootcause.PARALLEL, model.PARALLEL): the same report as all in one thread, value
-    by value (the findings annotated with the same cost_s / gain_s, in the same order)."""
+    their own (rootcause.PARALLEL): the same report as all in one thread, value by value (the
+    findings annotated with the same cost_s / gain_s, in the same order)."""
     import os
 
     from commtrace.analysis import report as R
     path = os.path.join(os.path.dirname(__file__), "data", sample)
     reps = []
     for parallel in (False, True):
-        # (and what_if's replays beside delay analysis, the model's excess beside its sync
-        # points, the critical path beside what_if: each in one thread against two)
-        for mod in (R, RC, M):
+        # (and what_if's replays beside delay analysis, the critical path beside what_if: each
+        # in one thread against two)
+        for mod in (R, RC):
             monkeypatch.setattr(mod, "PARALLEL", parallel)
         reps.append(R.build_report(commtrace.load(path), what_if=True))
     seq, par = reps

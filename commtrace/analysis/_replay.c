@@ -951,8 +951,8 @@ static int sync_search(Py_ssize_t G, Py_ssize_t NS, const int64_t *cnt, const in
     return 1;
 }
 
-/* The validation, bucketing and search of sync_run, without the GIL (the model runs its excess
- * gaps beside it): 1 done, 0 when sync_run answers None, -1 out of memory. */
+/* The validation, bucketing and search of sync_run, without the GIL (other threads of the
+ * report run meanwhile): 1 done, 0 when sync_run answers None, -1 out of memory. */
 static int sync_compute(Py_ssize_t G, Py_ssize_t n, const uint8_t *anchor, const int64_t *ag,
                         const int64_t *ev_slot, const double *arel, Py_ssize_t NS,
                         const int64_t *sg, const double *sen, uint8_t *found, double *val) {

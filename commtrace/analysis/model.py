@@ -547,11 +547,6 @@ def _build(run) -> Model:
     del sl_of_row, step_r, args
 
     tick("anchors")
-    # The excess gaps (_excess_of) need nothing of the synchronisation points below: computed
-    # in a second thread beside them (their passes in C and numpy release the GIL).
-    ex_args = (ev_slot, sl_comm, cm_lo, cm_hi, cm_is_p2p, ev_row, site_codes, op_codes, ev_rank, ev_is_wait,
-               ev_gap, ev_first, ev_step, sl_call)
-    excess = _beside(_excess_of, *ex_args) if PARALLEL else None
     # synchronisation point of each slot: the latest release, at or before its entry, of a
     # host event of the same rank that waited for a communication of the same group (p2p: the
     # same pair). An async op issued but not yet waited is no synchronisation point.
@@ -613,8 +608,10 @@ def _build(run) -> Model:
     del s_src, s_dst, s_pgc, s_rid, s_is_p2p, t_ret, t_we
 
     tick("sync")
-    ev_excess, ev_has_peers = excess.result() if excess is not None else _excess_of(*ex_args)
-    del ex_args, excess, site_codes, op_codes
+    # ---- excess gap: gap minus the median gap of the same event on the other ranks
+    ev_excess, ev_has_peers = _excess_of(ev_slot, sl_comm, cm_lo, cm_hi, cm_is_p2p, ev_row, site_codes, op_codes,
+                                         ev_rank, ev_is_wait, ev_gap, ev_first, ev_step, sl_call)
+    del site_codes, op_codes
     tick("excess")
     # ---- window: from the first release of a rank that waited for another, to the last release
     anc = np.flatnonzero(ev_anchor)
@@ -635,20 +632,6 @@ def _build(run) -> Model:
         cm_op=cm_op, cm_pg=cm_pg, cm_seq=cm_seq, cm_bytes=cm_bytes, cm_factor=cm_factor, cm_tcomm=cm_tcomm,
         row_op=row_op, row_site=row_site, t_begin=t_begin, t_end=t_end_,
         cm_opc=cm_opc, cm_pgc=cm_pgc, op_names=op_names, pg_names=pg_vals)
-
-
-#: Whether the model computes its excess gaps beside the synchronisation points, in a second
-#: thread (tests compare it with one thread).
-PARALLEL = True
-
-
-def _beside(fn, *args):
-    """`fn(*args)` in a new thread; returns its future (`.result()` re-raises its error)."""
-    from concurrent.futures import ThreadPoolExecutor
-    ex = ThreadPoolExecutor(1, thread_name_prefix="commtrace-model")
-    fut = ex.submit(fn, *args)
-    ex.shutdown(wait=False)
-    return fut
 
 
 def _excess_of(ev_slot, sl_comm, cm_lo, cm_hi, cm_is_p2p, ev_row, site_codes, op_codes, ev_rank, ev_is_wait,

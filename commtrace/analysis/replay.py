@@ -322,14 +322,7 @@ def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayR
     ci = _c_inputs(m)
     S, E, R = len(scenarios), m.n_events, len(m.ranks)
     steps, sinv, sok = _step_index(m)
-    ev_steppos = ci.get("ev_steppos")
-    if ev_steppos is None:
-        with _CACHE_LOCK:
-            ev_steppos = ci.get("ev_steppos")
-            if ev_steppos is None:
-                ev_steppos = np.full(E, -1, np.int64)
-                ev_steppos[sok] = sinv
-                ci["ev_steppos"] = ev_steppos
+    ev_steppos = _ev_steppos(m, ci)
     nst = len(steps)
     t_end = np.zeros(S)
     step_end = np.full((S, nst), -np.inf)
@@ -360,6 +353,33 @@ def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayR
         if nst:
             step_end[b0:b0 + len(batch)] = np.frombuffer(se, np.float64).reshape(len(batch), nst)
     return ReplayResult([s.name for s in scenarios], t_end, steps, step_end, kept)
+
+
+def _ev_steppos(m: Model, ci: dict) -> np.ndarray:
+    """Per event, the position of its step in _step_index's steps (-1 without one), cached in
+    the C replay's inputs."""
+    ev_steppos = ci.get("ev_steppos")
+    if ev_steppos is None:
+        with _CACHE_LOCK:
+            ev_steppos = ci.get("ev_steppos")
+            if ev_steppos is None:
+                _, sinv, sok = _step_index(m)
+                ev_steppos = np.full(m.n_events, -1, np.int64)
+                ev_steppos[sok] = sinv
+                ci["ev_steppos"] = ev_steppos
+    return ev_steppos
+
+
+def prepare(m: Model) -> None:
+    """Build replay()'s scenario-independent inputs of model `m` (cached on it) in the calling
+    thread: what_if does so before it replays in two threads, so that these arrays come from
+    the heap the model's own temporaries left (the main thread's: memory already faulted in)
+    rather than a new thread's arena."""
+    if _C is not None:
+        _ev_steppos(m, _c_inputs(m))
+    else:
+        plan_for(m)
+    _step_index(m)
 
 
 def _replay_c_each(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayResult:

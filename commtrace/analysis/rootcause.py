@@ -78,6 +78,8 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
     if busbw_ref:
         for op in sorted({str(o) for o, p2p in zip(m.cm_op.tolist(), m.cm_is_p2p.tolist()) if not p2p}):
             free.append(RP.busbw_ref(m, op, busbw_ref))
+    if PARALLEL:
+        RP.prepare(m)
     beside = _in_thread(RP.replay, m, free) if PARALLEL else None
     dl = D.delays(run, top=TOP_DELAYS).to_pylist()
     by_rank = D.cost_by_rank(run)
