@@ -795,10 +795,12 @@ static void site_add(PyObject *code, int lasti, PyObject *site) {
  * internal are skipped, the first other frame's site comes from site_tab, or from sites.py's
  * caches (then kept in the C tables). NULL (no error) wherever that walk would not give the
  * Python walk's answer for sure -- an incomplete frame, a code object or a site not cached
- * yet, a full table, no user frame left -- and the caller walks as before. A new reference. */
+ * yet, a full table, no user frame left -- and the caller walks as before. A new reference.
+ * first_missed: the caller has looked `fr` itself up in site_tab and missed (call_site), so
+ * its lookup is not made again. */
 static PyObject *site_walk_frames(_PyInterpreterFrame *fr, PyObject *code_internal,
-                                  PyObject *site_pairs) {
-    for (; fr != NULL; fr = fr->previous) {
+                                  PyObject *site_pairs, int first_missed) {
+    for (; fr != NULL; fr = fr->previous, first_missed = 0) {
         if (_PyFrame_IsIncomplete(fr))
             return NULL;
         PyObject *code = (PyObject *)fr->f_code;
@@ -806,7 +808,7 @@ static PyObject *site_walk_frames(_PyInterpreterFrame *fr, PyObject *code_intern
             continue;
         int li = _PyInterpreterFrame_LASTI(fr);
         int lasti = li < 0 ? -1 : li * (int)sizeof(_Py_CODEUNIT);   /* PyFrame_GetLasti's */
-        SiteEnt *e = site_find(code, lasti);
+        SiteEnt *e = first_missed ? NULL : site_find(code, lasti);
         if (e != NULL) {
             Py_INCREF(e->site);
             return e->site;
@@ -855,16 +857,17 @@ static PyObject *call_site(FastCtx *c) {
         /* The caller's own site first, inline: a user's call (the common case) then touches
          * neither icode_tab nor the walk's code (session 17: the blocking op's cold lines).
          * The same answer as the walk's: site_tab holds only codes not internal. */
-        if (LIKELY(!_PyFrame_IsIncomplete(fr))) {
-            int li = _PyInterpreterFrame_LASTI(fr);
-            SiteEnt *e = site_find((PyObject *)fr->f_code,
-                                   li < 0 ? -1 : li * (int)sizeof(_Py_CODEUNIT));
-            if (LIKELY(e != NULL)) {
-                Py_INCREF(e->site);
-                return e->site;
-            }
+        if (UNLIKELY(_PyFrame_IsIncomplete(fr)))
+            return call_site_miss(c);   /* the walk would give up on it too */
+        int li = _PyInterpreterFrame_LASTI(fr);
+        SiteEnt *e = site_find((PyObject *)fr->f_code,
+                               li < 0 ? -1 : li * (int)sizeof(_Py_CODEUNIT));
+        if (LIKELY(e != NULL)) {
+            Py_INCREF(e->site);
+            return e->site;
         }
-        PyObject *res = site_walk_frames(fr, c->code_internal, c->site_pairs);
+        /* missed: the walk, which does not look this frame up in site_tab again */
+        PyObject *res = site_walk_frames(fr, c->code_internal, c->site_pairs, 1);
         if (res != NULL)
             return res;
     }
@@ -2127,6 +2130,30 @@ static void as_release(PyObject *rec, PyObject *p) {
         as_tell_idle(rec);
 }
 
+/* Whether the pending op p (a PendingOp) is one whose release C decides (service_pass, and
+ * as_release_stamped at a C++ hook's stamp): its row a full list with t_end set, no device
+ * token, no NVTX range, its work_ref None or a weak reference. Then 1, with *waited
+ * (p.waited) and *alive (PendingOp.work_alive: a strong Work, or a weak one still there);
+ * else 0, and the Python loop decides. Reads only; no error left set. */
+static int pending_releasable(PyObject *p, int *waited, int *alive) {
+    if (Py_TYPE(p) != (PyTypeObject *)as_pending_type)
+        return 0;
+    PyObject *row = pget(p, P_ROW), *wref = pget(p, P_WORK_REF);
+    if (!PyList_CheckExact(row) || PyList_GET_SIZE(row) != C_NCOL ||
+        PyList_GET_ITEM(row, C_T_END) == Py_None || pget(p, P_DEVTOK) != Py_None ||
+        pget(p, P_NVTX) != Py_None || (wref != Py_None && !PyWeakref_CheckRef(wref)))
+        return 0;
+    int w = PyObject_IsTrue(pget(p, P_WAITED));
+    if (w < 0) {
+        CLEAR_ERR();
+        w = 0;
+    }
+    *waited = w;
+    *alive = pget(p, P_WORK) != Py_None ||
+             (wref != Py_None && PyWeakref_GetObject(wref) != Py_None);
+    return 1;
+}
+
 /* service_pass(rec, ops, now, hold_ns) -> list: the writer thread's service (Recorder._service,
  * not the final one) over the pending ops `ops` (a list of PendingOp), for the ops whose end
  * time is known and that have no device token and no NVTX range: each gets its t_done_seen
@@ -2172,15 +2199,13 @@ static PyObject *service_pass(PyObject *module, PyObject *args) {
                 __builtin_prefetch(&PyList_GET_ITEM(r, C_T_END));
         }
         PyObject *p = PyList_GET_ITEM(ops, i);
-        PyObject *row = Py_TYPE(p) == (PyTypeObject *)as_pending_type ? pget(p, P_ROW) : NULL;
-        PyObject *wref = row != NULL ? pget(p, P_WORK_REF) : NULL;
-        PyObject *td = row != NULL ? pget(p, P_T_DONE) : NULL;
+        int waited, alive;
+        PyObject *td = NULL;
         long long t_done = now;
-        if (row == NULL || !PyList_CheckExact(row) || PyList_GET_SIZE(row) != C_NCOL ||
-            PyList_GET_ITEM(row, C_T_END) == Py_None || pget(p, P_DEVTOK) != Py_None ||
-            pget(p, P_NVTX) != Py_None || (wref != Py_None && !PyWeakref_CheckRef(wref)) ||
-            (td != Py_None && (!PyLong_CheckExact(td) ||
-                               ((t_done = PyLong_AsLongLong(td)) == -1 && PyErr_Occurred())))) {
+        if (!pending_releasable(p, &waited, &alive) ||
+            ((td = pget(p, P_T_DONE)) != Py_None &&
+             (!PyLong_CheckExact(td) ||
+              ((t_done = PyLong_AsLongLong(td)) == -1 && PyErr_Occurred())))) {
             CLEAR_ERR();
             if (PyList_Append(rest, p) != 0)
                 goto fail;
@@ -2191,14 +2216,6 @@ static PyObject *service_pass(PyObject *module, PyObject *args) {
                 goto fail;
             pset(p, P_T_DONE, now_o);
         }
-        int waited = PyObject_IsTrue(pget(p, P_WAITED));
-        if (waited < 0) {
-            CLEAR_ERR();
-            waited = 0;
-        }
-        /* PendingOp.work_alive: a strong Work, or a weak one still there */
-        int alive = pget(p, P_WORK) != Py_None ||
-                    (wref != Py_None && PyWeakref_GetObject(wref) != Py_None);
         if (waited || !alive || now - t_done >= hold)
             as_release(rec, p);
         if (as_recache(rec) != 0) {   /* a listener ran Python: the rest to the Python loop */
@@ -4161,13 +4178,13 @@ typedef struct {
 
 /* Release at the stamp (issue 20, session 17): the op whose end a C++ hook's stamp has just
  * written is released then and there when its Work is gone (or it was waited) and it has no
- * device token and no NVTX range: the decision the writer's service (service_pass, the
- * Python loop) takes at its next pass, up to IDLE_WAKE_S later, for a reason other than the
- * hold. The stamps are written on the training thread a bucket or a step after the op's issue
- * (the next bucket's issue, DDP's parseHookResult, the next forward), its objects still in
- * cache; the service found them cold (~1.4 us of the writer's CPU per DDP bucket,
- * docs/performance.md session 17). A release that would tell a listener "nothing pending"
- * now (a listener that takes it at once: hazards' full mode) is left to the service: no
+ * device token and no NVTX range (pending_releasable, the test service_pass makes): the
+ * decision the writer's service takes at its next pass, up to IDLE_WAKE_S later, for a reason
+ * other than the hold. The stamps are written on the training thread a bucket or a step
+ * after the op's issue (the next bucket's issue, DDP's parseHookResult, the next forward), its
+ * objects still in cache; the service found them cold (~1.4 us of the writer's CPU per DDP
+ * bucket, docs/performance.md session 17). A release that would tell a listener "nothing
+ * pending" now (a listener that takes it at once: hazards' full mode) is left to the service: no
  * listener runs inside DDP's hook. stamp_release(False) turns it off (benchmarks' A/B). */
 static int stamp_release_on = 1;
 
@@ -4183,20 +4200,11 @@ static void as_release_stamped(PyObject *row) {
         return;
     }
     PyObject *p = PyDict_GetItemWithError(acst.pending, PyList_GET_ITEM(row, C_OP_ID));
-    if (p == NULL || Py_TYPE(p) != (PyTypeObject *)as_pending_type || pget(p, P_ROW) != row ||
-        pget(p, P_DEVTOK) != Py_None || pget(p, P_NVTX) != Py_None) {
+    int waited, alive;
+    if (p == NULL || !pending_releasable(p, &waited, &alive) || pget(p, P_ROW) != row) {
         Py_DECREF(rec);
         CLEAR_ERR();
         return;
-    }
-    PyObject *wref = pget(p, P_WORK_REF);
-    int alive = pget(p, P_WORK) != Py_None ||
-                (wref != Py_None && (!PyWeakref_CheckRef(wref) ||
-                                     PyWeakref_GetObject(wref) != Py_None));
-    int waited = PyObject_IsTrue(pget(p, P_WAITED));
-    if (waited < 0) {
-        CLEAR_ERR();
-        waited = 0;
     }
     if ((waited || !alive) && (PyDict_GET_SIZE(acst.pending) > 1 ||
                                PyList_GET_SIZE(acst.listeners) == 0 ||
@@ -4353,7 +4361,7 @@ static PyObject *mark_site(void) {
     {
         _PyInterpreterFrame *fr = PyThreadState_GET()->cframe->current_frame;
         if (fr != NULL && mk_code_internal != NULL && mk_site_pairs != NULL)
-            res = site_walk_frames(fr, mk_code_internal, mk_site_pairs);
+            res = site_walk_frames(fr, mk_code_internal, mk_site_pairs, 0);
     }
     if (res != NULL)
         goto found;
