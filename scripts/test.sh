@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quick-start tests: set up .venv, install Debian's chromium for the browser tests (as root), run
-# the main suite: every test not marked slow (about 8 minutes on 2 cores). Arguments go to pytest
+# the main suite: every test not marked slow (budget: 8 minutes on 2 idle cores; 12 minutes
+# in the 2026-12-03 machine state, docs/performance.md "Main-suite time"). Arguments go to pytest
 # and come after the default marker, so `bash scripts/test.sh -m slow` runs the slow stage
 # (.ci/run runs both) and `bash scripts/test.sh -m ""` everything.
 set -euo pipefail

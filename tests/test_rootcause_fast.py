@@ -357,6 +357,51 @@ def test_model_c_shortcuts_fall_back_on_unsorted_input():
     assert np.frombuffer(v, np.float64)[[0, 3]].tolist() == [3.7, 1.0]
 
 
+def test_events_of_a_run_longer_than_the_packed_keys_come_by_rank():
+    """The events' merge keys (rank << 44 | ns since the start) order them by rank only while
+    every start lies within 2^44 ns (4.9 hours) of the run's start: beyond it _build sorts them
+    by (rank, start) itself (no C merge), so that each rank's events stay contiguous and
+    rank_lo / rank_hi hold (the model's np.unique fallback gave a wrong rank_hi there)."""
+    NUL = np.iinfo(np.int64).min
+    big = 1 << 44
+    rk = np.array([0, 0, 0, 1, 1], np.int64)
+    tq = np.array([10, big + 5, big + 50, 20, 30], np.int64)       # rank 0 runs past 2^44 ns
+    tr = tq + 2
+    tw = np.array([NUL, big + 7, NUL, 25, NUL], np.int64)
+    twe = np.where(tw == NUL, NUL, tw + 1)
+
+    def f(a):
+        return np.where(a == NUL, np.nan, a.astype(float))
+
+    assert not M._packed_keys_exact(rk, tq, tw, 0, NUL)
+    assert M._packed_keys_exact(rk, tq % big, np.where(tw == NUL, NUL, tw % big), 0, NUL)
+    ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev = M._events_numpy(
+        rk, tq, tw, f(tq), f(tr), f(tw), f(twe), 0, 5, packed=False)
+    assert ev_rank.tolist() == [0, 0, 0, 0, 1, 1, 1]
+    assert ev_row.tolist() == [0, 1, 1, 2, 3, 3, 4]
+    assert ev_is_wait.tolist() == [False, False, True, False, False, True, False]
+    assert ev_start.tolist() == [10.0, big + 5.0, big + 7.0, big + 50.0, 20.0, 25.0, 30.0]
+    assert call_ev.tolist() == [0, 1, 3, 4, 6]
+    # (the packed keys would interleave the ranks)
+    packed = M._events_numpy(rk, tq, tw, f(tq), f(tr), f(tw), f(twe), 0, 5)
+    assert not np.all(packed[4][1:] >= packed[4][:-1])
+    # within 2^44 ns both orders are the same, ties included (call before wait, then row order)
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n = 60
+        rk = np.sort(rng.integers(0, 4, n))
+        tq = rng.integers(0, 40, n)
+        o = np.lexsort((tq, rk))
+        rk, tq = rk[o], tq[o]
+        tw = np.where(rng.random(n) < 0.5, tq + rng.integers(0, 5, n), NUL)
+        tr = tq + rng.integers(0, 3, n)
+        twe = np.where(tw == NUL, NUL, tw + 1)
+        a = M._events_numpy(rk, tq, tw, f(tq), f(tr), f(tw), f(twe), 0, n)
+        b = M._events_numpy(rk, tq, tw, f(tq), f(tr), f(tw), f(twe), 0, n, packed=False)
+        for x, y in zip(a, b):
+            assert np.array_equal(x, y, equal_nan=True)
+
+
 @pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
 def test_critical_path_walk_in_c_equals_the_python_loop(run):
     m = M.build_model(run)
@@ -647,15 +692,19 @@ def test_delay_passes_in_c_equal_numpy_and_are_taken(run, monkeypatch):
 @pytest.mark.parametrize("sample", ["straggler", "hazards", "skew"])
 def test_report_with_root_cause_beside_the_rest_equals_the_sequential_report(sample, monkeypatch):
     """build_report runs root cause and what-if in the main thread while a second one computes
-    the rest of the report (report.PARALLEL): the same report as one after the other, value by
-    value (the findings annotated with the same cost_s / gain_s, in the same order)."""
+    the rest of the report (report.PARALLEL), and parts of root cause and what-if in threads of
+    their own (rootcause.PARALLEL): the same report as all in one thread, value by value (the
+    findings annotated with the same cost_s / gain_s, in the same order)."""
     import os
 
     from commtrace.analysis import report as R
     path = os.path.join(os.path.dirname(__file__), "data", sample)
     reps = []
     for parallel in (False, True):
-        monkeypatch.setattr(R, "PARALLEL", parallel)
+        # (and what_if's replays beside delay analysis, the critical path beside what_if: each
+        # in one thread against two)
+        for mod in (R, RC):
+            monkeypatch.setattr(mod, "PARALLEL", parallel)
         reps.append(R.build_report(commtrace.load(path), what_if=True))
     seq, par = reps
     assert seq["what_if"] is not None and seq["what_if"]["scenarios"]

@@ -951,19 +951,16 @@ static int sync_search(Py_ssize_t G, Py_ssize_t NS, const int64_t *cnt, const in
     return 1;
 }
 
-/* The validation, bucketing and search shared by sync_points and sync_points_ev: item i of n
- * is an anchor when `anchor` is NULL or anchor[i] != 0; its group is ag[i] (`ag` given) or
- * sg[ev_slot[i]]; its time arel[i]. Returns None (out of range, a bad slot, or a bucket out of
- * floor order), the (found, value) tuple, or NULL with an exception set. */
-static PyObject *sync_run(Py_ssize_t G, Py_ssize_t n, const uint8_t *anchor, const int64_t *ag,
-                          const int64_t *ev_slot, const double *arel, Py_ssize_t NS,
-                          const int64_t *sg, const double *sen) {
-    PyObject *res = NULL, *ofound = NULL, *oval = NULL;
+/* The validation, bucketing and search of sync_run, without the GIL (other threads of the
+ * report run meanwhile): 1 done, 0 when sync_run answers None, -1 out of memory. */
+static int sync_compute(Py_ssize_t G, Py_ssize_t n, const uint8_t *anchor, const int64_t *ag,
+                        const int64_t *ev_slot, const double *arel, Py_ssize_t NS,
+                        const int64_t *sg, const double *sen, uint8_t *found, double *val) {
     int64_t *cnt = NULL, *pos = NULL;
     double *fl = NULL;
     Py_ssize_t A = 0;
     const double LIM = 17592186044416.0;  /* 2^44 */
-    int ok = G <= (1 << 19);
+    int ok = G <= (1 << 19), r = 0;
     for (Py_ssize_t i = 0; i < n && ok; i++) {
         if (anchor && !anchor[i]) continue;
         A++;
@@ -981,34 +978,48 @@ static PyObject *sync_run(Py_ssize_t G, Py_ssize_t n, const uint8_t *anchor, con
         double f = floor(sen[j]);
         if (!(f >= 0.0 && f < LIM) || sg[j] < 0 || sg[j] >= G) ok = 0;
     }
-    if (!ok) { res = Py_None; Py_INCREF(res); goto done; }
-    NEWBYTES(ofound, NS); NEWBYTES(oval, NS * 8);     /* the outputs before the temporaries */
+    if (!ok) return 0;
     cnt = calloc(G + 1, sizeof(int64_t));
     pos = malloc(sizeof(int64_t) * (A + 1));
     fl = malloc(sizeof(double) * (A + 1));
-    if (!cnt || !pos || !fl) { PyErr_NoMemory(); goto done; }
-    uint8_t *found = (uint8_t *)PyBytes_AS_STRING(ofound);
-    double *val = (double *)PyBytes_AS_STRING(oval);
+    if (!cnt || !pos || !fl) { r = -1; goto out; }
 #define SYNC_GROUP(i) (ag ? ag[i] : sg[ev_slot[i]])
     for (Py_ssize_t i = 0; i < n; i++) if (!anchor || anchor[i]) cnt[SYNC_GROUP(i) + 1]++;
     for (Py_ssize_t k = 0; k < G; k++) cnt[k + 1] += cnt[k];
     {
         int64_t *at = malloc(sizeof(int64_t) * (G + 1));
-        if (!at) { PyErr_NoMemory(); goto done; }
+        if (!at) { r = -1; goto out; }
         memcpy(at, cnt, sizeof(int64_t) * (G + 1));
         for (Py_ssize_t i = 0; i < n; i++)
             if (!anchor || anchor[i]) { int64_t p = at[SYNC_GROUP(i)]++; pos[p] = i; fl[p] = floor(arel[i]); }
         free(at);
     }
 #undef SYNC_GROUP
-    {
-        int r = sync_search(G, NS, cnt, pos, fl, sg, sen, arel, found, val);
-        if (r < 0) { PyErr_NoMemory(); goto done; }
-        if (r == 0) { res = Py_None; Py_INCREF(res); goto done; }
-    }
+    r = sync_search(G, NS, cnt, pos, fl, sg, sen, arel, found, val);
+out:
+    free(cnt); free(pos); free(fl);
+    return r;
+}
+
+/* The validation, bucketing and search shared by sync_points and sync_points_ev: item i of n
+ * is an anchor when `anchor` is NULL or anchor[i] != 0; its group is ag[i] (`ag` given) or
+ * sg[ev_slot[i]]; its time arel[i]. Returns None (out of range, a bad slot, or a bucket out of
+ * floor order), the (found, value) tuple, or NULL with an exception set. */
+static PyObject *sync_run(Py_ssize_t G, Py_ssize_t n, const uint8_t *anchor, const int64_t *ag,
+                          const int64_t *ev_slot, const double *arel, Py_ssize_t NS,
+                          const int64_t *sg, const double *sen) {
+    PyObject *res = NULL, *ofound = NULL, *oval = NULL;
+    int r;
+    NEWBYTES(ofound, NS); NEWBYTES(oval, NS * 8);     /* the outputs before the temporaries */
+    uint8_t *found = (uint8_t *)PyBytes_AS_STRING(ofound);
+    double *val = (double *)PyBytes_AS_STRING(oval);
+    Py_BEGIN_ALLOW_THREADS
+    r = sync_compute(G, n, anchor, ag, ev_slot, arel, NS, sg, sen, found, val);
+    Py_END_ALLOW_THREADS
+    if (r < 0) { PyErr_NoMemory(); goto done; }
+    if (r == 0) { res = Py_None; Py_INCREF(res); goto done; }
     res = PyTuple_Pack(2, ofound, oval);
 done:
-    free(cnt); free(pos); free(fl);
     Py_XDECREF(ofound); Py_XDECREF(oval);
     return res;
 }

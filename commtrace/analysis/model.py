@@ -428,8 +428,11 @@ def _build(run) -> Model:
         out[a == NUL] = np.nan
         return out
 
-    # ---- events: calls and waits, sorted by (rank, start, call before wait)
-    r = _C.merge_events(rank_r, t_enq, t_ret, t_w, t_we, base, NUL) if _C is not None else None
+    # ---- events: calls and waits, sorted by (rank, start, call before wait): every rank's
+    # events contiguous, in rank order (rank_lo / rank_hi below, delay analysis and the replay
+    # rely on it)
+    packed = _packed_keys_exact(rank_r, t_enq, t_w, base, NUL)
+    r = _C.merge_events(rank_r, t_enq, t_ret, t_w, t_we, base, NUL) if _C is not None and packed else None
     if r is not None:   # one merge in C (the numpy below is its reference)
         ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev = (
             np.frombuffer(x, t) for x, t in zip(r, (np.int64, np.bool_, np.float64, np.float64, np.int64, np.int64)))
@@ -437,16 +440,13 @@ def _build(run) -> Model:
         del r
     else:
         ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev = _events_numpy(
-            rank_r, t_enq, t_w, rel(t_enq), rel(t_ret), rel(t_w), rel(t_we), base, n)
+            rank_r, t_enq, t_w, rel(t_enq), rel(t_ret), rel(t_w), rel(t_we), base, n, packed)
         E = len(ev_row)
     del t_w
     tick("events")
-    if E and bool((ev_rank[1:] >= ev_rank[:-1]).all()):
-        # (the events come by rank: where each rank starts, without np.unique's sort)
-        rank_lo = np.flatnonzero(np.r_[True, ev_rank[1:] != ev_rank[:-1]])
-        ranks = ev_rank[rank_lo]
-    else:
-        ranks, rank_lo = np.unique(ev_rank, return_index=True)
+    # where each rank's events start (they come by rank)
+    rank_lo = np.flatnonzero(np.r_[True, ev_rank[1:] != ev_rank[:-1]]) if E else np.zeros(0, np.int64)
+    ranks = ev_rank[rank_lo]
     rank_hi = np.r_[rank_lo[1:], E].astype(np.int64)
     ev_first = np.zeros(E, bool)
     ev_first[rank_lo] = True
@@ -608,27 +608,10 @@ def _build(run) -> Model:
     del s_src, s_dst, s_pgc, s_rid, s_is_p2p, t_ret, t_we
 
     tick("sync")
-    # ---- excess gap: gap minus the median gap of the same event (site, op, call/wait, step,
-    # occurrence) on the other ranks that have it
-    ev_coll = np.where(ev_slot >= 0, sl_comm[np.maximum(ev_slot, 0)] if nsl else -1, -1)
-    if C:
-        cc = np.maximum(ev_coll, 0)
-        ev_coll = np.where((ev_coll >= 0) & ~cm_is_p2p[cc] & (cm_hi[cc] - cm_lo[cc] >= 2), ev_coll, -1)
-        del cc
-    # (site, op) labels: _excess compares them only between the events outside a collective
-    # (ev_coll < 0), so only those rows' sites are encoded (0 elsewhere)
-    ev_lab = np.zeros(E, np.int64)
-    oth = np.flatnonzero(ev_coll < 0)
-    if len(oth):
-        orow = ev_row[oth]
-        # (equal sites, equal codes: only equality matters to _excess' groups)
-        ev_lab[oth] = site_codes[orow].astype(np.int64) * 4096 + op_codes[orow]
-        del orow
-    del oth
-    ev_excess, ev_has_peers = _excess(ev_rank, ev_lab, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll,
-                                      slots=(sl_call, ev_slot, cm_lo, cm_hi, ~cm_is_p2p & (cm_hi - cm_lo >= 2)))
-    del ev_lab, ev_coll
-
+    # ---- excess gap: gap minus the median gap of the same event on the other ranks
+    ev_excess, ev_has_peers = _excess_of(ev_slot, sl_comm, cm_lo, cm_hi, cm_is_p2p, ev_row, site_codes, op_codes,
+                                         ev_rank, ev_is_wait, ev_gap, ev_first, ev_step, sl_call)
+    del site_codes, op_codes
     tick("excess")
     # ---- window: from the first release of a rank that waited for another, to the last release
     anc = np.flatnonzero(ev_anchor)
@@ -649,6 +632,30 @@ def _build(run) -> Model:
         cm_op=cm_op, cm_pg=cm_pg, cm_seq=cm_seq, cm_bytes=cm_bytes, cm_factor=cm_factor, cm_tcomm=cm_tcomm,
         row_op=row_op, row_site=row_site, t_begin=t_begin, t_end=t_end_,
         cm_opc=cm_opc, cm_pgc=cm_pgc, op_names=op_names, pg_names=pg_vals)
+
+
+def _excess_of(ev_slot, sl_comm, cm_lo, cm_hi, cm_is_p2p, ev_row, site_codes, op_codes, ev_rank, ev_is_wait,
+               ev_gap, ev_first, ev_step, sl_call):
+    """_build's excess gaps: gap minus the median gap of the same event (site, op, call/wait,
+    step, occurrence) on the other ranks that have it (_excess): (ev_excess, ev_has_peers)."""
+    E, nsl, C = len(ev_slot), len(sl_comm), len(cm_lo)
+    ev_coll = np.where(ev_slot >= 0, sl_comm[np.maximum(ev_slot, 0)] if nsl else -1, -1)
+    if C:
+        cc = np.maximum(ev_coll, 0)
+        ev_coll = np.where((ev_coll >= 0) & ~cm_is_p2p[cc] & (cm_hi[cc] - cm_lo[cc] >= 2), ev_coll, -1)
+        del cc
+    # (site, op) labels: _excess compares them only between the events outside a collective
+    # (ev_coll < 0), so only those rows' sites are encoded (0 elsewhere)
+    ev_lab = np.zeros(E, np.int64)
+    oth = np.flatnonzero(ev_coll < 0)
+    if len(oth):
+        orow = ev_row[oth]
+        # (equal sites, equal codes: only equality matters to _excess' groups)
+        ev_lab[oth] = site_codes[orow].astype(np.int64) * 4096 + op_codes[orow]
+        del orow
+    del oth
+    return _excess(ev_rank, ev_lab, ev_is_wait, ev_gap, ev_first, ev_step, ev_coll,
+                   slots=(sl_call, ev_slot, cm_lo, cm_hi, ~cm_is_p2p & (cm_hi - cm_lo >= 2)))
 
 
 def _anchors_numpy(ev_row, ev_start, ev_rel, ev_first, sl_of_row, sl_leave, sl_enter, sl_comm, last_enter):
@@ -678,9 +685,27 @@ def _anchors_numpy(ev_row, ev_start, ev_rel, ev_first, sl_of_row, sl_leave, sl_e
     return ev_slot, ev_anchor, ev_rho, ev_dur, ev_gap, sl_block, sl_wait
 
 
-def _events_numpy(rank_r, t_enq, t_w, enq, ret, tw, twe, base, n):
+def _packed_keys_exact(rank_r, t_enq, t_w, base, NUL) -> bool:
+    """Whether the events' merge keys rank << 44 | ns since `base` (`_replay.merge_events`,
+    _events_numpy) order the calls and waits exactly as (rank, start): every rank in [0, 2^19)
+    and every enqueue and wait start in [base, base + 2^44) (2^44 ns is 4.9 hours). Where they do
+    not (a longer run), _events_numpy sorts by (rank, start) itself."""
+    if not len(rank_r):
+        return True
+    if int(rank_r.min()) < 0 or int(rank_r.max()) >= 1 << 19:
+        return False
+    for t in (t_enq, t_w):
+        ok = t != NUL
+        if ok.any() and (int(t[ok].min()) < base or int(t[ok].max()) - base >= 1 << 44):
+            return False
+    return True
+
+
+def _events_numpy(rank_r, t_enq, t_w, enq, ret, tw, twe, base, n, packed=True):
     """_build's host events by numpy sorts (the reference of `_replay.merge_events`): (ev_row,
-    ev_is_wait, ev_start, ev_rel, ev_rank, call_ev)."""
+    ev_is_wait, ev_start, ev_rel, ev_rank, call_ev), in (rank, start, call before wait, row)
+    order. `packed`: by the int64 keys of merge_events (exact where _packed_keys_exact), else
+    by a lexsort of those columns."""
     call_ok = ~np.isnan(enq) & ~np.isnan(ret)
     wait_ok = ~np.isnan(tw) & ~np.isnan(twe)
     rid_c = np.flatnonzero(call_ok)
@@ -690,6 +715,19 @@ def _events_numpy(rank_r, t_enq, t_w, enq, ret, tw, twe, base, n):
     ev_start = np.concatenate([enq[rid_c], tw[rid_w]])
     ev_rel = np.concatenate([ret[rid_c], twe[rid_w]])
     ev_rank = rank_r[ev_row]
+    if not packed:
+        # (rows in (rank, t_enqueue, row id) order: a call's row order breaks its ties, a
+        # wait's too, and a call goes before a wait of the same start)
+        nc = len(rid_c)
+        tt = np.concatenate([t_enq[rid_c], t_w[rid_w]])
+        order = np.lexsort((ev_row, ev_is_wait, tt, ev_rank))
+        del tt
+        ev_row, ev_is_wait, ev_start, ev_rel, ev_rank = (a[order] for a in (ev_row, ev_is_wait, ev_start, ev_rel,
+                                                                              ev_rank))
+        call_ev = np.full(n, -1, np.int64)
+        idx = np.flatnonzero(~ev_is_wait)
+        call_ev[ev_row[idx]] = idx
+        return ev_row, ev_is_wait, ev_start, ev_rel, ev_rank, call_ev
     # rows come ordered by (rank, t_enqueue): the calls are in order already; merge the waits
     # in with int64 keys (rank << 44 | ns since base; 2^44 ns is 4.9 hours)
     ck = (rank_r[rid_c] << 44) + (t_enq[rid_c] - base)

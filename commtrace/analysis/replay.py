@@ -31,6 +31,7 @@ of independent communications in a topological order of the dependencies.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +39,9 @@ import numpy as np
 from .model import Model, build_model, stable_argsort
 
 EPS = 1.0
+#: Guards the scenario-independent caches on a model (_c_inputs, _step_index, plan_for):
+#: what_if replays scenarios in two threads at once, and each cache is built once.
+_CACHE_LOCK = threading.RLock()
 
 
 @dataclass
@@ -242,8 +246,11 @@ class _Plan:
 def plan_for(m: Model) -> _Plan:
     p = getattr(m, "_plan", None)
     if p is None:
-        p = _Plan(m)
-        m._plan = p
+        with _CACHE_LOCK:
+            p = getattr(m, "_plan", None)
+            if p is None:
+                p = _Plan(m)
+                m._plan = p
     return p
 
 
@@ -273,6 +280,12 @@ def _c_inputs(m: Model) -> dict:
     ci = getattr(m, "_c_inputs", None)
     if ci is not None:
         return ci
+    with _CACHE_LOCK:
+        ci = getattr(m, "_c_inputs", None)
+        return ci if ci is not None else _c_inputs_build(m)
+
+
+def _c_inputs_build(m: Model) -> dict:
     E, nsl, C = m.n_events, len(m.sl_comm), len(m.cm_lo)
     call_slot = np.full(E, -1, np.int64)
     if nsl:
@@ -309,11 +322,7 @@ def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayR
     ci = _c_inputs(m)
     S, E, R = len(scenarios), m.n_events, len(m.ranks)
     steps, sinv, sok = _step_index(m)
-    ev_steppos = ci.get("ev_steppos")
-    if ev_steppos is None:
-        ev_steppos = np.full(E, -1, np.int64)
-        ev_steppos[sok] = sinv
-        ci["ev_steppos"] = ev_steppos
+    ev_steppos = _ev_steppos(m, ci)
     nst = len(steps)
     t_end = np.zeros(S)
     step_end = np.full((S, nst), -np.inf)
@@ -344,6 +353,33 @@ def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayR
         if nst:
             step_end[b0:b0 + len(batch)] = np.frombuffer(se, np.float64).reshape(len(batch), nst)
     return ReplayResult([s.name for s in scenarios], t_end, steps, step_end, kept)
+
+
+def _ev_steppos(m: Model, ci: dict) -> np.ndarray:
+    """Per event, the position of its step in _step_index's steps (-1 without one), cached in
+    the C replay's inputs."""
+    ev_steppos = ci.get("ev_steppos")
+    if ev_steppos is None:
+        with _CACHE_LOCK:
+            ev_steppos = ci.get("ev_steppos")
+            if ev_steppos is None:
+                _, sinv, sok = _step_index(m)
+                ev_steppos = np.full(m.n_events, -1, np.int64)
+                ev_steppos[sok] = sinv
+                ci["ev_steppos"] = ev_steppos
+    return ev_steppos
+
+
+def prepare(m: Model) -> None:
+    """Build replay()'s scenario-independent inputs of model `m` (cached on it) in the calling
+    thread: what_if does so before it replays in two threads, so that these arrays come from
+    the heap the model's own temporaries left (the main thread's: memory already faulted in)
+    rather than a new thread's arena."""
+    if _C is not None:
+        _ev_steppos(m, _c_inputs(m))
+    else:
+        plan_for(m)
+    _step_index(m)
 
 
 def _replay_c_each(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayResult:
@@ -470,6 +506,12 @@ def _step_index(m: Model):
     si = getattr(m, "_step_idx", None)
     if si is not None:
         return si[:3]
+    with _CACHE_LOCK:
+        si = getattr(m, "_step_idx", None)
+        return si[:3] if si is not None else _step_index_build(m)
+
+
+def _step_index_build(m: Model):
     ok = m.ev_step >= 0
     if not ok.any():
         si = (np.zeros(0, np.int64), np.zeros(0, np.int64), ok, np.zeros(0, np.int64), np.zeros(0, np.int64))

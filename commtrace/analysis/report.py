@@ -201,11 +201,21 @@ def _root_cause(run, busbw_ref, top):
     """The `what_if` (with its `delays`) and `critical_path` sections; (None, None, warning)
     when the analysis fails on odd input: the rest of the report stands."""
     try:
+        from .model import build_model
         from .rootcause import critical_path, top_rank, what_if
-        wi = dict(what_if(run, busbw_ref))
+        cp = None
+        if PARALLEL:
+            # the critical path reads only the model: walked in a thread of its own while
+            # what_if runs delay analysis and the replays (the model built first, once)
+            build_model(run)
+            cp = _start(critical_path, run)
+        try:
+            wi = dict(what_if(run, busbw_ref))
+        finally:
+            crit = cp.result() if cp is not None else None
         wi["top_rank"] = top_rank(wi)
         wi["delays"] = wi["delays"][: max(int(top), 0)]
-        return _clean(wi), _clean(critical_path(run)), None
+        return _clean(wi), _clean(crit if cp is not None else critical_path(run)), None
     except Exception as e:  # noqa: BLE001
         return None, None, f"root cause / what-if failed: {type(e).__name__}: {str(e).splitlines()[0]}"
 

@@ -70,30 +70,45 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
     key = None if busbw_ref is None else float(busbw_ref)
     if key in cache:
         return cache[key]
+    # The scenarios that need no delay analysis (the run as measured, all communication
+    # hidden, the bus-bandwidth references) are replayed in a second thread while this one runs
+    # delay analysis and then replays the others (the C loop and most of delay analysis release
+    # the GIL). Each scenario's replay is its own: the same figures in one pass or in two.
+    free = [RP.baseline(), RP.comm_hidden(m)]
+    if busbw_ref:
+        for op in sorted({str(o) for o, p2p in zip(m.cm_op.tolist(), m.cm_is_p2p.tolist()) if not p2p}):
+            free.append(RP.busbw_ref(m, op, busbw_ref))
+    if PARALLEL:
+        RP.prepare(m)
+    beside = _in_thread(RP.replay, m, free) if PARALLEL else None
     dl = D.delays(run, top=TOP_DELAYS).to_pylist()
     by_rank = D.cost_by_rank(run)
     ranks = [r for r, (a, b) in sorted(by_rank.items(), key=lambda kv: -(kv[1][0] + kv[1][1])) if a + b > 0][:TOP_RANKS]
-    scs = [RP.baseline()]
+    after = []
     for r in ranks:
-        scs.append(RP.rank_median(m, r))
+        after.append(RP.rank_median(m, r))
     for d in dl:
         if d["delay_s"] > 0:
-            scs.append(RP.fix_delay(m, d["event"], f"rank {d['rank']}'s delay {_where(d)} ({_when(m, d)}) removed"))
-    scs.append(RP.comm_hidden(m))
-    if busbw_ref:
-        for op in sorted({str(o) for o, p2p in zip(m.cm_op.tolist(), m.cm_is_p2p.tolist()) if not p2p}):
-            scs.append(RP.busbw_ref(m, op, busbw_ref))
+            after.append(RP.fix_delay(m, d["event"], f"rank {d['rank']}'s delay {_where(d)} ({_when(m, d)}) removed"))
     if ranks:
         # the top rank removed from the critical path of the group it delayed most
         pg = _group_delayed(m, ranks[0])
         if pg is not None:
-            scs.append(RP.remove_rank(m, ranks[0], pg))
-    res = RP.replay(m, scs)
-    val = RP._validation(m, res)
+            after.append(RP.remove_rank(m, ranks[0], pg))
+    res_after = RP.replay(m, after) if after else None
+    res = beside.result() if beside is not None else RP.replay(m, free)
+    val = RP._validation(m, res)            # (the baseline is free[0])
+    # the scenarios in the report's order: the measured run, the ranks, the delays, the
+    # communication hidden, the bus bandwidths, the rank removed
+    n_r = len(ranks)
+    n_d = len(after) - n_r - (1 if after and after[-1].kind == "remove_rank" else 0)
+    scs = [free[0]] + after[:n_r + n_d] + free[1:] + after[n_r + n_d:]
+    t_ends = np.r_[res.t_end[:1], res_after.t_end[:n_r + n_d] if after else np.zeros(0), res.t_end[1:],
+                   res_after.t_end[n_r + n_d:] if after else np.zeros(0)]
     total = val["run_time_s"]
     base_end = float(res.t_end[0])
     out_sc = []
-    for sc, te in zip(scs[1:], res.t_end[1:].tolist()):
+    for sc, te in zip(scs[1:], t_ends[1:].tolist()):
         gain = (base_end - te) / 1e9
         row = {"name": sc.name, "kind": sc.kind, "params": sc.params, "gain_s": gain,
                "projected_s": total - gain, "gain_pct": 100.0 * gain / total if total > 0 else 0.0}
@@ -109,7 +124,7 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
             row["text"] = save_text(f"Taking rank {sc.params['rank']} off pg {sc.params['pg']}'s critical path", gain, total)
         out_sc.append(row)
     # per-delay gains
-    gains = {sc.params.get("event"): g for sc, g in zip(scs, ((base_end - x) / 1e9 for x in res.t_end.tolist()))
+    gains = {sc.params.get("event"): g for sc, g in zip(scs, ((base_end - x) / 1e9 for x in t_ends.tolist()))
              if sc.kind == "fix_delay"}
     delays = []
     for d in dl:
@@ -128,7 +143,7 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
         "steps": val["steps"] if len(val["steps"]) <= 1000 else None,
         "busbw_ref_gbps": key,
         "scenarios": sorted(out_sc, key=lambda x: -x["gain_s"]),
-        "rank_gains": {int(sc.params["rank"]): (base_end - te) / 1e9 for sc, te in zip(scs, res.t_end.tolist())
+        "rank_gains": {int(sc.params["rank"]): (base_end - te) / 1e9 for sc, te in zip(scs, t_ends.tolist())
                        if sc.kind == "rank_median"},
         "delays": delays,
         "wait_total_s": a["total_wait"] / 1e9,
@@ -137,6 +152,20 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
     }
     cache[key] = out
     return out
+
+
+#: Whether what_if replays the scenarios that need no delay analysis beside it, in a second
+#: thread (tests compare it with one thread).
+PARALLEL = True
+
+
+def _in_thread(fn, *args):
+    """`fn(*args)` in a new thread; returns its future (`.result()` re-raises its error)."""
+    from concurrent.futures import ThreadPoolExecutor
+    ex = ThreadPoolExecutor(1, thread_name_prefix="commtrace-whatif")
+    fut = ex.submit(fn, *args)
+    ex.shutdown(wait=False)
+    return fut
 
 
 def _group_delayed(m, rank: int):
