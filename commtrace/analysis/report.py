@@ -11,6 +11,7 @@ import math
 import os
 
 from ..format import schema as S
+from . import in_thread
 from .overview import overview
 
 #: Version of the report's JSON contract (not the trace schema).
@@ -190,11 +191,7 @@ def _tail(run, top: int):
 
 def _start(fn, *args):
     """`fn(*args)` in a new thread; returns its future (`.result()` re-raises its error)."""
-    from concurrent.futures import ThreadPoolExecutor
-    ex = ThreadPoolExecutor(1, thread_name_prefix="commtrace-report")
-    fut = ex.submit(fn, *args)
-    ex.shutdown(wait=False)
-    return fut
+    return in_thread(fn, *args, name="commtrace-report")
 
 
 def _root_cause(run, busbw_ref, top):

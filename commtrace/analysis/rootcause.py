@@ -11,6 +11,7 @@ import weakref
 import numpy as np
 
 from . import critical_path as CP
+from . import in_thread
 from . import delay as D
 from . import replay as RP
 from .model import build_model
@@ -80,7 +81,7 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
             free.append(RP.busbw_ref(m, op, busbw_ref))
     if PARALLEL:
         RP.prepare(m)
-    beside = _in_thread(RP.replay, m, free) if PARALLEL else None
+    beside = in_thread(RP.replay, m, free, name="commtrace-whatif") if PARALLEL else None
     dl = D.delays(run, top=TOP_DELAYS).to_pylist()
     by_rank = D.cost_by_rank(run)
     ranks = [r for r, (a, b) in sorted(by_rank.items(), key=lambda kv: -(kv[1][0] + kv[1][1])) if a + b > 0][:TOP_RANKS]
@@ -157,15 +158,6 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
 #: Whether what_if replays the scenarios that need no delay analysis beside it, in a second
 #: thread (tests compare it with one thread).
 PARALLEL = True
-
-
-def _in_thread(fn, *args):
-    """`fn(*args)` in a new thread; returns its future (`.result()` re-raises its error)."""
-    from concurrent.futures import ThreadPoolExecutor
-    ex = ThreadPoolExecutor(1, thread_name_prefix="commtrace-whatif")
-    fut = ex.submit(fn, *args)
-    ex.shutdown(wait=False)
-    return fut
 
 
 def _group_delayed(m, rank: int):

@@ -29,6 +29,7 @@ import pyarrow as pa
 from ..errors import CommtraceError
 from ..format import reader as R
 from ..format import schema as S
+from . import in_thread
 from . import loading as L
 from . import matching as M
 from . import overlap as OV
@@ -426,7 +427,6 @@ class Run:
         while the SQL side matches collectives (numpy and DuckDB both release the GIL)."""
         if "overlap" in self._cache or "overlap_future" in self._cache:
             return
-        from concurrent.futures import ThreadPoolExecutor
         with self._lock:
             cur = self._con.cursor()
 
@@ -435,9 +435,7 @@ class Run:
                 return self._compute_overlap(cur)
             finally:
                 cur.close()
-        ex = ThreadPoolExecutor(1, thread_name_prefix="commtrace-overlap")
-        self._cache["overlap_future"] = ex.submit(work)
-        ex.shutdown(wait=False)
+        self._cache["overlap_future"] = in_thread(work, name="commtrace-overlap")
 
     def per_rank(self) -> pa.Table:
         """Per rank, in seconds (metrics.md): `ops`; `blocked_s` = |union of host-blocked
