@@ -85,8 +85,15 @@ typedef struct {
     PyObject *g_n, *g_d, *x_n, *x_d, *a_n, *a_d;   /* argument names and defaults */
     PyObject *orig;        /* torch's function */
     PyObject *dev_names;   /* device index -> name */
-    PyObject *last_dev;    /* dev_names[last_dev_v] (strong), or NULL */
+    PyObject *last_dev;    /* dev_names[last_dev_v] (strong, and kept: keep_obj), or NULL */
     long long last_dev_v;
+    PyObject *last_dtype;  /* the last dtype the C++ reads gave (kept: keep_obj), or NULL */
+    /* The keyword names of the last call with keywords (strong: a tuple, so the same object
+     * has the same names), and where in it the slots g, x, y, a are (-1: not given): a call
+     * site's keywords are one constant tuple, so a blocking op does not read the tuple or its
+     * strings (slot_k; issue 20, session 19). */
+    PyObject *kw_tup;
+    signed char kw_j[4];
     Py_ssize_t last_slot;     /* its seq slot (recorder.seq_slot), -1: none */
     int g_i, x_i, a_i;        /* argument positions */
     int last_idx;
@@ -136,11 +143,9 @@ static PyObject *s_seq_slot, *s_seqs, *s_tseq, *s_tseqs, *s_get_tseq, *s_p2p_one
 static PyObject *i_zero, *i_one;   /* owned references to the ints 0 and 1 */
 /* Calls recorded here / handed to the Python wrapper, and the line of the last hand-over
  * (tests and benchmarks read them through counts()). */
-static HOT_DATA unsigned long long n_fast;
 static unsigned long long n_slow;
 static int last_slow_line;
 
-static HOT_DATA unsigned long long pg_gen = 1;   /* bumped when the Python side clears its cache */
 /* This thread's state, in one thread-local block: the blocking path reads and writes most of
  * it per op, and each separate _Thread_local of a shared library is a call to __tls_get_addr
  * (the module's TLS block is found once per function through a pointer to this struct).
@@ -148,7 +153,7 @@ static HOT_DATA unsigned long long pg_gen = 1;   /* bumped when the Python side 
  * first 64 bytes, aligned: one memory line per op (issue 20, session 18; 80 bytes over two
  * lines from session 16's ov_api / ov_detail, which only DDP's issue uses: now in the second
  * line, flagged by `ov` in the first). */
-typedef struct {
+typedef struct ThreadSt_s {
     /* -- the first line: every blocking op -- */
     PyObject *state;      /* this thread's wrappers.tls.__dict__ (one reference for good) */
     PyObject *st_d;       /* the state dict seen at depth 0, no coalescing, at tag st_v */
@@ -170,6 +175,71 @@ typedef struct {
 _Static_assert(offsetof(ThreadSt, ov_api) == 64, "ThreadSt: a blocking op's fields in one line");
 static _Thread_local ThreadSt tl = {.tseq_hi = -1};
 
+/* The globals a blocking op reads, in one aligned struct in the order it reads them: five
+ * lines (seven, spread over the section, before session 19: issue 20). The GIL guards them.
+ * e_*: the entry checks' last answers and the dict tags they were read under (HAVE_DVER,
+ * above; borrowed values: each dict holds its value while its tag is unchanged); the thread
+ * state block (tl) of the Python thread that last called a blocking op's wrapper
+ * (thread_st), by its PyThreadState and that state's id (ids are never reused, addresses
+ * are: a thread that ended is never matched again). c_*: the recorder's fixed fields, read
+ * once per recorder (they are set in its __init__; cache_recorder). */
+struct Rec_s;
+static HOT_DATA struct {
+    /* -- line 0: thread_st, the entry checks -- */
+    PyThreadState *e_ts; uint64_t e_ts_id; struct ThreadSt_s *e_ts_T;
+    /* recorder._recorder (strong), read from the recorder module's dict e_recmod_d, and NVTX
+     * seen inactive in nvtx_ranges' dict e_nvtx_d: valid until the Python side says either
+     * changed (entry_changed(): the only writers are recorder._set_recorder, its fork hook,
+     * and nvtx_ranges.install / uninstall), not by the dicts' tags (two lines less per op) */
+    PyObject *e_recmod_d, *e_rec, *e_nvtx_d;
+    uint64_t e_rdict_v;                      /* c_rdict's tag when e_step was read */
+    long long e_step;                        /* the step (device timer None) */
+    /* -- line 1 -- */
+    PyObject *c_rec;            /* strong: its address is not reused while cached */
+    PyObject *c_rdict;          /* its __dict__: device_timer and step, read per call */
+    /* The arrays of c_counters and c_tseqs (counters_sync) and the op ids' next value (c_op_c:
+     * 1 when c_op_ids is an OpIds whose cell is c_op_next): a blocking op reads these, here,
+     * not the three objects' lines (issue 20, session 19). */
+    long long *c_seq_v; Py_ssize_t c_seq_n; long long c_op_next;
+    char e_rec_ok, e_nvtx_ok, e_rd_ok, c_stack, c_now_ok, c_op_c;
+    char pf_on;
+    char ts_at_wait;   /* 0: a blocking call's torch seq read after the call (gapcheck.py) */
+    PyTypeObject *t_type0;
+    int (*mt_tensor_meta)(PyObject *, long long *, PyObject **, long long *);
+    /* -- line 2 -- */
+    unsigned long long pg_gen;   /* bumped when the Python side clears its cache */
+    unsigned long long n_fast;   /* calls recorded here (counts()) */
+    unsigned long long n_meta_t; /* tensor reads the C++ reads answered */
+    uint64_t inprog_used;        /* bit i: inprog[i] used */
+    uint64_t inprog_taken;       /* bit i: inprog[i] taken by a final flush */
+    struct Rec_s *buf;           /* completed calls, in order */
+    Py_ssize_t buf_len;
+    Py_ssize_t buf_lim;          /* min(buf_alloc, buf_max): buf_push grows or drops from it */
+    /* -- line 3 -- */
+    PyObject *c_tseqs;           /* its _tseqs (Counters): last torch seq per slot, or NULL */
+    long long *c_tseq_v; Py_ssize_t c_tseq_n;
+    PyObject *ts_gap;            /* torchseq.on_gap(rec, name, last, lo, op_id, seq), NULL: off */
+    PyTypeObject *ts_type;       /* strong: the type whose getter ts_fn is */
+    int (*mt_pg_seq)(PyObject *, long long *);
+    unsigned long long n_meta_s; /* torch seq reads the C++ reads answered */
+    unsigned long long n_tseq_reads;   /* torch seq reads (tseq_reads(): tests) */
+    /* -- the rest: not per op -- */
+    PyObject *t_types;           /* torch's exact tensor types (exact_tensor) */
+    PyTypeObject *t_type1;
+    int (*mt_tensor_nbytes)(PyObject *, long long *);
+    Py_ssize_t buf_alloc, buf_max;
+    PyObject *c_seq, *c_p2p_seq, *c_op_ids, *c_rank;
+    PyObject *c_counters;        /* its _seqs (Counters), or NULL: the seq dict */
+} H __attribute__((aligned(64))) = {.pg_gen = 1, .pf_on = 1, .ts_at_wait = 1, .buf_max = 200000};
+_Static_assert(offsetof(__typeof__(H), c_rec) == 64 && offsetof(__typeof__(H), pg_gen) == 128 &&
+               offsetof(__typeof__(H), c_tseqs) == 192 && offsetof(__typeof__(H), t_types) == 256,
+               "H: the lines a blocking op reads");
+
+/* buf_lim after buf_alloc or buf_max changed. */
+static inline void buf_lim_set(void) {
+    H.buf_lim = H.buf_alloc < H.buf_max ? H.buf_alloc : H.buf_max;
+}
+
 static void ctx_clear_refs(FastCtx *c) {
     Py_CLEAR(c->dict); Py_CLEAR(c->last_key); Py_CLEAR(c->last_name); Py_CLEAR(c->last_info);
     Py_CLEAR(c->orig); Py_CLEAR(c->slow); Py_CLEAR(c->on_error); Py_CLEAR(c->recmod);
@@ -181,6 +251,7 @@ static void ctx_clear_refs(FastCtx *c) {
     Py_CLEAR(c->y_d); Py_CLEAR(c->a_n); Py_CLEAR(c->a_d); Py_CLEAR(c->r0_n); Py_CLEAR(c->r0_d);
     Py_CLEAR(c->r1_n); Py_CLEAR(c->r1_d); Py_CLEAR(c->as_work_type);
     Py_CLEAR(c->as_nofut_backend); Py_CLEAR(c->last_dev); Py_CLEAR(c->p2p_key);
+    Py_CLEAR(c->kw_tup);
 }
 
 /* Every live context (borrowed: a context leaves in its dealloc), so that invalidate() can drop
@@ -289,6 +360,59 @@ static PyObject *slot(PyObject *const *a, Py_ssize_t n, PyObject *kwn, Py_ssize_
     return dflt;
 }
 
+/* Where `name` is in the keyword names kwn (slot's rule), or -1. */
+static int kw_index(PyObject *kwn, PyObject *name) {
+    if (name == Py_None)
+        return -1;
+    Py_ssize_t nk = PyTuple_GET_SIZE(kwn);
+    for (Py_ssize_t j = 0; j < nk; j++)
+        if (PyTuple_GET_ITEM(kwn, j) == name)
+            return (int)j;
+    for (Py_ssize_t j = 0; j < nk; j++) {
+        PyObject *k = PyTuple_GET_ITEM(kwn, j);
+        if (PyUnicode_CheckExact(k) && PyUnicode_CHECK_INTERNED(k) &&
+                PyUnicode_CheckExact(name) && PyUnicode_CHECK_INTERNED(name))
+            continue;
+        int eq = PyUnicode_Compare(k, name);
+        if (eq == 0)
+            return (int)j;
+        if (eq == -1 && PyErr_Occurred())
+            CLEAR_ERR();
+    }
+    return -1;
+}
+
+#define SL_G 0
+#define SL_X 1
+#define SL_Y 2
+#define SL_A 3
+
+/* A call with other keyword names than c's last: where its slots are. */
+static COLD void kw_learn(FastCtx *c, PyObject *kwn) {
+    PyObject *names[4] = {c->g_n, c->x_n, c->y_n, c->a_n};
+    for (int k = 0; k < 4; k++) {
+        int j = names[k] != NULL ? kw_index(kwn, names[k]) : -1;
+        c->kw_j[k] = (signed char)(j < 127 ? j : -2);   /* -2: past the cache, slot() */
+    }
+    Py_INCREF(kwn);
+    Py_XSETREF(c->kw_tup, kwn);
+}
+
+/* slot() for the slots g, x, y, a (SL_*), the keywords' places from c's cache. */
+static inline PyObject *slot_k(FastCtx *c, PyObject *const *a, Py_ssize_t n, PyObject *kwn,
+                               int k, Py_ssize_t i, PyObject *name, PyObject *dflt) {
+    if (i < n)
+        return a[i];
+    if (kwn == NULL || name == Py_None)
+        return dflt;
+    if (UNLIKELY(kwn != c->kw_tup))
+        kw_learn(c, kwn);
+    int j = c->kw_j[k];
+    if (UNLIKELY(j == -2))
+        return slot(a, n, kwn, i, name, dflt);
+    return j >= 0 ? a[n + j] : dflt;
+}
+
 static inline long long now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -307,6 +431,8 @@ typedef struct {
     Py_ssize_t n;
 } Counters;
 
+static void counters_sync(PyObject *k);
+
 static long long counters_next(Counters *k, Py_ssize_t slot) {
     if (slot < 0)
         return -1;
@@ -320,6 +446,7 @@ static long long counters_next(Counters *k, Py_ssize_t slot) {
         memset(nv + k->n, 0, (size_t)(n - k->n) * sizeof(long long));
         k->v = nv;
         k->n = n;
+        counters_sync((PyObject *)k);
     }
     return k->v[slot]++;
 }
@@ -396,6 +523,8 @@ static PyTypeObject CountersType = {
 typedef struct {
     PyObject_HEAD
     long long next;
+    long long *cell;   /* where the next value is: &next, or H.c_op_next while the C path's
+                        * cached recorder's (cache_recorder): not this object's line per op */
 } OpIds;
 
 static PyObject *opids_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
@@ -403,13 +532,15 @@ static PyObject *opids_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTuple(args, "|L", &start))
         return NULL;
     OpIds *o = (OpIds *)tp->tp_alloc(tp, 0);
-    if (o != NULL)
+    if (o != NULL) {
         o->next = start;
+        o->cell = &o->next;
+    }
     return (PyObject *)o;
 }
 
 static PyObject *opids_iternext(PyObject *self) {
-    return PyLong_FromLongLong(((OpIds *)self)->next++);
+    return PyLong_FromLongLong((*((OpIds *)self)->cell)++);
 }
 
 static PyTypeObject OpIdsType = {
@@ -482,8 +613,7 @@ static PyObject *dict_of(PyObject *obj) {
  * called directly for tensors of the exact types given (torch.Tensor, nn.Parameter): no
  * method lookup. Other types (subclasses) go through the ordinary method calls. */
 static PyObject *t_numel, *t_getdev, *t_dtype;
-static HOT_DATA PyObject *t_types;
-static HOT_DATA PyTypeObject *t_type0, *t_type1;   /* its first two (torch.Tensor, Parameter) */
+/* (H.t_types, H.t_type0, H.t_type1: in H, below: its first two are torch.Tensor, Parameter) */
 
 /* What those three accessors touch first, prefetched when a call enters this path (issue 20).
  * At 2 ranks every op enters with cold caches (its previous wait slept while gloo's threads
@@ -496,8 +626,8 @@ static HOT_DATA PyTypeObject *t_type0, *t_type1;   /* its first two (torch.Tenso
  * only: nothing of torch's is read or called here. Measured gain not settled: -0.68, -0.46
  * and +0.03 us per op in three paired runs, loaded machine (docs/performance.md). */
 #define PF_MAX 16
-static HOT_DATA const void *pf_addr[PF_MAX];
-static HOT_DATA int pf_n, pf_on = 1;
+static const void *pf_addr[PF_MAX];
+static int pf_n;   /* (H.pf_on: in H) */
 
 static void pf_add(const void *p, int lines) {
     for (int i = 0; p != NULL && i < lines && pf_n < PF_MAX; i++)
@@ -537,9 +667,17 @@ static PyObject *swap_flag(int *flag, PyObject *arg) {
     return PyBool_FromLong(old);
 }
 
+/* swap_flag for a flag kept in a byte. */
+static PyObject *swap_flag_c(char *flag, PyObject *arg) {
+    int f = *flag;
+    PyObject *old = swap_flag(&f, arg);
+    *flag = (char)f;
+    return old;
+}
+
 /* set_prefetch(flag) -> the previous flag (benchmarks compare with it off). */
 static PyObject *set_prefetch(PyObject *module, PyObject *arg) {
-    return swap_flag(&pf_on, arg);
+    return swap_flag_c(&H.pf_on, arg);
 }
 
 static PyObject *set_tensor_api(PyObject *module, PyObject *args) {
@@ -553,24 +691,26 @@ static PyObject *set_tensor_api(PyObject *module, PyObject *args) {
     Py_INCREF(numel); Py_XSETREF(t_numel, numel);
     Py_INCREF(getdev); Py_XSETREF(t_getdev, getdev);
     Py_INCREF(dtype); Py_XSETREF(t_dtype, dtype);
-    Py_INCREF(types); Py_XSETREF(t_types, types);
+    Py_INCREF(types); Py_XSETREF(H.t_types, types);
     Py_ssize_t nt = PyTuple_GET_SIZE(types);
-    t_type0 = nt > 0 ? (PyTypeObject *)PyTuple_GET_ITEM(types, 0) : NULL;
-    t_type1 = nt > 1 ? (PyTypeObject *)PyTuple_GET_ITEM(types, 1) : NULL;
+    H.t_type0 = nt > 0 ? (PyTypeObject *)PyTuple_GET_ITEM(types, 0) : NULL;
+    H.t_type1 = nt > 1 ? (PyTypeObject *)PyTuple_GET_ITEM(types, 1) : NULL;
     pf_setup();
     Py_RETURN_NONE;
 }
 
 static inline int exact_tensor(PyObject *x) {
-    if (t_types == NULL)
-        return 0;
     PyTypeObject *tp0 = Py_TYPE(x);
-    if (LIKELY(tp0 == t_type0) || tp0 == t_type1)
+    if (LIKELY(tp0 == H.t_type0))   /* NULL while t_types is */
+        return 1;
+    if (H.t_types == NULL)
+        return 0;
+    if (tp0 == H.t_type1)
         return 1;
     PyObject *tp = (PyObject *)tp0;
-    Py_ssize_t n = PyTuple_GET_SIZE(t_types);
+    Py_ssize_t n = PyTuple_GET_SIZE(H.t_types);
     for (Py_ssize_t i = 0; i < n; i++)
-        if (PyTuple_GET_ITEM(t_types, i) == tp)
+        if (PyTuple_GET_ITEM(H.t_types, i) == tp)
             return 1;
     return 0;
 }
@@ -594,11 +734,9 @@ typedef struct {
     const long long *stamps_queued;   /* a std::atomic<long long>: read with __atomic_load_n */
 } MetaApi;
 #define META_CAPSULE "commtrace.capture.accel.meta_api"
-static HOT_DATA const MetaApi *meta_api;
+static const MetaApi *meta_api;
 /* its functions, copied here (the capsule's struct is one more line to read per op) */
-static HOT_DATA int (*mt_tensor_meta)(PyObject *, long long *, PyObject **, long long *);
-static HOT_DATA int (*mt_tensor_nbytes)(PyObject *, long long *);
-static HOT_DATA int (*mt_pg_seq)(PyObject *, long long *);
+/* (H.mt_tensor_meta, H.mt_tensor_nbytes, H.mt_pg_seq: in H) */
 /* the async path's (not a blocking op's: outside the hot section, which stays six lines) */
 static int (*mt_work_attach)(PyObject *, PyObject *, long long (*)(void));
 static int (*mt_work_done)(PyObject *, int *);
@@ -607,14 +745,14 @@ static const long long *mt_stamps_n;
 static unsigned long long n_meta_attach;   /* completions attached in C++ (tests) */
 static int cxx_completion = 1;   /* set_cxx_completion(): benchmarks compare (0: Python callback) */
 static PyObject *meta_owner;   /* the capsule, kept (its module stays loaded) */
-static HOT_DATA unsigned long long n_meta_t, n_meta_s;   /* reads it answered: tensors, seqs */
+/* (H.n_meta_t, H.n_meta_s, in H: reads it answered: tensors, seqs) */
 
 static void stamps_flush_now(void);
 
 /* meta_counts() -> (tensor reads, torch seq reads) answered through set_meta_api's capsule
  * (tests: the C++ reads were used, not only present). */
 static PyObject *meta_counts(PyObject *module, PyObject *unused) {
-    return Py_BuildValue("(KK)", n_meta_t, n_meta_s);
+    return Py_BuildValue("(KK)", H.n_meta_t, H.n_meta_s);
 }
 
 /* set_meta_api(capsule or None) -> whether the reads are now through it. */
@@ -622,9 +760,9 @@ static PyObject *set_meta_api(PyObject *module, PyObject *cap) {
     if (cap == Py_None) {
         stamps_flush_now();
         meta_api = NULL;
-        mt_tensor_meta = NULL;
-        mt_tensor_nbytes = NULL;
-        mt_pg_seq = NULL;
+        H.mt_tensor_meta = NULL;
+        H.mt_tensor_nbytes = NULL;
+        H.mt_pg_seq = NULL;
         mt_work_attach = NULL;
         mt_work_done = NULL;
         mt_stamps_flush = NULL;
@@ -645,9 +783,9 @@ static PyObject *set_meta_api(PyObject *module, PyObject *cap) {
     Py_INCREF(cap);
     Py_XSETREF(meta_owner, cap);
     meta_api = m;
-    mt_tensor_meta = m->tensor_meta;
-    mt_tensor_nbytes = m->tensor_nbytes;
-    mt_pg_seq = m->pg_seq;
+    H.mt_tensor_meta = m->tensor_meta;
+    H.mt_tensor_nbytes = m->tensor_nbytes;
+    H.mt_pg_seq = m->pg_seq;
     /* Queued stamps of the capsule being replaced are written first (they hold rows). */
     stamps_flush_now();
     mt_work_attach = m->version >= 2 ? m->work_attach : NULL;
@@ -857,8 +995,10 @@ static PyObject *site_walk_frames(_PyInterpreterFrame *fr, PyObject *code_intern
 
 static PyObject *call_site_miss(FastCtx *c);
 
-/* The call site, from the cache when this (code, offset) was seen before. */
-static PyObject *call_site(FastCtx *c) {
+/* The call site, from the cache when this (code, offset) was seen before: borrowed from
+ * site_tab (which never lets go of it) with *own = 0, else a new reference with *own = 1. */
+static PyObject *call_site(FastCtx *c, int *own) {
+    *own = 1;
 #if CT_IFRAME
     /* The wrapper is a C callable: the current Python frame is the caller's, its site in
      * site_tab; called from torch's code (DDP's buckets inside backward(), FSDP2's
@@ -874,7 +1014,7 @@ static PyObject *call_site(FastCtx *c) {
         SiteEnt *e = site_find((PyObject *)fr->f_code,
                                li < 0 ? -1 : li * (int)sizeof(_Py_CODEUNIT));
         if (LIKELY(e != NULL)) {
-            Py_INCREF(e->site);
+            *own = 0;
             return e->site;
         }
         /* missed: the walk, which does not look this frame up in site_tab again */
@@ -978,25 +1118,36 @@ static COLD PyObject *call_site_miss(FastCtx *c) {
 #define NONE_LL LLONG_MIN
 #define MAX_INPROG 64
 
-typedef struct {
+typedef struct Rec_s {
     long long seq, peer, root, t0, t1, step, op_id, count, outb;
     unsigned long thread;
-    int fact, pgidx;
-    PyObject *site, *api, *detail, *dtype, *dev;   /* owned */
+    int pgidx;
+    short fact;
+    /* REC_OWN_* bits: which of site, dtype and dev the record holds a reference to. The
+     * others are borrowed from what keeps them alive for the life of the module: site_tab
+     * (never emptied), the kept table (keep_obj). A cold op then does not write the refcount
+     * lines of the three objects (issue 20, session 19). api and detail are always owned. */
+    unsigned char own;
+    PyObject *site, *api, *detail, *dtype, *dev;
 } Rec;
+#define REC_OWN_SITE 1
+#define REC_OWN_DTYPE 2
+#define REC_OWN_DEV 4
 
-static HOT_DATA Rec *buf;      /* completed calls, in order */
-static HOT_DATA Py_ssize_t buf_len, buf_alloc, buf_max = 200000;
+/* (H.buf: completed calls, in order; H.buf_len, H.buf_alloc, H.buf_max) */
 static unsigned long long n_dropped;
-static Rec inprog[MAX_INPROG] __attribute__((aligned(64))); /* blocking calls in progress
-                                                                * (a slot: two lines) */
+/* Blocking calls in progress (_inflight.json, final flush): the record of each, where its
+ * call made it, on the stack of ctx_vectorcall (live until the call returns and the slot is
+ * freed; read and written under the GIL). Written once per op, not copied into a slot and
+ * again into buf (issue 20, session 19: two memory lines less per cold op). */
+static Rec *inprog[MAX_INPROG] __attribute__((aligned(64)));
 _Static_assert(sizeof(Rec) == 128, "Rec: two lines");
-static HOT_DATA uint64_t inprog_used, inprog_taken;   /* bit i: inprog[i] used, taken */
+/* (H.inprog_used, H.inprog_taken: bit i: inprog[i] used, taken) */
 
 static inline void inprog_free(int i) {
     if (i >= 0) {
-        inprog_used &= ~(1ULL << i);
-        inprog_taken &= ~(1ULL << i);
+        H.inprog_used &= ~(1ULL << i);
+        H.inprog_taken &= ~(1ULL << i);
     }
 }
 
@@ -1018,20 +1169,27 @@ static PyObject *ll_obj(long long v) {
 }
 
 static void rec_release(Rec *r) {
-    Py_CLEAR(r->site); Py_CLEAR(r->api); Py_CLEAR(r->detail); Py_CLEAR(r->dtype);
-    Py_CLEAR(r->dev);
+    if (r->own & REC_OWN_SITE)
+        Py_CLEAR(r->site);
+    if (r->own & REC_OWN_DTYPE)
+        Py_CLEAR(r->dtype);
+    if (r->own & REC_OWN_DEV)
+        Py_CLEAR(r->dev);
+    r->site = r->dtype = r->dev = NULL;
+    r->own = 0;
+    Py_CLEAR(r->api); Py_CLEAR(r->detail);
 }
 
 static COLD int buf_grow(Rec *r) {
-    if (buf_len >= buf_max) {
+    if (H.buf_len >= H.buf_max) {
         n_dropped++;
         rec_release(r);
         return -1;
     }
-    if (buf_len >= buf_alloc) {
-        Py_ssize_t n = buf_alloc ? buf_alloc * 2 : 4096;
-        if (n > buf_max)
-            n = buf_max;
+    if (H.buf_len >= H.buf_alloc) {
+        Py_ssize_t n = H.buf_alloc ? H.buf_alloc * 2 : 4096;
+        if (n > H.buf_max)
+            n = H.buf_max;
         /* aligned to a line: a record is then two lines, not three (buf_push writes one per
          * op on cold caches at 2 ranks); freed by free(), as drain_* do */
         Rec *nb = (Rec *)aligned_alloc(64, (size_t)n * sizeof(Rec));
@@ -1040,19 +1198,20 @@ static COLD int buf_grow(Rec *r) {
             rec_release(r);
             return -1;
         }
-        if (buf_len > 0)
-            memcpy(nb, buf, (size_t)buf_len * sizeof(Rec));
-        free(buf);
-        buf = nb;
-        buf_alloc = n;
+        if (H.buf_len > 0)
+            memcpy(nb, H.buf, (size_t)H.buf_len * sizeof(Rec));
+        free(H.buf);
+        H.buf = nb;
+        H.buf_alloc = n;
+        buf_lim_set();
     }
     return 0;
 }
 
 static inline void buf_push(Rec *r) {
-    if (UNLIKELY(buf_len >= buf_alloc || buf_len >= buf_max) && buf_grow(r) != 0)
+    if (UNLIKELY(H.buf_len >= H.buf_lim) && buf_grow(r) != 0)
         return;
-    buf[buf_len++] = *r;
+    H.buf[H.buf_len++] = *r;
 }
 
 /* The values of r in recorder.F_* order, then t_return_ns (19, new references; NULL ones are
@@ -1078,7 +1237,15 @@ static void rec_values(Rec *r, PyObject **v, int steal) {
     v[17] = Py_False; Py_INCREF(Py_False);
     v[18] = ll_obj(r->t1);
     if (steal) {
+        /* the owned references move into v; the borrowed ones are taken */
+        if (!(r->own & REC_OWN_SITE))
+            Py_XINCREF(v[7]);
+        if (!(r->own & REC_OWN_DTYPE))
+            Py_XINCREF(v[13]);
+        if (!(r->own & REC_OWN_DEV))
+            Py_XINCREF(v[14]);
         r->site = r->api = r->detail = r->dtype = r->dev = NULL;
+        r->own = 0;
     } else {
         Py_XINCREF(v[7]); Py_XINCREF(v[10]); Py_XINCREF(v[11]); Py_XINCREF(v[13]);
         Py_XINCREF(v[14]);
@@ -1111,12 +1278,12 @@ static PyObject *rec_pre(Rec *r) {
  * order) and t_return_ns, of the calls completed since the last drain. Column lists, so the
  * writer builds no Python object per row. */
 static PyObject *drain_columns(PyObject *module, PyObject *unused) {
-    Rec *b = buf;
-    Py_ssize_t n = buf_len;
+    Rec *b = H.buf;
+    Py_ssize_t n = H.buf_len;
     if (n == 0)
         Py_RETURN_NONE;
-    buf = NULL;
-    buf_len = buf_alloc = 0;
+    H.buf = NULL;
+    H.buf_len = H.buf_alloc = H.buf_lim = 0;
     PyObject *cols[19];
     int ok = 1;
     for (int j = 0; j < 19; j++) {
@@ -1204,12 +1371,12 @@ static int dr_code(PyObject *o, DrEnt **tab, Py_ssize_t *cap, PyObject *list) {
 }
 
 static PyObject *drain_records(PyObject *module, PyObject *unused) {
-    Rec *b = buf;
-    Py_ssize_t n = buf_len;
+    Rec *b = H.buf;
+    Py_ssize_t n = H.buf_len;
     if (n == 0)
         Py_RETURN_NONE;
-    buf = NULL;
-    buf_len = buf_alloc = 0;
+    H.buf = NULL;
+    H.buf_len = H.buf_alloc = H.buf_lim = 0;
     PyObject *nums = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(long long) * DR_NUMS * n);
     PyObject *codes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int) * DR_CODES * n);
     PyObject *lists[DR_OBJS] = {NULL};
@@ -1630,11 +1797,11 @@ static PyObject *in_progress(PyObject *module, PyObject *args) {
     if (out == NULL)
         return NULL;
     for (int i = 0; i < MAX_INPROG; i++) {
-        if (!((inprog_used >> i) & 1) || ((inprog_taken >> i) & 1))
+        if (!((H.inprog_used >> i) & 1) || ((H.inprog_taken >> i) & 1))
             continue;
         if (take)
-            inprog_taken |= 1ULL << i;
-        PyObject *pre = rec_pre(&inprog[i]);
+            H.inprog_taken |= 1ULL << i;
+        PyObject *pre = rec_pre(inprog[i]);
         if (pre == NULL || PyList_Append(out, pre) != 0)
             CLEAR_ERR();
         Py_XDECREF(pre);
@@ -1651,56 +1818,84 @@ static PyObject *take_dropped(PyObject *module, PyObject *unused) {
 
 /* buffered() -> calls completed and not yet drained. */
 static PyObject *buffered(PyObject *module, PyObject *unused) {
-    return PyLong_FromSsize_t(buf_len);
+    return PyLong_FromSsize_t(H.buf_len);
 }
 
-/* The recorder's fixed fields, read once per recorder (they are set in its __init__). */
-static HOT_DATA struct {
-    PyObject *rec;            /* strong: its address is not reused while cached */
-    PyObject *seq, *p2p_seq, *op_ids, *rank;
-    PyObject *rdict;          /* its __dict__: device_timer and step, read per call */
-    PyObject *counters;       /* its _seqs (Counters), or NULL: the seq dict */
-    PyObject *tseqs;          /* its _tseqs (Counters): last torch seq per slot, or NULL */
-    int stack, now_ok;
-} cst;
+/* (The recorder's fixed fields, read once per recorder: H.c_*, above.) */
+
+/* H's copies of its Counters' arrays, after k (any Counters) grew or H.c_* changed. */
+static void counters_sync(PyObject *k) {
+    if (k != NULL && k != H.c_counters && k != H.c_tseqs)
+        return;
+    Counters *a = (Counters *)H.c_counters, *b = (Counters *)H.c_tseqs;
+    H.c_seq_v = a != NULL ? a->v : NULL;
+    H.c_seq_n = a != NULL ? a->n : 0;
+    H.c_tseq_v = b != NULL ? b->v : NULL;
+    H.c_tseq_n = b != NULL ? b->n : 0;
+}
+
+/* op_ids's next value back into the object (it is no longer H's), or into H.c_op_next. */
+static void opids_detach(void) {
+    if (H.c_op_c) {
+        OpIds *o = (OpIds *)H.c_op_ids;
+        o->next = H.c_op_next;
+        o->cell = &o->next;
+        H.c_op_c = 0;
+    }
+}
+
+static void opids_attach(void) {
+    if (H.c_op_ids != NULL && Py_TYPE(H.c_op_ids) == &OpIdsType) {
+        OpIds *o = (OpIds *)H.c_op_ids;
+        H.c_op_next = o->next;
+        o->cell = &H.c_op_next;
+        H.c_op_c = 1;
+    }
+}
 
 static COLD int cache_recorder(FastCtx *c, PyObject *rec) {
-    if (cst.rec == rec)
+    if (H.c_rec == rec)
         return 0;
-    Py_CLEAR(cst.rec); Py_CLEAR(cst.seq); Py_CLEAR(cst.p2p_seq); Py_CLEAR(cst.op_ids);
-    Py_CLEAR(cst.rank); Py_CLEAR(cst.rdict); Py_CLEAR(cst.counters); Py_CLEAR(cst.tseqs);
-    cst.rdict = dict_of(rec);
-    cst.tseqs = PyObject_GetAttr(rec, s_tseqs);
-    if (cst.tseqs != NULL && !PyObject_TypeCheck(cst.tseqs, &CountersType))
-        Py_CLEAR(cst.tseqs);
+    opids_detach();
+    H.e_rd_ok = 0;   /* read from the old c_rdict */
+    Py_CLEAR(H.c_rec); Py_CLEAR(H.c_seq); Py_CLEAR(H.c_p2p_seq); Py_CLEAR(H.c_op_ids);
+    Py_CLEAR(H.c_rank); Py_CLEAR(H.c_rdict); Py_CLEAR(H.c_counters); Py_CLEAR(H.c_tseqs);
+    counters_sync(NULL);
+    H.c_rdict = dict_of(rec);
+    H.c_tseqs = PyObject_GetAttr(rec, s_tseqs);
+    if (H.c_tseqs != NULL && !PyObject_TypeCheck(H.c_tseqs, &CountersType))
+        Py_CLEAR(H.c_tseqs);
     CLEAR_ERR();
-    cst.counters = PyObject_GetAttr(rec, s_seqs);
-    if (cst.counters != NULL && !PyObject_TypeCheck(cst.counters, &CountersType))
-        Py_CLEAR(cst.counters);
+    H.c_counters = PyObject_GetAttr(rec, s_seqs);
+    if (H.c_counters != NULL && !PyObject_TypeCheck(H.c_counters, &CountersType))
+        Py_CLEAR(H.c_counters);
     CLEAR_ERR();
-    cst.seq = PyObject_GetAttr(rec, s_seq);
-    cst.p2p_seq = PyObject_GetAttr(rec, s_p2p_seq);
-    cst.op_ids = PyObject_GetAttr(rec, s_op_ids);
-    cst.rank = PyObject_GetAttr(rec, s_rank);
+    H.c_seq = PyObject_GetAttr(rec, s_seq);
+    H.c_p2p_seq = PyObject_GetAttr(rec, s_p2p_seq);
+    H.c_op_ids = PyObject_GetAttr(rec, s_op_ids);
+    H.c_rank = PyObject_GetAttr(rec, s_rank);
     PyObject *st = PyObject_GetAttr(rec, s_stack);
     PyObject *now = PyObject_GetAttr(rec, s_now_ns);
     PyObject *cap = PyObject_GetAttr(rec, s_cap);
-    int ok = cst.seq && PyDict_Check(cst.seq) && cst.p2p_seq && PyDict_Check(cst.p2p_seq) &&
-             cst.op_ids && PyIter_Check(cst.op_ids) && cst.rank && st && now && cap;
+    int ok = H.c_seq && PyDict_Check(H.c_seq) && H.c_p2p_seq && PyDict_Check(H.c_p2p_seq) &&
+             H.c_op_ids && PyIter_Check(H.c_op_ids) && H.c_rank && st && now && cap;
     if (ok) {
-        cst.stack = PyObject_IsTrue(st) == 1;
-        cst.now_ok = now == c->time_ns;   /* no injected skew, no custom clock */
+        H.c_stack = PyObject_IsTrue(st) == 1;
+        H.c_now_ok = now == c->time_ns;   /* no injected skew, no custom clock */
         Py_ssize_t n = PyLong_AsSsize_t(cap);
         if (n > 0)
-            buf_max = n;
+            H.buf_max = n;
+        buf_lim_set();
     }
     Py_XDECREF(st); Py_XDECREF(now); Py_XDECREF(cap);
     CLEAR_ERR();
+    counters_sync(NULL);
     if (!ok) {
-        Py_CLEAR(cst.seq); Py_CLEAR(cst.p2p_seq); Py_CLEAR(cst.op_ids); Py_CLEAR(cst.rank);
+        Py_CLEAR(H.c_seq); Py_CLEAR(H.c_p2p_seq); Py_CLEAR(H.c_op_ids); Py_CLEAR(H.c_rank);
         return -1;
     }
-    cst.rec = rec;
+    opids_attach();
+    H.c_rec = rec;
     Py_INCREF(rec);
     return 0;
 }
@@ -1715,7 +1910,7 @@ static COLD int cache_recorder(FastCtx *c, PyObject *rec) {
  * pybind call releasing the GIL, a few us per op of the pipeline sample). Numbers between the last claimed one and this call's first are a gap: handed to
  * torchseq.on_gap, rarely. Errors are cleared, never raised.
  * ------------------------------------------------------------------------------------- */
-static HOT_DATA PyObject *ts_gap;   /* torchseq.on_gap(rec, name, last, lo, op_id, seq), NULL: off */
+/* (H.ts_gap: torchseq.on_gap(rec, name, last, lo, op_id, seq), NULL: off) */
 /* Where the number of a blocking call is read. Right after the call returns, the thread has
  * slept in wait() while gloo's threads, the other ranks and other processes ran: its caches
  * are cold, and torch's getter (a pybind call that releases the GIL) cost 2.3-2.5 us of CPU
@@ -1726,12 +1921,12 @@ static HOT_DATA PyObject *ts_gap;   /* torchseq.on_gap(rec, name, last, lo, op_i
  * Work whose wait commtrace does not wrap, reads it after the call as before). The number
  * is taken when the op is issued, so both reads see the same value. */
 /* (tl.tseq_g: borrowed, the call holds it; tl.tseq_hi: read at wait(), -1: not read) */
-static HOT_DATA int ts_at_wait = 1;   /* 0: read after the call (benchmarks/gapcheck.py compares) */
+/* (H.ts_at_wait: 0: read after the call (benchmarks/gapcheck.py compares)) */
 
-static HOT_DATA PyTypeObject *ts_type;   /* strong: the type whose getter ts_fn is */
-static HOT_DATA PyObject *ts_fn;          /* type(g)._get_sequence_number_for_group, a builtin */
+/* (H.ts_type: strong: the type whose getter ts_fn is) */
+static PyObject *ts_fn;                  /* type(g)._get_sequence_number_for_group, a builtin */
 
-static HOT_DATA unsigned long long n_tseq_reads;   /* torch seq reads (tseq_reads(): tests) */
+/* (H.n_tseq_reads: torch seq reads (tseq_reads(): tests)) */
 
 static long long tseq_got(PyObject *v) {
     long long x = as_ll(v);
@@ -1743,7 +1938,7 @@ static long long tseq_got(PyObject *v) {
     return x;
 }
 
-/* A group of another type than the last one read (ts_type): its getter looked up. The
+/* A group of another type than the last one read (H.ts_type): its getter looked up. The
  * number (or -1), or -2 when ts_fn is now type(g)'s getter (tseq_read calls it). */
 static COLD long long tseq_read_new(PyObject *g) {
     /* torch's getter is a pybind builtin on the class: called with the group as its
@@ -1757,7 +1952,7 @@ static COLD long long tseq_read_new(PyObject *g) {
     if (f != NULL && PyCFunction_Check(f) && !own) {
         Py_XSETREF(ts_fn, f);
         Py_INCREF(Py_TYPE(g));
-        Py_XSETREF(ts_type, Py_TYPE(g));
+        Py_XSETREF(H.ts_type, Py_TYPE(g));
         return -2;
     }
     Py_XDECREF(f);
@@ -1765,16 +1960,16 @@ static COLD long long tseq_read_new(PyObject *g) {
 }
 
 static long long tseq_read(PyObject *g) {
-    n_tseq_reads++;
-    if (UNLIKELY(Py_TYPE(g) != ts_type)) {
+    H.n_tseq_reads++;
+    if (UNLIKELY(Py_TYPE(g) != H.ts_type)) {
         long long x = tseq_read_new(g);
         if (x != -2)
             return x;
     }
-    if (LIKELY(mt_pg_seq != NULL)) {
+    if (LIKELY(H.mt_pg_seq != NULL)) {
         long long x;
-        if (mt_pg_seq(g, &x) == 1) {
-            n_meta_s++;
+        if (H.mt_pg_seq(g, &x) == 1) {
+            H.n_meta_s++;
             return x < 0 ? -1 : x;
         }
     }
@@ -1798,7 +1993,7 @@ static COLD void tseq_gap(FastCtx *c, PyObject *rec, PyObject *g, PyObject *name
         }
     }
     if (name != NULL) {
-        PyObject *x = PyObject_CallFunction(ts_gap, "OOLLLL", rec, name, last, lo, op_id, seq);
+        PyObject *x = PyObject_CallFunction(H.ts_gap, "OOLLLL", rec, name, last, lo, op_id, seq);
         Py_XDECREF(x);
     }
     Py_XDECREF(own);
@@ -1808,41 +2003,49 @@ static COLD void tseq_gap(FastCtx *c, PyObject *rec, PyObject *g, PyObject *name
 /* c: the blocking call's wrapper (name NULL, see tseq_gap), or NULL with the name. */
 static void tseq_after(FastCtx *c, PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *name,
                        long long lo, long long op_id, long long seq, long long hi) {
-    if (ts_gap == NULL || cst.tseqs == NULL || slot < 0)
+    if (H.ts_gap == NULL || H.c_tseqs == NULL || slot < 0)
         return;
     if (hi < 0)   /* not read at the call's wait(): read it now */
         hi = tseq_read(g);
     /* torch's getter releases the GIL: another thread may have switched the recorder */
-    if (hi < 0 || cst.tseqs == NULL || cst.rec != rec)
+    if (hi < 0 || H.c_tseqs == NULL || H.c_rec != rec)
         return;
     if (lo < 0)
         lo = hi - 1;
-    Counters *k = (Counters *)cst.tseqs;
-    long long last = counters_get(k, slot);
-    if (UNLIKELY(lo > last))
+    Counters *k = (Counters *)H.c_tseqs;
+    long long last = slot < H.c_tseq_n ? H.c_tseq_v[slot] : 0;   /* counters_get(k, slot) */
+    if (UNLIKELY(lo > last)) {
+        Py_INCREF(k);   /* on_gap is Python code */
         tseq_gap(c, rec, g, name, last, lo, op_id, seq);
-    if (hi > last)
-        counters_set(k, slot, hi);
+        if (hi > last)
+            counters_set(k, slot, hi);
+        Py_DECREF(k);
+    } else if (hi > last) {
+        if (LIKELY(slot < H.c_tseq_n))
+            H.c_tseq_v[slot] = hi;
+        else
+            counters_set(k, slot, hi);
+    }
 }
 
 /* set_tseq_at_wait(flag) -> the previous flag: a blocking call's number read at its wait()
  * (1, the default) or after the call returns (0). */
 static PyObject *set_tseq_at_wait(PyObject *module, PyObject *arg) {
-    return swap_flag(&ts_at_wait, arg);
+    return swap_flag_c(&H.ts_at_wait, arg);
 }
 
 /* tseq_reads() -> the number of reads of torch's sequence number so far (tests). */
 static PyObject *tseq_reads(PyObject *module, PyObject *unused) {
-    return PyLong_FromUnsignedLongLong(n_tseq_reads);
+    return PyLong_FromUnsignedLongLong(H.n_tseq_reads);
 }
 
 /* set_tseq(on_gap or None): turn the gap check on (off). */
 static PyObject *set_tseq(PyObject *module, PyObject *fn) {
     if (fn == Py_None) {
-        Py_CLEAR(ts_gap);
+        Py_CLEAR(H.ts_gap);
     } else {
         Py_INCREF(fn);
-        Py_XSETREF(ts_gap, fn);
+        Py_XSETREF(H.ts_gap, fn);
     }
     Py_RETURN_NONE;
 }
@@ -2408,7 +2611,7 @@ static PyObject *as_row(Rec *r) {
     for (int i = 0; i < C_NCOL; i++)
         v[i] = NULL;
     v[C_KIND] = as_kind_op; Py_INCREF(as_kind_op);
-    v[C_RANK] = cst.rank; Py_INCREF(cst.rank);
+    v[C_RANK] = H.c_rank; Py_INCREF(H.c_rank);
     v[C_PG] = PyTuple_GET_ITEM(pgf, 0); Py_INCREF(v[C_PG]);
     v[C_PG_SIZE] = PyTuple_GET_ITEM(pgf, 1); Py_INCREF(v[C_PG_SIZE]);
     v[C_SEQ] = ll_obj(r->seq);
@@ -2934,37 +3137,26 @@ static PyObject *async_counts(PyObject *module, PyObject *unused) {
 
 #define SLOW() do { last_slow_line = __LINE__; goto slow; } while (0)
 
-/* The entry checks' last answers and the dict tags they were read under (HAVE_DVER, above):
- * the GIL guards them. Borrowed values: each dict holds its value while its tag is unchanged. */
-static HOT_DATA struct {
-    PyObject *recmod_d; uint64_t recmod_v; PyObject *rec; int rec_ok;
-    PyObject *nvtx_d; uint64_t nvtx_v; int nvtx_ok;            /* NVTX seen inactive */
-    PyObject *rdict; uint64_t rdict_v; long long step; int rd_ok;   /* device timer None */
-    /* The thread state block (tl) of the Python thread that last called a blocking op's
-     * wrapper (thread_st, below), by its PyThreadState and that state's id (ids are never
-     * reused, addresses are: a thread that ended is never matched again). */
-    PyThreadState *ts; uint64_t ts_id; ThreadSt *ts_T;
-} ent __attribute__((aligned(64)));   /* GCC places it first in the section: from a line's start
-                                       * the section's ~370 bytes are six lines, not seven */
+/* (The entry checks' last answers: H.e_*, above.) */
 
 /* This thread's ThreadSt (tl) for a caller holding the GIL. A dlopen'ed module's thread-local
  * is found through __tls_get_addr (the thread's TCB, the TLS generation, its dtv entries and
  * the module's GOT pair: three to five lines, each a miss on cold caches, twice per blocking
  * op: the wrapper and its Work.wait); while one Python thread calls, its PyThreadState (which
- * CPython's own code keeps warm) and its id find the same block in ent's line (issue 20,
+ * CPython's own code keeps warm) and its id find the same block in H's first line (issue 20,
  * session 18). Another thread, or a new one on a reused PyThreadState: the lookup, cached. */
 static NOINLINE ThreadSt *thread_st_slow(PyThreadState *ts) {
     ThreadSt *T = &tl;
-    ent.ts = ts;
-    ent.ts_id = ts->id;
-    ent.ts_T = T;
+    H.e_ts = ts;
+    H.e_ts_id = ts->id;
+    H.e_ts_T = T;
     return T;
 }
 
 static inline ThreadSt *thread_st(void) {
     PyThreadState *ts = PyThreadState_GET();
-    if (LIKELY(ts == ent.ts && ts->id == ent.ts_id))
-        return ent.ts_T;
+    if (LIKELY(ts == H.e_ts && ts->id == H.e_ts_id))
+        return H.e_ts_T;
     return thread_st_slow(ts);
 }
 
@@ -2976,14 +3168,14 @@ static inline ThreadSt *thread_st(void) {
 /* The recorder after recorder.__dict__ changed (or first call): new reference, or NULL for the
  * Python path. */
 static COLD PyObject *ent_rec_refresh(FastCtx *c) {
-    ent.rec_ok = 0;
+    H.e_rec_ok = 0;
     PyObject *rec = c->recmod_d != NULL ? PyDict_GetItemWithError(c->recmod_d, s_recorder) : NULL;
     if (rec != NULL) {
         Py_INCREF(rec);
-        ent.recmod_d = c->recmod_d;
-        ent.recmod_v = DVER(c->recmod_d);
-        ent.rec = rec;   /* borrowed: the dict holds it while its tag is unchanged */
-        ent.rec_ok = HAVE_DVER;
+        H.e_recmod_d = c->recmod_d;
+        Py_INCREF(rec);
+        Py_XSETREF(H.e_rec, rec);   /* strong: a thread may use it once more after a change */
+        H.e_rec_ok = HAVE_DVER;
         return rec;
     }
     CLEAR_ERR();
@@ -3026,7 +3218,7 @@ static COLD int ent_thread_refresh(FastCtx *c, ThreadSt *T, PyObject **api, PyOb
 
 /* NVTX ranges (nvtx_ranges.active) after its module's dict changed: 0 when off, else -1. */
 static COLD int ent_nvtx_refresh(FastCtx *c) {
-    ent.nvtx_ok = 0;
+    H.e_nvtx_ok = 0;
     PyObject *tmp = c->nvtx_d != NULL ? PyDict_GetItemWithError(c->nvtx_d, s_active) : NULL;
     int in_dict = tmp != NULL;
     if (in_dict) {
@@ -3042,9 +3234,8 @@ static COLD int ent_nvtx_refresh(FastCtx *c) {
     if (act != 0)
         return -1;
     if (in_dict && HAVE_DVER) {
-        ent.nvtx_d = c->nvtx_d;
-        ent.nvtx_v = DVER(c->nvtx_d);
-        ent.nvtx_ok = 1;
+        H.e_nvtx_d = c->nvtx_d;
+        H.e_nvtx_ok = 1;
     }
     return 0;
 }
@@ -3052,8 +3243,8 @@ static COLD int ent_nvtx_refresh(FastCtx *c) {
 /* The device timer (must be None here) and the step, from the recorder's __dict__ after it
  * changed: 0 with *step_v, or -1 (the Python path). */
 static COLD int ent_rd_refresh(PyObject *rec, long long *step_v) {
-    PyObject *rd = cst.rdict;
-    ent.rd_ok = 0;
+    PyObject *rd = H.c_rdict;
+    H.e_rd_ok = 0;
     PyObject *dt = rd != NULL ? PyDict_GetItemWithError(rd, s_device_timer) : NULL;
     int in_dict = dt != NULL;
     if (in_dict) {
@@ -3080,10 +3271,9 @@ static COLD int ent_rd_refresh(PyObject *rec, long long *step_v) {
     Py_XDECREF(step);
     CLEAR_ERR();
     if (in_dict && HAVE_DVER) {
-        ent.rdict = rd;
-        ent.rdict_v = DVER(rd);
-        ent.step = *step_v;
-        ent.rd_ok = 1;
+        H.e_rdict_v = DVER(rd);
+        H.e_step = *step_v;
+        H.e_rd_ok = 1;
     }
     return 0;
 }
@@ -3114,24 +3304,45 @@ static COLD int group_refresh(FastCtx *c, PyObject *key) {
         Py_XDECREF(sl);
         CLEAR_ERR();
         c->last_idx = (int)PyLong_AsLong(idx);
-        c->last_gen = pg_gen;
+        c->last_gen = H.pg_gen;
     }
     Py_XDECREF(mem); Py_XDECREF(idx); Py_XDECREF(name);
     return ok ? 0 : -1;
 }
 
+/* Objects a record may hold borrowed (Rec.own): id -> the object, for the life of the
+ * module. Only dtypes and device names go in (a handful per process), each once. */
+static PyObject *kept;
+
+static COLD int keep_obj(PyObject *o) {
+    if (kept == NULL && (kept = PyDict_New()) == NULL)
+        return -1;
+    PyObject *k = PyLong_FromVoidPtr(o);
+    int r = k == NULL ? -1 : PyDict_SetItem(kept, k, o);
+    Py_XDECREF(k);
+    return r;
+}
+
+/* The dtype the C++ reads gave (borrowed), kept (keep_obj) as c's last: 0, or -1. */
+static COLD int keep_dtype(FastCtx *c, PyObject *dtype) {
+    if (keep_obj(dtype) != 0)
+        return -1;
+    c->last_dtype = dtype;
+    return 0;
+}
+
 /* The device's name (dev_names[index], filled by the Python path on first sight and never
- * changed): new reference, kept in c for the next call; NULL (no error) when not named yet. */
+ * changed): borrowed (kept: keep_obj), kept in c for the next call; NULL (no error) when not
+ * named yet. */
 static NOINLINE PyObject *dev_name(FastCtx *c, long long dev_v) {
     PyObject *k = PyLong_FromLongLong(dev_v);
     PyObject *dev = k == NULL ? NULL : PyDict_GetItemWithError(c->dev_names, k);
     Py_XDECREF(k);
-    if (dev == NULL)
+    if (dev == NULL || keep_obj(dev) != 0)
         return NULL;
     Py_INCREF(dev);
     Py_XSETREF(c->last_dev, dev);
     c->last_dev_v = dev_v;
-    Py_INCREF(dev);
     return dev;
 }
 
@@ -3211,7 +3422,7 @@ static PyObject *p2p_seq_next(FastCtx *c, PyObject *d, PyObject *name, PyObject 
 static NOINLINE int peer_root(FastCtx *c, PyObject *const *args, Py_ssize_t nargs,
                               PyObject *kwnames, PyObject **peer, PyObject **root,
                               PyObject **seq) {
-    PyObject *info = c->last_info, *name = c->last_name, *rk = cst.rank;
+    PyObject *info = c->last_info, *name = c->last_name, *rk = H.c_rank;
     int ret = -1;
     /* strong while __index__ of a user's rank argument may run Python code */
     Py_INCREF(info); Py_INCREF(name); Py_INCREF(rk);
@@ -3221,7 +3432,7 @@ static NOINLINE int peer_root(FastCtx *c, PyObject *const *args, Py_ssize_t narg
         *peer = global_rank(info, a0, a1);
         if (*peer == NULL || *peer == Py_None)
             goto out;   /* recv from any source */
-        PyObject *d = cst.p2p_seq;
+        PyObject *d = H.c_p2p_seq;
         if (d != NULL) {
             Py_INCREF(d);
             *seq = c->is_send ? p2p_seq_next(c, d, name, rk, *peer)
@@ -3304,6 +3515,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     PyObject *api = NULL, *detail = NULL;   /* borrowed (the thread's state dict holds them) */
     long long t0, seq_v = -1, tlo = -1, step_v = NONE_LL;
     long long count_v = NONE_LL, outb_v = NONE_LL;   /* read by the C++ reads (count, outb NULL) */
+    unsigned char own = 0;   /* REC_OWN_*: dtype and dev are new references (else borrowed) */
     PyObject *ov_api = NULL, *ov_detail = NULL;   /* ddp_issue's, for this call */
     if (UNLIKELY(T->ov)) {
         ov_api = T->ov_api;
@@ -3312,18 +3524,17 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         T->ov = 0;
     }
 
-    if (pf_on) {
+    if (H.pf_on) {
         /* torch's tensor accessors (not called where the C++ reads read the tensor), the
          * tensor (pf_setup, above) */
-        if (mt_tensor_meta == NULL)
+        if (H.mt_tensor_meta == NULL)
             pf_accessors();
         if (c->x_i >= 0 && c->x_i < nargs)
             __builtin_prefetch(args[c->x_i]);
     }
     /* The recorder (recorder._recorder): the last answer while the module's dict is unchanged. */
-    if (LIKELY(HAVE_DVER && ent.rec_ok && c->recmod_d == ent.recmod_d &&
-               DVER(ent.recmod_d) == ent.recmod_v)) {
-        rec = ent.rec;
+    if (LIKELY(HAVE_DVER && H.e_rec_ok && c->recmod_d == H.e_recmod_d)) {
+        rec = H.e_rec;
         Py_INCREF(rec);
     } else {
         rec = ent_rec_refresh(c);
@@ -3335,9 +3546,9 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         Py_DECREF(rec);
         return PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
     }
-    if (UNLIKELY(cst.rec != rec) && cache_recorder(c, rec) != 0)
+    if (UNLIKELY(H.c_rec != rec) && cache_recorder(c, rec) != 0)
         SLOW();
-    if (UNLIKELY(!cst.now_ok))
+    if (UNLIKELY(!H.c_now_ok))
         SLOW();   /* injected clock skew (tests), a custom clock */
     /* This thread's state (wrappers.tls.__dict__): nested call, coalescing manager,
      * object-collective accumulation go to Python; the api / detail overrides of rows issued
@@ -3356,15 +3567,15 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         }
     }
     /* NVTX ranges (nvtx_ranges.active): checked again only when its module's dict changed. */
-    if (UNLIKELY(!(HAVE_DVER && ent.nvtx_ok && c->nvtx_d == ent.nvtx_d &&
-                   DVER(ent.nvtx_d) == ent.nvtx_v)) && ent_nvtx_refresh(c) != 0)
+    if (UNLIKELY(!(HAVE_DVER && H.e_nvtx_ok && c->nvtx_d == H.e_nvtx_d)) &&
+            ent_nvtx_refresh(c) != 0)
         SLOW();
     /* The device timer (must be None here) and the step: from the recorder's __dict__. */
     {
-        PyObject *rd = cst.rdict;
-        if (LIKELY(HAVE_DVER && ent.rd_ok && rd != NULL && rd == ent.rdict &&
-                   DVER(rd) == ent.rdict_v))
-            step_v = ent.step;
+        PyObject *rd = H.c_rdict;
+        /* (e_rd_ok: read from this c_rdict; cache_recorder clears it) */
+        if (LIKELY(HAVE_DVER && H.e_rd_ok && DVER(rd) == H.e_rdict_v))
+            step_v = H.e_step;
         else if (ent_rd_refresh(rec, &step_v) != 0)
             SLOW();
     }
@@ -3372,7 +3583,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
 
     /* Group -> PgInfo (cached by the Python side on first sight). */
     {
-        PyObject *g = slot(args, nargs, kwnames, c->g_i, c->g_n, c->g_d);
+        PyObject *g = slot_k(c, args, nargs, kwnames, SL_G, c->g_i, c->g_n, c->g_d);
         if (g == Py_None) {
             key = fast_attr(c->world_d, c->world, s_default_pg);   /* new reference */
             if (key == NULL)
@@ -3381,7 +3592,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             key = g;   /* the caller holds it for the call */
             Py_INCREF(key);
         }
-        if (UNLIKELY(key != c->last_key || c->last_gen != pg_gen) && group_refresh(c, key) != 0)
+        if (UNLIKELY(key != c->last_key || c->last_gen != H.pg_gen) && group_refresh(c, key) != 0)
             SLOW();   /* not a member, or first sight: the Python path */
         Py_CLEAR(key);
     }
@@ -3394,7 +3605,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         is_async = 1;
     }
     if (c->a_n != Py_None) {
-        PyObject *a = slot(args, nargs, kwnames, c->a_i, c->a_n, c->a_d);
+        PyObject *a = slot_k(c, args, nargs, kwnames, SL_A, c->a_i, c->a_n, c->a_d);
         int t = a == Py_False || a == Py_None ? 0 : PyObject_IsTrue(a);
         if (UNLIKELY(t != 0)) {
             /* async_op=True: recorded here too (as_issue) when the recorder allows it */
@@ -3405,31 +3616,34 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     }
     /* The tensor: count, dtype, device (bytes = count * itemsize, in the writer). */
     {
-        PyObject *x = slot(args, nargs, kwnames, c->x_i, c->x_n, c->x_d);
+        PyObject *x = slot_k(c, args, nargs, kwnames, SL_X, c->x_i, c->x_n, c->x_d);
         x_arg = x;
         if (x == Py_None)
             SLOW();
         long long dev_v;
-        if (LIKELY(mt_tensor_meta != NULL) && exact_tensor(x) &&
-                mt_tensor_meta(x, &count_v, &dtype, &dev_v) == 1) {
-            Py_INCREF(dtype);   /* borrowed from torch's dtype objects */
-            n_meta_t++;
+        if (LIKELY(H.mt_tensor_meta != NULL) && exact_tensor(x) &&
+                H.mt_tensor_meta(x, &count_v, &dtype, &dev_v) == 1) {
+            /* dtype and dev borrowed (kept: the record holds them so, no refcount writes) */
+            H.n_meta_t++;
+            if (UNLIKELY(dtype != c->last_dtype) && keep_dtype(c, dtype) != 0)
+                SLOW();
             if (LIKELY(c->last_dev != NULL && c->last_dev_v == dev_v)) {
                 dev = c->last_dev;
-                Py_INCREF(dev);
             } else if ((dev = dev_name(c, dev_v)) == NULL) {
                 SLOW();   /* first tensor on this device: the Python path names it */
             }
-        } else if (tensor_facts_py(c, x, &count, &dtype, &dev) != 0) {
-            SLOW();
+        } else {
+            own = REC_OWN_DTYPE | REC_OWN_DEV;   /* new references */
+            if (tensor_facts_py(c, x, &count, &dtype, &dev) != 0)
+                SLOW();
         }
         if (c->has_y) {
-            PyObject *y = slot(args, nargs, kwnames, c->y_i, c->y_n, c->y_d);
+            PyObject *y = slot_k(c, args, nargs, kwnames, SL_Y, c->y_i, c->y_n, c->y_d);
             if (y == Py_None)
                 SLOW();
             y_arg = y;
-            if (!(exact_tensor(y) && mt_tensor_nbytes != NULL &&
-                  mt_tensor_nbytes(y, &outb_v) == 1)) {
+            if (!(exact_tensor(y) && H.mt_tensor_nbytes != NULL &&
+                  H.mt_tensor_nbytes(y, &outb_v) == 1)) {
                 outb = PyObject_GetAttr(y, s_nbytes);
                 if (outb == NULL)
                     SLOW();
@@ -3443,11 +3657,14 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             SLOW();
     }
     if (!c->has_peer) {
-        if (LIKELY(cst.counters != NULL && c->last_slot >= 0) &&
-                (seq_v = counters_next((Counters *)cst.counters, c->last_slot)) >= 0) {
+        Py_ssize_t sl = c->last_slot;
+        if (LIKELY(sl >= 0 && sl < H.c_seq_n)) {
+            seq_v = H.c_seq_v[sl]++;   /* counters_next, from H's copy of the array */
+        } else if (LIKELY(H.c_counters != NULL && sl >= 0) &&
+                (seq_v = counters_next((Counters *)H.c_counters, sl)) >= 0) {
             /* taken, as seq_v (no int object) */
-        } else if (cst.seq != NULL) {
-            PyObject *d = cst.seq;
+        } else if (H.c_seq != NULL) {
+            PyObject *d = H.c_seq;
             Py_INCREF(d);
             seq = dict_next(d, c->last_name, -1);
             Py_DECREF(d);
@@ -3470,30 +3687,33 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         r.count = count != NULL ? as_ll(count) : count_v;
         r.outb = outb != NULL ? as_ll(outb) : outb_v;
         r.thread = PyThread_get_thread_ident();
-        if (cst.stack)
-            site = call_site(c);
+        int site_own = 1;
+        if (H.c_stack)
+            site = call_site(c, &site_own);
         if (site == NULL) {
             CLEAR_ERR();
             site = Py_None;
             Py_INCREF(site);
+            site_own = 1;
         }
-        if (LIKELY(Py_TYPE(cst.op_ids) == &OpIdsType)) {
-            r.op_id = ((OpIds *)cst.op_ids)->next++;
+        if (LIKELY(H.c_op_c)) {
+            r.op_id = H.c_op_next++;   /* the OpIds' value, held in H (opids_attach) */
         } else {
-            op_id = PyIter_Next(cst.op_ids);
+            op_id = PyIter_Next(H.c_op_ids);
             r.op_id = as_ll(op_id);
         }
-        /* the row takes the references of site, dtype and dev */
+        /* the row takes site, dtype and dev (their references where owned) */
+        r.own = own | (site_own ? REC_OWN_SITE : 0);
         r.site = site; site = NULL;
         r.api = api; Py_INCREF(api);
         r.detail = detail; Py_INCREF(detail);
         r.dtype = dtype; dtype = NULL;
         r.dev = dev; dev = NULL;
         CLEAR_ERR();
-        n_fast++;
+        H.n_fast++;
         long long t_opid = r.op_id, t_seq = r.seq;
         Py_ssize_t tslot = -1;
-        if (ts_gap != NULL && c->last_tseq && c->last_key != NULL) {
+        if (H.ts_gap != NULL && c->last_tseq && c->last_key != NULL) {
             tkey = c->last_key; Py_INCREF(tkey);
             tslot = c->last_slot;
             /* A point-to-point op reads the number before the call too, unless its group
@@ -3513,11 +3733,11 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         }
         /* In flight while the call runs (_inflight.json, final flush): a slot of its own. */
         int slot_i = -1;
-        if (LIKELY(~inprog_used != 0)) {
-            slot_i = __builtin_ctzll(~inprog_used);
-            inprog_used |= 1ULL << slot_i;
-            inprog_taken &= ~(1ULL << slot_i);
-            inprog[slot_i] = r;
+        if (LIKELY(~H.inprog_used != 0)) {
+            slot_i = __builtin_ctzll(~H.inprog_used);
+            H.inprog_used |= 1ULL << slot_i;
+            H.inprog_taken &= ~(1ULL << slot_i);
+            inprog[slot_i] = &r;   /* r stays here until the slot is freed */
         }
         /* What the row took is in r: let go of the rest now, while it is warm (after the
          * wait it is not). */
@@ -3530,7 +3750,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         /* A plain collective's number is read at its wait() (tl.tseq_g, above tseq_after), and
          * so is a point-to-point op's on a group that numbers each (p2p_one). */
         T->tseq_hi = -1;
-        T->tseq_g = tkey != NULL && (!c->has_peer || c->last_p2p1) && ts_at_wait ? tkey : NULL;
+        T->tseq_g = tkey != NULL && (!c->has_peer || c->last_p2p1) && H.ts_at_wait ? tkey : NULL;
         /* The user's call. */
         ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
         long long t1 = now_ns();
@@ -3541,27 +3761,18 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         T->tseq_hi = -1;
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
-        int taken = 0;
-        Rec *rp = &r;
-        if (LIKELY(slot_i >= 0)) {
-            taken = (inprog_taken >> slot_i) & 1;
-            if (LIKELY(!taken && ret != NULL))
-                rp = &inprog[slot_i];   /* pushed from its slot: not copied back (cold lines);
-                                         * no Python code runs before the slot is freed */
-            else
-                r = inprog[slot_i];     /* the paths below run Python code: a copy */
-        }
-        rp->t1 = t1;
+        int taken = slot_i >= 0 && ((H.inprog_taken >> slot_i) & 1);
+        r.t1 = t1;
         if (UNLIKELY(taken)) {
             inprog_free(slot_i);
-            rec_release(rp);   /* a final flush wrote it as never completed */
+            rec_release(&r);   /* a final flush wrote it as never completed */
         } else if (UNLIKELY(ret == NULL)) {
             inprog_free(slot_i);
-            blk_error(c, rec, rp, t1, &et, &ev, &etb);
+            blk_error(c, rec, &r, t1, &et, &ev, &etb);
             if (tkey != NULL)   /* a call that raised may still have issued its number */
                 tseq_after(c, rec, tkey, tslot, NULL, tlo, t_opid, t_seq, -1);
         } else {
-            buf_push(rp);      /* takes the references, or releases them when full */
+            buf_push(&r);      /* takes the references, or releases them when full */
             inprog_free(slot_i);
             if (tkey != NULL)
                 tseq_after(c, rec, tkey, tslot, NULL, tlo, t_opid, t_seq, thi);
@@ -3579,8 +3790,11 @@ slow:
     else
         ret = PyObject_Vectorcall(c->slow, args, nargsf, kwnames);
 done:
-    Py_XDECREF(rec); Py_XDECREF(key); Py_XDECREF(count); Py_XDECREF(dtype);
-    Py_XDECREF(dev); Py_XDECREF(outb); Py_XDECREF(peer); Py_XDECREF(root); Py_XDECREF(seq);
+    if (own & REC_OWN_DTYPE)
+        Py_XDECREF(dtype);
+    if (own & REC_OWN_DEV)
+        Py_XDECREF(dev);
+    Py_XDECREF(rec); Py_XDECREF(key); Py_XDECREF(count); Py_XDECREF(outb); Py_XDECREF(peer); Py_XDECREF(root); Py_XDECREF(seq);
     Py_XDECREF(site); Py_XDECREF(op_id); Py_XDECREF(tkey);
     return ret;
 }
@@ -3610,6 +3824,12 @@ static PyObject *make_ctx(PyObject *module, PyObject *args) {
     Py_INCREF(c->time_ns); Py_INCREF(c->code_internal); Py_INCREF(c->site_pairs);
     Py_INCREF(c->site_of_frame); Py_INCREF(c->dev_names); Py_INCREF(c->fact);
     c->fact_i = (int)PyLong_AsLong(c->fact);
+    if (c->fact_i < 0 || c->fact_i > SHRT_MAX) {   /* Rec.fact: an index in FAST_SPECS */
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "fact: an index in FAST_SPECS");
+        Py_DECREF(c);
+        return NULL;
+    }
     c->recmod_d = dict_of(c->recmod);
     c->nvtx_d = dict_of(c->nvtx);
     c->world_d = dict_of(c->world);
@@ -3649,7 +3869,7 @@ static PyObject *make_ctx(PyObject *module, PyObject *args) {
 }
 
 static PyObject *counts(PyObject *module, PyObject *unused) {
-    return Py_BuildValue("(KKi)", n_fast, n_slow, last_slow_line);
+    return Py_BuildValue("(KKi)", H.n_fast, n_slow, last_slow_line);
 }
 
 
@@ -3692,7 +3912,7 @@ static NOINLINE PyObject *wait_other(WaitW *w, PyObject *const *args, size_t nar
     }
     int idle = rec == Py_None;
     if (!idle) {
-        PyObject *bk = fast_attr(rec == cst.rec ? cst.rdict : NULL, rec, s_by_key);
+        PyObject *bk = fast_attr(rec == H.c_rec ? H.c_rdict : NULL, rec, s_by_key);
         idle = bk != NULL && PyDict_Check(bk) && PyDict_GET_SIZE(bk) == 0;
         Py_XDECREF(bk);
         CLEAR_ERR();
@@ -3841,9 +4061,16 @@ static PyObject *depth(PyObject *module, PyObject *unused) {
     return PyBool_FromLong(tl.depth);
 }
 
+/* entry_changed(): recorder._recorder or nvtx_ranges.active was assigned (their dicts' tags
+ * are not read per op: H.e_rec_ok, H.e_nvtx_ok). */
+static PyObject *entry_changed(PyObject *module, PyObject *unused) {
+    H.e_rec_ok = H.e_nvtx_ok = 0;
+    Py_RETURN_NONE;
+}
+
 static PyObject *invalidate(PyObject *module, PyObject *unused) {
-    pg_gen++;
-    ent.rec_ok = ent.nvtx_ok = ent.rd_ok = 0;
+    H.pg_gen++;
+    H.e_rec_ok = H.e_nvtx_ok = H.e_rd_ok = 0;
     for (Py_ssize_t i = 0; i < n_ctxs; i++) {
         FastCtx *c = ctxs[i];
         Py_CLEAR(c->last_key); Py_CLEAR(c->last_name); Py_CLEAR(c->last_info);
@@ -4077,7 +4304,7 @@ static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *de
          * accessors' answer), else the accessors */
         long long n_v, d = 0;
         PyObject *dt = NULL;
-        if (mt_tensor_meta != NULL && mt_tensor_meta(buf, &n_v, &dt, &d) == 1) {
+        if (H.mt_tensor_meta != NULL && H.mt_tensor_meta(buf, &n_v, &dt, &d) == 1) {
             Py_INCREF(dt);   /* borrowed from torch's dtype objects */
         } else {
             PyObject *dev = PyObject_Vectorcall(t_getdev, &buf, 1, NULL);
@@ -4727,6 +4954,7 @@ static PyMethodDef methods[] = {
     {"counts", counts, METH_NOARGS,
      "(calls recorded in C, calls handed to the Python wrapper, source line of the last)."},
     {"invalidate", invalidate, METH_NOARGS, "Forget cached process-group facts (and the groups)."},
+    {"entry_changed", entry_changed, METH_NOARGS, "recorder._recorder or nvtx_ranges.active was assigned."},
     {"instancemethod", instancemethod, METH_O, "Wrap a callable as a C++ class method."},
     {"around", around, METH_VARARGS, "around(orig, before, after): call orig from C between them."},
     {"depth", depth, METH_NOARGS, "True while this thread is inside a call the C path records."},

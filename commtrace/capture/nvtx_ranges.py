@@ -16,6 +16,7 @@ nothing). Without the ``nvtx`` package, ranges are off (logged once), never an e
 from __future__ import annotations
 
 import os
+import sys
 
 from . import log
 
@@ -47,8 +48,24 @@ def profiler_attached(environ=None) -> bool:
                 or env.get("COMMTRACE_NVTX_FORCE") == "1")
 
 
+def _entry_changed() -> None:
+    # The C fast path keeps `active` seen False until told it changed (recorder._entry_changed):
+    # every assignment of `active` after import is followed by this call.
+    m = sys.modules.get("commtrace.capture._fastpath")
+    f = getattr(m, "entry_changed", None)
+    if f is not None:
+        f()
+
+
 def install(enabled: bool = True) -> bool:
     """Turn ranges on when `enabled` and a tool is attached. Idempotent; never raises."""
+    try:
+        return _install(enabled)
+    finally:
+        _entry_changed()
+
+
+def _install(enabled: bool) -> bool:
     global active, _domain
     if not enabled or not profiler_attached():
         active = False
@@ -68,6 +85,7 @@ def install(enabled: bool = True) -> bool:
 def uninstall() -> None:
     global active
     active = False
+    _entry_changed()
 
 
 def _attrs(op, nbytes, pg, seq):

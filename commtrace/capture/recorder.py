@@ -661,6 +661,18 @@ if os.environ.get("COMMTRACE_PURE_PYTHON", "") in ("", "0"):
 _service_pass = getattr(_cfast, "service_pass", None)
 
 _recorder: "Recorder | None" = None
+
+
+def _entry_changed() -> None:
+    # The C fast path keeps _recorder (and nvtx_ranges.active) from its last read until told
+    # it changed, not by this module dict's tag per op (issue 20): every assignment of
+    # _recorder is followed by this call.
+    f = getattr(_cfast, "entry_changed", None)
+    if f is not None:
+        f()
+
+
+_entry_changed()   # a reload assigned _recorder above
 _part_counter = 0  # process-wide, so a second recorder in the same process never overwrites
 _part_lock = threading.Lock()
 
@@ -669,6 +681,7 @@ def _forget_after_fork() -> None:
     # A forked child inherits the parent's recorder without its writer thread: drop it.
     global _recorder
     _recorder = None
+    _entry_changed()
 
 
 if hasattr(os, "register_at_fork"):
@@ -683,6 +696,7 @@ def get_recorder() -> "Recorder | None":
 def _set_recorder(rec: "Recorder | None") -> None:
     global _recorder
     _recorder = rec
+    _entry_changed()
 
 
 def _next_part_index() -> int:
