@@ -76,28 +76,27 @@
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    /* -- read by every call on the fast path -- */
+    /* -- read by every call on the fast path: three lines (ctx_new aligns the object to a
+     * line; four or five from malloc's 16 bytes before session 19) -- */
     PyObject *recmod_d, *nvtx_d;  /* recorder's and nvtx_ranges' module __dict__ (fast_attr) */
     PyObject *last_key;    /* the group of the last call, and its PgInfo facts */
     unsigned long long last_gen;
     PyObject *last_name;
-    PyObject *last_info;
-    PyObject *g_n, *g_d, *x_n, *x_d, *a_n, *a_d;   /* argument names and defaults */
+    /* The keyword names of the last call with keywords (strong: a tuple, so the same object
+     * has the same names), and where in it the slots g, x, y, a are (kw_j; -1: not given): a
+     * call site's keywords are one constant tuple, so a blocking op does not read the tuple or
+     * its strings (slot_k; issue 20, session 19). */
+    PyObject *kw_tup;
+    PyObject *g_n, *g_d, *a_n, *a_d;   /* argument names and defaults */
     PyObject *orig;        /* torch's function */
-    PyObject *dev_names;   /* device index -> name */
     PyObject *last_dev;    /* dev_names[last_dev_v] (strong, and kept: keep_obj), or NULL */
     long long last_dev_v;
     PyObject *last_dtype;  /* the last dtype the C++ reads gave (kept: keep_obj), or NULL */
-    /* The keyword names of the last call with keywords (strong: a tuple, so the same object
-     * has the same names), and where in it the slots g, x, y, a are (-1: not given): a call
-     * site's keywords are one constant tuple, so a blocking op does not read the tuple or its
-     * strings (slot_k; issue 20, session 19). */
-    PyObject *kw_tup;
-    signed char kw_j[4];
     Py_ssize_t last_slot;     /* its seq slot (recorder.seq_slot), -1: none */
     int g_i, x_i, a_i;        /* argument positions */
     int last_idx;
     int fact_i;
+    signed char kw_j[4];
     char last_tseq;           /* its torch seq is read around calls (PgInfo.tseq) */
     char last_p2p1;           /* its p2p ops issue one torch seq each (PgInfo.p2p_one) */
     char has_y;               /* a second (output) tensor argument: out_bytes = y.nbytes */
@@ -106,6 +105,10 @@ typedef struct {
     char is_send;
     char always_async;        /* isend / irecv: every call is async (ApiSpec.always_async) */
     /* -- the rest: first sight, other ops, slow paths -- */
+    void *raw;             /* what ctx_new allocated (ctx_dealloc frees it) */
+    PyObject *last_info;
+    PyObject *x_n, *x_d;
+    PyObject *dev_names;   /* device index -> name */
     PyObject *dict;        /* attributes (functools.update_wrapper, __commtrace_original__) */
     PyObject *slow;        /* the Python wrapper: slow(*args, **kwargs) */
     PyObject *on_error;    /* on_error(rec, pre, t1, exc) */
@@ -216,14 +219,18 @@ static HOT_DATA struct {
     Py_ssize_t buf_len;
     Py_ssize_t buf_lim;          /* min(buf_alloc, buf_max): buf_push grows or drops from it */
     /* -- line 3 -- */
-    PyObject *c_tseqs;           /* its _tseqs (Counters): last torch seq per slot, or NULL */
-    long long *c_tseq_v; Py_ssize_t c_tseq_n;
+    /* c_tseqs' array (lane) where c_tseqs is the pair of c_counters (one array: its bound is
+     * c_seq_n), else NULL: then c_tseqs is read through counters_get / counters_set */
+    long long *c_tseq_v;
     PyObject *ts_gap;            /* torchseq.on_gap(rec, name, last, lo, op_id, seq), NULL: off */
     PyTypeObject *ts_type;       /* strong: the type whose getter ts_fn is */
     int (*mt_pg_seq)(PyObject *, long long *);
     unsigned long long n_meta_s; /* torch seq reads the C++ reads answered */
     unsigned long long n_tseq_reads;   /* torch seq reads (tseq_reads(): tests) */
+    unsigned long e_thread;      /* PyThread_get_thread_ident() of e_ts's thread */
+    struct Rec_s *inprog0;       /* inprog's slot 0 (inprog_ref) */
     /* -- the rest: not per op -- */
+    PyObject *c_tseqs;           /* its _tseqs (Counters): last torch seq per slot, or NULL */
     PyObject *t_types;           /* torch's exact tensor types (exact_tensor) */
     PyTypeObject *t_type1;
     int (*mt_tensor_nbytes)(PyObject *, long long *);
@@ -232,7 +239,7 @@ static HOT_DATA struct {
     PyObject *c_counters;        /* its _seqs (Counters), or NULL: the seq dict */
 } H __attribute__((aligned(64))) = {.pg_gen = 1, .pf_on = 1, .ts_at_wait = 1, .buf_max = 200000};
 _Static_assert(offsetof(__typeof__(H), c_rec) == 64 && offsetof(__typeof__(H), pg_gen) == 128 &&
-               offsetof(__typeof__(H), c_tseqs) == 192 && offsetof(__typeof__(H), t_types) == 256,
+               offsetof(__typeof__(H), c_tseq_v) == 192 && offsetof(__typeof__(H), c_tseqs) == 256,
                "H: the lines a blocking op reads");
 
 /* buf_lim after buf_alloc or buf_max changed. */
@@ -279,10 +286,30 @@ static void ctx_unregister(FastCtx *c) {
         }
 }
 
+_Static_assert(offsetof(FastCtx, kw_tup) == 64 && offsetof(FastCtx, last_dtype) == 128 &&
+               offsetof(FastCtx, raw) <= 192, "FastCtx: a blocking op's fields in three lines");
+
+static PyTypeObject FastCtxType;
+
+/* A new context, its fields zero, at the start of a line (the type is not subclassable and
+ * not collected by the GC: a plain PyObject_Malloc block, freed by ctx_dealloc). */
+static FastCtx *ctx_new(void) {
+    char *raw = (char *)PyObject_Malloc(sizeof(FastCtx) + 64);
+    if (raw == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    FastCtx *c = (FastCtx *)(raw + ((64 - ((uintptr_t)raw & 63)) & 63));
+    memset(c, 0, sizeof(FastCtx));
+    c->raw = raw;
+    PyObject_Init((PyObject *)c, &FastCtxType);
+    return c;
+}
+
 static void ctx_dealloc(FastCtx *c) {
     ctx_unregister(c);
     ctx_clear_refs(c);
-    Py_TYPE(c)->tp_free((PyObject *)c);
+    PyObject_Free(c->raw);
 }
 
 static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
@@ -330,36 +357,6 @@ static PyTypeObject FastCtxType = {
     .tp_doc = "A torch.distributed function recorded by commtrace (see __wrapped__).",
 };
 
-/* Slot value: args[i] if i < n else the keyword `name`, else its default. Borrowed. */
-static PyObject *slot(PyObject *const *a, Py_ssize_t n, PyObject *kwn, Py_ssize_t i,
-                      PyObject *name, PyObject *dflt) {
-    if (i < n)
-        return a[i];
-    if (name != Py_None && kwn != NULL) {
-        Py_ssize_t nk = PyTuple_GET_SIZE(kwn);
-        for (Py_ssize_t j = 0; j < nk; j++) {
-            PyObject *k = PyTuple_GET_ITEM(kwn, j);
-            if (k == name)
-                return a[n + j];
-        }
-        for (Py_ssize_t j = 0; j < nk; j++) {
-            PyObject *k = PyTuple_GET_ITEM(kwn, j);
-            /* two interned strings are equal only when they are one object (make_ctx interns
-             * the names; the compiler interns a call's keyword names): no compare, whose
-             * code is cold at 2 ranks (issue 20, session 14) */
-            if (PyUnicode_CheckExact(k) && PyUnicode_CHECK_INTERNED(k) &&
-                    PyUnicode_CheckExact(name) && PyUnicode_CHECK_INTERNED(name))
-                continue;
-            int eq = PyUnicode_Compare(k, name);
-            if (eq == 0)
-                return a[n + j];
-            if (eq == -1 && PyErr_Occurred())
-                CLEAR_ERR();
-        }
-    }
-    return dflt;
-}
-
 /* Where `name` is in the keyword names kwn (slot's rule), or -1. */
 static int kw_index(PyObject *kwn, PyObject *name) {
     if (name == Py_None)
@@ -370,6 +367,9 @@ static int kw_index(PyObject *kwn, PyObject *name) {
             return (int)j;
     for (Py_ssize_t j = 0; j < nk; j++) {
         PyObject *k = PyTuple_GET_ITEM(kwn, j);
+        /* two interned strings are equal only when they are one object (make_ctx interns
+         * the names; the compiler interns a call's keyword names): no compare, whose
+         * code is cold at 2 ranks (issue 20, session 14) */
         if (PyUnicode_CheckExact(k) && PyUnicode_CHECK_INTERNED(k) &&
                 PyUnicode_CheckExact(name) && PyUnicode_CHECK_INTERNED(name))
             continue;
@@ -380,6 +380,15 @@ static int kw_index(PyObject *kwn, PyObject *name) {
             CLEAR_ERR();
     }
     return -1;
+}
+
+/* Slot value: args[i] if i < n else the keyword `name`, else its default. Borrowed. */
+static PyObject *slot(PyObject *const *a, Py_ssize_t n, PyObject *kwn, Py_ssize_t i,
+                      PyObject *name, PyObject *dflt) {
+    if (i < n)
+        return a[i];
+    int j = kwn != NULL ? kw_index(kwn, name) : -1;
+    return j >= 0 ? a[n + j] : dflt;
 }
 
 #define SL_G 0
@@ -423,32 +432,46 @@ static inline long long now_ns(void) {
 
 /* ---------------------------------------------------------------------------------------
  * Per-recorder collective seq counters, by slot (recorder.seq_slot(pg name)): one C array
- * shared by the C path and the Python paths (Recorder.next_seq).
+ * shared by the C path and the Python paths (Recorder.next_seq). A Counters and its pair()
+ * (the recorder's _seqs and _tseqs: the last torch seq claimed per slot) share one array,
+ * slot i's two values side by side: a blocking op reads and writes both, one line (issue 20,
+ * session 19).
  * ------------------------------------------------------------------------------------- */
-typedef struct {
+typedef struct Counters_s {
     PyObject_HEAD
-    long long *v;
-    Py_ssize_t n;
+    long long *v;       /* the base's: 2 values per slot (lane 0: the base's, lane 1: its pair's) */
+    Py_ssize_t n;       /* the base's: slots */
+    struct Counters_s *base;   /* a pair(): its base (strong), else NULL */
 } Counters;
+
+#define CT_BASE(k) ((k)->base != NULL ? (k)->base : (k))
+#define CT_LANE(k) ((k)->base != NULL ? 1 : 0)
 
 static void counters_sync(PyObject *k);
 
-static long long counters_next(Counters *k, Py_ssize_t slot) {
+/* &k's value of slot, the array grown to hold it; NULL when slot < 0 or out of memory. */
+static long long *counters_at(Counters *k, Py_ssize_t slot) {
     if (slot < 0)
-        return -1;
-    if (slot >= k->n) {
-        Py_ssize_t n = k->n ? k->n : 16;
+        return NULL;
+    Counters *b = CT_BASE(k);
+    if (slot >= b->n) {
+        Py_ssize_t n = b->n ? b->n : 16;
         while (n <= slot)
             n *= 2;
-        long long *nv = (long long *)PyMem_RawRealloc(k->v, (size_t)n * sizeof(long long));
+        long long *nv = (long long *)PyMem_RawRealloc(b->v, (size_t)n * 2 * sizeof(long long));
         if (nv == NULL)
-            return -1;
-        memset(nv + k->n, 0, (size_t)(n - k->n) * sizeof(long long));
-        k->v = nv;
-        k->n = n;
-        counters_sync((PyObject *)k);
+            return NULL;
+        memset(nv + 2 * b->n, 0, (size_t)(n - b->n) * 2 * sizeof(long long));
+        b->v = nv;
+        b->n = n;
+        counters_sync((PyObject *)b);
     }
-    return k->v[slot]++;
+    return &b->v[2 * slot + CT_LANE(k)];
+}
+
+static long long counters_next(Counters *k, Py_ssize_t slot) {
+    long long *p = counters_at(k, slot);
+    return p != NULL ? (*p)++ : -1;
 }
 
 static PyObject *counters_next_py(PyObject *self, PyObject *arg) {
@@ -464,19 +487,24 @@ static PyObject *counters_next_py(PyObject *self, PyObject *arg) {
 }
 
 static void counters_dealloc(Counters *k) {
-    PyMem_RawFree(k->v);
+    if (k->base != NULL)
+        Py_DECREF(k->base);
+    else
+        PyMem_RawFree(k->v);
     Py_TYPE(k)->tp_free((PyObject *)k);
 }
 
 /* The slot's value (0 when never set), and set it: the last torch seq recorded per group
  * (recorder._tseqs, see torchseq.py) uses these. */
 static long long counters_get(Counters *k, Py_ssize_t slot) {
-    return slot >= 0 && slot < k->n ? k->v[slot] : 0;
+    Counters *b = CT_BASE(k);
+    return slot >= 0 && slot < b->n ? b->v[2 * slot + CT_LANE(k)] : 0;
 }
 
 static void counters_set(Counters *k, Py_ssize_t slot, long long v) {
-    if (counters_next(k, slot) >= 0)   /* grows the array to hold slot */
-        k->v[slot] = v;
+    long long *p = counters_at(k, slot);   /* grows the array to hold slot */
+    if (p != NULL)
+        *p = v;
 }
 
 static PyObject *counters_get_py(PyObject *self, PyObject *arg) {
@@ -499,8 +527,26 @@ static PyObject *counters_set_py(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyTypeObject CountersType;
+
+/* pair() -> a Counters of its own values sharing this one's array (side by side per slot). */
+static PyObject *counters_pair(PyObject *self, PyObject *unused) {
+    Counters *k = (Counters *)self;
+    if (k->base != NULL) {
+        PyErr_SetString(PyExc_ValueError, "pair() of a pair");
+        return NULL;
+    }
+    Counters *p = (Counters *)CountersType.tp_alloc(&CountersType, 0);
+    if (p == NULL)
+        return NULL;
+    Py_INCREF(k);
+    p->base = k;
+    return (PyObject *)p;
+}
+
 static PyMethodDef counters_methods[] = {
     {"next", counters_next_py, METH_O, "next(slot) -> the slot's next value (0, 1, ...)."},
+    {"pair", counters_pair, METH_NOARGS, "pair() -> another Counters sharing this one's array."},
     {"get", counters_get_py, METH_O, "get(slot) -> the slot's value (0 when never set)."},
     {"set", counters_set_py, METH_VARARGS, "set(slot, value)."},
     {NULL},
@@ -1140,7 +1186,11 @@ static unsigned long long n_dropped;
  * call made it, on the stack of ctx_vectorcall (live until the call returns and the slot is
  * freed; read and written under the GIL). Written once per op, not copied into a slot and
  * again into buf (issue 20, session 19: two memory lines less per cold op). */
-static Rec *inprog[MAX_INPROG] __attribute__((aligned(64)));
+static Rec *inprog[MAX_INPROG];   /* slot 0: H.inprog0, a line a blocking op reads anyway */
+
+static inline Rec **inprog_ref(int i) {
+    return i == 0 ? &H.inprog0 : &inprog[i];
+}
 _Static_assert(sizeof(Rec) == 128, "Rec: two lines");
 /* (H.inprog_used, H.inprog_taken: bit i: inprog[i] used, taken) */
 
@@ -1801,7 +1851,7 @@ static PyObject *in_progress(PyObject *module, PyObject *args) {
             continue;
         if (take)
             H.inprog_taken |= 1ULL << i;
-        PyObject *pre = rec_pre(inprog[i]);
+        PyObject *pre = rec_pre(*inprog_ref(i));
         if (pre == NULL || PyList_Append(out, pre) != 0)
             CLEAR_ERR();
         Py_XDECREF(pre);
@@ -1825,13 +1875,15 @@ static PyObject *buffered(PyObject *module, PyObject *unused) {
 
 /* H's copies of its Counters' arrays, after k (any Counters) grew or H.c_* changed. */
 static void counters_sync(PyObject *k) {
-    if (k != NULL && k != H.c_counters && k != H.c_tseqs)
-        return;
     Counters *a = (Counters *)H.c_counters, *b = (Counters *)H.c_tseqs;
-    H.c_seq_v = a != NULL ? a->v : NULL;
-    H.c_seq_n = a != NULL ? a->n : 0;
-    H.c_tseq_v = b != NULL ? b->v : NULL;
-    H.c_tseq_n = b != NULL ? b->n : 0;
+    if (k != NULL && (a == NULL || (PyObject *)CT_BASE(a) != k) &&
+            (b == NULL || (PyObject *)CT_BASE(b) != k))
+        return;
+    /* c_seq_v[2 * slot], c_tseq_v[2 * slot]: each one's lane of its base's array */
+    H.c_seq_v = a != NULL && CT_BASE(a)->v != NULL ? CT_BASE(a)->v + CT_LANE(a) : NULL;
+    H.c_seq_n = a != NULL ? CT_BASE(a)->n : 0;
+    H.c_tseq_v = a != NULL && b != NULL && CT_BASE(a) == CT_BASE(b) && CT_BASE(b)->v != NULL
+                 ? CT_BASE(b)->v + CT_LANE(b) : NULL;   /* paired: bound c_seq_n */
 }
 
 /* op_ids's next value back into the object (it is no longer H's), or into H.c_op_next. */
@@ -2003,17 +2055,19 @@ static COLD void tseq_gap(FastCtx *c, PyObject *rec, PyObject *g, PyObject *name
 /* c: the blocking call's wrapper (name NULL, see tseq_gap), or NULL with the name. */
 static void tseq_after(FastCtx *c, PyObject *rec, PyObject *g, Py_ssize_t slot, PyObject *name,
                        long long lo, long long op_id, long long seq, long long hi) {
-    if (H.ts_gap == NULL || H.c_tseqs == NULL || slot < 0)
+    /* (H.c_tseq_v != NULL implies H.c_tseqs != NULL: its pair, one array) */
+    if (H.ts_gap == NULL || slot < 0 || (H.c_tseq_v == NULL && H.c_tseqs == NULL))
         return;
     if (hi < 0)   /* not read at the call's wait(): read it now */
         hi = tseq_read(g);
     /* torch's getter releases the GIL: another thread may have switched the recorder */
-    if (hi < 0 || H.c_tseqs == NULL || H.c_rec != rec)
+    if (hi < 0 || (H.c_tseq_v == NULL && H.c_tseqs == NULL) || H.c_rec != rec)
         return;
     if (lo < 0)
         lo = hi - 1;
     Counters *k = (Counters *)H.c_tseqs;
-    long long last = slot < H.c_tseq_n ? H.c_tseq_v[slot] : 0;   /* counters_get(k, slot) */
+    int here = H.c_tseq_v != NULL && slot < H.c_seq_n;   /* the array in H, else k's */
+    long long last = here ? H.c_tseq_v[2 * slot] : counters_get(k, slot);
     if (UNLIKELY(lo > last)) {
         Py_INCREF(k);   /* on_gap is Python code */
         tseq_gap(c, rec, g, name, last, lo, op_id, seq);
@@ -2021,8 +2075,8 @@ static void tseq_after(FastCtx *c, PyObject *rec, PyObject *g, Py_ssize_t slot, 
             counters_set(k, slot, hi);
         Py_DECREF(k);
     } else if (hi > last) {
-        if (LIKELY(slot < H.c_tseq_n))
-            H.c_tseq_v[slot] = hi;
+        if (LIKELY(here))
+            H.c_tseq_v[2 * slot] = hi;
         else
             counters_set(k, slot, hi);
     }
@@ -3150,6 +3204,7 @@ static NOINLINE ThreadSt *thread_st_slow(PyThreadState *ts) {
     H.e_ts = ts;
     H.e_ts_id = ts->id;
     H.e_ts_T = T;
+    H.e_thread = PyThread_get_thread_ident();
     return T;
 }
 
@@ -3659,7 +3714,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     if (!c->has_peer) {
         Py_ssize_t sl = c->last_slot;
         if (LIKELY(sl >= 0 && sl < H.c_seq_n)) {
-            seq_v = H.c_seq_v[sl]++;   /* counters_next, from H's copy of the array */
+            seq_v = H.c_seq_v[2 * sl]++;   /* counters_next, from H's copy of the array */
         } else if (LIKELY(H.c_counters != NULL && sl >= 0) &&
                 (seq_v = counters_next((Counters *)H.c_counters, sl)) >= 0) {
             /* taken, as seq_v (no int object) */
@@ -3686,7 +3741,9 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         r.step = step_v;
         r.count = count != NULL ? as_ll(count) : count_v;
         r.outb = outb != NULL ? as_ll(outb) : outb_v;
-        r.thread = PyThread_get_thread_ident();
+        /* this thread's ident from H while H's thread block is still T's (Python code run
+         * since the entry may have let another thread in): not the TCB's line */
+        r.thread = LIKELY(H.e_ts_T == T) ? H.e_thread : PyThread_get_thread_ident();
         int site_own = 1;
         if (H.c_stack)
             site = call_site(c, &site_own);
@@ -3737,7 +3794,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             slot_i = __builtin_ctzll(~H.inprog_used);
             H.inprog_used |= 1ULL << slot_i;
             H.inprog_taken &= ~(1ULL << slot_i);
-            inprog[slot_i] = &r;   /* r stays here until the slot is freed */
+            *inprog_ref(slot_i) = &r;   /* r stays here until the slot is freed */
         }
         /* What the row took is in r: let go of the rest now, while it is warm (after the
          * wait it is not). */
@@ -3802,10 +3859,9 @@ done:
 /* make_ctx(orig, slow, on_error, recmod, tls, pg_cache, world, nvtx, time_ns, code_internal,
  *          site_pairs, site_of_frame, dev_names, fact, slots: dict, flags: dict) */
 static PyObject *make_ctx(PyObject *module, PyObject *args) {
-    FastCtx *c = PyObject_New(FastCtx, &FastCtxType);
+    FastCtx *c = ctx_new();
     if (c == NULL)
         return NULL;
-    memset(((char *)c) + sizeof(PyObject), 0, sizeof(FastCtx) - sizeof(PyObject));
     c->vectorcall = ctx_vectorcall;
     ctx_register(c);
     PyObject *slots, *flags;
@@ -3815,7 +3871,9 @@ static PyObject *make_ctx(PyObject *module, PyObject *args) {
                           &PyDict_Type, &c->site_pairs, &c->site_of_frame, &PyDict_Type,
                           &c->dev_names, &c->fact, &PyDict_Type, &slots, &PyDict_Type,
                           &flags)) {
+        void *raw = c->raw;
         memset(((char *)c) + sizeof(PyObject), 0, sizeof(FastCtx) - sizeof(PyObject));
+        c->raw = raw;
         Py_DECREF(c);
         return NULL;
     }

@@ -835,7 +835,7 @@ class Recorder:
         self._seqs = _cfast.Counters() if _cfast is not None else None
         #: torch's own per-group sequence number last claimed by a recorded call, by seq slot
         #: (shared with the C path): the gaps (torchseq.py).
-        self._tseqs = _TS.new_last()
+        self._tseqs = _TS.new_last(self._seqs)
         self.p2p_seq: dict = {}      # (pg, src, dst) -> next pair seq
         self._ready = collections.deque()
         self._pending: dict[int, PendingOp] = {}   # op_id -> PendingOp

@@ -68,11 +68,15 @@ class Last:
         self._d[slot] = v
 
 
-def new_last():
-    """A per-recorder table of last claimed numbers, shared with the C path when it is built."""
+def new_last(seqs=None):
+    """A per-recorder table of last claimed numbers, shared with the C path when it is built:
+    the pair of the recorder's seq counters `seqs` (one array, a slot's two values side by
+    side: one memory line per blocking op for both) where it has one."""
     from .recorder import _cfast
 
     if _cfast is not None and hasattr(_cfast.Counters, "get"):
+        if seqs is not None and hasattr(seqs, "pair"):
+            return seqs.pair()
         return _cfast.Counters()
     return Last()
 
