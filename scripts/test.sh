@@ -12,4 +12,17 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
     || echo "warning: could not install chromium; browser tests will be skipped" >&2
 fi
+# The C++ module of `commtrace accel build` (DDP's comm hook), built once per torch install as a
+# user builds it, into the directory the tests' `accel_cache` fixture reads (pytest's cache): a
+# build step, like pip's of the C fast path, so the suite's own time does not include it (2-3
+# minutes on a fresh clone here). Without a C++ compiler the fixture skips the tests needing it.
+if command -v "${CXX:-c++}" >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1; then
+  _t=$SECONDS
+  if COMMTRACE_CACHE_DIR="$PWD/.pytest_cache/d/commtrace-accel" python -m commtrace accel build \
+      >.venv/accel-build.log 2>&1; then
+    echo "[setup] commtrace accel build: ready ($((SECONDS - _t)) s)"
+  else
+    echo "warning: commtrace accel build failed (.venv/accel-build.log); the tests using it will build it again" >&2
+  fi
+fi
 python -m pytest -q -ra -m "not slow" "$@"

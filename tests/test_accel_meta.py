@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import SCRIPTS, run_path, run_traced, torchrun_cmd
+from conftest import SCRIPTS, launch_cmd, run_path, run_traced
 
 # times, ids and threads differ between any two runs; so does how an async op's completion
 # was seen (its callback on gloo's thread, or its wait() first)
@@ -47,7 +47,9 @@ def _run(tmp_path_factory, accel_cache, mode):
     (meta on, tensor reads, seq reads, C calls)}, {rank: async completions attached in C++},
     its async op rows whole)."""
     d = tmp_path_factory.mktemp(f"accel-meta-{mode}") / "run"
-    p = run_traced(d, torchrun_cmd(os.path.join(SCRIPTS, "accel_meta_equal.py")),
+    # the light launcher (tests/launch_ranks.py): the accel module under `commtrace run --
+    # torchrun` is test_ddp_hook's recording-group job
+    p = run_traced(d, launch_cmd(os.path.join(SCRIPTS, "accel_meta_equal.py")),
                    env={"COMMTRACE_CACHE_DIR": accel_cache, **MODES[mode]}, timeout=240)
     stats = {int(m[0]): tuple(map(int, m[1:]))
              for m in re.findall(r"ACCELMETA (\d) (\d+) (\d+) (\d+) (\d+)", p.stdout)}

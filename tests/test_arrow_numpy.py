@@ -118,6 +118,72 @@ def test_rows_columns_equal_pyarrow(tmp_path):
             assert values[c] == (lab if lab is not None else "")
 
 
+def test_rows_read_batch_by_batch_equal_the_whole_table(tmp_path):
+    """The model reads its rows as a stream of small batches (Run.arrow_batches, each freed
+    before the next): the same columns, permutation, codes and labels as from the whole table,
+    with nulls in some batches only and values first met in a later batch; `take` hands the
+    column over and drops it, `col` and `col_at` keep it."""
+    out = str(tmp_path / "r")
+    synth_run(out, ranks=4, ops=600, straggler=[(1, 500_000)], hazards=True, seed=3, parts_per_rank=2)
+    run = commtrace.load(out)
+    q = f"SELECT {', '.join(M.ROW_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op'"
+    t = run.arrow(q)
+    n = t.num_rows
+    # the table's rows in a shuffled order, as small batches (7 rows: many of them)
+    perm0 = np.random.default_rng(1).permutation(n)
+    ts = t.take(Q.np_array(perm0))
+    whole = M._Rows(ts)
+    batches = M._Rows(pa.RecordBatchReader.from_batches(ts.schema, ts.to_batches(max_chunksize=7)), n)
+    assert sum(b.num_rows for b in ts.to_batches(max_chunksize=7)) == n and n > 100
+    assert np.array_equal(whole.perm, batches.perm)
+    NUL = np.iinfo(np.int64).min
+    for name, fill in (("rank", None), ("t_enqueue_ns", NUL), ("t_wait_ns", NUL), ("step", -1), ("ckey", -1),
+                       ("seq", -1), ("peer", -1), ("orid", None)):
+        ref = _ref(ts.column(name), fill, np.int64)[whole.perm]
+        _same(batches.col(name, fill=fill, dtype=np.int64), ref)
+        _same(batches.col_at(name, np.arange(0, n, 3), fill=fill, dtype=np.int64), ref[::3])
+    _same(batches.col("bytes", dtype=np.float64), _ref(ts.column("bytes"), None, np.float64)[whole.perm])
+    for name in ("op", "pg", "site"):
+        c1, v1 = whole.dict_values(name)
+        c2, v2 = batches.dict_values(name)
+        assert [v1[c] for c in c1] == [v2[c] for c in c2]
+        labels = [x if x is not None else "" for x in ts.column(name).take(Q.np_array(whole.perm)).to_pylist()]
+        assert [v2[c] for c in c2] == labels
+        assert np.array_equal(batches.codes(name), c2)
+    # the rows in (rank, t_enqueue_ns) order, row id on ties, whatever the fetch order
+    ref = run.arrow(f"SELECT rid FROM {run.table('ops')} WHERE kind = 'op' ORDER BY rank, t_enqueue_ns NULLS LAST, rid")
+    assert batches.col("orid").tolist() == ref.column("rid").to_pylist()
+    tq = batches.take("t_enqueue_ns", fill=NUL, dtype=np.int64)
+    _same(tq, _ref(ts.column("t_enqueue_ns"), NUL, np.int64)[whole.perm])
+    with pytest.raises(KeyError):
+        batches.col("t_enqueue_ns")
+    # through DuckDB's stream (Run.arrow_batches): the model's rows as from the whole table
+    streamed = run.arrow_batches(q, lambda rd: M._Rows(rd, n), batch_rows=64)
+    _same(streamed.col("orid"), batches.col("orid"))
+    with pytest.raises(ValueError):
+        M._Rows(pa.RecordBatchReader.from_batches(ts.schema, ts.to_batches(max_chunksize=7)), n - 1)
+
+
+def test_prefetched_model_equals_the_model_read_at_build(tmp_path):
+    """model.prefetch (the report reads the model's tables before its other queries start)
+    gives the same model as build_model reading them itself."""
+    out = str(tmp_path / "r")
+    synth_run(out, ranks=4, ops=400, straggler=[(2, 800_000)], hazards=True, seed=9)
+    a, b = commtrace.load(out), commtrace.load(out)
+    M.prefetch(a)
+    assert a in M._FETCHED
+    ma, mb = M.build_model(a), M.build_model(b)
+    assert a not in M._FETCHED
+    for k, x in vars(mb).items():
+        y = getattr(ma, k)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and (x.tolist() == y.tolist() if x.dtype == object
+                                           else np.array_equal(x, y, equal_nan=x.dtype.kind == "f")), k
+        elif isinstance(x, (int, float, str, list)):
+            assert x == y, k
+    assert ma.n_events > 0
+
+
 def test_what_if_report_imports_no_pandas(tmp_path):
     out = str(tmp_path / "r")
     synth_run(out, ranks=4, ops=400, straggler=[(2, 800_000)], hazards=True, seed=9)

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from commtrace.capture import wrappers as Wr
-from conftest import SCRIPTS, load_rows, run_both_paths, run_traced, torchrun_cmd
+from conftest import SCRIPTS, launch_cmd, load_rows, run_both_paths, run_traced
 
 needs_c = pytest.mark.skipif(Wr._cfast is None or not hasattr(Wr._cfast, "set_async"),
                              reason="the C fast path is not built here")
@@ -32,7 +32,9 @@ def runs(tmp_path_factory):
     out = {}
     for name, env in MODES.items():
         d = tmp_path_factory.mktemp(f"async-{name}")
-        p = run_traced(d, torchrun_cmd(os.path.join(SCRIPTS, "async_mix.py")), env=env,
+        # the light launcher (tests/launch_ranks.py): capture under `commtrace run -- torchrun`
+        # is test_robustness's (and the slow stage's test_capture_e2e)
+        p = run_traced(d, launch_cmd(os.path.join(SCRIPTS, "async_mix.py")), env=env,
                        timeout=240)
         n_c = [int(x) for x in re.findall(r"async ops recorded in C: (\d+)", p.stdout)]
         marks = [tuple(int(x) for x in m) for m in re.findall(

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from conftest import SCRIPTS, load_rows, run_plain, run_traced, torchrun_cmd
+from conftest import SCRIPTS, launch_cmd, load_rows, run_plain, run_traced
 
 
 def _both(tmp_path_factory, script, pure=False):
@@ -26,7 +26,9 @@ def _both(tmp_path_factory, script, pure=False):
     res = {}
     for traced in (False, True):
         out = os.path.join(tmp, "traced" if traced else "plain")
-        cmd = torchrun_cmd(os.path.join(SCRIPTS, script), out)
+        # through the light launcher (tests/launch_ranks.py): capture under `commtrace run --
+        # torchrun` is test_robustness's (and the slow stage's test_capture_e2e)
+        cmd = launch_cmd(os.path.join(SCRIPTS, script), out)
         if traced:
             run_traced(os.path.join(tmp, "trace"), cmd, env=env)
         else:

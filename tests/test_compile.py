@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from conftest import SCRIPTS, load_rows, run_plain, run_traced, torchrun_cmd
+from conftest import SCRIPTS, launch_cmd, load_rows, run_plain, run_traced, torchrun_cmd
 
 SCRIPT = os.path.join(SCRIPTS, "compile_cases.py")
 CASES = ("funcol_all", "funcol_autograd", "funcol_deprecated", "funcol_inplace", "c10d_inplace",
@@ -31,12 +31,13 @@ INDUCTOR_CASES = ("funcol_all", "c10d_inplace", "c10d_break")
 
 def _run(tmp, name, traced, pure=False, backends="aot_eager", cases=CASES):
     out = os.path.join(tmp, name)
-    cmd = torchrun_cmd(SCRIPT, out, backends, ",".join(cases))
+    args = (SCRIPT, out, backends, ",".join(cases))
     env = {"COMMTRACE_PURE_PYTHON": "1"} if pure else None
     if traced:
-        run_traced(os.path.join(tmp, name + "-trace"), cmd, env=env, timeout=600)
+        run_traced(os.path.join(tmp, name + "-trace"), torchrun_cmd(*args), env=env, timeout=600)
     else:
-        run_plain(cmd, env=env, timeout=600)
+        # the reference without commtrace: not about the launcher (tests/launch_ranks.py)
+        run_plain(launch_cmd(*args), env=env, timeout=600)
     res = {}
     for rank in (0, 1):
         with open(f"{out}.{rank}") as f:

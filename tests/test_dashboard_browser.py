@@ -12,7 +12,7 @@ import time
 import pytest
 
 import commtrace
-from conftest import CHROMIUM, ROOT, SAMPLES, clean_env, run_traced, torchrun_cmd
+from conftest import CHROMIUM, ROOT, SAMPLES, clean_env, launch_cmd, run_traced
 
 ART = os.path.join(ROOT, "test-artifacts")
 pytestmark = [pytest.mark.browser,
@@ -39,7 +39,8 @@ def ddp_run(tmp_path_factory):
     # a 15 ms straggler on rank 1 so that the run always has a finding to click. 30 steps: the
     # straggler's evidence is counted over steps (one trial per step), and over 16 steps (two of
     # them set-up) a rank last at every step reached z_steps 3.15-3.40, one noisy step from none
-    run_traced(str(out), torchrun_cmd(os.path.join(SAMPLES, "ddp_mlp.py"), "--steps", 30, "--straggler-ms", 15))
+    # (ranks started by tests/launch_ranks.py: the dashboard reads the trace, not the launcher)
+    run_traced(str(out), launch_cmd(os.path.join(SAMPLES, "ddp_mlp.py"), "--steps", 30, "--straggler-ms", 15))
     return str(out)
 
 

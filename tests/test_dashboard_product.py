@@ -16,7 +16,7 @@ import time
 import pytest
 
 import commtrace
-from conftest import CHROMIUM, ROOT, SAMPLES, clean_env, run_traced, torchrun_cmd
+from conftest import CHROMIUM, ROOT, SAMPLES, clean_env, launch_cmd, run_traced, torchrun_cmd
 
 ART = os.path.join(ROOT, "test-artifacts")
 FINDINGS = os.path.join(SAMPLES, "findings")
@@ -35,7 +35,9 @@ def traced(tmp_path_factory):
     def get(name, script=None, *args):
         if name not in made:
             out = base / name
-            run_traced(str(out), torchrun_cmd(script or os.path.join(FINDINGS, f"{name}.py"), *args),
+            # ranks started by tests/launch_ranks.py: the dashboard reads the trace, not the
+            # launcher (the live-job test below runs torchrun)
+            run_traced(str(out), launch_cmd(script or os.path.join(FINDINGS, f"{name}.py"), *args),
                        opts=("--flush-interval", "0.5"), timeout=150)
             made[name] = str(out)
         return made[name]

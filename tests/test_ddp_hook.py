@@ -18,7 +18,7 @@ import os
 import pytest
 
 from commtrace.capture import wrappers as Wr
-from conftest import SCRIPTS, load_rows, marked_json, run_traced, torchrun_cmd
+from conftest import SCRIPTS, launch_cmd, load_rows, marked_json, run_traced, torchrun_cmd
 
 needs_c = pytest.mark.skipif(Wr._cfast is None or not hasattr(Wr._cfast, "ddp_hook"),
                              reason="the C fast path is not built here")
@@ -29,9 +29,12 @@ VOLATILE = {"t_enqueue_ns", "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_
             "first_on_pg", "step", "torch_seq"}
 
 
-def _job(tmp_path, nproc, env=None):
-    p = run_traced(tmp_path, torchrun_cmd(os.path.join(SCRIPTS, "ddp_hook_equal.py"),
-                                          nproc=nproc), env=env, timeout=240)
+def _job(tmp_path, nproc, env=None, launcher=launch_cmd):
+    """The job under `commtrace run`, its ranks started by tests/launch_ranks.py (no torch in
+    the launcher), or by torchrun (`launcher=torchrun_cmd`: the default route, as a user runs
+    it)."""
+    p = run_traced(tmp_path, launcher(os.path.join(SCRIPTS, "ddp_hook_equal.py"), nproc=nproc),
+                   env=env, timeout=240)
     res = marked_json(p.stdout, "DDPEQ ")
     assert [r["rank"] for r in res] == list(range(nproc)), p.stdout[-2000:]
     return res, load_rows(tmp_path)
@@ -62,7 +65,7 @@ def job2_cxx_v1(tmp_path_factory, accel_cache):
 def job2_group(tmp_path_factory, accel_cache):
     # the default where the module is built: no hook, the recording group
     return _job(tmp_path_factory.mktemp("ddp-hook-2-group"), 2,
-                env={"COMMTRACE_CACHE_DIR": accel_cache})
+                env={"COMMTRACE_CACHE_DIR": accel_cache}, launcher=torchrun_cmd)
 
 
 def _check_cxx(res, rows, v2):
@@ -209,7 +212,7 @@ def test_ddp_join_shadow_allreduces_complete(tmp_path, request, kind):
                "COMMTRACE_DDP_GROUP": "0"}
     else:
         env = {"COMMTRACE_DDP_CXX": "0"}
-    p = run_traced(tmp_path, torchrun_cmd(os.path.join(SCRIPTS, "ddp_join.py")), env=env,
+    p = run_traced(tmp_path, launch_cmd(os.path.join(SCRIPTS, "ddp_join.py")), env=env,
                    timeout=240)
     res = marked_json(p.stdout, "DDPJOIN ")
     assert [r["rank"] for r in res] == [0, 1], p.stdout[-2000:]

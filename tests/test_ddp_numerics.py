@@ -27,7 +27,7 @@ import sys
 
 import pytest
 
-from conftest import SCRIPTS, clean_env, load_rows, marked_json, run_path, run_traced, torchrun_cmd
+from conftest import SCRIPTS, clean_env, launch_cmd, load_rows, marked_json, run_path, run_traced
 
 # buckets the Python hook scaled per case: [all multiplied, all divided, per gradient] (> 0: some)
 FAST = ("plain", "static_graph", "find_unused", "no_sync", "broadcast_buffers_off", "bview",
@@ -35,8 +35,10 @@ FAST = ("plain", "static_graph", "find_unused", "no_sync", "broadcast_buffers_of
 
 
 def _job(tmp_path, nproc, env):
-    p = run_traced(tmp_path, torchrun_cmd(os.path.join(SCRIPTS, "ddp_numerics_equal.py"),
-                                          nproc=nproc), env=env, timeout=300)
+    # the light launcher (tests/launch_ranks.py): DDP under `commtrace run -- torchrun` is
+    # test_ddp_hook's recording-group job
+    p = run_traced(tmp_path, launch_cmd(os.path.join(SCRIPTS, "ddp_numerics_equal.py"),
+                                        nproc=nproc), env=env, timeout=300)
     res = marked_json(p.stdout, "NUMERICS ")
     assert [r["rank"] for r in res] == list(range(nproc)), p.stdout[-2000:]
     return res

@@ -10,15 +10,17 @@ from __future__ import annotations
 import json
 import os
 
-from conftest import load_rows, run_plain, run_traced, torchrun_cmd
+from conftest import launch_cmd, load_rows, run_plain, run_traced
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ddp_reducer_hook.py")
 
 
 def test_reducer_allreduce_from_a_python_hook_is_recorded_and_unchanged(tmp_path):
     plain, traced = tmp_path / "plain", tmp_path / "traced"
-    run_plain(torchrun_cmd(SCRIPT, plain), timeout=240)
-    run_traced(tmp_path / "run", torchrun_cmd(SCRIPT, traced), timeout=240)
+    # both through the light launcher (tests/launch_ranks.py): DDP under `commtrace run --
+    # torchrun` is test_ddp_hook's recording-group job
+    run_plain(launch_cmd(SCRIPT, plain), timeout=240)
+    run_traced(tmp_path / "run", launch_cmd(SCRIPT, traced), timeout=240)
     rows = load_rows(tmp_path / "run")
     for rank in (0, 1):
         a = json.loads((tmp_path / f"plain.rank{rank}").read_text())

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import SCRIPTS, load_rows, run_plain, run_traced, torchrun_cmd
+from conftest import SCRIPTS, launch_cmd, load_rows, run_plain, run_traced, torchrun_cmd
 
 GAPS = f"{SCRIPTS}/fidelity_gaps.py"
 
@@ -211,7 +211,8 @@ def test_p2p_on_gloo_one_read_per_op_and_planted_gaps_found(tmp_path, pure):
     issue (async), not before the call too (issue 20: a cold GIL-releasing call per op of the
     pipeline sample). The unrecorded p2p ops planted before recorded blocking and async ones
     are still gap rows with their exact count, range and next op, on both paths."""
-    p = run_traced(tmp_path / "run", torchrun_cmd(f"{SCRIPTS}/tseq_p2p.py"),
+    # the light launcher (tests/launch_ranks.py); `gaps` is this area's torchrun job
+    p = run_traced(tmp_path / "run", launch_cmd(f"{SCRIPTS}/tseq_p2p.py"),
                    env={"COMMTRACE_PURE_PYTHON": pure})
     lines = [ln.split() for ln in p.stdout.splitlines()]
     numbered = sorted(ln[1:] for ln in lines if ln and ln[0] == "NUMBERED")

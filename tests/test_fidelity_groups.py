@@ -18,7 +18,7 @@ import sys
 import pyarrow as pa
 import pytest
 
-from conftest import SCRIPTS, load_rows, rank_meta, run_plain, run_traced, torchrun_cmd
+from conftest import SCRIPTS, launch_cmd, load_rows, rank_meta, run_plain, run_traced
 
 VIEWS = os.path.join(SCRIPTS, "fidelity_views.py")
 FAKE = os.path.join(SCRIPTS, "fidelity_fake.py")
@@ -41,8 +41,10 @@ def report_json(run_dir) -> dict:
 @pytest.fixture(scope="module")
 def views(tmp_path_factory):
     d = tmp_path_factory.mktemp("views")
-    plain = run_plain(torchrun_cmd(VIEWS))
-    traced = run_traced(d / "run", torchrun_cmd(VIEWS, "--counts", d / "counts"))
+    # the light launcher (tests/launch_ranks.py): test_fidelity_gaps' `gaps` is this area's
+    # job under `commtrace run -- torchrun`
+    plain = run_plain(launch_cmd(VIEWS))
+    traced = run_traced(d / "run", launch_cmd(VIEWS, "--counts", d / "counts"))
     return d, plain, traced
 
 

@@ -18,7 +18,7 @@ import json
 import commtrace
 from commtrace.analysis import rootcause
 from commtrace.cli import main
-from conftest import run_traced, torchrun_cmd
+from conftest import launch_cmd, run_traced
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "subgroup_straggler.py")
 SLEEP_MS, STEPS = 40, 8
@@ -26,7 +26,7 @@ SLEEP_MS, STEPS = 40, 8
 
 def test_straggler_behind_a_subgroup_is_found_by_delay_analysis(tmp_path, capsys):
     out = tmp_path / "t"
-    run_traced(out, torchrun_cmd(SCRIPT, nproc=4), env={"SLEEP_MS": str(SLEEP_MS), "STEPS": str(STEPS)},
+    run_traced(out, launch_cmd(SCRIPT, nproc=4), env={"SLEEP_MS": str(SLEEP_MS), "STEPS": str(STEPS)},
                timeout=240)
     run = commtrace.load(str(out))
     fs = run.findings()

@@ -15,7 +15,7 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import SCRIPTS, load_rows, run_path, run_plain, run_traced, torchrun_cmd
+from conftest import SCRIPTS, launch_cmd, load_rows, run_path, run_plain, run_traced, torchrun_cmd
 
 SCRIPT = os.path.join(SCRIPTS, "robust_cases.py")
 #: fields that differ between any two runs (a pid) or that a known capture bug changes (below)
@@ -26,7 +26,9 @@ USER_PATCH_BEFORE_INIT = {"user_patch_kept", "user_calls"}
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("robust")
-    run_plain(torchrun_cmd(SCRIPT, d / "plain"), timeout=150)
+    # the reference without commtrace through the light launcher (tests/launch_ranks.py); the
+    # traced job as a user runs it, through torchrun
+    run_plain(launch_cmd(SCRIPT, d / "plain"), timeout=150)
     p = run_traced(d / "trace", torchrun_cmd(SCRIPT, d / "traced"), opts=("--flush-interval", "0.5"),
                    timeout=150)
     res = {}

@@ -118,12 +118,6 @@ class Model:
         return len(self.ev_start)
 
 
-def _col(t: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
-    """Column `name` as numpy, nulls -> `fill` (sql.arrow_numpy: not through pyarrow's
-    conversion, which imports pandas)."""
-    return Q.arrow_numpy(t.column(name), fill=fill, dtype=dtype)
-
-
 class _CodeLabels:
     """`labels[i]` -> the string of row i ("" when null) from the column's dictionary codes
     (`codes`, int32, -1 for null) and their values (`values`, the last one "" for null), without
@@ -142,20 +136,96 @@ class _CodeLabels:
 class _Rows:
     """The op rows in (rank, t_enqueue_ns) order (nulls last, then by row id), as numpy columns.
 
-    Fetched from DuckDB unordered and sorted here with one argsort of an int64 key: an ORDER BY
-    over the table's 18 columns cost more than the rest of the fetch (64 x 20,000: 1.4 s of
-    2.0 s CPU); the numeric columns are permuted in numpy, the strings keep their fetched order
-    and are read through the permutation (dictionary codes, labels)."""
+    Read batch by batch (`src`: a pyarrow Table, or a RecordBatchReader / iterable of record
+    batches of `n` rows in all, with its `schema`) into one numpy array per column, in the
+    column's own dtype with a validity mask where it has nulls; string columns as dictionary
+    codes (numbered in order of first appearance, null -> -1) and their values. From DuckDB the
+    batches come through a stream (Run.arrow_batches): each batch's Arrow buffers are freed
+    before the next is read, so its memory is reused, where a whole fetched table (64 x 20,000:
+    167 MB, allocated in DuckDB's worker threads' malloc arenas) was fresh pages that numpy
+    could not reuse (docs/performance.md, session 19).
 
-    def __init__(self, t: pa.Table):
-        self.t = t
-        self.num_rows = n = t.num_rows
+    The rows come unordered and are sorted here with one argsort of an int64 key (an ORDER BY
+    over the table's 18 columns cost more than the rest of the fetch, 64 x 20,000: 1.4 s of
+    2.0 s CPU); every stored column is then permuted once. `perm` is that permutation
+    (positions in the source's row order; None when the rows came in order)."""
+
+    def __init__(self, src, n: int | None = None, schema: pa.Schema | None = None):
+        if isinstance(src, pa.Table):
+            n, schema, src = src.num_rows, src.schema, src.to_batches()
+        elif schema is None:
+            schema = src.schema
+        if n is None:
+            src = list(src)
+            n = sum(b.num_rows for b in src)
+        self.num_rows = n
         self.perm = None
+        self._num: dict = {}     # name -> [values, valid or None]
+        self._str: dict = {}     # name -> [int32 codes, {value: code}]
+        self._other: dict = {}   # name -> (type, [Arrow chunks]) (neither numeric nor string)
+        for f in schema:
+            dt = Q._np_dtype(f.type)
+            if dt is not None:
+                self._num[f.name] = [np.empty(n, dt), None]
+            elif pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
+                self._str[f.name] = [np.empty(n, np.int32), {}]
+            else:
+                self._other[f.name] = (f.type, [])
+        pos = 0
+        for b in src:
+            k = b.num_rows
+            if pos + k > n:
+                raise ValueError(f"_Rows: more than the {n} rows announced")
+            for i, name in enumerate(b.schema.names):
+                a = b.column(i)
+                if name in self._num:
+                    self._read_num(name, a, pos, k)
+                elif name in self._str:
+                    self._read_str(name, a, pos)
+                elif name in self._other:
+                    self._other[name][1].append(a)
+            pos += k
+        if pos != n:
+            raise ValueError(f"_Rows: {pos} rows read of the {n} announced")
+        self._order()
+
+    def _read_num(self, name: str, a, pos: int, k: int) -> None:
+        ent = self._num[name]
+        vals = ent[0]
+        if not k:
+            return
+        bufs = a.buffers()
+        vals[pos:pos + k] = np.frombuffer(bufs[1], vals.dtype, count=a.offset + k)[a.offset:]
+        if a.null_count:
+            if ent[1] is None:
+                ent[1] = np.ones(len(vals), bool)
+            bits = np.frombuffer(bufs[0], np.uint8)
+            ent[1][pos:pos + k] = np.unpackbits(bits, count=a.offset + k, bitorder="little")[a.offset:].view(bool)
+
+    def _read_str(self, name: str, a, pos: int) -> None:
+        codes, index = self._str[name]
+        k = len(a)
+        if not k:
+            return
+        r = _str_codes(a)
+        if r is not None:
+            local, values = r
+        else:
+            d = a.dictionary_encode()
+            local = Q.arrow_numpy(d.indices, fill=-1, dtype=np.int64)
+            values = d.dictionary.to_pylist()
+        # this batch's codes -> the column's (first appearance over the batches in order;
+        # -1, null, reads the table's last entry)
+        lut = np.array([index.setdefault(v, len(index)) for v in values] + [-1], np.int32)
+        codes[pos:pos + k] = lut[local]
+
+    def _order(self) -> None:
+        n = self.num_rows
         if n < 2:
             return
         NUL = np.iinfo(np.int64).min
-        rk = _col(t, "rank", fill=np.iinfo(np.int32).max, dtype=np.int64)
-        tq = _col(t, "t_enqueue_ns", fill=NUL, dtype=np.int64)
+        rk = self._get("rank", fill=np.iinfo(np.int32).max, dtype=np.int64)
+        tq = self._get("t_enqueue_ns", fill=NUL, dtype=np.int64)
         ok = tq != NUL
         if ok.any():
             lo = int(tq[ok].min())
@@ -165,49 +235,68 @@ class _Rows:
         r0 = int(rk.min())
         if (int(rk.max()) - r0 + 1) * (span + 2) < 2 ** 62:
             key = (rk - r0) * (span + 2) + np.where(ok, tq - lo, span + 1)
+            del rk, tq, ok
             if np.all(key[1:] > key[:-1]):
                 return
             o = np.argsort(key, kind="stable")
             ks = key[o]
             if np.any(ks[1:] == ks[:-1]):       # ties: by row id, whatever the fetch order
-                o = np.lexsort((_col(t, "orid", dtype=np.int64), key))
+                o = np.lexsort((self._get("orid", dtype=np.int64), key))
+            del key, ks
         else:
-            o = np.lexsort((_col(t, "orid", dtype=np.int64), np.where(ok, tq, np.iinfo(np.int64).max), ~ok, rk))
+            o = np.lexsort((self._get("orid", dtype=np.int64), np.where(ok, tq, np.iinfo(np.int64).max), ~ok, rk))
+            del rk, tq, ok
         self.perm = o
+        # each stored column permuted once (the one before freed: the next one's memory)
+        for ent in self._num.values():
+            ent[0] = ent[0][o]
+            if ent[1] is not None:
+                ent[1] = ent[1][o]
+        for ent in self._str.values():
+            ent[0] = ent[0][o]
+
+    def _get(self, name: str, fill=None, dtype=None) -> np.ndarray:
+        """Column `name` (arrow_numpy's conversion: nulls -> `fill`), possibly the stored array."""
+        if name in self._num:
+            vals, valid = self._num[name]
+            return Q.finish(vals, valid, fill=fill, dtype=dtype)
+        c = pa.chunked_array(self._other[name][1], type=self._other[name][0])
+        v = Q.arrow_numpy(c, fill=fill, dtype=dtype)
+        return v if self.perm is None else v[self.perm]
 
     def col(self, name: str, fill=None, dtype=None) -> np.ndarray:
-        v = _col(self.t, name, fill=fill, dtype=dtype)
-        if self.perm is not None:
-            return v[self.perm]
-        return v if v.flags.writeable else v.copy()     # (a zero-copy view of Arrow's buffer)
+        """Column `name` in row order (nulls -> `fill`, as `dtype`), a fresh array."""
+        v = self._get(name, fill=fill, dtype=dtype)
+        return v.copy() if name in self._num and v is self._num[name][0] else v
+
+    def take(self, name: str, fill=None, dtype=None) -> np.ndarray:
+        """col(name, fill, dtype), and the column is dropped here: no copy where the stored
+        array needs no conversion."""
+        v = self._get(name, fill=fill, dtype=dtype)
+        self._num.pop(name, None)
+        self._other.pop(name, None)
+        return v
 
     def col_at(self, name: str, idx: np.ndarray, fill=None, dtype=None) -> np.ndarray:
-        """`col(name)[idx]`, reading only those rows (Arrow's take): no conversion and
-        permutation of the whole column for a few of its rows."""
-        src = idx if self.perm is None else self.perm[idx]
-        c = self.t.column(name)
-        p = Q.arrow_parts(c)
-        if p is None:
-            a = c.take(Q.np_array(np.asarray(src, np.int64)))
-            if fill is not None and a.null_count:
-                a = a.fill_null(fill)
-            v = a.to_numpy(zero_copy_only=False)
-            v = v.astype(dtype, copy=False) if dtype is not None else v
-            return v if v.flags.writeable else v.copy()
-        vals, valid = p
-        return Q.finish(vals[src], None if valid is None else valid[src], fill=fill, dtype=dtype)
+        """`col(name)[idx]`, converting only those rows."""
+        if name in self._num:
+            vals, valid = self._num[name]
+            return Q.finish(vals[idx], None if valid is None else valid[idx], fill=fill, dtype=dtype)
+        return self.col(name, fill=fill, dtype=dtype)[idx]
 
     def release(self) -> None:
-        """Drop the fetched table (every column is read by then)."""
-        self.t = self.t.select([])
+        """Drop every stored column (every column is read by then)."""
+        self._num.clear()
+        self._str.clear()
+        self._other.clear()
 
     def dict_values(self, name: str):
-        c, v = _dict_values(self.t, name)
-        return (c if self.perm is None else c[self.perm]), v
+        """(int64 codes in row order, values as an object array, "" appended for null)."""
+        codes, index = self._str[name]
+        return codes.astype(np.int64), np.asarray(list(index) + [""], dtype=object)
 
     def codes(self, name: str) -> np.ndarray:
-        c = _codes(self.t, name)
-        return c if self.perm is None else c[self.perm]
+        return self._str[name][0].astype(np.int64)
 
 
 def _str_codes(a, rows=None):
@@ -325,12 +414,42 @@ def build_model(run) -> Model:
     m = _CACHE.get(run)
     if m is None:
         _retain_freed_memory()
-        m = _build(run)
+        m = _build(run, _FETCHED.pop(run, None))
         _CACHE[run] = m
     return m
 
 
-def _build(run) -> Model:
+_FETCHED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def prefetch(run) -> None:
+    """Read what build_model(run) reads from the run's tables now (kept for it): the report
+    does so before it starts the rest of the report's queries in a thread beside the model, so
+    that the model's numpy passes never wait for the run's lock behind one of them."""
+    if run not in _CACHE and run not in _FETCHED:
+        _retain_freed_memory()
+        _FETCHED[run] = _fetch(run)
+
+
+def _fetch(run):
+    """The model's inputs from the run's tables, read in one hold of the run's lock (no other
+    thread's query between them): (the op rows as _Rows, the complete collectives' keys,
+    bytes and bus-bandwidth factors, the row ids of _IMPLICIT_WAIT_APIS' rows or None)."""
+    with run.lock:
+        ops_t = run.table("ops")
+        coll_t = run.table("collectives")
+        # (a stream of batches, each freed before the next is read: _Rows)
+        n_rows = run.sql(f"SELECT count(*) FROM {ops_t} WHERE kind = 'op'").fetchone()[0]
+        rows = run.arrow_batches(f"SELECT {', '.join(ROW_COLUMNS)}, rid AS orid, ckey FROM {ops_t} WHERE kind = 'op'",
+                                 lambda rd: _Rows(rd, int(n_rows)))
+        kc = run.numpy(f"""SELECT ckey, CAST(coalesce(bytes, 0) AS DOUBLE) AS cbytes,
+                                  CAST(coalesce(busbw_factor, 1.0) AS DOUBLE) AS factor
+                           FROM {coll_t} WHERE complete ORDER BY ckey""")
+        return rows, kc, _implicit_wait_rids(run) if rows.num_rows else None
+
+
+def _build(run, inputs=None) -> Model:
+    """The model of `run` from `inputs` (_fetch(run)'s, read now when None)."""
     import os as _os
     import time as _time
     _T = [_time.process_time(), 0]
@@ -351,32 +470,25 @@ def _build(run) -> Model:
             flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             print(f"model {name}: {t - _T[0]:.3f} s{mem} (+{flt - _T[1]} page faults)")
             _T[0], _T[1] = t, flt
-    ops_t = run.table("ops")
-    coll_t = run.table("collectives")
-    rows = _Rows(run.arrow(f"""SELECT {', '.join(ROW_COLUMNS)}, rid AS orid, ckey FROM {ops_t}
-                               WHERE kind = 'op'"""))
-    tick("ops")
+    rows, kc, implicit_rids = inputs if inputs is not None else _fetch(run)
+    tick("fetch")
     n = rows.num_rows
     # Slots: one per member of a communication. Collectives: the rows of complete matched
     # (pg, seq), found by the run's integer collective key against the (small) collective
-    # table, in numpy. P2P: the n-th send r->p matched with the n-th recv on p from r
+    # table (kc), in numpy. P2P: the n-th send r->p matched with the n-th recv on p from r
     # (metrics.md), both completed: numpy over the rows (_p2p_slots).
-    kc = run.numpy(f"""SELECT ckey, CAST(coalesce(bytes, 0) AS DOUBLE) AS cbytes,
-                              CAST(coalesce(busbw_factor, 1.0) AS DOUBLE) AS factor
-                       FROM {coll_t} WHERE complete ORDER BY ckey""")
-    tick("slots sql")
 
-    rank_r = rows.col("rank", dtype=np.int64)
-    t_enq = rows.col("t_enqueue_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
-    t_ret = rows.col("t_return_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
-    t_end = rows.col("t_end_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
-    t_w = rows.col("t_wait_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
-    t_we = rows.col("t_wait_end_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
-    step_r = rows.col("step", fill=-1, dtype=np.int64)
+    rank_r = rows.take("rank", dtype=np.int64)
+    t_enq = rows.take("t_enqueue_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    t_ret = rows.take("t_return_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    t_end = rows.take("t_end_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    t_w = rows.take("t_wait_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    t_we = rows.take("t_wait_end_ns", fill=np.iinfo(np.int64).min, dtype=np.int64)
+    step_r = rows.take("step", fill=-1, dtype=np.int64)
     NUL = np.iinfo(np.int64).min
     # collective slots, ordered by (collective key, rank): a stable sort by key of rows that
     # are in (rank, t_enqueue) order
-    rck = rows.col("ckey", fill=-1, dtype=np.int64)
+    rck = rows.take("ckey", fill=-1, dtype=np.int64)
     kkey = np.asarray(kc["ckey"], np.int64)
     kpos = np.minimum(np.searchsorted(kkey, rck), max(len(kkey) - 1, 0))
     cok = (rck >= 0) & (t_enq != NUL) & (t_end != NUL) & (t_ret != NUL)
@@ -398,7 +510,7 @@ def _build(run) -> Model:
     s_is_p2p = np.r_[np.zeros(len(cidx), bool), np.ones(np2, bool)]
     s_pgc = row_pgc[s_rid]
     del row_pgc
-    s_seq = np.concatenate([rows.col("seq", fill=-1, dtype=np.int64)[cidx], p_ps])
+    s_seq = np.concatenate([rows.col_at("seq", cidx, fill=-1, dtype=np.int64), p_ps])
     s_src = np.r_[np.zeros(len(cidx), np.int64), p_src]
     s_dst = np.r_[np.zeros(len(cidx), np.int64), p_dst]
     s_cbytes = np.concatenate([np.asarray(kc["cbytes"], np.float64)[kpos[cidx]] if len(kkey) else np.zeros(0),
@@ -406,7 +518,7 @@ def _build(run) -> Model:
     s_factor = np.r_[np.asarray(kc["factor"], np.float64)[kpos[cidx]] if len(kkey) else np.zeros(0), np.ones(np2)]
     del rck, kpos, cidx, pidx, kc
     tick("slots")
-    _implicit_waits(_implicit_wait_rows(run, rows), rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL)
+    _implicit_waits(_implicit_wait_rows(rows, implicit_rids), rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL)
     # every column is read: the rows' labels are dictionary codes (_CodeLabels), and the fetched
     # strings go with the rest of the table
     site_codes, site_vals = rows.dict_values("site")
@@ -856,20 +968,22 @@ def _partition_order(part_cols: list, t: np.ndarray, ties) -> np.ndarray:
     return np.lexsort((rid, op_id, t) + tuple(reversed(part_cols)))
 
 
-def _implicit_wait_rows(run, rows: "_Rows") -> np.ndarray:
-    """Mask of `rows` whose API is one of `_IMPLICIT_WAIT_APIS` (read from the parts: `api` is
-    a lazy column)."""
-    n = rows.num_rows
-    if not n:
-        return np.zeros(0, bool)
+def _implicit_wait_rids(run):
+    """Row ids of the rows whose API is one of `_IMPLICIT_WAIT_APIS` (read from the parts:
+    `api` is a lazy column); None when there are none."""
     names = ", ".join("'" + a + "'" for a in _IMPLICIT_WAIT_APIS)
     try:
         hit = run.lazy_columns(f"api IN ({names})", ["api"])
     except Exception:  # a trace without the column: no implicit waits
-        return np.zeros(n, bool)
-    if not hit.num_rows:
-        return np.zeros(n, bool)
-    return np.isin(rows.col("orid", dtype=np.int64), Q.arrow_numpy(hit.column("rid")))
+        return None
+    return Q.arrow_numpy(hit.column("rid")) if hit.num_rows else None
+
+
+def _implicit_wait_rows(rows: "_Rows", rids) -> np.ndarray:
+    """Mask of `rows` whose row id is one of `rids` (_implicit_wait_rids')."""
+    if rids is None or not rows.num_rows:
+        return np.zeros(rows.num_rows, bool)
+    return np.isin(rows.col("orid", dtype=np.int64), rids)
 
 
 def _implicit_waits(cand, rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL) -> None:

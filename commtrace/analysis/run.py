@@ -134,6 +134,20 @@ class Run:
         with self._lock:
             return Q.arrow(self._con, q, params)
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The connection's lock (reentrant; every query here takes it): hold it to run several
+        queries with no other thread's query between them."""
+        return self._lock
+
+    def arrow_batches(self, q: str, consume, batch_rows: int = 122_880):
+        """Run SQL and return `consume(reader)`, `reader` its result as a
+        pyarrow.RecordBatchReader of `batch_rows`-row batches, read under the run's lock (the
+        connection runs nothing else until the result is read). A consumer that drops each
+        batch before reading the next holds one batch's memory, not the whole result's."""
+        with self._lock:
+            return consume(self._con.sql(q).to_arrow_reader(batch_rows))
+
     def numpy(self, q: str, params=None) -> dict[str, np.ndarray]:
         """Run SQL on the run's connection, return numpy columns."""
         with self._lock:
