@@ -2065,10 +2065,11 @@ static void tseq_after(FastCtx *c, PyObject *rec, PyObject *g, Py_ssize_t slot, 
         return;
     if (lo < 0)
         lo = hi - 1;
-    Counters *k = (Counters *)H.c_tseqs;
+    /* H.c_tseqs (another line) only off the common case */
     int here = H.c_tseq_v != NULL && slot < H.c_seq_n;   /* the array in H, else k's */
-    long long last = here ? H.c_tseq_v[2 * slot] : counters_get(k, slot);
+    long long last = here ? H.c_tseq_v[2 * slot] : counters_get((Counters *)H.c_tseqs, slot);
     if (UNLIKELY(lo > last)) {
+        Counters *k = (Counters *)H.c_tseqs;
         Py_INCREF(k);   /* on_gap is Python code */
         tseq_gap(c, rec, g, name, last, lo, op_id, seq);
         if (hi > last)
@@ -2078,7 +2079,7 @@ static void tseq_after(FastCtx *c, PyObject *rec, PyObject *g, Py_ssize_t slot, 
         if (LIKELY(here))
             H.c_tseq_v[2 * slot] = hi;
         else
-            counters_set(k, slot, hi);
+            counters_set((Counters *)H.c_tseqs, slot, hi);
     }
 }
 
