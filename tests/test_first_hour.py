@@ -28,12 +28,25 @@ def _ct(*args, cwd=ROOT, env=None, timeout=180):
                           capture_output=True, text=True, timeout=timeout)
 
 
+#: The straggler planted in the demo's job here (ms of sleep on rank 1 before each of its 20
+#: steps). The demo's default is 40 ms (the slow stage's test_demo_script_runs_as_written runs
+#: scripts/demo.sh as written and checks its finding); here it is 120 ms so that the timing
+#: checks below (at least half the planted lateness, cost and a quarter of it as gain) hold
+#: under load: rank 0's own compute, slowed by other processes on the cores while rank 1
+#: sleeps, is subtracted from the lateness measured (mean 19.7 ms of the planted 40 ms at load
+#: 10-18 in session 18), and a larger sleep leaves the checks' bounds as far above that as
+#: the planted figure is.
+PLANTED_MS = 120
+STEPS = 20
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    """The demo's job (scripts/demo.sh: samples/ddp_mlp.py with its defaults on 2 gloo ranks),
-    traced under umask 022."""
+    """The demo's job (scripts/demo.sh: samples/ddp_mlp.py on 2 gloo ranks, its defaults but
+    the planted straggler: PLANTED_MS), traced under umask 022."""
     out = tmp_path_factory.mktemp("demo") / "demo"
-    p = subprocess.run([sys.executable, "-m", "commtrace", "run", "-o", str(out), "--", *torchrun_cmd(DEMO)],
+    p = subprocess.run([sys.executable, "-m", "commtrace", "run", "-o", str(out), "--",
+                        *torchrun_cmd(DEMO, "--straggler-ms", PLANTED_MS, "--steps", STEPS)],
                        env=clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=300,
                        preexec_fn=lambda: os.umask(0o022))
     assert p.returncode == 0, p.stderr[-4000:]
@@ -66,13 +79,14 @@ def _main(capsys, monkeypatch, *args, columns=100):
 
 
 def test_demo_reports_its_planted_straggler(demo_loaded, demo_text80):
-    """The demo's last rank sleeps 40 ms before each step: `straggler` on rank 1, in the JSON
-    and in the text report, and the message's per-rank figure is the per-rank table's."""
+    """The demo's last rank sleeps PLANTED_MS before each step: `straggler` on rank 1, in the
+    JSON and in the text report, and the message's per-rank figure is the per-rank table's."""
     run, rep = demo_loaded
     st = [f for f in run.findings() if f.kind == "straggler"]
     assert [f.rank for f in st] == [1], [(f.kind, f.rank, f.message) for f in run.findings()]
     ev = st[0].evidence
-    assert ev["share"] >= 0.75 and ev["mean_late_ns"] > 20e6, ev  # planted: 40 ms every step
+    # planted: PLANTED_MS every step; at least half of it measured
+    assert ev["share"] >= 0.75 and ev["mean_late_ns"] > 0.5 * PLANTED_MS * 1e6, ev
     assert st[0].site and st[0].site.startswith(DEMO + ":")
     wait0 = next(r["wait_s"] for r in rep["per_rank"] if r["rank"] == 0)
     # rank 0 waits for rank 1 (almost) only: what it waited for it is its whole wait, give or take
@@ -299,11 +313,12 @@ def test_demo_script_runs_as_written(tmp_path):
 def test_demo_root_cause_is_the_planted_rank(demo_loaded):
     """DDP waits for its buckets in C++ (no wait() row): the root-cause model must still see rank
     0's blocked time as waiting, so the delay, its cost and the what-if gain land on rank 1 (the
-    planted 40 ms per step, 20 steps), never on the rank that waited."""
+    planted PLANTED_MS per step, STEPS steps), never on the rank that waited."""
     run, rep = demo_loaded
     st = next(f for f in rep["findings"] if f["kind"] == "straggler")
+    planted_s = STEPS * PLANTED_MS / 1000
     assert st["root_cause"]["rank"] == 1, st["root_cause"]
-    assert st["cost_s"] >= 0.5 * 20 * 0.040, st          # rank 1's delays cost rank 0 its waits
-    assert st["gain_s"] >= 0.25 * 20 * 0.040, st         # and fixing them saves a real share
+    assert st["cost_s"] >= 0.5 * planted_s, st          # rank 1's delays cost rank 0 its waits
+    assert st["gain_s"] >= 0.25 * planted_s, st         # and fixing them saves a real share
     assert all(d["rank"] == 1 for d in rep["what_if"]["delays"][:3]), rep["what_if"]["delays"][:3]
     assert abs(rep["what_if"]["replay_error"]) <= 0.02
