@@ -25,4 +25,10 @@ if command -v "${CXX:-c++}" >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1; t
     echo "warning: commtrace accel build failed (.venv/accel-build.log); the tests using it will build it again" >&2
   fi
 fi
-python -m pytest -q -ra -m "not slow" "$@"
+# Two pytest-xdist workers, each test file on one worker (module fixtures run once: --dist
+# loadfile); COMMTRACE_TEST_WORKERS=N for N workers, 0 for one process (.ci/run's slow stage).
+par=()
+if [ "${COMMTRACE_TEST_WORKERS:-2}" != 0 ] && python -c "import xdist" 2>/dev/null; then
+  par=(-n "${COMMTRACE_TEST_WORKERS:-2}" --dist loadfile)
+fi
+python -m pytest -q -ra -m "not slow" "${par[@]}" "$@"
