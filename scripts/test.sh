@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Quick-start tests: set up .venv, install Debian's chromium for the browser tests (as root), run
-# the main suite: every test not marked slow (budget: 8 minutes on 2 idle cores; 12 minutes
-# in the 2026-12-03 machine state, docs/performance.md "Main-suite time"). Arguments go to pytest
+# the main suite: every test not marked slow, on two pytest-xdist workers (budget: 8 minutes on
+# 2 idle cores: it takes 12.7-12.9 minutes of CPU, docs/performance.md "Session 20 / Main-suite
+# time"; serial, 10-12 minutes idle in the 2026-12-03 machine state). Arguments go to pytest
 # and come after the default marker, so `bash scripts/test.sh -m slow` runs the slow stage
-# (.ci/run runs both) and `bash scripts/test.sh -m ""` everything.
+# (.ci/run runs both, the slow stage in one process) and `bash scripts/test.sh -m ""` everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup-env.sh
