@@ -177,8 +177,8 @@ fail_bufs:
  * times live in a row of a pool (`L`, rows reused) from its entry until the last of its readers
  * has read them: the anchor events that wait for it and its queue successor (the next slot on its
  * group and rank). Rows in use at once are the slots in flight, not every slot: 64 x 20,000 with
- * 8 scenarios, a few MB against the 82 MB of one row per slot that first-touch page faults cost
- * (docs/performance.md, session 20). gaps/tcs/tc_inds/masks/excls: sequences of S buffers (E, S, S float64; S uint8; R uint8
+ * 8 scenarios, 317 rows (20 kB; plus two int32 per slot, row and readers) against the 82 MB of one
+ * row per slot, in first-touch page faults (docs/performance.md, session 20). gaps/tcs/tc_inds/masks/excls: sequences of S buffers (E, S, S float64; S uint8; R uint8
  * per scenario); queues: sequence of S bools; ev_step: per event its step's position in
  * 0..n_steps-1 or -1. Per scenario, t_end is the latest release on the ranks not excluded (0
  * when none) and step_end[s, k] the latest release of step k's events (-inf when none); NaN
