@@ -104,6 +104,10 @@ typedef struct {
     char has_peer;            /* r0/r1 are (global peer, group peer) */
     char is_send;
     char always_async;        /* isend / irecv: every call is async (ApiSpec.always_async) */
+    /* Statistics (counts(), meta_reads(): summed over the live contexts, plus n_dead_*):
+     * here, in a line the op reads anyway, not in H's (issue 20, session 20). */
+    unsigned long long n_fast;   /* calls recorded here */
+    unsigned long long n_meta_t; /* tensor reads the C++ reads answered */
     /* -- the rest: first sight, other ops, slow paths -- */
     void *raw;             /* what ctx_new allocated (ctx_dealloc frees it) */
     PyObject *last_info;
@@ -211,8 +215,10 @@ static HOT_DATA struct {
     int (*mt_tensor_meta)(PyObject *, long long *, PyObject **, long long *);
     /* -- line 2 -- */
     unsigned long long pg_gen;   /* bumped when the Python side clears its cache */
-    unsigned long long n_fast;   /* calls recorded here (counts()) */
-    unsigned long long n_meta_t; /* tensor reads the C++ reads answered */
+    /* Blocking ops that hold e_rec borrowed (not its refcount line: issue 20, session 20),
+     * and the recorders let go of meanwhile (a list, strong; rec_retire), else NULL. */
+    Py_ssize_t n_busy;
+    PyObject *retired;
     uint64_t inprog_used;        /* bit i: inprog[i] used */
     uint64_t inprog_taken;       /* bit i: inprog[i] taken by a final flush */
     struct Rec_s *buf;           /* completed calls, in order */
@@ -289,6 +295,9 @@ static void ctx_unregister(FastCtx *c) {
 _Static_assert(offsetof(FastCtx, kw_tup) == 64 && offsetof(FastCtx, last_dtype) == 128 &&
                offsetof(FastCtx, raw) <= 192, "FastCtx: a blocking op's fields in three lines");
 
+/* The statistics of the contexts that were freed (counts(), meta_reads()). */
+static unsigned long long n_dead_fast, n_dead_meta_t;
+
 static PyTypeObject FastCtxType;
 
 /* A new context, its fields zero, at the start of a line (the type is not subclassable and
@@ -307,6 +316,8 @@ static FastCtx *ctx_new(void) {
 }
 
 static void ctx_dealloc(FastCtx *c) {
+    n_dead_fast += c->n_fast;
+    n_dead_meta_t += c->n_meta_t;
     ctx_unregister(c);
     ctx_clear_refs(c);
     PyObject_Free(c->raw);
@@ -791,14 +802,17 @@ static const long long *mt_stamps_n;
 static unsigned long long n_meta_attach;   /* completions attached in C++ (tests) */
 static int cxx_completion = 1;   /* set_cxx_completion(): benchmarks compare (0: Python callback) */
 static PyObject *meta_owner;   /* the capsule, kept (its module stays loaded) */
-/* (H.n_meta_t, H.n_meta_s, in H: reads it answered: tensors, seqs) */
+/* (FastCtx.n_meta_t, H.n_meta_s: reads it answered: tensors, seqs) */
 
 static void stamps_flush_now(void);
 
 /* meta_counts() -> (tensor reads, torch seq reads) answered through set_meta_api's capsule
  * (tests: the C++ reads were used, not only present). */
 static PyObject *meta_counts(PyObject *module, PyObject *unused) {
-    return Py_BuildValue("(KK)", H.n_meta_t, H.n_meta_s);
+    unsigned long long t = n_dead_meta_t;
+    for (Py_ssize_t i = 0; i < n_ctxs; i++)
+        t += ctxs[i]->n_meta_t;
+    return Py_BuildValue("(KK)", t, H.n_meta_s);
 }
 
 /* set_meta_api(capsule or None) -> whether the reads are now through it. */
@@ -1905,12 +1919,51 @@ static void opids_attach(void) {
     }
 }
 
+/* A blocking op holds the recorder borrowed from H.e_rec (H.n_busy counts them): it does
+ * not write the recorder's refcount line (one memory line per cold op at 2 ranks, issue 20,
+ * session 20). So H lets go of a recorder (e_rec, c_rec) here: at once when no op holds one,
+ * else into H.retired until the last such op ends (rec_busy_end). Steals o. */
+static COLD void rec_retire(PyObject *o) {
+    if (o == NULL)
+        return;
+    if (H.n_busy == 0) {
+        Py_DECREF(o);
+        return;
+    }
+    if (H.retired == NULL)
+        H.retired = PyList_New(0);
+    if (H.retired == NULL || PyList_Append(H.retired, o) != 0) {
+        CLEAR_ERR();
+        return;   /* kept for good (o's reference not released): never freed while held */
+    }
+    Py_DECREF(o);
+}
+
+/* The last op that held a recorder borrowed ended: release what was retired meanwhile (its
+ * finalizers may run Python code: the caller's exception is kept). */
+static COLD void rec_retired_release(void) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    Py_CLEAR(H.retired);
+    CLEAR_ERR();
+    PyErr_Restore(et, ev, etb);
+}
+
+static inline void rec_busy_end(void) {
+    if (--H.n_busy == 0 && UNLIKELY(H.retired != NULL))
+        rec_retired_release();
+}
+
 static COLD int cache_recorder(FastCtx *c, PyObject *rec) {
     if (H.c_rec == rec)
         return 0;
     opids_detach();
     H.e_rd_ok = 0;   /* read from the old c_rdict */
-    Py_CLEAR(H.c_rec); Py_CLEAR(H.c_seq); Py_CLEAR(H.c_p2p_seq); Py_CLEAR(H.c_op_ids);
+    {
+        PyObject *old = H.c_rec;
+        H.c_rec = NULL;
+        rec_retire(old);
+    } Py_CLEAR(H.c_seq); Py_CLEAR(H.c_p2p_seq); Py_CLEAR(H.c_op_ids);
     Py_CLEAR(H.c_rank); Py_CLEAR(H.c_rdict); Py_CLEAR(H.c_counters); Py_CLEAR(H.c_tseqs);
     counters_sync(NULL);
     H.c_rdict = dict_of(rec);
@@ -3230,7 +3283,9 @@ static COLD PyObject *ent_rec_refresh(FastCtx *c) {
         Py_INCREF(rec);
         H.e_recmod_d = c->recmod_d;
         Py_INCREF(rec);
-        Py_XSETREF(H.e_rec, rec);   /* strong: a thread may use it once more after a change */
+        PyObject *old = H.e_rec;
+        H.e_rec = rec;   /* strong: a thread may use it once more after a change */
+        rec_retire(old);
         H.e_rec_ok = HAVE_DVER;
         return rec;
     }
@@ -3572,6 +3627,8 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     long long t0, seq_v = -1, tlo = -1, step_v = NONE_LL;
     long long count_v = NONE_LL, outb_v = NONE_LL;   /* read by the C++ reads (count, outb NULL) */
     unsigned char own = 0;   /* REC_OWN_*: dtype and dev are new references (else borrowed) */
+    /* rec is a new reference (1), or borrowed from H.e_rec with H.n_busy counting it (0) */
+    char rec_own = 0;
     PyObject *ov_api = NULL, *ov_detail = NULL;   /* ddp_issue's, for this call */
     if (UNLIKELY(T->ov)) {
         ov_api = T->ov_api;
@@ -3590,16 +3647,22 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     }
     /* The recorder (recorder._recorder): the last answer while the module's dict is unchanged. */
     if (LIKELY(HAVE_DVER && H.e_rec_ok && c->recmod_d == H.e_recmod_d)) {
-        rec = H.e_rec;
-        Py_INCREF(rec);
+        rec = H.e_rec;   /* borrowed: H lets go of it only when no op holds it (rec_retire) */
+        if (UNLIKELY(rec == Py_None || T->depth))
+            return PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
+        H.n_busy++;
     } else {
         rec = ent_rec_refresh(c);
         if (rec == NULL)
             SLOW();
+        rec_own = 1;
     }
     if (UNLIKELY(rec == Py_None || T->depth)) {
         /* Tracing off, or a call made inside a call this path is recording: not a row. */
-        Py_DECREF(rec);
+        if (rec_own)
+            Py_DECREF(rec);
+        else
+            rec_busy_end();
         return PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
     }
     if (UNLIKELY(H.c_rec != rec) && cache_recorder(c, rec) != 0)
@@ -3680,7 +3743,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         if (LIKELY(H.mt_tensor_meta != NULL) && exact_tensor(x) &&
                 H.mt_tensor_meta(x, &count_v, &dtype, &dev_v) == 1) {
             /* dtype and dev borrowed (kept: the record holds them so, no refcount writes) */
-            H.n_meta_t++;
+            c->n_meta_t++;
             if (UNLIKELY(dtype != c->last_dtype) && keep_dtype(c, dtype) != 0)
                 SLOW();
             if (LIKELY(c->last_dev != NULL && c->last_dev_v == dev_v)) {
@@ -3768,7 +3831,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         r.dtype = dtype; dtype = NULL;
         r.dev = dev; dev = NULL;
         CLEAR_ERR();
-        H.n_fast++;
+        c->n_fast++;
         long long t_opid = r.op_id, t_seq = r.seq;
         Py_ssize_t tslot = -1;
         if (H.ts_gap != NULL && c->last_tseq && c->last_key != NULL) {
@@ -3852,7 +3915,11 @@ done:
         Py_XDECREF(dtype);
     if (own & REC_OWN_DEV)
         Py_XDECREF(dev);
-    Py_XDECREF(rec); Py_XDECREF(key); Py_XDECREF(count); Py_XDECREF(outb); Py_XDECREF(peer); Py_XDECREF(root); Py_XDECREF(seq);
+    if (rec_own)
+        Py_XDECREF(rec);
+    else if (rec != NULL)
+        rec_busy_end();
+    Py_XDECREF(key); Py_XDECREF(count); Py_XDECREF(outb); Py_XDECREF(peer); Py_XDECREF(root); Py_XDECREF(seq);
     Py_XDECREF(site); Py_XDECREF(op_id); Py_XDECREF(tkey);
     return ret;
 }
@@ -3928,7 +3995,10 @@ static PyObject *make_ctx(PyObject *module, PyObject *args) {
 }
 
 static PyObject *counts(PyObject *module, PyObject *unused) {
-    return Py_BuildValue("(KKi)", H.n_fast, n_slow, last_slow_line);
+    unsigned long long f = n_dead_fast;
+    for (Py_ssize_t i = 0; i < n_ctxs; i++)
+        f += ctxs[i]->n_fast;
+    return Py_BuildValue("(KKi)", f, n_slow, last_slow_line);
 }
 
 
