@@ -778,3 +778,48 @@ def test_labels_of_a_chunked_column():
     lab = M._CodeLabels(codes.astype(np.int32), values)
     assert [lab[i] for i in range(len(vals))] == flat
     assert [lab[np.int64(i)] for i in (0, 1, 700, 1999)] == [flat[i] for i in (0, 1, 700, 1999)]
+
+
+@pytest.mark.skipif(RP._C is None, reason="the C replay is not built")
+def test_replay_with_thousands_of_slots_in_flight_equals_one_per_call():
+    """replay_many keeps a slot's times in a pooled row from its entry until its last reader
+    (the anchors waiting for it, its queue successor) has read them; here each of 3 ranks issues
+    1,500 collectives before it waits for any (4,500 slots in flight: the pool grows past its
+    first 1,024 rows, twice), the waits in another order than the issues on one rank, and the
+    queue successors read their predecessors: the same times as one full row per slot (c-each)."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(5)
+    R, K = 3, 1500
+    C, NS = K, R * K
+    sl_comm = np.repeat(np.arange(C), R)                      # comm i: slots R*i .. R*i+R-1, rank order
+    sl_rank = np.tile(np.arange(R), C)
+    sl_prev = np.where(sl_comm > 0, np.arange(NS) - R, -1)   # the queue: comm i-1 on the same rank
+    ev_rank, ev_slot, anchor, call = [], [], [], []
+    for r in range(R):
+        waits = np.arange(K) if r != 1 else rng.permutation(K)
+        for i in range(K):                                    # the issues (calls)
+            ev_rank.append(r); ev_slot.append(R * i + r); anchor.append(False); call.append(R * i + r)
+        for i in waits.tolist():                              # then the waits (anchors)
+            ev_rank.append(r); ev_slot.append(R * i + r); anchor.append(True); call.append(-1)
+    ev_rank, ev_slot, anchor, call = (np.asarray(x) for x in (ev_rank, ev_slot, anchor, call))
+    E = len(ev_rank)
+    sl_call = np.full(NS, -1, np.int64)
+    isc = np.flatnonzero(call >= 0)
+    sl_call[call[isc]] = isc
+    rank_lo = np.arange(R) * 2 * K
+    m = SimpleNamespace(
+        n_events=E, ranks=np.arange(R), ev_rank=ev_rank, rank_lo=rank_lo, rank_hi=rank_lo + 2 * K,
+        ev_dur=rng.uniform(0, 50, E), ev_rho=rng.uniform(0, 20, E), ev_anchor=anchor, ev_slot=ev_slot,
+        ev_gap=rng.uniform(0, 100, E), ev_step=np.full(E, -1, np.int64), sl_call=sl_call,
+        sl_comm=sl_comm, sl_rank=sl_rank, sl_dep=rng.random(NS) < 0.8, sl_prev=sl_prev,
+        sl_tc=rng.uniform(10, 500, NS), cm_lo=np.arange(C) * R, cm_hi=np.arange(C) * R + R)
+    scs = [RP.Scenario("as measured", "baseline"),
+           RP.Scenario("gaps", "x", gap=rng.uniform(0, 100, E)),
+           RP.Scenario("tc", "x", tc=rng.uniform(0, 300, NS), tc_ind=rng.uniform(0, 300, NS)),
+           RP.Scenario("no queue", "x", tc=np.zeros(NS), tc_ind=np.zeros(NS), queue=False),
+           RP.Scenario("mask", "x", mask=sl_rank == 2, exclude_ranks=(2,))]
+    ref = RP.replay(m, scs, keep_events=True, engine="c-each")
+    res = RP.replay(m, scs, keep_events=True, engine="c")
+    assert np.array_equal(res.ev_rel, ref.ev_rel) and np.array_equal(res.t_end, ref.t_end)
+    assert len(set(ref.t_end.tolist())) == len(scs)           # the scenarios differ

@@ -173,7 +173,12 @@ fail_bufs:
  * order in which the loop above visits events and resolves communications, depends only on the
  * trace's structure, never on the times: every scenario takes the same path, so the path is
  * walked once and each step computes all S scenarios' times (kept side by side per slot and
- * rank; a slot holds its entry until its communication resolves, then its release). gaps/tcs/tc_inds/masks/excls: sequences of S buffers (E, S, S float64; S uint8; R uint8
+ * rank; a slot holds its entry until its communication resolves, then its release). A slot's S
+ * times live in a row of a pool (`L`, rows reused) from its entry until the last of its readers
+ * has read them: the anchor events that wait for it and its queue successor (the next slot on its
+ * group and rank). Rows in use at once are the slots in flight, not every slot: 64 x 20,000 with
+ * 8 scenarios, 317 rows (20 kB; plus two int32 per slot, row and readers) against the 82 MB of one
+ * row per slot, in first-touch page faults (docs/performance.md, session 20). gaps/tcs/tc_inds/masks/excls: sequences of S buffers (E, S, S float64; S uint8; R uint8
  * per scenario); queues: sequence of S bools; ev_step: per event its step's position in
  * 0..n_steps-1 or -1. Per scenario, t_end is the latest release on the ranks not excluded (0
  * when none) and step_end[s, k] the latest release of step k's events (-inf when none); NaN
@@ -228,8 +233,11 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     PyObject *res = NULL, *o_tend = NULL, *o_se = NULL;
     int64_t *pos = NULL, *stack = NULL, *next_waiter = NULL, *head = NULL, *arrived = NULL, *cstack = NULL;
     int64_t *nxt = NULL;
-    uint8_t *resolved = NULL, *entered = NULL;
+    uint8_t *resolved = NULL;
+    int32_t *row = NULL, *nread = NULL, *freel = NULL;
     double *prev = NULL, *L = NULL, *start = NULL, *T0 = NULL;
+    Py_ssize_t cap = 0, used = 0, nfree = 0;
+    int pool_err = 0;   /* 1: out of memory growing the pool; 2: a row read after its release */
     for (; nb < NB2; nb++)
         if (get(objs[nb], &b[nb], sizes[nb], names[nb]) < 0) goto done;
     for (Py_ssize_t s = 0; s < S; s++) {
@@ -297,14 +305,23 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     head = malloc(sizeof(int64_t) * (C + 1));
     arrived = calloc(C + 1, sizeof(int64_t));
     resolved = calloc(C + 1, 1);
-    entered = calloc(NS + 1, 1);
-    L = malloc(sizeof(double) * (NS + 1) * S);
+    if (NS >= INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "replay_many: too many slots");
+        goto done;
+    }
+    /* row[j]: slot j's row in L; -1 before its entry, -2 once released. nread[j]: its readers
+     * still to come (anchor events waiting for it, its queue successor). */
+    row = malloc(sizeof(int32_t) * (NS + 1));
+    nread = calloc(NS + 1, sizeof(int32_t));
+    cap = NS < 1024 ? NS + 1 : 1024;
+    L = malloc(sizeof(double) * cap * S);
+    freel = malloc(sizeof(int32_t) * cap);
     cstack = malloc(sizeof(int64_t) * (C + b[13].len / 8 + 1));
     start = malloc(sizeof(double) * S);
     cur = malloc(sizeof(int64_t) * (R + 1) * S);
     T0 = malloc(sizeof(double) * S);
-    if (!pos || !prev || !stack || !next_waiter || !head || !arrived || !resolved || !entered || !L ||
-        !cstack || !start || !T0 || !cur) {
+    if (!pos || !prev || !stack || !next_waiter || !head || !arrived || !resolved || !row || !nread || !L ||
+        !freel || !cstack || !start || !T0 || !cur) {
         PyErr_NoMemory();
         goto done;
     }
@@ -321,6 +338,11 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
         if (gap[s] != gap[0]) same_gap = 0;
     Py_ssize_t sp = 0, csp = 0, done_ranks = 0;
     for (Py_ssize_t c = 0; c < C; c++) head[c] = -1;
+    for (Py_ssize_t j = 0; j < NS; j++) row[j] = -1;
+    for (Py_ssize_t e = 0; e < E; e++)
+        if (anchor[e] && ev_slot[e] >= 0 && ev_slot[e] < NS) nread[ev_slot[e]]++;
+    for (Py_ssize_t j = 0; j < NS; j++)
+        if (sl_prev[j] >= 0 && sl_prev[j] < NS) nread[sl_prev[j]]++;
     for (Py_ssize_t r = 0; r < R; r++) {
         pos[r] = rank_lo[r];
         nxt[r] = INT64_MAX;
@@ -356,9 +378,24 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                 }
             }
             int64_t cs = call_slot[e];
-            if (cs >= 0 && !entered[cs]) {
-                entered[cs] = 1;
-                memcpy(L + cs * S, start, sizeof(double) * S);   /* the entry, until resolved */
+            if (cs >= 0 && row[cs] == -1) {
+                int32_t rw;
+                if (nfree) {
+                    rw = freel[--nfree];
+                } else {
+                    if (used == cap) {
+                        Py_ssize_t nc = cap * 2 < NS + 1 ? cap * 2 : NS + 1;
+                        double *L2 = realloc(L, sizeof(double) * nc * S);
+                        if (L2) L = L2;
+                        int32_t *f2 = L2 ? realloc(freel, sizeof(int32_t) * nc) : NULL;
+                        if (f2) freel = f2;
+                        if (!L2 || !f2) { pool_err = 1; goto pool_fail; }
+                        cap = nc;
+                    }
+                    rw = (int32_t)used++;
+                }
+                row[cs] = rw;
+                memcpy(L + (Py_ssize_t)rw * S, start, sizeof(double) * S);   /* the entry, until resolved */
                 int64_t c = sl_comm[cs];
                 arrived[c]++;
                 if (arrived[c] == cm_hi[c] - cm_lo[c]) cstack[csp++] = c;
@@ -373,9 +410,10 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                     if (!ready) continue;
                     for (Py_ssize_t s = 0; s < S; s++) T0[s] = -INFINITY;
                     for (int64_t j = cm_lo[x]; j < cm_hi[x]; j++) {
-                        const double *en = L + j * S;      /* entries (x unresolved) */
+                        const double *en = L + (Py_ssize_t)row[j] * S;      /* entries (x unresolved) */
                         int64_t p = sl_prev[j];
-                        const double *lp = p >= 0 ? L + p * S : NULL;
+                        if (p >= 0 && row[p] < 0) { pool_err = 2; goto pool_fail; }
+                        const double *lp = p >= 0 ? L + (Py_ssize_t)row[p] * S : NULL;
                         for (Py_ssize_t s = 0; s < S; s++) {
                             if (mask[s][j]) continue;
                             if (en[s] > T0[s]) T0[s] = en[s];
@@ -383,7 +421,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                         }
                     }
                     for (int64_t j = cm_lo[x]; j < cm_hi[x]; j++) {
-                        double *lj = L + j * S;            /* entry in, release out */
+                        double *lj = L + (Py_ssize_t)row[j] * S;            /* entry in, release out */
                         if (sl_dep[j]) {
                             for (Py_ssize_t s = 0; s < S; s++) {
                                 double t = T0[s] > lj[s] ? T0[s] : lj[s];
@@ -394,6 +432,12 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                         }
                     }
                     resolved[x] = 1;
+                    /* the queue predecessors are read; slots nobody else reads are released */
+                    for (int64_t j = cm_lo[x]; j < cm_hi[x]; j++) {
+                        int64_t p = sl_prev[j];
+                        if (p >= 0 && --nread[p] == 0) { freel[nfree++] = row[p]; row[p] = -2; }
+                        if (nread[j] == 0) { freel[nfree++] = row[j]; row[j] = -2; }
+                    }
                     for (int64_t w = head[x]; w >= 0; w = next_waiter[w]) stack[sp++] = w;
                     head[x] = -1;
                     for (int64_t k = succ_lo[x]; k < succ_lo[x + 1]; k++) cstack[csp++] = succ[k];
@@ -406,8 +450,10 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
                     head[sl_comm[sl]] = r;
                     goto blocked;
                 }
-                const double *ls = L + sl * S;
+                if (row[sl] < 0) { pool_err = 2; goto pool_fail; }
+                const double *ls = L + (Py_ssize_t)row[sl] * S;
                 for (Py_ssize_t s = 0; s < S; s++) pv[s] = (start[s] > ls[s] ? start[s] : ls[s]) + rho[e];
+                if (--nread[sl] == 0) { freel[nfree++] = row[sl]; row[sl] = -2; }
             } else {
                 for (Py_ssize_t s = 0; s < S; s++) pv[s] = start[s] + dur[e];
             }
@@ -438,7 +484,16 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
         done_ranks++;
     blocked:;
     }
+pool_fail:;
     Py_END_ALLOW_THREADS
+    if (pool_err == 1) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (pool_err == 2) {
+        PyErr_SetString(PyExc_SystemError, "replay_many: a slot read after its release (commtrace bug)");
+        goto done;
+    }
     if (done_ranks != R) {
         PyErr_SetString(PyExc_RuntimeError, "replay: dependencies cannot all be met (a cycle in the trace)");
         goto done;
@@ -446,7 +501,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     res = PyTuple_Pack(2, o_tend, o_se);
 done:
     free(pos); free(prev); free(stack); free(next_waiter); free(head); free(arrived); free(resolved);
-    free(entered); free(L); free(cstack); free(start); free(T0); free(cur); free(nxt);
+    free(row); free(nread); free(freel); free(L); free(cstack); free(start); free(T0); free(cur); free(nxt);
     Py_XDECREF(o_tend); Py_XDECREF(o_se);
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     for (int i = 0; i < ng; i++) PyBuffer_Release(&gb[i]);

@@ -309,7 +309,9 @@ def _c_inputs_build(m: Model) -> dict:
 
 
 #: Scenarios replayed together by one pass of the C loop (their times side by side; memory: one
-#: float64 per slot and scenario, 123 MB for 12 scenarios of 1.28M slots).
+#: float64 per scenario for each slot in flight, entered and not yet read by all its readers,
+#: rows reused: at most 317 on 64 x 20,000, where one row per slot was 123 MB for 12 scenarios;
+#: and two int32 per slot).
 C_BATCH = 12
 _NO_AT = np.zeros(0, np.int64)
 _NO_TO = np.zeros(0, np.float64)
