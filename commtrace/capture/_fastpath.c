@@ -104,6 +104,10 @@ typedef struct {
     char has_peer;            /* r0/r1 are (global peer, group peer) */
     char is_send;
     char always_async;        /* isend / irecv: every call is async (ApiSpec.always_async) */
+    /* Statistics (counts(), meta_reads(): summed over the live contexts, plus n_dead_*):
+     * here, in a line the op reads anyway, not in H's (issue 20, session 20). */
+    unsigned long long n_fast;   /* calls recorded here */
+    unsigned long long n_meta_t; /* tensor reads the C++ reads answered */
     /* -- the rest: first sight, other ops, slow paths -- */
     void *raw;             /* what ctx_new allocated (ctx_dealloc frees it) */
     PyObject *last_info;
@@ -211,8 +215,10 @@ static HOT_DATA struct {
     int (*mt_tensor_meta)(PyObject *, long long *, PyObject **, long long *);
     /* -- line 2 -- */
     unsigned long long pg_gen;   /* bumped when the Python side clears its cache */
-    unsigned long long n_fast;   /* calls recorded here (counts()) */
-    unsigned long long n_meta_t; /* tensor reads the C++ reads answered */
+    /* Blocking ops that hold e_rec borrowed (not its refcount line: issue 20, session 20),
+     * and the recorders let go of meanwhile (a list, strong; rec_retire), else NULL. */
+    Py_ssize_t n_busy;
+    PyObject *retired;
     uint64_t inprog_used;        /* bit i: inprog[i] used */
     uint64_t inprog_taken;       /* bit i: inprog[i] taken by a final flush */
     struct Rec_s *buf;           /* completed calls, in order */
@@ -237,6 +243,11 @@ static HOT_DATA struct {
     Py_ssize_t buf_alloc, buf_max;
     PyObject *c_seq, *c_p2p_seq, *c_op_ids, *c_rank;
     PyObject *c_counters;        /* its _seqs (Counters), or NULL: the seq dict */
+    /* c_rec's class has recorder.py's step and device_timer properties (rd_props), whose
+     * setters call entry_changed(): e_step is then trusted until told (e_rd_ok 1), not by
+     * c_rdict's tag (2), one memory line less per op (issue 20, session 20) */
+    char c_rd_notify;
+    unsigned long long rd_epoch;   /* bumped by entry_changed() (ent_rd_refresh's race) */
 } H __attribute__((aligned(64))) = {.pg_gen = 1, .pf_on = 1, .ts_at_wait = 1, .buf_max = 200000};
 _Static_assert(offsetof(__typeof__(H), c_rec) == 64 && offsetof(__typeof__(H), pg_gen) == 128 &&
                offsetof(__typeof__(H), c_tseq_v) == 192 && offsetof(__typeof__(H), c_tseqs) == 256,
@@ -289,6 +300,9 @@ static void ctx_unregister(FastCtx *c) {
 _Static_assert(offsetof(FastCtx, kw_tup) == 64 && offsetof(FastCtx, last_dtype) == 128 &&
                offsetof(FastCtx, raw) <= 192, "FastCtx: a blocking op's fields in three lines");
 
+/* The statistics of the contexts that were freed (counts(), meta_reads()). */
+static unsigned long long n_dead_fast, n_dead_meta_t;
+
 static PyTypeObject FastCtxType;
 
 /* A new context, its fields zero, at the start of a line (the type is not subclassable and
@@ -307,6 +321,8 @@ static FastCtx *ctx_new(void) {
 }
 
 static void ctx_dealloc(FastCtx *c) {
+    n_dead_fast += c->n_fast;
+    n_dead_meta_t += c->n_meta_t;
     ctx_unregister(c);
     ctx_clear_refs(c);
     PyObject_Free(c->raw);
@@ -791,14 +807,17 @@ static const long long *mt_stamps_n;
 static unsigned long long n_meta_attach;   /* completions attached in C++ (tests) */
 static int cxx_completion = 1;   /* set_cxx_completion(): benchmarks compare (0: Python callback) */
 static PyObject *meta_owner;   /* the capsule, kept (its module stays loaded) */
-/* (H.n_meta_t, H.n_meta_s, in H: reads it answered: tensors, seqs) */
+/* (FastCtx.n_meta_t, H.n_meta_s: reads it answered: tensors, seqs) */
 
 static void stamps_flush_now(void);
 
 /* meta_counts() -> (tensor reads, torch seq reads) answered through set_meta_api's capsule
  * (tests: the C++ reads were used, not only present). */
 static PyObject *meta_counts(PyObject *module, PyObject *unused) {
-    return Py_BuildValue("(KK)", H.n_meta_t, H.n_meta_s);
+    unsigned long long t = n_dead_meta_t;
+    for (Py_ssize_t i = 0; i < n_ctxs; i++)
+        t += ctxs[i]->n_meta_t;
+    return Py_BuildValue("(KK)", t, H.n_meta_s);
 }
 
 /* set_meta_api(capsule or None) -> whether the reads are now through it. */
@@ -1905,12 +1924,54 @@ static void opids_attach(void) {
     }
 }
 
+static PyObject *rd_props[2];   /* rd_props(): Recorder.step, Recorder.device_timer */
+
+/* A blocking op holds the recorder borrowed from H.e_rec (H.n_busy counts them): it does
+ * not write the recorder's refcount line (one memory line per cold op at 2 ranks, issue 20,
+ * session 20). So H lets go of a recorder (e_rec, c_rec) here: at once when no op holds one,
+ * else into H.retired until the last such op ends (rec_busy_end). Steals o. */
+static COLD void rec_retire(PyObject *o) {
+    if (o == NULL)
+        return;
+    if (H.n_busy == 0) {
+        Py_DECREF(o);
+        return;
+    }
+    if (H.retired == NULL)
+        H.retired = PyList_New(0);
+    if (H.retired == NULL || PyList_Append(H.retired, o) != 0) {
+        CLEAR_ERR();
+        return;   /* kept for good (o's reference not released): never freed while held */
+    }
+    Py_DECREF(o);
+}
+
+/* The last op that held a recorder borrowed ended: release what was retired meanwhile (its
+ * finalizers may run Python code: the caller's exception is kept). */
+static COLD void rec_retired_release(void) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    Py_CLEAR(H.retired);
+    CLEAR_ERR();
+    PyErr_Restore(et, ev, etb);
+}
+
+static inline void rec_busy_end(void) {
+    if (--H.n_busy == 0 && UNLIKELY(H.retired != NULL))
+        rec_retired_release();
+}
+
 static COLD int cache_recorder(FastCtx *c, PyObject *rec) {
     if (H.c_rec == rec)
         return 0;
+    H.c_rd_notify = 0;
     opids_detach();
     H.e_rd_ok = 0;   /* read from the old c_rdict */
-    Py_CLEAR(H.c_rec); Py_CLEAR(H.c_seq); Py_CLEAR(H.c_p2p_seq); Py_CLEAR(H.c_op_ids);
+    {
+        PyObject *old = H.c_rec;
+        H.c_rec = NULL;
+        rec_retire(old);
+    } Py_CLEAR(H.c_seq); Py_CLEAR(H.c_p2p_seq); Py_CLEAR(H.c_op_ids);
     Py_CLEAR(H.c_rank); Py_CLEAR(H.c_rdict); Py_CLEAR(H.c_counters); Py_CLEAR(H.c_tseqs);
     counters_sync(NULL);
     H.c_rdict = dict_of(rec);
@@ -1949,6 +2010,9 @@ static COLD int cache_recorder(FastCtx *c, PyObject *rec) {
     opids_attach();
     H.c_rec = rec;
     Py_INCREF(rec);
+    H.c_rd_notify = rd_props[0] != NULL &&
+        _PyType_Lookup(Py_TYPE(rec), s_step) == rd_props[0] &&
+        _PyType_Lookup(Py_TYPE(rec), s_device_timer) == rd_props[1];
     return 0;
 }
 
@@ -3230,7 +3294,9 @@ static COLD PyObject *ent_rec_refresh(FastCtx *c) {
         Py_INCREF(rec);
         H.e_recmod_d = c->recmod_d;
         Py_INCREF(rec);
-        Py_XSETREF(H.e_rec, rec);   /* strong: a thread may use it once more after a change */
+        PyObject *old = H.e_rec;
+        H.e_rec = rec;   /* strong: a thread may use it once more after a change */
+        rec_retire(old);
         H.e_rec_ok = HAVE_DVER;
         return rec;
     }
@@ -3301,6 +3367,25 @@ static COLD int ent_nvtx_refresh(FastCtx *c) {
 static COLD int ent_rd_refresh(PyObject *rec, long long *step_v) {
     PyObject *rd = H.c_rdict;
     H.e_rd_ok = 0;
+    if (H.c_rd_notify) {
+        /* the properties' getters (Python code: a setter may run meanwhile, rd_epoch) */
+        unsigned long long ep = H.rd_epoch;
+        PyObject *dt = PyObject_GetAttr(rec, s_device_timer);
+        if (dt == NULL)
+            return -1;
+        Py_DECREF(dt);
+        if (dt != Py_None)
+            return -1;
+        PyObject *step = PyObject_GetAttr(rec, s_step);
+        *step_v = as_ll(step);
+        Py_XDECREF(step);
+        CLEAR_ERR();
+        if (ep == H.rd_epoch && H.c_rec == rec) {
+            H.e_step = *step_v;
+            H.e_rd_ok = 1;
+        }
+        return 0;
+    }
     PyObject *dt = rd != NULL ? PyDict_GetItemWithError(rd, s_device_timer) : NULL;
     int in_dict = dt != NULL;
     if (in_dict) {
@@ -3329,7 +3414,7 @@ static COLD int ent_rd_refresh(PyObject *rec, long long *step_v) {
     if (in_dict && HAVE_DVER) {
         H.e_rdict_v = DVER(rd);
         H.e_step = *step_v;
-        H.e_rd_ok = 1;
+        H.e_rd_ok = 2;
     }
     return 0;
 }
@@ -3506,6 +3591,61 @@ out:
     return ret;
 }
 
+/* The rarer ways to a row's values, converted into the record here and their objects let go
+ * of: ctx_vectorcall keeps no object local for them (issue 20, session 20: its frame was 496
+ * bytes, about six lines a cold op wrote; the row's values now go straight into the record). */
+static NOINLINE int tensor_facts_rec(FastCtx *c, PyObject *x, Rec *r) {
+    PyObject *count = NULL;
+    r->dtype = r->dev = NULL;
+    int ret = tensor_facts_py(c, x, &count, &r->dtype, &r->dev);
+    r->count = count != NULL ? as_ll(count) : NONE_LL;
+    Py_XDECREF(count);
+    return ret;
+}
+
+static NOINLINE int peer_root_rec(FastCtx *c, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames, Rec *r, char *have_seq) {
+    PyObject *peer = NULL, *root = NULL, *seq = NULL;
+    int ret = peer_root(c, args, nargs, kwnames, &peer, &root, &seq);
+    r->peer = peer != NULL ? as_ll(peer) : NONE_LL;
+    r->root = root != NULL ? as_ll(root) : NONE_LL;
+    if (seq != NULL) {
+        r->seq = as_ll(seq);
+        *have_seq = 1;
+    }
+    Py_XDECREF(peer); Py_XDECREF(root); Py_XDECREF(seq);
+    return ret;
+}
+
+/* The seq from the recorder's dict (no counters array): 0 with r->seq, or -1. */
+static NOINLINE int seq_dict_rec(FastCtx *c, Rec *r) {
+    PyObject *d = H.c_seq;
+    Py_INCREF(d);
+    PyObject *seq = dict_next(d, c->last_name, -1);
+    Py_DECREF(d);
+    if (seq == NULL)
+        return -1;
+    r->seq = as_ll(seq);
+    Py_DECREF(seq);
+    return 0;
+}
+
+static NOINLINE long long op_id_iter(void) {
+    PyObject *o = PyIter_Next(H.c_op_ids);
+    long long v = as_ll(o);
+    Py_XDECREF(o);
+    return v;
+}
+
+static NOINLINE int outb_py(PyObject *y, Rec *r) {
+    PyObject *o = PyObject_GetAttr(y, s_nbytes);
+    if (o == NULL)
+        return -1;
+    r->outb = as_ll(o);
+    Py_DECREF(o);
+    return 0;
+}
+
 /* A recorded blocking call raised: its error row (on_error), then the torch seq check. */
 static COLD void blk_error(FastCtx *c, PyObject *rec, Rec *r, long long t1, PyObject **et,
                            PyObject **ev, PyObject **etb) {
@@ -3564,14 +3704,20 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     FastCtx *c = (FastCtx *)self;
     ThreadSt *T = thread_st();
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *rec = NULL, *key = NULL;
-    PyObject *count = NULL, *dtype = NULL, *dev = NULL, *outb = NULL, *peer = NULL,
-             *root = NULL, *seq = NULL, *site = NULL, *op_id = NULL, *ret = NULL;
+    PyObject *rec = NULL, *key = NULL, *ret = NULL;
     PyObject *tkey = NULL;                  /* torch seq check (tseq_after): the group */
-    PyObject *api = NULL, *detail = NULL;   /* borrowed (the thread's state dict holds them) */
-    long long t0, seq_v = -1, tlo = -1, step_v = NONE_LL;
-    long long count_v = NONE_LL, outb_v = NONE_LL;   /* read by the C++ reads (count, outb NULL) */
-    unsigned char own = 0;   /* REC_OWN_*: dtype and dev are new references (else borrowed) */
+    long long tlo = -1;
+    /* The row, its values read straight into it (no local per value: the frame a cold op
+     * writes stays small). Until it is complete (`own` cleared), r.api / r.detail are
+     * borrowed (the thread's state dict holds them) and r.dtype / r.dev are new references
+     * where `own` says so (REC_OWN_*), else borrowed. */
+    Rec r;
+    r.dtype = r.dev = NULL;
+    r.count = r.outb = r.step = r.peer = r.root = NONE_LL;
+    char have_seq = 0;
+    unsigned char own = 0;
+    /* rec is a new reference (1), or borrowed from H.e_rec with H.n_busy counting it (0) */
+    char rec_own = 0;
     PyObject *ov_api = NULL, *ov_detail = NULL;   /* ddp_issue's, for this call */
     if (UNLIKELY(T->ov)) {
         ov_api = T->ov_api;
@@ -3590,16 +3736,22 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     }
     /* The recorder (recorder._recorder): the last answer while the module's dict is unchanged. */
     if (LIKELY(HAVE_DVER && H.e_rec_ok && c->recmod_d == H.e_recmod_d)) {
-        rec = H.e_rec;
-        Py_INCREF(rec);
+        rec = H.e_rec;   /* borrowed: H lets go of it only when no op holds it (rec_retire) */
+        if (UNLIKELY(rec == Py_None || T->depth))
+            return PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
+        H.n_busy++;
     } else {
         rec = ent_rec_refresh(c);
         if (rec == NULL)
             SLOW();
+        rec_own = 1;
     }
     if (UNLIKELY(rec == Py_None || T->depth)) {
         /* Tracing off, or a call made inside a call this path is recording: not a row. */
-        Py_DECREF(rec);
+        if (rec_own)
+            Py_DECREF(rec);
+        else
+            rec_busy_end();
         return PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
     }
     if (UNLIKELY(H.c_rec != rec) && cache_recorder(c, rec) != 0)
@@ -3612,14 +3764,14 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     {
         PyObject *st = T->state;
         if (LIKELY(HAVE_DVER && st != NULL && T->st_d == st && DVER(st) == T->st_v)) {
-            api = T->api;
-            detail = T->detail;
-        } else if (ent_thread_refresh(c, T, &api, &detail) != 0) {
+            r.api = T->api;
+            r.detail = T->detail;
+        } else if (ent_thread_refresh(c, T, &r.api, &r.detail) != 0) {
             SLOW();
         }
         if (UNLIKELY(ov_api != NULL)) {
-            api = ov_api;
-            detail = ov_detail;
+            r.api = ov_api;
+            r.detail = ov_detail;
         }
     }
     /* NVTX ranges (nvtx_ranges.active): checked again only when its module's dict changed. */
@@ -3629,13 +3781,14 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     /* The device timer (must be None here) and the step: from the recorder's __dict__. */
     {
         PyObject *rd = H.c_rdict;
-        /* (e_rd_ok: read from this c_rdict; cache_recorder clears it) */
-        if (LIKELY(HAVE_DVER && H.e_rd_ok && DVER(rd) == H.e_rdict_v))
-            step_v = H.e_step;
-        else if (ent_rd_refresh(rec, &step_v) != 0)
+        /* (e_rd_ok: read from this c_rec; cache_recorder clears it. 1: told of changes,
+         * 2: valid while c_rdict's tag is e_rdict_v) */
+        if (LIKELY(H.e_rd_ok == 1) || (HAVE_DVER && H.e_rd_ok == 2 && DVER(rd) == H.e_rdict_v))
+            r.step = H.e_step;
+        else if (ent_rd_refresh(rec, &r.step) != 0)
             SLOW();
     }
-    t0 = now_ns();
+    r.t0 = now_ns();
 
     /* Group -> PgInfo (cached by the Python side on first sight). */
     {
@@ -3678,19 +3831,19 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             SLOW();
         long long dev_v;
         if (LIKELY(H.mt_tensor_meta != NULL) && exact_tensor(x) &&
-                H.mt_tensor_meta(x, &count_v, &dtype, &dev_v) == 1) {
+                H.mt_tensor_meta(x, &r.count, &r.dtype, &dev_v) == 1) {
             /* dtype and dev borrowed (kept: the record holds them so, no refcount writes) */
-            H.n_meta_t++;
-            if (UNLIKELY(dtype != c->last_dtype) && keep_dtype(c, dtype) != 0)
+            c->n_meta_t++;
+            if (UNLIKELY(r.dtype != c->last_dtype) && keep_dtype(c, r.dtype) != 0)
                 SLOW();
             if (LIKELY(c->last_dev != NULL && c->last_dev_v == dev_v)) {
-                dev = c->last_dev;
-            } else if ((dev = dev_name(c, dev_v)) == NULL) {
+                r.dev = c->last_dev;
+            } else if ((r.dev = dev_name(c, dev_v)) == NULL) {
                 SLOW();   /* first tensor on this device: the Python path names it */
             }
         } else {
             own = REC_OWN_DTYPE | REC_OWN_DEV;   /* new references */
-            if (tensor_facts_py(c, x, &count, &dtype, &dev) != 0)
+            if (tensor_facts_rec(c, x, &r) != 0)
                 SLOW();
         }
         if (c->has_y) {
@@ -3699,76 +3852,58 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
                 SLOW();
             y_arg = y;
             if (!(exact_tensor(y) && H.mt_tensor_nbytes != NULL &&
-                  H.mt_tensor_nbytes(y, &outb_v) == 1)) {
-                outb = PyObject_GetAttr(y, s_nbytes);
-                if (outb == NULL)
-                    SLOW();
-            }
+                  H.mt_tensor_nbytes(y, &r.outb) == 1) && outb_py(y, &r) != 0)
+                SLOW();
         }
     }
     if (UNLIKELY(c->last_name == NULL))
         SLOW();   /* the groups were forgotten since the lookup above (invalidate) */
     if (c->has_peer || c->has_root) {
-        if (peer_root(c, args, nargs, kwnames, &peer, &root, &seq) != 0)
+        if (peer_root_rec(c, args, nargs, kwnames, &r, &have_seq) != 0)
             SLOW();
     }
     if (!c->has_peer) {
         Py_ssize_t sl = c->last_slot;
+        long long v;
         if (LIKELY(sl >= 0 && sl < H.c_seq_n)) {
-            seq_v = H.c_seq_v[2 * sl]++;   /* counters_next, from H's copy of the array */
+            r.seq = H.c_seq_v[2 * sl]++;   /* counters_next, from H's copy of the array */
+            have_seq = 1;
         } else if (LIKELY(H.c_counters != NULL && sl >= 0) &&
-                (seq_v = counters_next((Counters *)H.c_counters, sl)) >= 0) {
-            /* taken, as seq_v (no int object) */
-        } else if (H.c_seq != NULL) {
-            PyObject *d = H.c_seq;
-            Py_INCREF(d);
-            seq = dict_next(d, c->last_name, -1);
-            Py_DECREF(d);
+                (v = counters_next((Counters *)H.c_counters, sl)) >= 0) {
+            r.seq = v;   /* taken (no int object) */
+            have_seq = 1;
+        } else if (H.c_seq != NULL && seq_dict_rec(c, &r) == 0) {
+            have_seq = 1;
         }
     }
-    if (seq_v < 0 && seq == NULL)
+    if (!have_seq)
         SLOW();   /* nothing counted yet: the Python path counts it */
     /* From here on the seq is taken: never fall back to the Python path (it would count the
      * call again). A failure of commtrace's own bookkeeping drops the row, not the call. */
     {
-        Rec r;
         r.fact = c->fact_i;
         r.pgidx = c->last_idx;
-        r.seq = seq_v >= 0 ? seq_v : as_ll(seq);
-        r.peer = peer != NULL ? as_ll(peer) : NONE_LL;
-        r.root = root != NULL ? as_ll(root) : NONE_LL;
-        r.t0 = t0;
         r.t1 = 0;
-        r.step = step_v;
-        r.count = count != NULL ? as_ll(count) : count_v;
-        r.outb = outb != NULL ? as_ll(outb) : outb_v;
         /* this thread's ident from H while H's thread block is still T's (Python code run
          * since the entry may have let another thread in): not the TCB's line */
         r.thread = LIKELY(H.e_ts_T == T) ? H.e_thread : PyThread_get_thread_ident();
         int site_own = 1;
-        if (H.c_stack)
-            site = call_site(c, &site_own);
-        if (site == NULL) {
+        r.site = H.c_stack ? call_site(c, &site_own) : NULL;
+        if (r.site == NULL) {
             CLEAR_ERR();
-            site = Py_None;
-            Py_INCREF(site);
+            r.site = Py_None;
+            Py_INCREF(Py_None);
             site_own = 1;
         }
-        if (LIKELY(H.c_op_c)) {
-            r.op_id = H.c_op_next++;   /* the OpIds' value, held in H (opids_attach) */
-        } else {
-            op_id = PyIter_Next(H.c_op_ids);
-            r.op_id = as_ll(op_id);
-        }
+        r.op_id = LIKELY(H.c_op_c) ? H.c_op_next++   /* the OpIds' value, held in H (opids_attach) */
+                                   : op_id_iter();
         /* the row takes site, dtype and dev (their references where owned) */
         r.own = own | (site_own ? REC_OWN_SITE : 0);
-        r.site = site; site = NULL;
-        r.api = api; Py_INCREF(api);
-        r.detail = detail; Py_INCREF(detail);
-        r.dtype = dtype; dtype = NULL;
-        r.dev = dev; dev = NULL;
+        own = 0;   /* r is complete: it holds what it owns */
+        Py_INCREF(r.api);
+        Py_INCREF(r.detail);
         CLEAR_ERR();
-        H.n_fast++;
+        c->n_fast++;
         long long t_opid = r.op_id, t_seq = r.seq;
         Py_ssize_t tslot = -1;
         if (H.ts_gap != NULL && c->last_tseq && c->last_key != NULL) {
@@ -3797,10 +3932,6 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             H.inprog_taken &= ~(1ULL << slot_i);
             *inprog_ref(slot_i) = &r;   /* r stays here until the slot is freed */
         }
-        /* What the row took is in r: let go of the rest now, while it is warm (after the
-         * wait it is not). */
-        Py_CLEAR(count); Py_CLEAR(outb); Py_CLEAR(peer); Py_CLEAR(root); Py_CLEAR(seq);
-        Py_CLEAR(op_id);
         /* Inner wrapped calls are not rows of their own: C wrappers read tl.depth, the
          * Python ones ask depth() (the same rule as tls.depth on the Python path). */
         T->depth = 1;
@@ -3849,11 +3980,14 @@ slow:
         ret = PyObject_Vectorcall(c->slow, args, nargsf, kwnames);
 done:
     if (own & REC_OWN_DTYPE)
-        Py_XDECREF(dtype);
+        Py_XDECREF(r.dtype);
     if (own & REC_OWN_DEV)
-        Py_XDECREF(dev);
-    Py_XDECREF(rec); Py_XDECREF(key); Py_XDECREF(count); Py_XDECREF(outb); Py_XDECREF(peer); Py_XDECREF(root); Py_XDECREF(seq);
-    Py_XDECREF(site); Py_XDECREF(op_id); Py_XDECREF(tkey);
+        Py_XDECREF(r.dev);
+    if (rec_own)
+        Py_XDECREF(rec);
+    else if (rec != NULL)
+        rec_busy_end();
+    Py_XDECREF(key); Py_XDECREF(tkey);
     return ret;
 }
 
@@ -3928,7 +4062,10 @@ static PyObject *make_ctx(PyObject *module, PyObject *args) {
 }
 
 static PyObject *counts(PyObject *module, PyObject *unused) {
-    return Py_BuildValue("(KKi)", H.n_fast, n_slow, last_slow_line);
+    unsigned long long f = n_dead_fast;
+    for (Py_ssize_t i = 0; i < n_ctxs; i++)
+        f += ctxs[i]->n_fast;
+    return Py_BuildValue("(KKi)", f, n_slow, last_slow_line);
 }
 
 
@@ -4120,10 +4257,27 @@ static PyObject *depth(PyObject *module, PyObject *unused) {
     return PyBool_FromLong(tl.depth);
 }
 
-/* entry_changed(): recorder._recorder or nvtx_ranges.active was assigned (their dicts' tags
- * are not read per op: H.e_rec_ok, H.e_nvtx_ok). */
+/* entry_changed(): recorder._recorder, nvtx_ranges.active, or a recorder's step or
+ * device_timer (the properties rd_props) was assigned: their dicts' tags are not read per op
+ * (H.e_rec_ok, H.e_nvtx_ok, H.e_rd_ok). */
 static PyObject *entry_changed(PyObject *module, PyObject *unused) {
-    H.e_rec_ok = H.e_nvtx_ok = 0;
+    H.e_rec_ok = H.e_nvtx_ok = H.e_rd_ok = 0;
+    H.rd_epoch++;
+    Py_RETURN_NONE;
+}
+
+/* rd_props(step, device_timer): recorder.Recorder's two properties whose setters call
+ * entry_changed() (strong, for the module's life). */
+static PyObject *rd_props_set(PyObject *module, PyObject *args) {
+    PyObject *a, *b;
+    if (!PyArg_ParseTuple(args, "OO", &a, &b))
+        return NULL;
+    Py_INCREF(a);
+    Py_INCREF(b);
+    Py_XSETREF(rd_props[0], a);
+    Py_XSETREF(rd_props[1], b);
+    H.c_rd_notify = 0;   /* decided at the next recorder cached (cache_recorder) */
+    H.e_rd_ok = 0;
     Py_RETURN_NONE;
 }
 
@@ -5014,6 +5168,7 @@ static PyMethodDef methods[] = {
      "(calls recorded in C, calls handed to the Python wrapper, source line of the last)."},
     {"invalidate", invalidate, METH_NOARGS, "Forget cached process-group facts (and the groups)."},
     {"entry_changed", entry_changed, METH_NOARGS, "recorder._recorder or nvtx_ranges.active was assigned."},
+    {"rd_props", rd_props_set, METH_VARARGS, "Recorder's step and device_timer properties (their setters call entry_changed)."},
     {"instancemethod", instancemethod, METH_O, "Wrap a callable as a C++ class method."},
     {"around", around, METH_VARARGS, "around(orig, before, after): call orig from C between them."},
     {"depth", depth, METH_NOARGS, "True while this thread is inside a call the C path records."},

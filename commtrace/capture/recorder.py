@@ -906,6 +906,28 @@ class Recorder:
 
     # ------------------------------------------------------------------ hooks (interfaces.md)
 
+    # step and device_timer are properties: the C fast path keeps the values it last read until
+    # a setter says they changed (_entry_changed), not by reading this object's __dict__ tag
+    # per op (issue 20, session 20: one memory line per cold op). Every assignment, tests'
+    # `rec.step = 5` too, goes through the setter.
+    @property
+    def step(self) -> int | None:
+        return self._step
+
+    @step.setter
+    def step(self, value) -> None:
+        self._step = value
+        _entry_changed()
+
+    @property
+    def device_timer(self):
+        return self._device_timer
+
+    @device_timer.setter
+    def device_timer(self, value) -> None:
+        self._device_timer = value
+        _entry_changed()
+
     def now_ns(self) -> int:
         """Host wall clock in ns since the epoch, with the injected test skew."""
         return self._clock() + self.skew_ns
@@ -1642,6 +1664,10 @@ class Recorder:
             except Exception:
                 pass
         self._prev_handlers.clear()
+
+
+if _cfast is not None and getattr(_cfast, "rd_props", None) is not None:
+    _cfast.rd_props(Recorder.__dict__["step"], Recorder.__dict__["device_timer"])
 
 
 def _atexit_close(ref) -> None:
