@@ -244,10 +244,10 @@ static HOT_DATA struct {
     PyObject *c_seq, *c_p2p_seq, *c_op_ids, *c_rank;
     PyObject *c_counters;        /* its _seqs (Counters), or NULL: the seq dict */
     /* c_rec's class has recorder.py's step and device_timer properties (rd_props), whose
-     * setters call entry_changed(): e_step is then trusted until told (e_rd_ok 1), not by
+     * setters call rd_changed(): e_step is then trusted until told (e_rd_ok 1), not by
      * c_rdict's tag (2), one memory line less per op (issue 20, session 20) */
     char c_rd_notify;
-    unsigned long long rd_epoch;   /* bumped by entry_changed() (ent_rd_refresh's race) */
+    unsigned long long rd_epoch;   /* bumped by rd_changed() / entry_changed() (ent_rd_refresh's race) */
 } H __attribute__((aligned(64))) = {.pg_gen = 1, .pf_on = 1, .ts_at_wait = 1, .buf_max = 200000};
 _Static_assert(offsetof(__typeof__(H), c_rec) == 64 && offsetof(__typeof__(H), pg_gen) == 128 &&
                offsetof(__typeof__(H), c_tseq_v) == 192 && offsetof(__typeof__(H), c_tseqs) == 256,
@@ -4266,8 +4266,17 @@ static PyObject *entry_changed(PyObject *module, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* rd_changed(): a recorder's step or device_timer was assigned (their setters): only the
+ * recorder's values are read again, not recorder._recorder or nvtx_ranges.active (a step
+ * changes once per training step). */
+static PyObject *rd_changed(PyObject *module, PyObject *unused) {
+    H.e_rd_ok = 0;
+    H.rd_epoch++;
+    Py_RETURN_NONE;
+}
+
 /* rd_props(step, device_timer): recorder.Recorder's two properties whose setters call
- * entry_changed() (strong, for the module's life). */
+ * rd_changed() (strong, for the module's life). */
 static PyObject *rd_props_set(PyObject *module, PyObject *args) {
     PyObject *a, *b;
     if (!PyArg_ParseTuple(args, "OO", &a, &b))
@@ -5168,7 +5177,8 @@ static PyMethodDef methods[] = {
      "(calls recorded in C, calls handed to the Python wrapper, source line of the last)."},
     {"invalidate", invalidate, METH_NOARGS, "Forget cached process-group facts (and the groups)."},
     {"entry_changed", entry_changed, METH_NOARGS, "recorder._recorder or nvtx_ranges.active was assigned."},
-    {"rd_props", rd_props_set, METH_VARARGS, "Recorder's step and device_timer properties (their setters call entry_changed)."},
+    {"rd_changed", rd_changed, METH_NOARGS, "A recorder's step or device_timer was assigned."},
+    {"rd_props", rd_props_set, METH_VARARGS, "Recorder's step and device_timer properties (their setters call rd_changed)."},
     {"instancemethod", instancemethod, METH_O, "Wrap a callable as a C++ class method."},
     {"around", around, METH_VARARGS, "around(orig, before, after): call orig from C between them."},
     {"depth", depth, METH_NOARGS, "True while this thread is inside a call the C path records."},

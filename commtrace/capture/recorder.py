@@ -672,6 +672,15 @@ def _entry_changed() -> None:
         f()
 
 
+def _rd_changed() -> None:
+    # A Recorder's step or device_timer was assigned: the C fast path reads them again at its
+    # next op (and only them; _entry_changed would also make it read _recorder and
+    # nvtx_ranges.active again, at every training step).
+    f = getattr(_cfast, "rd_changed", None) or getattr(_cfast, "entry_changed", None)
+    if f is not None:
+        f()
+
+
 _entry_changed()   # a reload assigned _recorder above
 _part_counter = 0  # process-wide, so a second recorder in the same process never overwrites
 _part_lock = threading.Lock()
@@ -907,7 +916,7 @@ class Recorder:
     # ------------------------------------------------------------------ hooks (interfaces.md)
 
     # step and device_timer are properties: the C fast path keeps the values it last read until
-    # a setter says they changed (_entry_changed), not by reading this object's __dict__ tag
+    # a setter says they changed (_rd_changed), not by reading this object's __dict__ tag
     # per op (issue 20, session 20: one memory line per cold op). Every assignment, tests'
     # `rec.step = 5` too, goes through the setter.
     @property
@@ -917,7 +926,7 @@ class Recorder:
     @step.setter
     def step(self, value) -> None:
         self._step = value
-        _entry_changed()
+        _rd_changed()
 
     @property
     def device_timer(self):
@@ -926,7 +935,7 @@ class Recorder:
     @device_timer.setter
     def device_timer(self, value) -> None:
         self._device_timer = value
-        _entry_changed()
+        _rd_changed()
 
     def now_ns(self) -> int:
         """Host wall clock in ns since the epoch, with the injected test skew."""
