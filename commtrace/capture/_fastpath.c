@@ -2337,7 +2337,170 @@ static void as_append(PyObject *rec, PyObject *row) {
     CLEAR_ERR();
 }
 
+/* PendLock: the recorder's pending-op lock (Recorder._pend_lock) where this module is built.
+ * A threading.Lock as Python uses it (`with`, acquire / release, locked), whose acquire and
+ * release the async path takes here without a Python call: threading.Lock's acquire parses
+ * its (blocking, timeout) arguments with PyArg_ParseTupleAndKeywords on every call, and the
+ * path took it twice per async op (the insert, and the release at a C++ DDP stamp). A
+ * contended acquire waits with the GIL released, as threading.Lock's; it is not interrupted
+ * by signals (the lock is held for a few dict operations). */
+typedef struct {
+    PyObject_HEAD
+    PyThread_type_lock lk;
+    int held;
+} PendLock;
+
+static PyTypeObject PendLockType;
+
+static inline void plock_acquire(PendLock *l) {
+    if (!PyThread_acquire_lock(l->lk, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(l->lk, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    l->held = 1;
+}
+
+static inline int plock_release(PendLock *l) {
+    if (!l->held) {
+        PyErr_SetString(PyExc_RuntimeError, "release unlocked lock");
+        return -1;
+    }
+    l->held = 0;
+    PyThread_release_lock(l->lk);
+    return 0;
+}
+
+static PyObject *plock_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    if (PyTuple_GET_SIZE(args) != 0 || (kw != NULL && PyDict_GET_SIZE(kw) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "PendLock() takes no arguments");
+        return NULL;
+    }
+    PendLock *l = (PendLock *)tp->tp_alloc(tp, 0);
+    if (l == NULL)
+        return NULL;
+    l->lk = PyThread_allocate_lock();
+    if (l->lk == NULL) {
+        Py_DECREF(l);
+        return PyErr_NoMemory();
+    }
+    l->held = 0;
+    return (PyObject *)l;
+}
+
+static void plock_dealloc(PendLock *l) {
+    if (l->lk != NULL) {
+        if (l->held)
+            PyThread_release_lock(l->lk);
+        PyThread_free_lock(l->lk);
+    }
+    Py_TYPE(l)->tp_free((PyObject *)l);
+}
+
+/* acquire(blocking=True, timeout=-1) -> bool, as threading.Lock's */
+static PyObject *plock_acquire_m(PendLock *l, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames) {
+    int blocking = 1;
+    double timeout = -1.0;
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "acquire(blocking=True, timeout=-1)");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs + nkw; i++) {
+        int is_timeout = i < nargs ? i == 1 :
+            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i - nargs),
+                                             "timeout") == 0;
+        if (!is_timeout && i >= nargs &&
+            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i - nargs),
+                                             "blocking") != 0) {
+            PyErr_SetString(PyExc_TypeError, "acquire(blocking=True, timeout=-1)");
+            return NULL;
+        }
+        if (is_timeout) {
+            timeout = PyFloat_AsDouble(args[i]);
+            if (timeout == -1.0 && PyErr_Occurred())
+                return NULL;
+        } else {
+            blocking = PyObject_IsTrue(args[i]);
+            if (blocking < 0)
+                return NULL;
+        }
+    }
+    if (!blocking && timeout != -1.0) {
+        PyErr_SetString(PyExc_ValueError, "can't specify a timeout for a non-blocking call");
+        return NULL;
+    }
+    if (timeout < 0 && timeout != -1.0) {
+        PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
+        return NULL;
+    }
+    if (PyThread_acquire_lock(l->lk, NOWAIT_LOCK)) {
+        l->held = 1;
+        Py_RETURN_TRUE;
+    }
+    if (!blocking)
+        Py_RETURN_FALSE;
+    PyLockStatus r;
+    long long us = timeout < 0 ? -1 : (long long)(timeout * 1e6);
+    Py_BEGIN_ALLOW_THREADS
+    r = PyThread_acquire_lock_timed(l->lk, us, 0);
+    Py_END_ALLOW_THREADS
+    if (r == PY_LOCK_ACQUIRED) {
+        l->held = 1;
+        Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyObject *plock_enter(PendLock *l, PyObject *unused) {
+    plock_acquire(l);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *plock_release_m(PendLock *l, PyObject *unused) {
+    if (plock_release(l) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *plock_exit(PendLock *l, PyObject *const *args, Py_ssize_t nargs) {
+    if (plock_release(l) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *plock_locked(PendLock *l, PyObject *unused) {
+    return PyBool_FromLong(l->held);
+}
+
+static PyMethodDef plock_methods[] = {
+    {"acquire", (PyCFunction)(void (*)(void))plock_acquire_m, METH_FASTCALL | METH_KEYWORDS,
+     "acquire(blocking=True, timeout=-1) -> bool"},
+    {"release", (PyCFunction)plock_release_m, METH_NOARGS, "release()"},
+    {"locked", (PyCFunction)plock_locked, METH_NOARGS, "locked() -> bool"},
+    {"__enter__", (PyCFunction)plock_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))plock_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PendLockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "commtrace.capture._fastpath.PendLock",
+    .tp_basicsize = sizeof(PendLock),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = plock_new,
+    .tp_dealloc = (destructor)plock_dealloc,
+    .tp_methods = plock_methods,
+    .tp_doc = "The recorder's pending-op lock: a threading.Lock that the async path takes "
+              "without a Python call.",
+};
+
 static inline int as_lock(void) {
+    if (Py_TYPE(acst.lock) == &PendLockType) {
+        plock_acquire((PendLock *)acst.lock);
+        return 0;
+    }
     PyObject *x = PyObject_CallNoArgs(acst.acquire);
     Py_XDECREF(x);
     if (x == NULL) {
@@ -2348,6 +2511,11 @@ static inline int as_lock(void) {
 }
 
 static inline void as_unlock(void) {
+    if (Py_TYPE(acst.lock) == &PendLockType) {
+        plock_release((PendLock *)acst.lock);
+        CLEAR_ERR();
+        return;
+    }
     PyObject *x = PyObject_CallNoArgs(acst.release);
     Py_XDECREF(x);
     CLEAR_ERR();
@@ -2813,6 +2981,13 @@ typedef struct {
     int nofut;   /* the C++ hook, which takes its Work's future in C++: no get_future here */
 } DdpTake;
 static _Thread_local DdpTake *t_ddp_take;
+/* Set by as_issue around its call when the C++ DDP side may issue without a Python Work
+ * (t_ddp_take->nofut, completion by callback): ddp_allreduce then has it issue through
+ * issue_ar_nopy and returns as_cxx_work, a placeholder that as_track recognizes: the pending
+ * op gets no Work, no weak reference and no key (the Work is the C++ side's, never returned to
+ * Python: nothing could wait on it there; its end is stamped by the C++ side's callback). */
+static _Thread_local int t_as_nopy;
+static PyObject *as_cxx_work;   /* the placeholder (an object()) */
 
 /* wrappers._track_work for a Work whose type this wrapper has seen complete through its
  * future (the first of each type goes to the Python function, which also patches the wait()
@@ -2825,9 +3000,13 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
         CLEAR_ERR();
         return;
     }
-    int learned = c->as_work_type != NULL && (PyObject *)Py_TYPE(work) == c->as_work_type;
+    /* cxxw: the C++ DDP side's Work, kept there (as_cxx_work): a pending op with a future
+     * (the C++ side stamps it), no Work, no key */
+    int cxxw = work == as_cxx_work && t_ddp_take != NULL && t_ddp_take->nofut;
+    int learned = cxxw ||
+                  (c->as_work_type != NULL && (PyObject *)Py_TYPE(work) == c->as_work_type);
     int nofut = 0;
-    if (learned && c->as_nofut_backend != NULL) {
+    if (learned && !cxxw && c->as_nofut_backend != NULL) {
         /* a Work without a future: tracked here only on the backend it was learned on */
         PyObject *b = PyList_GET_ITEM(row, C_BACKEND);
         learned = nofut = b == c->as_nofut_backend ||
@@ -2870,7 +3049,7 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
      * completion itself (t_ddp_take->nofut: the pybind call would make a Python object that
      * nothing uses) */
     int hasfut = 0, attached = 0;
-    if (acst.callback && !nofut && t_ddp_take != NULL && t_ddp_take->nofut) {
+    if (cxxw || (acst.callback && !nofut && t_ddp_take != NULL && t_ddp_take->nofut)) {
         hasfut = 1;
     } else if (acst.callback && !nofut && t_ddp_take == NULL && mt_work_attach != NULL &&
                cxx_completion &&
@@ -2913,7 +3092,9 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
         CLEAR_ERR();
         return;
     }
-    if (hasfut) {
+    if (cxxw) {
+        pset(p, P_HAS_FUTURE, Py_True);   /* work / work_ref None: as a Work already freed */
+    } else if (hasfut) {
         pset(p, P_HAS_FUTURE, Py_True);
         PyObject *wr = PyWeakref_NewRef(work, NULL);
         if (wr != NULL) {
@@ -2926,7 +3107,7 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
     } else {
         pset(p, P_WORK, work);   /* no callback: polled by the writer thread, or waited */
     }
-    PyObject *key = PyLong_FromVoidPtr(work);
+    PyObject *key = cxxw ? NULL : PyLong_FromVoidPtr(work);
     if (key != NULL) {
         pset(p, P_KEY, key);
         PyDict_SetItem(acst.by_key, key, p);
@@ -3012,8 +3193,11 @@ static NOINLINE PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *
     int listed = PyDict_SetItem(acst.blocking, opid, row) == 0;
     CLEAR_ERR();
     tl.depth = 1;
+    t_as_nopy = t_ddp_take != NULL && t_ddp_take->nofut && acst.rec == rec && acst.callback &&
+                as_cxx_work != NULL;
     PyObject *ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
     long long t1 = now_ns();
+    t_as_nopy = 0;
     tl.depth = 0;
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
@@ -4412,6 +4596,9 @@ typedef struct DdpIssuer {
     /* group.allreduce([buf], SUM, async) in C++: the Work as a Python object (a new
      * reference), or NULL with a Python exception set */
     PyObject *(*issue_ar)(void *ctx);
+    /* the same, the Work kept by the C++ side (no Python object): 0, or -1 with a Python
+     * exception set (as_issue's t_as_nopy) */
+    int (*issue_ar_nopy)(void *ctx);
 } DdpIssuer;
 static _Thread_local DdpIssuer *t_ddp_iss;   /* set while ddp_issue runs all_reduce's ctx */
 static _Thread_local PyObject *t_ddp_iss_buf;
@@ -4457,6 +4644,13 @@ static PyObject *ddp_allreduce(PyObject *module, PyObject *const *args, Py_ssize
         DdpIssuer *iss = t_ddp_iss;
         if (iss != NULL && args[2] == iss->group && args[0] == t_ddp_iss_buf) {
             t_ddp_iss = NULL;   /* once */
+            if (t_as_nopy && iss->issue_ar_nopy != NULL) {
+                t_as_nopy = 0;
+                if (iss->issue_ar_nopy(iss->ctx) < 0)
+                    return NULL;
+                Py_INCREF(as_cxx_work);
+                return as_cxx_work;
+            }
             return iss->issue_ar(iss->ctx);
         }
         PyObject *lst = PyList_New(1);
@@ -4742,7 +4936,7 @@ static int ddp_cxx_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject
     return ddp_issue(state, buf, idx, detail_arg, iss, 1, work, row, fut);
 }
 
-static const DdpCxxApi ddp_cxx = {2, ddp_cxx_issue, ddp_cxx_stamp, ddp_cxx_now};
+static const DdpCxxApi ddp_cxx = {3, ddp_cxx_issue, ddp_cxx_stamp, ddp_cxx_now};
 
 static PyObject *ddp_cxx_api(PyObject *module, PyObject *unused) {
     return PyCapsule_New((void *)&ddp_cxx, "commtrace.capture._fastpath.ddp_cxx_api", NULL);
@@ -4790,6 +4984,9 @@ static int ddp_init(void) {
     DDP_INTERN(s_allreduce, "allreduce"); DDP_INTERN(s_then, "then");
     DDP_INTERN(s_value, "value"); DDP_INTERN(s_mul_, "mul_"); DDP_INTERN(s_div_, "div_");
 #undef DDP_INTERN
+    as_cxx_work = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
+    if (as_cxx_work == NULL)
+        return -1;
     return 0;
 }
 
@@ -5234,7 +5431,8 @@ static struct PyModuleDef moddef = {
 PyMODINIT_FUNC PyInit__fastpath(void) {
     if (PyType_Ready(&FastCtxType) < 0 || PyType_Ready(&WaitType) < 0 ||
         PyType_Ready(&AroundType) < 0 || PyType_Ready(&DoneType) < 0 ||
-        PyType_Ready(&CountersType) < 0 || PyType_Ready(&OpIdsType) < 0)
+        PyType_Ready(&CountersType) < 0 || PyType_Ready(&OpIdsType) < 0 ||
+        PyType_Ready(&PendLockType) < 0)
         return NULL;
     if (ddp_init() < 0)
         return NULL;
@@ -5289,6 +5487,12 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     Py_INCREF(&OpIdsType);
     if (PyModule_AddObject(m, "OpIds", (PyObject *)&OpIdsType) < 0) {
         Py_DECREF(&OpIdsType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&PendLockType);
+    if (PyModule_AddObject(m, "PendLock", (PyObject *)&PendLockType) < 0) {
+        Py_DECREF(&PendLockType);
         Py_DECREF(m);
         return NULL;
     }

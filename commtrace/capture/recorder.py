@@ -865,7 +865,11 @@ class Recorder:
         #: told either: a loop of one async op and its wait() calls no listener per op.
         self.lazy_idle = False
         self._idle_owed = False
-        self._pend_lock = threading.Lock()
+        #: Guards _pending's count with its insert / pop (the 0 <-> >0 changes the listeners
+        #: are told). The C module's PendLock where built: a threading.Lock that the C async
+        #: path takes without a Python call (two per DDP bucket).
+        self._pend_lock = (_cfast.PendLock() if _cfast is not None and hasattr(_cfast, "PendLock")
+                           else threading.Lock())
         self._write_lock = threading.RLock()
         # The writer thread sleeps on this lock (held while nobody rang): wake() releases it.
         # A bare lock, not an Event: ringing costs the ringing thread one C call, no Condition.
