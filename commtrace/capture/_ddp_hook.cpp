@@ -562,6 +562,46 @@ struct GroupControl {
   c10::intrusive_ptr<RecordingGroup> g;
 };
 
+// GroupControl.reset as a plain C function (GroupControl.reset_fn, ddp.py's forward calls it
+// once per forward): a METH_NOARGS builtin whose self is a capsule holding a reference to the
+// group, called without pybind's dispatch (the argument loader, the instance lookup of
+// `self`, the bound method: ~1k instructions per forward, docs/performance.md session 16).
+constexpr const char* kGroupCapsule = "commtrace.ddp_recording_group";
+
+PyObject* group_reset_c(PyObject* self, PyObject*) {
+  auto* g = static_cast<RecordingGroup*>(PyCapsule_GetPointer(self, kGroupCapsule));
+  if (g == nullptr)
+    return nullptr;
+  g->reset();
+  Py_RETURN_NONE;
+}
+
+PyMethodDef group_reset_def = {"reset", group_reset_c, METH_NOARGS,
+                               "A forward: the next bucket is bucket 0 (GroupControl.reset)."};
+
+void group_capsule_free(PyObject* cap) {
+  auto* g = static_cast<RecordingGroup*>(PyCapsule_GetPointer(cap, kGroupCapsule));
+  if (g != nullptr)
+    c10::raw::intrusive_ptr::decref(static_cast<c10d::ProcessGroup*>(g));
+  else
+    PyErr_Clear();
+}
+
+py::object group_reset_fn(const GroupControl& c) {
+  RecordingGroup* g = c.g.get();
+  c10::raw::intrusive_ptr::incref(static_cast<c10d::ProcessGroup*>(g));
+  PyObject* cap = PyCapsule_New(g, kGroupCapsule, group_capsule_free);
+  if (cap == nullptr) {
+    c10::raw::intrusive_ptr::decref(static_cast<c10d::ProcessGroup*>(g));
+    throw python_error();
+  }
+  PyObject* fn = PyCFunction_New(&group_reset_def, cap);
+  Py_DECREF(cap);
+  if (fn == nullptr)
+    throw python_error();
+  return py::reinterpret_steal<py::object>(fn);
+}
+
 // wrap_group(group, state, fallback, capsule) -> (recording group, GroupControl)
 py::tuple wrap_group(py::object group, py::object state, py::object fallback,
                      py::capsule api_capsule) {
@@ -612,7 +652,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "A forward: the next bucket is bucket 0; writes the queued completion times.")
       .def("hint", [](GroupControl& c, long long i) { c.g->hint(i); },
            "The next bucket's index (a bucket Python hands to the Reducer).")
-      .def("flush", [](GroupControl& c) { c.g->flush(); });
+      .def("flush", [](GroupControl& c) { c.g->flush(); })
+      .def_property_readonly("reset_fn", &group_reset_fn,
+                             "reset as a plain C function (no pybind dispatch per call).");
   m.def("wrap_group", &wrap_group, "wrap_group(group, state, fallback, capsule)",
         py::arg("group"), py::arg("state"), py::arg("fallback"), py::arg("capsule"));
   m.def(

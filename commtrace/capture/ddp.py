@@ -432,6 +432,10 @@ def _install_group(ddp) -> bool:
     d = ddp.__dict__
     d["_commtrace_group"] = ctl
     d["_commtrace_hook_kind"] = "group"
+    try:   # ctl.reset without pybind's dispatch per forward (the C++ module's reset_fn)
+        d["_commtrace_group_reset"] = getattr(ctl, "reset_fn", None) or ctl.reset
+    except Exception:
+        pass
     try:
         _by_reducer[id(reducer)] = weakref.ref(ddp)
     except Exception:
@@ -525,7 +529,12 @@ def install() -> bool:
         d = self.__dict__
         g = d.get("_commtrace_group")
         if g is not None:
-            g.reset()   # the Reducer's buckets of this iteration count from 0 (_install_group)
+            # the Reducer's buckets of this iteration count from 0 (_install_group)
+            r = d.get("_commtrace_group_reset")
+            if r is not None:
+                r()
+            else:
+                g.reset()
             return orig_forward(self, *inputs, **kwargs)
         st = d.get("_commtrace_hook_state")
         if st is None:
