@@ -87,15 +87,18 @@ def test_small_parts_are_uncompressed_large_ones_zstd_but_all_null_columns(tmp_p
         return W.rows_to_table_nopandas({
             "kind": ["op"] * n, "rank": [1] * n, "seq": list(range(n)),
             "site": [f"train.py:{i % 3}" for i in range(n)],
+            "t_enqueue_ns": [1_000_000 + 300_017 * i for i in range(n)],
             "inflight_ids": [[i, i + 1] if i % 2 else None for i in range(n)]})
 
-    # from ZSTD_MIN_ROWS rows the columns with a value, but below ZSTD_ALL_ROWS not the labels
-    # and delta-packed counters (LEAN_COLUMNS: kind, rank, seq here)
-    assert {"kind", "rank", "seq"} <= W.LEAN_COLUMNS and "site" not in W.LEAN_COLUMNS
+    # from ZSTD_MIN_ROWS rows the columns with a value, but below ZSTD_ALL_ROWS not the labels,
+    # the delta-packed counters and the columns zstd made larger there (LEAN_COLUMNS: kind,
+    # rank, seq, site here)
+    assert {"kind", "rank", "seq", "site"} <= W.LEAN_COLUMNS
+    assert "t_enqueue_ns" not in W.LEAN_COLUMNS
+    mid = {"t_enqueue_ns", "inflight_ids.list.element"}
     for n, zstd in ((10, set()), (W.ZSTD_MIN_ROWS - 1, set()),
-                    (W.ZSTD_MIN_ROWS, {"site", "inflight_ids.list.element"}),
-                    (W.ZSTD_ALL_ROWS - 1, {"site", "inflight_ids.list.element"}),
-                    (W.ZSTD_ALL_ROWS, {"kind", "rank", "seq", "site", "inflight_ids.list.element"})):
+                    (W.ZSTD_MIN_ROWS, mid), (W.ZSTD_ALL_ROWS - 1, mid),
+                    (W.ZSTD_ALL_ROWS, mid | {"kind", "rank", "seq", "site"})):
         t = table(n)
         p = W.write_part(str(tmp_path), 0, t, {"rank": 0}, index=n,
                          compression=W.part_compression(t))
@@ -111,17 +114,22 @@ def test_small_parts_are_uncompressed_large_ones_zstd_but_all_null_columns(tmp_p
 
 def test_lean_codecs_off_compresses_every_column_with_a_value(monkeypatch):
     """LEAN_CODECS = False: the rule up to session 15, every non-null column zstd from
-    ZSTD_MIN_ROWS rows (benchmarks/writer_sparse.py --ab compares the two)."""
+    ZSTD_MIN_ROWS rows; "s16": session 16's lean set (the site still compressed)
+    (benchmarks/writer_sparse.py and writer_soak.py --ab compare them)."""
     n = W.ZSTD_MIN_ROWS
     t = W.rows_to_table_nopandas({"kind": ["op"] * n, "rank": [1] * n, "seq": list(range(n)),
-                                  "site": [f"train.py:{i % 3}" for i in range(n)]})
+                                  "site": [f"train.py:{i % 3}" for i in range(n)],
+                                  "count": [1] * n, "step": [i // 7 for i in range(n)]})
     lean = W.part_compression(t)
+    monkeypatch.setattr(W, "LEAN_CODECS", "s16")
+    s16 = W.part_compression(t)
     monkeypatch.setattr(W, "LEAN_CODECS", False)
     full = W.part_compression(t)
-    zstd = {"kind", "rank", "seq", "site"}
+    zstd = {"kind", "rank", "seq", "site", "count", "step"}
     assert {c for c, k in full.items() if k == "zstd"} == zstd
-    assert {c for c, k in lean.items() if k == "zstd"} == {"site"}
-    assert set(full) == set(lean) and len(full) == t.num_columns
+    assert {c for c, k in s16.items() if k == "zstd"} == {"site", "count", "step"}
+    assert {c for c, k in lean.items() if k == "zstd"} == {"step"}
+    assert set(full) == set(lean) == set(s16) and len(full) == t.num_columns
 
 
 def test_arrays_of_records_handle_nulls_and_unknown_dtypes():

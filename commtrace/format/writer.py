@@ -147,11 +147,20 @@ ZSTD_MIN_ROWS = 1024
 #: costs a compressor's set-up per column (on a DDP part of 2,400 rows: -18 to +20 bytes each,
 #: ~45 us each; docs/performance.md, session 16). A sparse loop (DDP: ~1,000-2,500 rows per
 #: 2 s part) writes its parts in this range; a tight one (the soak: tens of thousands) does not.
+#: Session 21 added the columns zstd made larger in such parts (192 parts of 1,024-16,383
+#: rows of this machine's runs: count, bytes, out_bytes -17 to -18%, completion -24%, site
+#: -9%, ref_op_id and torch_seq -18%): the timestamps (+6%), step (+55%), the flags (+93%)
+#: and detail (+15%) keep it.
 ZSTD_ALL_ROWS = 16384
 LEAN_COLUMNS = frozenset({"kind", "rank", "pg", "pg_size", "op", "api", "backend", "device",
-                          "dtype", "peer", "root", "thread", "seq", "op_id"})
+                          "dtype", "peer", "root", "thread", "seq", "op_id",
+                          "count", "bytes", "out_bytes", "completion", "site", "ref_op_id",
+                          "torch_seq"})
+#: Session 16's set (``LEAN_CODECS = "s16"`` writes with it: benchmarks compare the two)
+LEAN_COLUMNS_S16 = frozenset({"kind", "rank", "pg", "pg_size", "op", "api", "backend",
+                              "device", "dtype", "peer", "root", "thread", "seq", "op_id"})
 #: Tests and benchmarks flip it (False: every column with a value is compressed from
-#: ZSTD_MIN_ROWS rows, the rule up to session 15).
+#: ZSTD_MIN_ROWS rows, the rule up to session 15; "s16": LEAN_COLUMNS_S16, up to session 20).
 LEAN_CODECS = True
 
 
@@ -163,14 +172,36 @@ def part_compression(table: pa.Table):
     if n < ZSTD_MIN_ROWS:
         return "none"
     lean = LEAN_CODECS and n < ZSTD_ALL_ROWS
+    cols = LEAN_COLUMNS_S16 if LEAN_CODECS == "s16" else LEAN_COLUMNS
     out = {}
     for f, col in zip(table.schema, table.columns):
-        codec = "none" if col.null_count == n or (lean and f.name in LEAN_COLUMNS) else "zstd"
+        codec = "none" if col.null_count == n or (lean and f.name in cols) else "zstd"
         if pa.types.is_list(f.type):
             out[f.name + ".list.element"] = codec
         else:
             out[f.name] = codec
     return out
+
+
+#: The lean path encodes a part into memory and writes it with one ``write`` (session 21):
+#: pyarrow's file sink is unbuffered, so a part went to the file in ~110 writes (a page
+#: header, a page, ... the footer), each a system call that zeroes the rest of an ext4 block:
+#: 4-5% of the writer thread's samples in the soak. The bytes are the same. Tests and
+#: benchmarks flip it.
+BUFFERED_WRITE = True
+
+
+def _write_bytes(path: str, data) -> None:
+    """Write `data` (a buffer) as the new file `path` (the user's umask applies, as for
+    pyarrow's own file sink); errors propagate."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+                 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def write_parquet(table: pa.Table, path: str, compression="zstd") -> None:
@@ -187,7 +218,8 @@ def write_parquet(table: pa.Table, path: str, compression="zstd") -> None:
         try:
             from pyarrow import _parquet
 
-            w = _parquet.ParquetWriter(path, table.schema, compression=compression,
+            sink = pa.BufferOutputStream() if BUFFERED_WRITE else path
+            w = _parquet.ParquetWriter(sink, table.schema, compression=compression,
                                        **{**_PQ_DEFAULTS, **encoding_kwargs(table.schema)})
         except (ImportError, AttributeError, TypeError, ValueError):
             _lean_ok = False
@@ -201,6 +233,8 @@ def write_parquet(table: pa.Table, path: str, compression="zstd") -> None:
                     pass
                 raise
             w.close()  # writes the footer: its errors (a full disk) must reach the caller
+            if BUFFERED_WRITE:
+                _write_bytes(path, sink.getvalue())
             return
     import pyarrow.parquet as pq
 
