@@ -147,35 +147,44 @@ ZSTD_MIN_ROWS = 1024
 #: costs a compressor's set-up per column (on a DDP part of 2,400 rows: -18 to +20 bytes each,
 #: ~45 us each; docs/performance.md, session 16). A sparse loop (DDP: ~1,000-2,500 rows per
 #: 2 s part) writes its parts in this range; a tight one (the soak: tens of thousands) does not.
-#: Session 21 added the columns zstd made larger in such parts (192 parts of 1,024-16,383
-#: rows of this machine's runs: count, bytes, out_bytes -17 to -18%, completion -24%, site
-#: -9%, ref_op_id and torch_seq -18%): the timestamps (+6%), step (+55%), the flags (+93%)
-#: and detail (+15%) keep it.
 ZSTD_ALL_ROWS = 16384
 LEAN_COLUMNS = frozenset({"kind", "rank", "pg", "pg_size", "op", "api", "backend", "device",
-                          "dtype", "peer", "root", "thread", "seq", "op_id",
-                          "count", "bytes", "out_bytes", "completion", "site", "ref_op_id",
-                          "torch_seq"})
-#: Session 16's set (``LEAN_CODECS = "s16"`` writes with it: benchmarks compare the two)
-LEAN_COLUMNS_S16 = frozenset({"kind", "rank", "pg", "pg_size", "op", "api", "backend",
-                              "device", "dtype", "peer", "root", "thread", "seq", "op_id"})
+                          "dtype", "peer", "root", "thread", "seq", "op_id"})
+#: ... and, below ZSTD_ALL_ROWS rows, these when they hold one value throughout the part (a
+#: dictionary of one entry and one run of indices: zstd made them larger, by 17-24% in the
+#: soak's parts, and cost a compressor each, ~45 us). With several values (a DDP part's
+#: buckets of two sizes and its step marks) zstd halves them: kept there (session 21).
+LEAN_IF_ONE_VALUE = frozenset({"count", "bytes", "out_bytes", "site", "completion",
+                               "ref_op_id", "torch_seq"})
 #: Tests and benchmarks flip it (False: every column with a value is compressed from
-#: ZSTD_MIN_ROWS rows, the rule up to session 15; "s16": LEAN_COLUMNS_S16, up to session 20).
+#: ZSTD_MIN_ROWS rows, the rule up to session 15; "s16": LEAN_COLUMNS only, up to session 20).
 LEAN_CODECS = True
+
+
+def _one_value(col) -> bool:
+    """Whether the column (a ChunkedArray) holds one value on every row, nulls counted as a
+    value: the array equals itself shifted by one row (Arrow's own comparison, no compute
+    kernel; a few us for a part)."""
+    if col.num_chunks != 1:
+        return False
+    a = col.chunk(0)
+    return len(a) > 0 and a.slice(1).equals(a.slice(0, len(a) - 1))
 
 
 def part_compression(table: pa.Table):
     """The `compression` argument for a trace part of `table` (see ZSTD_MIN_ROWS): "none",
     or per column, zstd except for the columns that are null throughout and, in parts of
-    fewer than ZSTD_ALL_ROWS rows, LEAN_COLUMNS."""
+    fewer than ZSTD_ALL_ROWS rows, LEAN_COLUMNS and the LEAN_IF_ONE_VALUE columns that hold
+    one value."""
     n = table.num_rows
     if n < ZSTD_MIN_ROWS:
         return "none"
     lean = LEAN_CODECS and n < ZSTD_ALL_ROWS
-    cols = LEAN_COLUMNS_S16 if LEAN_CODECS == "s16" else LEAN_COLUMNS
+    one = lean and LEAN_CODECS != "s16"
     out = {}
     for f, col in zip(table.schema, table.columns):
-        codec = "none" if col.null_count == n or (lean and f.name in cols) else "zstd"
+        codec = "none" if (col.null_count == n or (lean and f.name in LEAN_COLUMNS)
+                           or (one and f.name in LEAN_IF_ONE_VALUE and _one_value(col))) else "zstd"
         if pa.types.is_list(f.type):
             out[f.name + ".list.element"] = codec
         else:
