@@ -405,3 +405,25 @@ def test_columns_built_in_c_equal_the_numpy_built_ones():
         f.string_column(k, 0, 5, ["not bytes"])
     with pytest.raises(ValueError):
         f.int_column(v, 1, 3, 8)   # past the buffer
+
+
+def test_codecs_and_encodings_follow_the_schema_of_each_part():
+    """The per-schema plan (the last schema's column keys and encodings) is rebuilt when a part
+    of another schema comes: the keys and encodings are those of the part's own columns."""
+    n = W.ZSTD_MIN_ROWS
+    full = W.rows_to_table_nopandas({"kind": ["op"] * n, "t_end_ns": list(range(n))})
+    a = pa.table({"kind": ["op"] * n, "t_end_ns": pa.array(range(n), pa.int64())})
+    b = pa.table({"step": pa.array([i // 3 for i in range(n)], pa.int64()),
+                  "inflight_ids": pa.array([[i] for i in range(n)], pa.list_(pa.int64()))})
+    for t in (a, b, full, a, b):
+        names = t.schema.names
+        assert set(W.part_compression(t)) == {
+            k + ".list.element" if pa.types.is_list(t.schema.field(k).type) else k for k in names}
+        kw = W.encoding_kwargs(t.schema)
+        delta = [k for k in names if k in W.DELTA_COLUMNS]
+        assert sorted(kw["column_encoding"]) == sorted(delta)
+        assert sorted(kw["use_dictionary"]) == sorted(k for k in names if k not in delta)
+        kw["use_dictionary"].append("x")   # a copy: the next call is not changed
+        assert "x" not in W.encoding_kwargs(t.schema)["use_dictionary"]
+    assert W.part_compression(a) == {"kind": "none", "t_end_ns": "zstd"}   # kind: LEAN_COLUMNS
+    assert W.part_compression(b) == {"step": "zstd", "inflight_ids.list.element": "zstd"}

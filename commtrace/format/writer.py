@@ -123,14 +123,37 @@ _lean_ok = True
 DELTA_COLUMNS = tuple(S.TIME_COLUMNS) + ("op_id", "seq", "step")
 
 
+#: (schema, [(column name, its key in a per-column `compression`)], encoding kwargs) of the
+#: last schema written: a rank writes every part with one schema, and walking its 35 fields
+#: (a Python wrapper each) cost ~0.1 ms a part hot (session 21)
+_schema_plan = None
+
+
+def _plan_of(schema: pa.Schema) -> tuple:
+    plan = _schema_plan
+    if plan is not None and (plan[0] is schema or plan[0].equals(schema)):
+        return plan
+    return _new_plan(schema)
+
+
+def _new_plan(schema: pa.Schema) -> tuple:
+    global _schema_plan
+    fields = list(schema)
+    keys = [(f.name, f.name + ".list.element" if pa.types.is_list(f.type) else f.name)
+            for f in fields]
+    delta = [f.name for f in fields if f.name in DELTA_COLUMNS and pa.types.is_integer(f.type)]
+    kwargs = {} if not delta else {
+        "use_dictionary": [f.name for f in fields if f.name not in delta],
+        "column_encoding": {n: "DELTA_BINARY_PACKED" for n in delta}}
+    _schema_plan = plan = (schema, keys, kwargs)
+    return plan
+
+
 def encoding_kwargs(schema: pa.Schema) -> dict:
     """`use_dictionary` / `column_encoding` arguments of pyarrow's Parquet writer for a part
     of `schema` (see DELTA_COLUMNS)."""
-    delta = [f.name for f in schema if f.name in DELTA_COLUMNS and pa.types.is_integer(f.type)]
-    if not delta:
-        return {}
-    return {"use_dictionary": [f.name for f in schema if f.name not in delta],
-            "column_encoding": {n: "DELTA_BINARY_PACKED" for n in delta}}
+    kw = _plan_of(schema)[2]
+    return {k: (list(v) if isinstance(v, list) else dict(v)) for k, v in kw.items()}
 
 
 #: Parts of fewer rows are written uncompressed: zstd sets up a compressor per column chunk
@@ -182,13 +205,9 @@ def part_compression(table: pa.Table):
     lean = LEAN_CODECS and n < ZSTD_ALL_ROWS
     one = lean and LEAN_CODECS != "s16"
     out = {}
-    for f, col in zip(table.schema, table.columns):
-        codec = "none" if (col.null_count == n or (lean and f.name in LEAN_COLUMNS)
-                           or (one and f.name in LEAN_IF_ONE_VALUE and _one_value(col))) else "zstd"
-        if pa.types.is_list(f.type):
-            out[f.name + ".list.element"] = codec
-        else:
-            out[f.name] = codec
+    for (name, key), col in zip(_plan_of(table.schema)[1], table.columns):
+        out[key] = "none" if (col.null_count == n or (lean and name in LEAN_COLUMNS)
+                              or (one and name in LEAN_IF_ONE_VALUE and _one_value(col))) else "zstd"
     return out
 
 
