@@ -431,33 +431,45 @@ _FETCHED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def prefetch(run) -> None:
-    """Read what build_model(run) reads from the run's tables now (kept for it): the report
-    does so before it starts the rest of the report's queries in a thread beside the model, so
-    that the model's numpy passes never wait for the run's lock behind one of them."""
+    """Make ready what build_model(run) reads (kept for it): the run's tables built and a
+    DuckDB cursor on its database opened now, under the run's lock; build_model then reads the
+    rows on that cursor without the lock. The report does so before it starts the rest of the
+    report's queries in a thread beside the model: the model's reads and numpy passes never
+    wait for the run's lock behind one of them, and its reads run beside them (DuckDB runs the
+    queries of several connections at once) where they used to come first, alone."""
     if run not in _CACHE and run not in _FETCHED:
         _retain_freed_memory()
-        _FETCHED[run] = _fetch(run)
+        _FETCHED[run] = _open(run)
 
 
-def _fetch(run):
-    """The model's inputs from the run's tables, read in one hold of the run's lock (no other
-    thread's query between them): (the op rows as _Rows, the complete collectives' keys,
-    bytes and bus-bandwidth factors, the row ids of _IMPLICIT_WAIT_APIS' rows or None)."""
+def _open(run):
+    """(ops table, collectives table, a cursor on the run's database), under the run's lock."""
     with run.lock:
-        ops_t = run.table("ops")
-        coll_t = run.table("collectives")
+        return run.table("ops"), run.table("collectives"), run.cursor()
+
+
+def _fetch(run, opened=None):
+    """The model's inputs from the run's tables, read on a cursor of their own (_open's; no
+    hold of the run's lock while they are read): (the op rows as _Rows, the complete
+    collectives' keys, bytes and bus-bandwidth factors, the row ids of _IMPLICIT_WAIT_APIS'
+    rows or None). The tables read are built once and not written after that: the same rows
+    whatever the other threads' queries in between."""
+    ops_t, coll_t, cur = opened if opened is not None else _open(run)
+    try:
         # (a stream of batches, each freed before the next is read: _Rows)
-        n_rows = run.sql(f"SELECT count(*) FROM {ops_t} WHERE kind = 'op'").fetchone()[0]
+        n_rows = Q.rows(cur, f"SELECT count(*) FROM {ops_t} WHERE kind = 'op'").fetchone()[0]
         rows = run.arrow_batches(f"SELECT {', '.join(ROW_COLUMNS)}, rid AS orid, ckey FROM {ops_t} WHERE kind = 'op'",
-                                 lambda rd: _Rows(rd, int(n_rows)))
-        kc = run.numpy(f"""SELECT ckey, CAST(coalesce(bytes, 0) AS DOUBLE) AS cbytes,
-                                  CAST(coalesce(busbw_factor, 1.0) AS DOUBLE) AS factor
-                           FROM {coll_t} WHERE complete ORDER BY ckey""")
-        return rows, kc, _implicit_wait_rids(run) if rows.num_rows else None
+                                 lambda rd: _Rows(rd, int(n_rows)), con=cur)
+        kc = Q.numpy(cur, f"""SELECT ckey, CAST(coalesce(bytes, 0) AS DOUBLE) AS cbytes,
+                                     CAST(coalesce(busbw_factor, 1.0) AS DOUBLE) AS factor
+                              FROM {coll_t} WHERE complete ORDER BY ckey""")
+        return rows, kc, _implicit_wait_rids(run, cur) if rows.num_rows else None
+    finally:
+        cur.close()
 
 
 def _build(run, inputs=None) -> Model:
-    """The model of `run` from `inputs` (_fetch(run)'s, read now when None)."""
+    """The model of `run` from `inputs` (prefetch's _open(run), or None: read now)."""
     import os as _os
     import time as _time
     _T = [_time.process_time(), 0]
@@ -478,7 +490,7 @@ def _build(run, inputs=None) -> Model:
             flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             print(f"model {name}: {t - _T[0]:.3f} s{mem} (+{flt - _T[1]} page faults)")
             _T[0], _T[1] = t, flt
-    rows, kc, implicit_rids = inputs if inputs is not None else _fetch(run)
+    rows, kc, implicit_rids = _fetch(run, inputs)
     tick("fetch")
     n = rows.num_rows
     # Slots: one per member of a communication. Collectives: the rows of complete matched
@@ -991,12 +1003,12 @@ def _partition_order(part_cols: list, t: np.ndarray, ties) -> np.ndarray:
     return np.lexsort((rid, op_id, t) + tuple(reversed(part_cols)))
 
 
-def _implicit_wait_rids(run):
+def _implicit_wait_rids(run, con=None):
     """Row ids of the rows whose API is one of `_IMPLICIT_WAIT_APIS` (read from the parts:
-    `api` is a lazy column); None when there are none."""
+    `api` is a lazy column; on `con` when given); None when there are none."""
     names = ", ".join("'" + a + "'" for a in _IMPLICIT_WAIT_APIS)
     try:
-        hit = run.lazy_columns(f"api IN ({names})", ["api"])
+        hit = run.lazy_columns(f"api IN ({names})", ["api"], con=con)
     except Exception:  # a trace without the column: no implicit waits
         return None
     return Q.arrow_numpy(hit.column("rid")) if hit.num_rows else None
