@@ -439,7 +439,18 @@ def prefetch(run) -> None:
     queries of several connections at once) where they used to come first, alone."""
     if run not in _CACHE and run not in _FETCHED:
         _retain_freed_memory()
-        _FETCHED[run] = _open(run)
+        if READ_BESIDE:
+            _FETCHED[run] = _open(run)
+        else:       # (the rows read now, under the lock, before the report's other queries)
+            with run.lock:
+                _FETCHED[run] = _fetch(run, _open(run))
+
+
+#: Whether model.prefetch only opens the model's cursor (its rows read by build_model beside
+#: the report's other queries) rather than reading the rows then, under the run's lock, before
+#: those queries start (sessions 19-20); `COMMTRACE_MODEL_READ_BESIDE=0` for the latter (A/B
+#: in one tree: docs/performance.md, session 21).
+READ_BESIDE = os.environ.get("COMMTRACE_MODEL_READ_BESIDE", "1") != "0"
 
 
 def _open(run):
@@ -454,6 +465,8 @@ def _fetch(run, opened=None):
     collectives' keys, bytes and bus-bandwidth factors, the row ids of _IMPLICIT_WAIT_APIS'
     rows or None). The tables read are built once and not written after that: the same rows
     whatever the other threads' queries in between."""
+    if isinstance(opened, _Read):
+        return opened
     ops_t, coll_t, cur = opened if opened is not None else _open(run)
     try:
         # (a stream of batches, each freed before the next is read: _Rows)
@@ -463,9 +476,13 @@ def _fetch(run, opened=None):
         kc = Q.numpy(cur, f"""SELECT ckey, CAST(coalesce(bytes, 0) AS DOUBLE) AS cbytes,
                                      CAST(coalesce(busbw_factor, 1.0) AS DOUBLE) AS factor
                               FROM {coll_t} WHERE complete ORDER BY ckey""")
-        return rows, kc, _implicit_wait_rids(run, cur) if rows.num_rows else None
+        return _Read((rows, kc, _implicit_wait_rids(run, cur) if rows.num_rows else None))
     finally:
         cur.close()
+
+
+class _Read(tuple):
+    """_fetch's inputs, read."""
 
 
 def _build(run, inputs=None) -> Model:
