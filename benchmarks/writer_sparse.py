@@ -10,6 +10,7 @@ written are the same in both.
 
     python benchmarks/writer_sparse.py [--steps 830] [--every 100] [--parts 8] [--ab]
                                        [--toggle STAMP_RELEASE]
+                                       [--toggle BUFFERED_WRITE,LEAN_S21]
 
 Prints, per variant, the median and range over the parts of the thread CPU per op (services,
 flush, its stages) and per part, and the load average before and after."""
@@ -28,8 +29,13 @@ from common import ddp_sample_one_rank, uptime
 STAGES = ("service", "flush", "arrays", "parquet", "check", "inflight", "rest")
 #: --ab's switches (True in B, False in A): the service in C (``recorder.SERVICE_C``) and the
 #: lean codecs (``format.writer.LEAN_CODECS``) of session 16, the release of a DDP bucket's op
-#: at its stamp (``_fastpath.stamp_release``) of session 17
+#: at its stamp (``_fastpath.stamp_release``) of session 17; the default of --toggle
 TOGGLES = ("SERVICE_C", "LEAN_CODECS", "STAMP_RELEASE")
+#: more switches, by name: (module, attribute, value in A, value in B): session 21's part
+#: written with one write (``format.writer.BUFFERED_WRITE``) and its lean columns
+#: (``LEAN_S21``: A writes with session 16's, ``LEAN_CODECS = "s16"``)
+MORE = {"BUFFERED_WRITE": ("W", "BUFFERED_WRITE", False, True),
+        "LEAN_S21": ("W", "LEAN_CODECS", "s16", True)}
 
 
 def main(argv=None) -> int:
@@ -40,7 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ab", action="store_true", help="alternate the replaced paths (A) and these (B)")
     ap.add_argument("--toggle", default=",".join(TOGGLES),
                     help="the switches --ab turns off in A (comma-separated; default: all of "
-                         + ", ".join(TOGGLES) + ")")
+                         + ", ".join(TOGGLES) + "; also " + ", ".join(MORE) + ")")
     args = ap.parse_args(argv)
     print("load before:", uptime())
     import torch.distributed as dist
@@ -79,13 +85,17 @@ def main(argv=None) -> int:
     res: dict = {}
     rows = []
     toggles = [t for t in args.toggle.split(",") if t]
-    unknown = [t for t in toggles if t not in TOGGLES]
+    unknown = [t for t in toggles if t not in TOGGLES and t not in MORE]
     if unknown:
-        ap.error(f"--toggle: unknown {unknown}; known: {', '.join(TOGGLES)}")
+        ap.error(f"--toggle: unknown {unknown}; known: {', '.join(TOGGLES + tuple(MORE))}")
     print("A turns off:", ", ".join(toggles) if args.ab else "(no --ab)")
     for part in range(args.parts + 2):
         mode = ("A" if part % 2 else "B") if args.ab else "B"
         for name in toggles:
+            if name in MORE:
+                mod, attr, a, b = MORE[name]
+                setattr({"R": R, "W": W}[mod], attr, b if mode == "B" else a)
+                continue
             if name == "STAMP_RELEASE":
                 if hasattr(R._cfast, "stamp_release"):
                     R._cfast.stamp_release(mode == "B")

@@ -165,7 +165,7 @@ def test_rows_read_batch_by_batch_equal_the_whole_table(tmp_path):
 
 
 def test_prefetched_model_equals_the_model_read_at_build(tmp_path):
-    """model.prefetch (the report reads the model's tables before its other queries start)
+    """model.prefetch (the report opens the model's cursor before its other queries start)
     gives the same model as build_model reading them itself."""
     out = str(tmp_path / "r")
     synth_run(out, ranks=4, ops=400, straggler=[(2, 800_000)], hazards=True, seed=9)
@@ -234,3 +234,57 @@ def test_string_codes_in_c_equal_arrows_dictionary_encode():
         assert list(v) == (d.dictionary.to_pylist() + [""] if a.num_chunks else [])
         _same(M._codes(t, "s"), c)
     assert M._str_codes(pa.chunked_array([pa.array(["a"], pa.large_string())])) is None
+
+
+def test_model_read_on_its_cursor_beside_other_queries(tmp_path):
+    """The model reads its rows on a cursor of its own (model.prefetch: Run.cursor), without
+    the run's lock: it reads them while another thread holds the lock, and while another
+    thread runs the report's other queries on the run (building tables of their own
+    meanwhile); the same model as read alone, and the cursor is closed after the read."""
+    import threading
+
+    out = str(tmp_path / "r")
+    synth_run(out, ranks=4, ops=400, straggler=[(2, 800_000)], hazards=True, seed=11)
+    a, b, c = commtrace.load(out), commtrace.load(out), commtrace.load(out)
+    mb = M.build_model(b)
+    a.collectives()
+    M.prefetch(a)
+    cur = M._FETCHED[a][2]
+    res = {}
+    th = threading.Thread(target=lambda: res.setdefault("m", M.build_model(a)))
+    with a.lock:            # held here, in another thread than the model's
+        th.start()
+        th.join(120)
+        assert not th.is_alive()
+    with pytest.raises(Exception):
+        cur.sql("SELECT 1").fetchall()      # closed
+    c.collectives()
+    M.prefetch(c)
+    errs = []
+
+    def others():
+        try:
+            for _ in range(3):
+                c.per_rank(), c.findings(), c.steps_summary()
+        except Exception as e:  # noqa: BLE001
+            errs.append(e)
+
+    th = threading.Thread(target=others)
+    th.start()
+    mc = M.build_model(c)
+    th.join()
+    assert not errs
+    for m in (res["m"], mc):
+        for k, x in vars(mb).items():
+            y = getattr(m, k)
+            if isinstance(x, np.ndarray):
+                assert x.dtype == y.dtype and (x.tolist() == y.tolist() if x.dtype == object
+                                               else np.array_equal(x, y, equal_nan=x.dtype.kind == "f")), k
+    # Run.arrow_batches on a cursor reads what it reads under the lock
+    q = f"SELECT rid FROM {b.table('ops')} ORDER BY rid"
+    cb = b.cursor()
+    try:
+        got = b.arrow_batches(q, lambda rd: rd.read_all(), batch_rows=64, con=cb)
+    finally:
+        cb.close()
+    assert got.column("rid").to_pylist() == b.arrow(q).column("rid").to_pylist()

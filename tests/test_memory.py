@@ -59,10 +59,14 @@ def test_lean_parquet_write_is_byte_identical(tmp_path, monkeypatch):
     monkeypatch.setattr(W, "_lean_ok", True)
     W.write_parquet(t, str(tmp_path / "lean.parquet"))
     assert W._lean_ok is True  # the private writer took the arguments
+    # encoded in memory, one write (BUFFERED_WRITE, the default) or through pyarrow's file sink
+    monkeypatch.setattr(W, "BUFFERED_WRITE", False)
+    W.write_parquet(t, str(tmp_path / "unbuffered.parquet"))
     monkeypatch.setattr(W, "_lean_ok", False)
     W.write_parquet(t, str(tmp_path / "fallback.parquet"))
     ref = (tmp_path / "ref.parquet").read_bytes()
     assert (tmp_path / "lean.parquet").read_bytes() == ref
+    assert (tmp_path / "unbuffered.parquet").read_bytes() == ref
     assert (tmp_path / "fallback.parquet").read_bytes() == ref
     back = pq.read_table(tmp_path / "lean.parquet")
     assert back.num_rows == 2000 and back["inflight_ids"][3].as_py() == [3, 4]
@@ -82,11 +86,14 @@ def test_write_errors_propagate_on_both_paths(monkeypatch, tmp_path):
 
     from commtrace.format import writer as W
 
-    for lean in (True, False):
+    for lean, buffered in ((True, True), (True, False), (False, True)):
         monkeypatch.setattr(W, "_lean_ok", lean)
+        monkeypatch.setattr(W, "BUFFERED_WRITE", buffered)
         with pytest.raises(OSError):
             W.write_parquet(_table(), str(tmp_path / "no-such-dir" / "x.parquet"))
         assert W._lean_ok is lean
+        assert not (tmp_path / "no-such-dir").exists()
+    monkeypatch.setattr(W, "BUFFERED_WRITE", True)
 
     class FullDisk(_parquet.ParquetWriter):
         def close(self):

@@ -87,15 +87,18 @@ def test_small_parts_are_uncompressed_large_ones_zstd_but_all_null_columns(tmp_p
         return W.rows_to_table_nopandas({
             "kind": ["op"] * n, "rank": [1] * n, "seq": list(range(n)),
             "site": [f"train.py:{i % 3}" for i in range(n)],
+            "count": [256] * n, "completion": ["return"] * n,
             "inflight_ids": [[i, i + 1] if i % 2 else None for i in range(n)]})
 
     # from ZSTD_MIN_ROWS rows the columns with a value, but below ZSTD_ALL_ROWS not the labels
-    # and delta-packed counters (LEAN_COLUMNS: kind, rank, seq here)
+    # and delta-packed counters (LEAN_COLUMNS: kind, rank, seq here) nor the LEAN_IF_ONE_VALUE
+    # columns that hold one value (count, completion here; the site has three)
     assert {"kind", "rank", "seq"} <= W.LEAN_COLUMNS and "site" not in W.LEAN_COLUMNS
+    assert {"count", "completion", "site"} <= W.LEAN_IF_ONE_VALUE
+    mid = {"site", "inflight_ids.list.element"}
     for n, zstd in ((10, set()), (W.ZSTD_MIN_ROWS - 1, set()),
-                    (W.ZSTD_MIN_ROWS, {"site", "inflight_ids.list.element"}),
-                    (W.ZSTD_ALL_ROWS - 1, {"site", "inflight_ids.list.element"}),
-                    (W.ZSTD_ALL_ROWS, {"kind", "rank", "seq", "site", "inflight_ids.list.element"})):
+                    (W.ZSTD_MIN_ROWS, mid), (W.ZSTD_ALL_ROWS - 1, mid),
+                    (W.ZSTD_ALL_ROWS, mid | {"kind", "rank", "seq", "count", "completion"})):
         t = table(n)
         p = W.write_part(str(tmp_path), 0, t, {"rank": 0}, index=n,
                          compression=W.part_compression(t))
@@ -109,19 +112,43 @@ def test_small_parts_are_uncompressed_large_ones_zstd_but_all_null_columns(tmp_p
             t.replace_schema_metadata(back.schema.metadata))
 
 
+def test_one_value_columns_of_mid_size_parts():
+    """LEAN_IF_ONE_VALUE columns go uncompressed below ZSTD_ALL_ROWS rows only when every row
+    holds the same value (nulls counted as a value); a second value anywhere, or a null
+    among values, keeps zstd."""
+    n = W.ZSTD_MIN_ROWS
+
+    def codec(vals, name="count"):
+        t = W.rows_to_table_nopandas({"kind": ["op"] * n, name: vals})
+        return W.part_compression(t)[name]
+
+    assert codec([256] * n) == "none"
+    assert codec([256] * (n - 1) + [512]) == "zstd"
+    assert codec([512] + [256] * (n - 1)) == "zstd"
+    assert codec([256] * (n - 1) + [None]) == "zstd"
+    assert codec([None] * n) == "none"   # null throughout: never compressed
+    assert codec(["a.py:3"] * n, "site") == "none"
+    assert codec(["a.py:3"] * (n // 2) + ["a.py:4"] * (n - n // 2), "site") == "zstd"
+    assert W._one_value(pa.chunked_array([[1, 1], [1]])) is False   # several chunks: not looked at
+
+
 def test_lean_codecs_off_compresses_every_column_with_a_value(monkeypatch):
     """LEAN_CODECS = False: the rule up to session 15, every non-null column zstd from
-    ZSTD_MIN_ROWS rows (benchmarks/writer_sparse.py --ab compares the two)."""
+    ZSTD_MIN_ROWS rows; "s16": session 16's rule, LEAN_COLUMNS only (the one-valued count
+    still compressed) (benchmarks/writer_sparse.py and writer_soak.py --ab compare them)."""
     n = W.ZSTD_MIN_ROWS
     t = W.rows_to_table_nopandas({"kind": ["op"] * n, "rank": [1] * n, "seq": list(range(n)),
-                                  "site": [f"train.py:{i % 3}" for i in range(n)]})
+                                  "site": [f"train.py:{i % 3}" for i in range(n)],
+                                  "count": [1] * n})
     lean = W.part_compression(t)
+    monkeypatch.setattr(W, "LEAN_CODECS", "s16")
+    s16 = W.part_compression(t)
     monkeypatch.setattr(W, "LEAN_CODECS", False)
     full = W.part_compression(t)
-    zstd = {"kind", "rank", "seq", "site"}
-    assert {c for c, k in full.items() if k == "zstd"} == zstd
+    assert {c for c, k in full.items() if k == "zstd"} == {"kind", "rank", "seq", "site", "count"}
+    assert {c for c, k in s16.items() if k == "zstd"} == {"site", "count"}
     assert {c for c, k in lean.items() if k == "zstd"} == {"site"}
-    assert set(full) == set(lean) and len(full) == t.num_columns
+    assert set(full) == set(lean) == set(s16) and len(full) == t.num_columns
 
 
 def test_arrays_of_records_handle_nulls_and_unknown_dtypes():
@@ -378,3 +405,25 @@ def test_columns_built_in_c_equal_the_numpy_built_ones():
         f.string_column(k, 0, 5, ["not bytes"])
     with pytest.raises(ValueError):
         f.int_column(v, 1, 3, 8)   # past the buffer
+
+
+def test_codecs_and_encodings_follow_the_schema_of_each_part():
+    """The per-schema plan (the last schema's column keys and encodings) is rebuilt when a part
+    of another schema comes: the keys and encodings are those of the part's own columns."""
+    n = W.ZSTD_MIN_ROWS
+    full = W.rows_to_table_nopandas({"kind": ["op"] * n, "t_end_ns": list(range(n))})
+    a = pa.table({"kind": ["op"] * n, "t_end_ns": pa.array(range(n), pa.int64())})
+    b = pa.table({"step": pa.array([i // 3 for i in range(n)], pa.int64()),
+                  "inflight_ids": pa.array([[i] for i in range(n)], pa.list_(pa.int64()))})
+    for t in (a, b, full, a, b):
+        names = t.schema.names
+        assert set(W.part_compression(t)) == {
+            k + ".list.element" if pa.types.is_list(t.schema.field(k).type) else k for k in names}
+        kw = W.encoding_kwargs(t.schema)
+        delta = [k for k in names if k in W.DELTA_COLUMNS]
+        assert sorted(kw["column_encoding"]) == sorted(delta)
+        assert sorted(kw["use_dictionary"]) == sorted(k for k in names if k not in delta)
+        kw["use_dictionary"].append("x")   # a copy: the next call is not changed
+        assert "x" not in W.encoding_kwargs(t.schema)["use_dictionary"]
+    assert W.part_compression(a) == {"kind": "none", "t_end_ns": "zstd"}   # kind: LEAN_COLUMNS
+    assert W.part_compression(b) == {"step": "zstd", "inflight_ids.list.element": "zstd"}

@@ -272,6 +272,13 @@ class _Rows:
     def take(self, name: str, fill=None, dtype=None) -> np.ndarray:
         """col(name, fill, dtype), and the column is dropped here: no copy where the stored
         array needs no conversion."""
+        ent = self._num.get(name)
+        if ent is not None and ent[1] is not None and fill is not None and (dtype is None or ent[0].dtype == dtype):
+            vals, valid = ent     # (Q.finish's result, without its copy: nulls filled in place)
+            if not valid.all():
+                vals[~valid] = vals.dtype.type(fill)
+            del self._num[name]
+            return vals
         v = self._get(name, fill=fill, dtype=dtype)
         self._num.pop(name, None)
         self._other.pop(name, None)
@@ -291,9 +298,10 @@ class _Rows:
         self._other.clear()
 
     def dict_values(self, name: str):
-        """(int64 codes in row order, values as an object array, "" appended for null)."""
+        """(int32 codes in row order, -1 for null: the stored array itself, values as an object
+        array, "" appended for null)."""
         codes, index = self._str[name]
-        return codes.astype(np.int64), np.asarray(list(index) + [""], dtype=object)
+        return codes, np.asarray(list(index) + [""], dtype=object)
 
     def codes(self, name: str) -> np.ndarray:
         return self._str[name][0].astype(np.int64)
@@ -423,33 +431,62 @@ _FETCHED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def prefetch(run) -> None:
-    """Read what build_model(run) reads from the run's tables now (kept for it): the report
-    does so before it starts the rest of the report's queries in a thread beside the model, so
-    that the model's numpy passes never wait for the run's lock behind one of them."""
+    """Make ready what build_model(run) reads (kept for it): the run's tables built and a
+    DuckDB cursor on its database opened now, under the run's lock; build_model then reads the
+    rows on that cursor without the lock. The report does so before it starts the rest of the
+    report's queries in a thread beside the model: the model's reads and numpy passes never
+    wait for the run's lock behind one of them, and its reads run beside them (DuckDB runs the
+    queries of several connections at once) where they used to come first, alone."""
     if run not in _CACHE and run not in _FETCHED:
         _retain_freed_memory()
-        _FETCHED[run] = _fetch(run)
+        if READ_BESIDE:
+            _FETCHED[run] = _open(run)
+        else:       # (the rows read now, under the lock, before the report's other queries)
+            with run.lock:
+                _FETCHED[run] = _fetch(run, _open(run))
 
 
-def _fetch(run):
-    """The model's inputs from the run's tables, read in one hold of the run's lock (no other
-    thread's query between them): (the op rows as _Rows, the complete collectives' keys,
-    bytes and bus-bandwidth factors, the row ids of _IMPLICIT_WAIT_APIS' rows or None)."""
+#: Whether model.prefetch only opens the model's cursor (its rows read by build_model beside
+#: the report's other queries) rather than reading the rows then, under the run's lock, before
+#: those queries start (sessions 19-20); `COMMTRACE_MODEL_READ_BESIDE=0` for the latter (A/B
+#: in one tree: docs/performance.md, session 21).
+READ_BESIDE = os.environ.get("COMMTRACE_MODEL_READ_BESIDE", "1") != "0"
+
+
+def _open(run):
+    """(ops table, collectives table, a cursor on the run's database), under the run's lock."""
     with run.lock:
-        ops_t = run.table("ops")
-        coll_t = run.table("collectives")
+        return run.table("ops"), run.table("collectives"), run.cursor()
+
+
+def _fetch(run, opened=None):
+    """The model's inputs from the run's tables, read on a cursor of their own (_open's; no
+    hold of the run's lock while they are read): (the op rows as _Rows, the complete
+    collectives' keys, bytes and bus-bandwidth factors, the row ids of _IMPLICIT_WAIT_APIS'
+    rows or None). The tables read are built once and not written after that: the same rows
+    whatever the other threads' queries in between."""
+    if isinstance(opened, _Read):
+        return opened
+    ops_t, coll_t, cur = opened if opened is not None else _open(run)
+    try:
         # (a stream of batches, each freed before the next is read: _Rows)
-        n_rows = run.sql(f"SELECT count(*) FROM {ops_t} WHERE kind = 'op'").fetchone()[0]
+        n_rows = Q.rows(cur, f"SELECT count(*) FROM {ops_t} WHERE kind = 'op'").fetchone()[0]
         rows = run.arrow_batches(f"SELECT {', '.join(ROW_COLUMNS)}, rid AS orid, ckey FROM {ops_t} WHERE kind = 'op'",
-                                 lambda rd: _Rows(rd, int(n_rows)))
-        kc = run.numpy(f"""SELECT ckey, CAST(coalesce(bytes, 0) AS DOUBLE) AS cbytes,
-                                  CAST(coalesce(busbw_factor, 1.0) AS DOUBLE) AS factor
-                           FROM {coll_t} WHERE complete ORDER BY ckey""")
-        return rows, kc, _implicit_wait_rids(run) if rows.num_rows else None
+                                 lambda rd: _Rows(rd, int(n_rows)), con=cur)
+        kc = Q.numpy(cur, f"""SELECT ckey, CAST(coalesce(bytes, 0) AS DOUBLE) AS cbytes,
+                                     CAST(coalesce(busbw_factor, 1.0) AS DOUBLE) AS factor
+                              FROM {coll_t} WHERE complete ORDER BY ckey""")
+        return _Read((rows, kc, _implicit_wait_rids(run, cur) if rows.num_rows else None))
+    finally:
+        cur.close()
+
+
+class _Read(tuple):
+    """_fetch's inputs, read."""
 
 
 def _build(run, inputs=None) -> Model:
-    """The model of `run` from `inputs` (_fetch(run)'s, read now when None)."""
+    """The model of `run` from `inputs` (prefetch's _open(run), or None: read now)."""
     import os as _os
     import time as _time
     _T = [_time.process_time(), 0]
@@ -470,7 +507,7 @@ def _build(run, inputs=None) -> Model:
             flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             print(f"model {name}: {t - _T[0]:.3f} s{mem} (+{flt - _T[1]} page faults)")
             _T[0], _T[1] = t, flt
-    rows, kc, implicit_rids = inputs if inputs is not None else _fetch(run)
+    rows, kc, implicit_rids = _fetch(run, inputs)
     tick("fetch")
     n = rows.num_rows
     # Slots: one per member of a communication. Collectives: the rows of complete matched
@@ -506,25 +543,41 @@ def _build(run, inputs=None) -> Model:
     pidx, p_ps, p_src, p_dst, p_bytes = _p2p_slots(rows, rck, rank_r, t_enq, t_end, t_ret, row_pgc, pg_vals,
                                                    op_codes, op_vals, NUL)
     np2 = len(pidx)
+    nc = len(cidx)
+    nsl = nc + np2
     s_rid = np.concatenate([cidx, pidx]).astype(np.int64)
-    s_is_p2p = np.r_[np.zeros(len(cidx), bool), np.ones(np2, bool)]
+    s_is_p2p = np.r_[np.zeros(nc, bool), np.ones(np2, bool)]
     s_pgc = row_pgc[s_rid]
     del row_pgc
-    s_seq = np.concatenate([rows.col_at("seq", cidx, fill=-1, dtype=np.int64), p_ps])
-    s_src = np.r_[np.zeros(len(cidx), np.int64), p_src]
-    s_dst = np.r_[np.zeros(len(cidx), np.int64), p_dst]
-    s_cbytes = np.concatenate([np.asarray(kc["cbytes"], np.float64)[kpos[cidx]] if len(kkey) else np.zeros(0),
-                               p_bytes])
-    s_factor = np.r_[np.asarray(kc["factor"], np.float64)[kpos[cidx]] if len(kkey) else np.zeros(0), np.ones(np2)]
-    del rck, kpos, cidx, pidx, kc
+    # communications: a new one where (p2p or not, pg, seq, src, dst) changes from the slot
+    # before (collectives: src = dst = 0; p2p: seq is ps); the per-slot columns of that key
+    # are not kept (only the p2p slots' src and dst, for the sync points), and the bytes and
+    # bus-bandwidth factors are read per communication (cm_bytes, cm_factor below)
+    newc = np.ones(nsl, bool)
+    c_seq = rows.col_at("seq", cidx, fill=-1, dtype=np.int64)
+    if nc > 1:
+        np.not_equal(s_pgc[1:nc], s_pgc[:nc - 1], out=newc[1:nc])
+        newc[1:nc] |= c_seq[1:] != c_seq[:-1]
+    if np2 > 1:
+        pp = s_pgc[nc:]
+        np.not_equal(pp[1:], pp[:-1], out=newc[nc + 1:])
+        newc[nc + 1:] |= (p_ps[1:] != p_ps[:-1]) | (p_src[1:] != p_src[:-1]) | (p_dst[1:] != p_dst[:-1])
+        del pp
+    cm_lo = np.flatnonzero(newc).astype(np.int64)
+    cc_lo, pc_lo = cm_lo[cm_lo < nc], cm_lo[cm_lo >= nc] - nc     # (collective, p2p) comms' first slots
+    cm_seq = np.concatenate([c_seq[cc_lo], p_ps[pc_lo]]).astype(np.int64, copy=False)
+    ck_lo = kpos[cidx[cc_lo]]
+    cm_bytes = np.concatenate([np.asarray(kc["cbytes"], np.float64)[ck_lo] if len(kkey) else np.zeros(0),
+                               np.asarray(p_bytes, np.float64)[pc_lo]])
+    cm_factor = np.r_[np.asarray(kc["factor"], np.float64)[ck_lo] if len(kkey) else np.zeros(0), np.ones(len(pc_lo))]
+    del rck, kpos, cidx, pidx, kc, c_seq, cc_lo, pc_lo, ck_lo, p_ps, p_bytes
     tick("slots")
     _implicit_waits(_implicit_wait_rows(rows, implicit_rids), rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL)
     # every column is read: the rows' labels are dictionary codes (_CodeLabels), and the fetched
     # strings go with the rest of the table
     site_codes, site_vals = rows.dict_values("site")
-    row_op = _CodeLabels(op_codes.astype(np.int32), op_vals)
-    row_site = _CodeLabels(site_codes.astype(np.int32), site_vals)
-    site_codes = row_site.codes
+    row_op = _CodeLabels(op_codes, op_vals)
+    row_site = _CodeLabels(site_codes, site_vals)
     rows.release()
     have = [int(x[x != NUL].min()) for x in (t_enq, t_we) if (x != NUL).any()]
     base = min(have) if have else 0
@@ -535,9 +588,15 @@ def _build(run, inputs=None) -> Model:
         `at` when given (the slots' entries and leaves, the p2p closings: not every column
         converted whole for them, 5 x 1.28M rows on 64 x 20,000)."""
         if at is not None:
-            a = a[at]
-        out = (a - base).astype(np.float64)
-        out[a == NUL] = np.nan
+            d = a[at]
+            nul = d == NUL
+            d -= base
+        else:
+            nul = a == NUL
+            d = a - base
+        out = d.astype(np.float64)
+        del d
+        out[nul] = np.nan
         return out
 
     # ---- events: calls and waits, sorted by (rank, start, call before wait): every rank's
@@ -564,14 +623,7 @@ def _build(run, inputs=None) -> Model:
     ev_first[rank_lo] = True
 
     # ---- slots and communications
-    nsl = len(s_rid)
-    if nsl:
-        newc = np.r_[True, (s_is_p2p[1:] != s_is_p2p[:-1]) | (s_pgc[1:] != s_pgc[:-1]) | (s_seq[1:] != s_seq[:-1])
-                     | (s_src[1:] != s_src[:-1]) | (s_dst[1:] != s_dst[:-1])]
-    else:
-        newc = np.zeros(0, bool)
     sl_comm = np.cumsum(newc) - 1
-    cm_lo = np.flatnonzero(newc).astype(np.int64)
     cm_hi = np.r_[cm_lo[1:], nsl].astype(np.int64)
     C = len(cm_lo)
     sl_rank = rank_r[s_rid]
@@ -615,7 +667,8 @@ def _build(run, inputs=None) -> Model:
     cm_T0 = np.maximum(last_enter, np.maximum.reduceat(queue, cm_lo)) if C else np.zeros(0)
     T0_sl = cm_T0[sl_comm] if nsl else np.zeros(0)
     sl_dep = sl_leave >= T0_sl
-    sl_tc = np.where(sl_dep, sl_leave - T0_sl, sl_leave - sl_enter)
+    sl_tc = sl_leave - sl_enter
+    np.subtract(sl_leave, T0_sl, out=sl_tc, where=sl_dep)
     # the latest arrival of each comm (first of ties)
     if C:
         is_last = sl_enter == last_enter[sl_comm]
@@ -631,9 +684,6 @@ def _build(run, inputs=None) -> Model:
     cm_opc = np.where(cm_is_p2p, len(op_vals), op_codes[s_rid[cm_lo]] if C else np.zeros(0, np.int64)).astype(np.int64)
     cm_opc = np.where(cm_opc < 0, len(op_vals) - 1, cm_opc)
     cm_pgc = np.where(s_pgc[cm_lo] < 0, len(pg_vals) - 1, s_pgc[cm_lo]).astype(np.int64) if C else np.zeros(0, np.int64)
-    cm_seq = s_seq[cm_lo] if C else np.zeros(0, np.int64)
-    cm_bytes = s_cbytes[cm_lo] if C else np.zeros(0)
-    cm_factor = s_factor[cm_lo] if C else np.zeros(0)
     tc_dep = np.where(sl_dep, sl_tc, np.inf)
     cm_tcomm = np.minimum.reduceat(tc_dep, cm_lo) if C else np.zeros(0)
     cm_tcomm = np.where(np.isfinite(cm_tcomm), cm_tcomm, 0.0)
@@ -641,7 +691,7 @@ def _build(run, inputs=None) -> Model:
     if C:
         del is_last, cand
     # (freed as soon as they are read: the model's peak is what the page faults cost)
-    del s_seq, s_factor, s_cbytes, p_ps, p_src, p_dst, p_bytes, rank_r
+    del rank_r
     coll_sl = gq = None
 
     tick("slots")
@@ -664,8 +714,10 @@ def _build(run, inputs=None) -> Model:
     # same pair). An async op issued but not yet waited is no synchronisation point.
     sl_sync = np.full(nsl, np.nan)
     if nsl:
-        pl = np.where(s_is_p2p, np.minimum(s_src, s_dst), -1)
-        ph = np.where(s_is_p2p, np.maximum(s_src, s_dst), -1)
+        pl = np.full(nsl, -1, np.int64)
+        ph = np.full(nsl, -1, np.int64)
+        np.minimum(p_src, p_dst, out=pl[nc:])
+        np.maximum(p_src, p_dst, out=ph[nc:])
         # dense id of (group key, rank) per slot (any numbering: only equality matters)
         gr = _dense_ids([s_pgc, pl, ph, sl_rank.astype(np.int64)])
         if gr is None:
@@ -717,7 +769,7 @@ def _build(run, inputs=None) -> Model:
     miss = np.isnan(sl_sync)
     sl_sync[miss] = first_start[sl_rank[miss]] if nsl else sl_sync[miss]
     sl_sync = np.minimum(sl_sync, sl_enter)
-    del s_src, s_dst, s_pgc, s_rid, s_is_p2p, t_ret, t_we
+    del p_src, p_dst, s_pgc, s_rid, s_is_p2p, t_ret, t_we
 
     tick("sync")
     # ---- excess gap: gap minus the median gap of the same event on the other ranks
@@ -968,12 +1020,12 @@ def _partition_order(part_cols: list, t: np.ndarray, ties) -> np.ndarray:
     return np.lexsort((rid, op_id, t) + tuple(reversed(part_cols)))
 
 
-def _implicit_wait_rids(run):
+def _implicit_wait_rids(run, con=None):
     """Row ids of the rows whose API is one of `_IMPLICIT_WAIT_APIS` (read from the parts:
-    `api` is a lazy column); None when there are none."""
+    `api` is a lazy column; on `con` when given); None when there are none."""
     names = ", ".join("'" + a + "'" for a in _IMPLICIT_WAIT_APIS)
     try:
-        hit = run.lazy_columns(f"api IN ({names})", ["api"])
+        hit = run.lazy_columns(f"api IN ({names})", ["api"], con=con)
     except Exception:  # a trace without the column: no implicit waits
         return None
     return Q.arrow_numpy(hit.column("rid")) if hit.num_rows else None

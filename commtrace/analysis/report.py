@@ -84,8 +84,9 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         # delay analysis and the replay (numpy and C passes that release it too). The same
         # results in either order: both sides only read the run, through its lock, and
         # neither builds a table the other reads (the thread's findings come unannotated and
-        # are annotated here, once the what-if is known). The model reads its tables first,
-        # before the thread's queries start: its numpy passes then never wait for the lock.
+        # are annotated here, once the what-if is known). The model's cursor is opened first,
+        # before the thread's queries start (model.prefetch): it reads its rows on it beside
+        # them, and its numpy passes never wait for the lock.
         _prefetch_model(run)
         rest = _start(_base_part, run, top, True)
         what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
@@ -197,7 +198,7 @@ def _start(fn, *args):
 
 
 def _prefetch_model(run) -> None:
-    """model.prefetch(run); a failure is left for _root_cause to report (build_model reads
+    """model.prefetch(run); a failure is left for _root_cause to report (build_model opens
     the tables again)."""
     try:
         from .model import prefetch

@@ -140,13 +140,24 @@ class Run:
         queries with no other thread's query between them."""
         return self._lock
 
-    def arrow_batches(self, q: str, consume, batch_rows: int = 122_880):
+    def arrow_batches(self, q: str, consume, batch_rows: int = 122_880, con=None):
         """Run SQL and return `consume(reader)`, `reader` its result as a
         pyarrow.RecordBatchReader of `batch_rows`-row batches, read under the run's lock (the
-        connection runs nothing else until the result is read). A consumer that drops each
-        batch before reading the next holds one batch's memory, not the whole result's."""
+        connection runs nothing else until the result is read); on `con` (a :meth:`cursor`)
+        without the lock when given. A consumer that drops each batch before reading the next
+        holds one batch's memory, not the whole result's."""
+        if con is not None:
+            return consume(con.sql(q).to_arrow_reader(batch_rows))
         with self._lock:
             return consume(self._con.sql(q).to_arrow_reader(batch_rows))
+
+    def cursor(self):
+        """A second connection to the run's database (DuckDB's cursor), opened under the run's
+        lock: queries on it need no lock and run beside the run's own (DuckDB runs several
+        connections' queries at once; start_background's overlap does the same). Read only
+        tables that are built already (:meth:`table`); close it after use."""
+        with self._lock:
+            return self._con.cursor()
 
     def numpy(self, q: str, params=None) -> dict[str, np.ndarray]:
         """Run SQL on the run's connection, return numpy columns."""
@@ -311,13 +322,15 @@ class Run:
             self._cache["lazy"] = True
         return name
 
-    def lazy_columns(self, where: str, columns) -> pa.Table:
+    def lazy_columns(self, where: str, columns, con=None) -> pa.Table:
         """`rid` + `columns` of the part rows matching `where` (SQL on unaligned columns), read
-        straight from the Parquet parts (projection and filter pushdown)."""
+        straight from the Parquet parts (projection and filter pushdown); on `con` (a
+        :meth:`cursor`, no lock) when given."""
         q = R.select_parts_sql(self._files, list(columns) + [c for c in ("kind", "rank") if c not in columns])
         if q is None:
             return Q.np_table({"rid": np.zeros(0, np.int64)})
-        return self.arrow(f"SELECT rid, {', '.join(columns)} FROM ({q}) WHERE {where}")
+        q = f"SELECT rid, {', '.join(columns)} FROM ({q}) WHERE {where}"
+        return Q.arrow(con, q) if con is not None else self.arrow(q)
 
     def _ops_sql(self, ranks=None, t0=None, t1=None, kinds=("op",)) -> str:
         conds = []

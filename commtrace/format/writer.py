@@ -123,14 +123,37 @@ _lean_ok = True
 DELTA_COLUMNS = tuple(S.TIME_COLUMNS) + ("op_id", "seq", "step")
 
 
+#: (schema, [(column name, its key in a per-column `compression`)], encoding kwargs) of the
+#: last schema written: a rank writes every part with one schema, and walking its 35 fields
+#: (a Python wrapper each) cost ~0.1 ms a part hot (session 21)
+_schema_plan = None
+
+
+def _plan_of(schema: pa.Schema) -> tuple:
+    plan = _schema_plan
+    if plan is not None and (plan[0] is schema or plan[0].equals(schema)):
+        return plan
+    return _new_plan(schema)
+
+
+def _new_plan(schema: pa.Schema) -> tuple:
+    global _schema_plan
+    fields = list(schema)
+    keys = [(f.name, f.name + ".list.element" if pa.types.is_list(f.type) else f.name)
+            for f in fields]
+    delta = [f.name for f in fields if f.name in DELTA_COLUMNS and pa.types.is_integer(f.type)]
+    kwargs = {} if not delta else {
+        "use_dictionary": [f.name for f in fields if f.name not in delta],
+        "column_encoding": {n: "DELTA_BINARY_PACKED" for n in delta}}
+    _schema_plan = plan = (schema, keys, kwargs)
+    return plan
+
+
 def encoding_kwargs(schema: pa.Schema) -> dict:
     """`use_dictionary` / `column_encoding` arguments of pyarrow's Parquet writer for a part
     of `schema` (see DELTA_COLUMNS)."""
-    delta = [f.name for f in schema if f.name in DELTA_COLUMNS and pa.types.is_integer(f.type)]
-    if not delta:
-        return {}
-    return {"use_dictionary": [f.name for f in schema if f.name not in delta],
-            "column_encoding": {n: "DELTA_BINARY_PACKED" for n in delta}}
+    kw = _plan_of(schema)[2]
+    return {k: (list(v) if isinstance(v, list) else dict(v)) for k, v in kw.items()}
 
 
 #: Parts of fewer rows are written uncompressed: zstd sets up a compressor per column chunk
@@ -150,27 +173,63 @@ ZSTD_MIN_ROWS = 1024
 ZSTD_ALL_ROWS = 16384
 LEAN_COLUMNS = frozenset({"kind", "rank", "pg", "pg_size", "op", "api", "backend", "device",
                           "dtype", "peer", "root", "thread", "seq", "op_id"})
+#: ... and, below ZSTD_ALL_ROWS rows, these when they hold one value throughout the part (a
+#: dictionary of one entry and one run of indices: zstd made them larger, by 17-24% in the
+#: soak's parts, and cost a compressor each, ~45 us). With several values (a DDP part's
+#: buckets of two sizes and its step marks) zstd halves them: kept there (session 21).
+LEAN_IF_ONE_VALUE = frozenset({"count", "bytes", "out_bytes", "site", "completion",
+                               "ref_op_id", "torch_seq"})
 #: Tests and benchmarks flip it (False: every column with a value is compressed from
-#: ZSTD_MIN_ROWS rows, the rule up to session 15).
+#: ZSTD_MIN_ROWS rows, the rule up to session 15; "s16": LEAN_COLUMNS only, up to session 20).
 LEAN_CODECS = True
+
+
+def _one_value(col) -> bool:
+    """Whether the column (a ChunkedArray) holds one value on every row, nulls counted as a
+    value: the array equals itself shifted by one row (Arrow's own comparison, no compute
+    kernel; a few us for a part)."""
+    if col.num_chunks != 1:
+        return False
+    a = col.chunk(0)
+    return len(a) > 0 and a.slice(1).equals(a.slice(0, len(a) - 1))
 
 
 def part_compression(table: pa.Table):
     """The `compression` argument for a trace part of `table` (see ZSTD_MIN_ROWS): "none",
     or per column, zstd except for the columns that are null throughout and, in parts of
-    fewer than ZSTD_ALL_ROWS rows, LEAN_COLUMNS."""
+    fewer than ZSTD_ALL_ROWS rows, LEAN_COLUMNS and the LEAN_IF_ONE_VALUE columns that hold
+    one value."""
     n = table.num_rows
     if n < ZSTD_MIN_ROWS:
         return "none"
     lean = LEAN_CODECS and n < ZSTD_ALL_ROWS
+    one = lean and LEAN_CODECS != "s16"
     out = {}
-    for f, col in zip(table.schema, table.columns):
-        codec = "none" if col.null_count == n or (lean and f.name in LEAN_COLUMNS) else "zstd"
-        if pa.types.is_list(f.type):
-            out[f.name + ".list.element"] = codec
-        else:
-            out[f.name] = codec
+    for (name, key), col in zip(_plan_of(table.schema)[1], table.columns):
+        out[key] = "none" if (col.null_count == n or (lean and name in LEAN_COLUMNS)
+                              or (one and name in LEAN_IF_ONE_VALUE and _one_value(col))) else "zstd"
     return out
+
+
+#: The lean path encodes a part into memory and writes it with one ``write`` (session 21):
+#: pyarrow's file sink is unbuffered, so a part went to the file in ~110 writes (a page
+#: header, a page, ... the footer), each a system call that zeroes the rest of an ext4 block:
+#: 4-5% of the writer thread's samples in the soak. The bytes are the same. Tests and
+#: benchmarks flip it.
+BUFFERED_WRITE = True
+
+
+def _write_bytes(path: str, data) -> None:
+    """Write `data` (a buffer) as the new file `path` (the user's umask applies, as for
+    pyarrow's own file sink); errors propagate."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+                 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def write_parquet(table: pa.Table, path: str, compression="zstd") -> None:
@@ -187,7 +246,8 @@ def write_parquet(table: pa.Table, path: str, compression="zstd") -> None:
         try:
             from pyarrow import _parquet
 
-            w = _parquet.ParquetWriter(path, table.schema, compression=compression,
+            sink = pa.BufferOutputStream() if BUFFERED_WRITE else path
+            w = _parquet.ParquetWriter(sink, table.schema, compression=compression,
                                        **{**_PQ_DEFAULTS, **encoding_kwargs(table.schema)})
         except (ImportError, AttributeError, TypeError, ValueError):
             _lean_ok = False
@@ -201,6 +261,8 @@ def write_parquet(table: pa.Table, path: str, compression="zstd") -> None:
                     pass
                 raise
             w.close()  # writes the footer: its errors (a full disk) must reach the caller
+            if BUFFERED_WRITE:
+                _write_bytes(path, sink.getvalue())
             return
     import pyarrow.parquet as pq
 
