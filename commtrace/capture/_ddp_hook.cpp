@@ -25,8 +25,10 @@
 // it), handed to ddp_issue as a DdpIssuer: no Python method call, no pybind call of
 // ProcessGroup.allreduce or Work.get_future per bucket. The record is ddp_issue's as before:
 // all_reduce's FastCtx stamps enqueue and return around issue_ar, and the Work it tracks is
-// the same Work, as a Python object. Elsewhere (another group class or backend, a torch
-// function mode on, COMMTRACE_DDP_V2=0) the v1 path: ddp_issue's Python calls.
+// the same Work, as a Python object -- or, where its completion is this side's callback (the
+// default), no Python object at all: issue_ar_nopy, the pending op without a Work (session 21).
+// Elsewhere (another group class or backend, a torch function mode on, COMMTRACE_DDP_V2=0) the
+// v1 path: ddp_issue's Python calls.
 //
 // Built on demand against the installed torch (commtrace/capture/accel.py), never at pip
 // install time: torch is not a build dependency of commtrace.
