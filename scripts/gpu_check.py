@@ -25,6 +25,17 @@ D. NCCL completion hook (``commtrace run --completion-hook``, TORCH_NCCL_ENABLE_
    wrapped ops carry NCCL's own seq; all_reduces issued through ``torch.ops._c10d_functional``
    (below commtrace's wrappers, as compiled graphs issue them) become ``api="c++"`` rows with
    their seq, device duration and host times, and no wrapped op gets a twin.
+E. ``commtrace accel build`` on this machine (started in the background at the beginning), then
+   the DDP sample under ``commtrace run`` with the built module: the C++ recording group or its
+   fallback records the Reducer's bucket all-reduces with device times.
+F. ``torch.compile`` (inductor) of a function issuing functional collectives and an in-place
+   c10d all_reduce on CUDA, ``fullgraph`` on and off, without commtrace and under
+   ``commtrace run``: the same graphs, graph breaks and output bytes.
+
+Before importing commtrace it builds the C extensions (the capture fast path, the replay) in
+place for this interpreter with the C compiler when they are missing (the device machine's Python
+differs from the development one's), and says which capture path ran. Samples (C) and the two
+compile jobs (F) run side by side: each is a world-size-1 NCCL job of its own.
 
 Prints PASS / FAIL / SKIP per check and the measured figures; exits 1 if any check failed.
 ``--json`` also writes everything (for docs/gpu-validation.md).
@@ -53,11 +64,19 @@ warnings.simplefilter("ignore")
 
 RESULTS: list[dict] = []
 FIGURES: dict = {}
+JSON_PATH: list = []   # --json: rewritten after every check, so a watchdog's end keeps them
+
+
+def save_json():
+    if JSON_PATH:
+        with open(JSON_PATH[0], "w") as f:
+            json.dump({"results": RESULTS, "figures": FIGURES}, f, indent=1, default=str)
 
 
 def report(name, status, detail=""):
     RESULTS.append({"check": name, "status": status, "detail": detail})
     print(f"[{status}] {name}: {detail}", flush=True)
+    save_json()
 
 
 def check(name, ok, detail=""):
@@ -632,6 +651,10 @@ def completion_hook_merge(tmp, timeout):
     FIGURES["completion_hook_active_duration_ns"] = durs
 
 
+#: samples that need two ranks (pipeline stages): not run at world size 1
+TWO_RANK_SAMPLES = {"pipeline.py"}
+
+
 def run_samples(tmp, timeout):
     samples = sorted(glob.glob(os.path.join(ROOT, "samples", "*.py")))
     if not samples:
@@ -646,18 +669,41 @@ def run_samples(tmp, timeout):
         have_cli = True
     except Exception:
         have_cli = False
+    import concurrent.futures as cf
+
+    for path in [p for p in samples if os.path.basename(p) in TWO_RANK_SAMPLES]:
+        report(f"C {os.path.basename(path)}", "SKIP", "runs on exactly 2 ranks; two NCCL ranks "
+               "cannot share the one GPU")
+    samples = [p for p in samples if os.path.basename(p) not in TWO_RANK_SAMPLES]
+    jobs = {}
     for path in samples:
         name = os.path.basename(path)
         cmd = torchrun + [path, "--backend", "nccl"]
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        jobs[(name, "plain")] = cmd
+        if have_cli:
+            jobs[(name, "traced")] = [sys.executable, "-m", "commtrace", "run", "-o",
+                                      os.path.join(tmp, "samples", name), "--"] + cmd
+
+    def one(cmd):
+        try:
+            return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            return subprocess.CompletedProcess(cmd, -9, "", f"timed out after {timeout} s: "
+                                               f"{(e.stderr or b'')[-400:]!r}")
+
+    # every job is a world-size-1 NCCL job of its own: side by side on the one GPU
+    with cf.ThreadPoolExecutor(len(jobs)) as ex:
+        done = dict(zip(jobs, ex.map(one, jobs.values())))
+    for path in samples:
+        name = os.path.basename(path)
+        p = done[(name, "plain")]
         check(f"C {name} --backend nccl (plain torchrun)", p.returncode == 0,
               f"rc {p.returncode}" + ("" if p.returncode == 0 else f": {p.stderr[-800:]}"))
         if not have_cli:
             report(f"C {name} under commtrace run", "SKIP", "click missing")
             continue
         out = os.path.join(tmp, "samples", name)
-        p = subprocess.run([sys.executable, "-m", "commtrace", "run", "-o", out, "--"] + cmd,
-                           env=env, capture_output=True, text=True, timeout=timeout)
+        p = done[(name, "traced")]
         detail = f"rc {p.returncode}"
         ok = p.returncode == 0
         try:
@@ -676,6 +722,188 @@ def run_samples(tmp, timeout):
         check(f"C {name} under commtrace run", ok, detail)
 
 
+
+# --------------------------------------------------------------------------------------------
+# Set-up: C extensions for this interpreter, the C++ accel build in the background
+# --------------------------------------------------------------------------------------------
+
+C_EXTENSIONS = [("commtrace/capture/_fastpath.c", "commtrace/capture/_fastpath"),
+                ("commtrace/analysis/_replay.c", "commtrace/analysis/_replay")]
+
+
+def build_c_extensions():
+    """Compile commtrace's optional C extensions in place for this interpreter, where missing
+    (what ``pip install .`` does with a compiler), and report which capture path runs."""
+    import sysconfig
+
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    inc = sysconfig.get_paths()["include"]
+    cc = os.environ.get("CC", "cc")
+    built = []
+    for src, mod in C_EXTENSIONS:
+        target = os.path.join(ROOT, mod + suffix)
+        if os.path.exists(target) and os.path.getmtime(target) >= os.path.getmtime(
+                os.path.join(ROOT, src)):
+            built.append(f"{os.path.basename(target)} (present)")
+            continue
+        cmd = [cc, "-O2", "-shared", "-fPIC", "-I", inc, os.path.join(ROOT, src), "-o", target]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except Exception as e:
+            report(f"A-1 build {os.path.basename(src)}", "SKIP", f"{type(e).__name__}: {e}")
+            continue
+        if p.returncode != 0:
+            report(f"A-1 build {os.path.basename(src)}", "SKIP", f"rc {p.returncode}: "
+                   f"{p.stderr[-400:]}")
+        else:
+            built.append(os.path.basename(target))
+    FIGURES["c_extensions"] = built
+
+
+def start_accel_build(tmp):
+    """``commtrace accel build`` into tmp/cache in the background (part E waits for it)."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               COMMTRACE_CACHE_DIR=os.path.join(tmp, "cache"), MAX_JOBS="4")
+    log = open(os.path.join(tmp, "accel_build.log"), "w")
+    try:
+        return subprocess.Popen([sys.executable, "-m", "commtrace", "accel", "build"], env=env,
+                                stdout=log, stderr=subprocess.STDOUT), env
+    except Exception as e:
+        report("E accel build", "SKIP", f"could not start: {e}")
+        return None, env
+
+
+def accel_ddp(tmp, build, env, timeout):
+    """E. The DDP sample on NCCL under ``commtrace run`` with ``commtrace accel build``'s
+    module."""
+    if build is None:
+        return
+    try:
+        rc = build.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        build.kill()
+        report("E accel build", "FAIL", f"not done in {timeout} s")
+        return
+    with open(os.path.join(tmp, "accel_build.log")) as f:
+        log = f.read()
+    if not check("E commtrace accel build", rc == 0, f"rc {rc}: {log[-600:]}"):
+        return
+    st = subprocess.run([sys.executable, "-m", "commtrace", "accel", "status"], env=env,
+                        capture_output=True, text=True, timeout=60)
+    figure("commtrace accel status", st.stdout.strip()[-300:])
+    out = os.path.join(tmp, "accel_ddp")
+    cmd = [sys.executable, "-m", "commtrace", "run", "-o", out, "--", sys.executable, "-m",
+           "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+           os.path.join(ROOT, "samples", "ddp_mlp.py"), "--backend", "nccl"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if not check("E ddp_mlp.py --backend nccl under commtrace run, accel built", p.returncode == 0,
+                 f"rc {p.returncode}" + ("" if p.returncode == 0 else f": {p.stderr[-800:]}")):
+        return
+    import pyarrow.dataset as pads
+
+    rows = pads.dataset(out, format="parquet", partitioning="hive").to_table().to_pylist()
+    ddp = [r for r in rows if r["kind"] == "op" and r["op"] == "all_reduce"
+           and r["api"] == "ddp_comm_hook"]
+    timed = [r for r in ddp if r["t_start_ns"] is not None and r["t_end_ns"] is not None]
+    check("E DDP bucket all-reduces recorded with device times",
+          len(ddp) > 0 and len(timed) == len(ddp),
+          f"{len(ddp)} bucket all-reduces, {len(timed)} with device times; apis "
+          f"{sorted({(r['api'], r['op']) for r in rows if r['kind'] == 'op'})}")
+
+
+COMPILE_WORKER = r"""
+import hashlib, json, sys, warnings
+warnings.simplefilter("ignore")
+import torch, torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch._dynamo
+from torch._dynamo.utils import counters
+dist.init_process_group("nccl")
+torch.cuda.set_device(0)
+group = dist.group.WORLD
+
+
+def f(x):
+    a = funcol.all_reduce(x, "sum", group)
+    b = funcol.all_gather_single(x * 2, 0, group)
+    c = funcol.reduce_scatter_single(x + 1, "sum", 0, group)
+    y = torch.relu(a @ a.T) + b.sum() + c.sum()
+    z = y.clone()
+    dist.all_reduce(z)                     # the in-place c10d form Dynamo rewrites to funcol
+    return funcol.wait_tensor(funcol.all_reduce(z * 3, "max", group)) + 1
+
+
+def digest(t):
+    return hashlib.sha256(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()) \
+        .hexdigest()[:16]
+
+
+res = {}
+for fullgraph in (True, False):
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.compile(f, backend="inductor", fullgraph=fullgraph)
+    x = torch.arange(64 * 64, dtype=torch.float32, device="cuda").reshape(64, 64) / 4096
+    r = {}
+    try:
+        outs = [digest(g(x)) for _ in range(2)]
+        dist.all_reduce(torch.ones(13, device="cuda"))        # eager, between compiled calls
+        outs.append(digest(g(x)))
+        r.update(out=outs, graphs=counters["stats"]["unique_graphs"],
+                 breaks=sum(counters["graph_break"].values()), eager=digest(f(x)))
+    except Exception as e:
+        r.update(error=f"{type(e).__name__}: {str(e)[:300]}")
+    res["fullgraph" if fullgraph else "graphs"] = r
+torch.cuda.synchronize()
+with open(sys.argv[1], "w") as fh:
+    json.dump(res, fh, sort_keys=True)
+torch._dynamo.reset()
+dist.destroy_process_group()
+"""
+
+
+def compile_check(tmp, timeout):
+    """F. torch.compile(inductor) over NCCL functional collectives, with and without commtrace:
+    the two jobs side by side, then their results compared."""
+    import concurrent.futures as cf
+
+    path = os.path.join(tmp, "compile_worker.py")
+    with open(path, "w") as f:
+        f.write(COMPILE_WORKER)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "1", path]
+    jobs = {"plain": torchrun + [os.path.join(tmp, "compile_plain.json")],
+            "traced": [sys.executable, "-m", "commtrace", "run", "-o",
+                       os.path.join(tmp, "compile_trace"), "--"] + torchrun
+            + [os.path.join(tmp, "compile_traced.json")]}
+    with cf.ThreadPoolExecutor(2) as ex:
+        futs = {k: ex.submit(subprocess.run, cmd, env=env, capture_output=True, text=True,
+                             timeout=timeout) for k, cmd in jobs.items()}
+        procs = {k: fu.result() for k, fu in futs.items()}
+    res = {}
+    for k, p in procs.items():
+        if not check(f"F compile job {k}", p.returncode == 0,
+                     f"rc {p.returncode}" + ("" if p.returncode == 0 else
+                                             f": {p.stderr[-800:]}")):
+            return
+        with open(os.path.join(tmp, f"compile_{k}.json")) as f:
+            res[k] = json.load(f)
+    FIGURES["compile"] = res
+    for mode in ("fullgraph", "graphs"):
+        a, b = res["plain"][mode], res["traced"][mode]
+        check(f"F torch.compile(inductor, {mode}) over NCCL funcol: same as without commtrace",
+              a == b and "error" not in a and len(set(a["out"])) == 1,
+              f"plain {a}, traced {b}")
+    import pyarrow.dataset as pads
+
+    rows = pads.dataset(os.path.join(tmp, "compile_trace"), format="parquet",
+                        partitioning="hive").to_table().to_pylist()
+    eager = [r for r in rows if r["kind"] == "op" and r["op"] == "all_reduce" and r["count"] == 13]
+    check("F the eager all_reduce between compiled calls is recorded", len(eager) == 2,
+          f"{len(eager)} rows of 13 elements; ops {sorted({r['op'] for r in rows if r['kind'] == 'op'})}")
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -685,8 +913,15 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer sizes")
     ap.add_argument("--no-samples", action="store_true")
     ap.add_argument("--sample-timeout", type=float, default=120.0)
+    ap.add_argument("--no-accel", action="store_true", help="skip part E (commtrace accel build)")
+    ap.add_argument("--no-compile", action="store_true", help="skip part F (torch.compile)")
+    ap.add_argument("--watchdog", type=float, default=570.0,
+                    help="end the script (with every thread's traceback) after this many "
+                         "seconds (default 570)")
     a = ap.parse_args(argv)
-    faulthandler.dump_traceback_later(570, exit=True)  # never hang the one device call
+    faulthandler.dump_traceback_later(a.watchdog, exit=True)  # never hang the one device call
+    if a.json:
+        JSON_PATH.append(a.json)
 
     import torch
 
@@ -694,6 +929,9 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device; nothing to check", file=sys.stderr)
         return 2
+    build_c_extensions()
+    tmp = tempfile.mkdtemp(prefix="commtrace-gpu-check-")
+    accel_build, accel_env = (None, None) if a.no_accel else start_accel_build(tmp)
     import torch.distributed as dist
 
     from commtrace.capture import device as D
@@ -704,13 +942,18 @@ def main(argv=None):
     FIGURES["cuda"] = torch.version.cuda
     FIGURES["nccl"] = nvml.nccl_version()
     FIGURES["gpu"] = torch.cuda.get_device_name(0)
-    for k in ("date", "torch", "cuda", "nccl", "gpu"):
-        print(f"{k}: {FIGURES[k]}")
+    try:
+        from commtrace.capture import _fastpath  # noqa: F401
+
+        FIGURES["capture path"] = "C fast path (_fastpath)"
+    except ImportError:
+        FIGURES["capture path"] = "Python (no _fastpath for this interpreter)"
+    for k in ("date", "torch", "cuda", "nccl", "gpu", "capture path", "c_extensions"):
+        print(f"{k}: {FIGURES.get(k)}")
     torch.cuda.set_device(0)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(free_port())
     dist.init_process_group("nccl", rank=0, world_size=1)
-    tmp = tempfile.mkdtemp(prefix="commtrace-gpu-check-")
     try:
         try:
             first_op_stall(torch, dist)
@@ -742,14 +985,22 @@ def main(argv=None):
             run_samples(tmp, a.sample_timeout)
         except Exception as e:
             report("C samples", "FAIL", repr(e))
+    if not a.no_compile:
+        try:
+            compile_check(tmp, max(a.sample_timeout, 240.0))
+        except Exception as e:
+            report("F compile", "FAIL", repr(e))
+    if not a.no_accel:
+        try:
+            accel_ddp(tmp, accel_build, accel_env, max(a.sample_timeout, 240.0))
+        except Exception as e:
+            report("E accel", "FAIL", repr(e))
     failed = [r for r in RESULTS if r["status"] == "FAIL"]
     FIGURES["wall_s"] = round(time.time() - t_begin, 1)
     print(f"\n{len(RESULTS)} checks: {sum(r['status'] == 'PASS' for r in RESULTS)} passed, "
           f"{len(failed)} failed, {sum(r['status'] == 'SKIP' for r in RESULTS)} skipped "
           f"in {FIGURES['wall_s']} s")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"results": RESULTS, "figures": FIGURES}, f, indent=1, default=str)
+    save_json()
     return 1 if failed else 0
 
 
