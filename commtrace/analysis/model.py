@@ -428,6 +428,44 @@ def build_model(run) -> Model:
 
 
 _FETCHED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: run -> (_Rows, implicit-wait row ids or None): the op rows read ahead by read_rows.
+_ROWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def open_rows(run):
+    """(ops table, a cursor on the run's database) for read_rows, opened now under the run's
+    lock (quick: the ops table is built when the run is loaded); None when the model is built
+    or its rows read already."""
+    if run in _CACHE or run in _ROWS or isinstance(_FETCHED.get(run), _Read):
+        return None
+    with run.lock:
+        return run.table("ops"), run.cursor()
+
+
+def read_rows(run, opened) -> None:
+    """Read the model's op rows (and the implicit waits' row ids) on `opened`'s cursor (open_rows;
+    closed here), without the run's lock, and keep them for build_model. They come from the
+    ops table alone, built when the run is loaded and never written after, so they can be read
+    before the collectives are matched: the report reads them beside that matching (its
+    queries on the run's own connection, in a thread), where they used to be read after it, at
+    the head of the model's build (docs/performance.md, session 22)."""
+    if opened is None:
+        return
+    ops_t, cur = opened
+    try:
+        _retain_freed_memory()
+        _ROWS[run] = _read_rows(run, ops_t, cur)
+    finally:
+        cur.close()
+
+
+def _read_rows(run, ops_t, cur):
+    """(the op rows as _Rows, the row ids of _IMPLICIT_WAIT_APIS' rows or None) on cursor `cur`."""
+    # (a stream of batches, each freed before the next is read: _Rows)
+    n_rows = Q.rows(cur, f"SELECT count(*) FROM {ops_t} WHERE kind = 'op'").fetchone()[0]
+    rows = run.arrow_batches(f"SELECT {', '.join(ROW_COLUMNS)}, rid AS orid, ckey FROM {ops_t} WHERE kind = 'op'",
+                             lambda rd: _Rows(rd, int(n_rows)), con=cur)
+    return rows, (_implicit_wait_rids(run, cur) if rows.num_rows else None)
 
 
 def prefetch(run) -> None:
@@ -461,22 +499,20 @@ def _open(run):
 
 def _fetch(run, opened=None):
     """The model's inputs from the run's tables, read on a cursor of their own (_open's; no
-    hold of the run's lock while they are read): (the op rows as _Rows, the complete
-    collectives' keys, bytes and bus-bandwidth factors, the row ids of _IMPLICIT_WAIT_APIS'
-    rows or None). The tables read are built once and not written after that: the same rows
-    whatever the other threads' queries in between."""
+    hold of the run's lock while they are read): (the op rows as _Rows (read_rows' when it read
+    them ahead), the complete collectives' keys, bytes and bus-bandwidth factors, the row ids of
+    _IMPLICIT_WAIT_APIS' rows or None). The tables read are built once and not written after
+    that: the same rows whatever the other threads' queries in between."""
     if isinstance(opened, _Read):
         return opened
     ops_t, coll_t, cur = opened if opened is not None else _open(run)
     try:
-        # (a stream of batches, each freed before the next is read: _Rows)
-        n_rows = Q.rows(cur, f"SELECT count(*) FROM {ops_t} WHERE kind = 'op'").fetchone()[0]
-        rows = run.arrow_batches(f"SELECT {', '.join(ROW_COLUMNS)}, rid AS orid, ckey FROM {ops_t} WHERE kind = 'op'",
-                                 lambda rd: _Rows(rd, int(n_rows)), con=cur)
+        ahead = _ROWS.pop(run, None)
+        rows, implicit = ahead if ahead is not None else _read_rows(run, ops_t, cur)
         kc = Q.numpy(cur, f"""SELECT ckey, CAST(coalesce(bytes, 0) AS DOUBLE) AS cbytes,
                                      CAST(coalesce(busbw_factor, 1.0) AS DOUBLE) AS factor
                               FROM {coll_t} WHERE complete ORDER BY ckey""")
-        return _Read((rows, kc, _implicit_wait_rids(run, cur) if rows.num_rows else None))
+        return _Read((rows, kc, implicit))
     finally:
         cur.close()
 

@@ -66,7 +66,6 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         run = run.subset(steps)
     run.start_background()
     tick("matching collectives", 0.1)
-    coll_sum = run.collectives_summary()
     from .rootcause import AUTO_MAX_OPS, DISABLED, ENABLED
     skipped = None
     if what_if is None:
@@ -76,8 +75,22 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
             skipped = (f"root cause and what-if skipped on {n_op:,} ops (more than {AUTO_MAX_OPS:,}): "
                        "add --what-if for them (docs/performance.md: about +1.2 s CPU and +0.6 GB per million ops)")
     (ENABLED if what_if else DISABLED).add(run)
+    beside = what_if and PARALLEL and "findings" not in run._cache
+    if beside:
+        # The model's op rows need only the ops table (built at load): they are read here, on
+        # a cursor of their own, while a thread matches the collectives on the run's
+        # connection (DuckDB's queries, GIL released), instead of at the head of the model's
+        # build once that matching is done. Read in this thread: their arrays come from the
+        # heap the model's build, here, reuses (the cursor opened before the thread starts,
+        # which holds the run's lock).
+        rows_at = _open_model_rows(run)
+        coll = _start(run.collectives_summary)
+        _read_model_rows(run, rows_at)
+        coll_sum = coll.result()
+    else:
+        coll_sum = run.collectives_summary()
     tick("wait states, overlap and root cause", 0.3)
-    if what_if and PARALLEL and "findings" not in run._cache:
+    if beside:
         # Root cause and what-if need only the ops and the matched collectives, and the rest
         # of the report up to the findings' annotation does not need them: the rest runs in a
         # thread (mostly DuckDB, which releases the GIL) while this one builds the model, the
@@ -195,6 +208,24 @@ def _tail(run, top: int):
 def _start(fn, *args):
     """`fn(*args)` in a new thread; returns its future (`.result()` re-raises its error)."""
     return in_thread(fn, *args, name="commtrace-report")
+
+
+def _open_model_rows(run):
+    """model.open_rows(run), or None on failure (build_model reads the rows then)."""
+    try:
+        from .model import open_rows
+        return open_rows(run)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _read_model_rows(run, opened) -> None:
+    """model.read_rows(run, opened); a failure is left for build_model (it reads them again)."""
+    try:
+        from .model import read_rows
+        read_rows(run, opened)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _prefetch_model(run) -> None:
