@@ -8,7 +8,7 @@
 Synthesises the same run as benchmarks/analysis.py (`commtrace synth`, a planted straggler and
 host hazards) and times, in fresh processes and alternating, `commtrace report DIR --format
 json --no-what-if` (the baseline) and `... --what-if`, reading each child's wall time, CPU time
-and peak RSS. Prints the best of each side by side, the difference, and the load average. Then
+and peak RSS. Prints the best of each side by side, the difference, the medians and the load average. Then
 times the stages in one process (user + system CPU, page faults): model, delay analysis,
 critical path, replay (with `--before`, `--repeat` times, alternating with the older tree's),
 with the `commtrace` command's malloc tuning (model._retain_freed_memory) on, as in the reports.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -119,6 +120,11 @@ def main() -> int:
           f"(runs: {', '.join(f'{x[0]:.2f}' for x in full)} s)")
     print(f"  added: {f[0] - b[0]:+.2f} s wall ({100 * (f[0] - b[0]) / b[0]:+.0f}%), "
           f"{f[1] - b[1]:+.2f} s cpu ({100 * (f[1] - b[1]) / b[1]:+.0f}%)")
+    med = lambda xs: statistics.median(x[0] for x in xs)   # noqa: E731
+    mb, mf = med(base), med(full)
+    print(f"  medians: --no-what-if {mb:.2f} s, --what-if {mf:.2f} s: added {mf - mb:+.2f} s "
+          f"({100 * (mf - mb) / mb:+.0f}%)" + (f"; before {med(before):.2f} s: added {med(before) - mb:+.2f} s "
+                                                f"({100 * (med(before) - mb) / mb:+.0f}%)" if before else ""))
     if before:
         o = min(before)
         print(f"  report --what-if, before ({a.before}): {o[0]:.2f} s / {o[1]:.2f} s / "

@@ -189,15 +189,16 @@ def cards(run, findings=None, top: int = TOP_CARDS) -> list[dict]:
     return out
 
 
-def overview(run, top: int = TOP_CARDS) -> dict:
+def overview(run, top: int = TOP_CARDS, head: dict | None = None) -> dict:
     """The overview page (and the report's ``overview`` key): ``job`` (:func:`job_state`),
-    ``headline`` (:func:`headline`), ``health`` (:func:`health`), ``cards`` (:func:`cards`)
-    and ``finding_counts`` (kind -> count)."""
+    ``headline`` (:func:`headline`; `head` when the caller computed it already: it does not
+    depend on the findings), ``health`` (:func:`health`), ``cards`` (:func:`cards`) and
+    ``finding_counts`` (kind -> count)."""
     fs = run.findings()
     counts: dict[str, int] = {}
     for f in fs:
         counts[f.kind] = counts.get(f.kind, 0) + 1
-    return {"job": job_state(run), "headline": headline(run), "health": health(run, fs),
+    return {"job": job_state(run), "headline": headline(run) if head is None else head, "health": health(run, fs),
             "cards": cards(run, fs, top), "finding_counts": counts, "top_rank": _top_rank(run, fs)}
 
 

@@ -103,10 +103,11 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         _prefetch_model(run)
         rest = _start(_base_part, run, top, True)
         what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
-        per_rank, raw, tail = rest.result()
+        per_rank, raw, tail, head = rest.result()
         from .findings import annotate
         run._cache["findings"] = annotate(run, raw)
     else:
+        head = None
         per_rank = run.per_rank()
         if what_if:
             what_if, crit, rc_error = _root_cause(run, busbw_ref, top)
@@ -164,7 +165,7 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         "what_if": what_if,
         "critical_path": crit,
         # the dashboard's overview page (job state, headline fractions, per-rank health, cards)
-        "overview": _clean(overview(run)),
+        "overview": _clean(overview(run, head=head)),
     }
     if rc_error:
         rep["warnings"].append(rc_error)
@@ -174,13 +175,20 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
 
 def _base_part(run, top: int, findings: bool):
     """The report's parts that do not depend on root cause and what-if, in the report's order:
-    (per_rank, the unannotated findings (findings.detect) or None, _tail's)."""
+    (per_rank, the unannotated findings (findings.detect) or None, _tail's, the overview's
+    headline (overview.headline: per rank and per step, no findings) or None). With `findings`
+    (the thread beside root cause and what-if) the headline too, which the report otherwise
+    computes at its end, after the what-if: one pass fewer in the what-if's tail."""
     per_rank = run.per_rank()
-    raw = None
+    raw = head = None
     if findings:
         from .findings import detect
         raw = detect(run)
-    return per_rank, raw, _tail(run, top)
+    tail = _tail(run, top)
+    if findings:
+        from .overview import headline
+        head = headline(run)
+    return per_rank, raw, tail, head
 
 
 def _tail(run, top: int):
