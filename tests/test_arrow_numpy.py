@@ -184,6 +184,65 @@ def test_prefetched_model_equals_the_model_read_at_build(tmp_path):
     assert ma.n_events > 0
 
 
+def _same_model(ma, mb):
+    for k, x in vars(mb).items():
+        y = getattr(ma, k)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and (x.tolist() == y.tolist() if x.dtype == object
+                                           else np.array_equal(x, y, equal_nan=x.dtype.kind == "f")), k
+        elif isinstance(x, (int, float, str, list)):
+            assert x == y, k
+
+
+def test_rows_read_ahead_beside_the_collectives_matching(tmp_path):
+    """model.read_rows (the report reads the model's op rows on a cursor of its own while a
+    thread matches the collectives on the run's connection, before the collectives table
+    exists): the same model as build_model reading them itself; the cursor is closed after
+    the read, the rows are taken by the build, and a second open_rows reads nothing."""
+    import threading
+
+    out = str(tmp_path / "r")
+    synth_run(out, ranks=4, ops=400, straggler=[(2, 800_000)], hazards=True, seed=13)
+    a, b = commtrace.load(out), commtrace.load(out)
+    mb = M.build_model(b)
+    opened = M.open_rows(a)
+    assert opened is not None and "collectives" not in a._cache
+    errs = []
+
+    def match():
+        try:
+            a.collectives_summary()
+        except Exception as e:  # noqa: BLE001
+            errs.append(e)
+
+    th = threading.Thread(target=match)
+    th.start()
+    M.read_rows(a, opened)
+    th.join(120)
+    assert not th.is_alive() and not errs
+    with pytest.raises(Exception):
+        opened[1].sql("SELECT 1").fetchall()      # closed
+    assert a in M._ROWS and M.open_rows(a) is None
+    M.prefetch(a)
+    ma = M.build_model(a)
+    assert a not in M._ROWS and M.open_rows(a) is None
+    _same_model(ma, mb)
+    assert ma.n_events > 0
+
+
+def test_excess_beside_sync_points_same_model(tmp_path, monkeypatch):
+    """The excess gaps in a thread beside the synchronisation points (model.EXCESS_BESIDE)
+    give the model of the one-thread order, array by array (p2p and collectives)."""
+    out = str(tmp_path / "r")
+    synth_run(out, ranks=6, ops=500, straggler=[(1, 900_000)], late_send=[(3, 400_000)], hazards=True, seed=17)
+    models = []
+    for beside in (True, False):
+        monkeypatch.setattr(M, "EXCESS_BESIDE", beside)
+        models.append(M._build(commtrace.load(out)))
+    _same_model(*models)
+    assert models[0].ev_has_peers.any() and (models[0].ev_excess > 0).any()
+
+
 def test_what_if_report_imports_no_pandas(tmp_path):
     out = str(tmp_path / "r")
     synth_run(out, ranks=4, ops=400, straggler=[(2, 800_000)], hazards=True, seed=9)
