@@ -34,7 +34,6 @@ import numpy as np
 import pyarrow as pa
 
 from .. import ops as OPS
-from . import in_thread
 from . import sql as Q
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -746,12 +745,6 @@ def _build(run, inputs=None) -> Model:
     del sl_of_row, step_r, args
 
     tick("anchors")
-    # the excess gaps (below) read nothing the synchronisation points write: in a thread beside
-    # them (C passes and numpy, the GIL released), one pass fewer on the report's longest chain
-    # (model, delay analysis, replay) where the rest of the report has ended before it
-    excess = (in_thread(_excess_of, ev_slot, sl_comm, cm_lo, cm_hi, cm_is_p2p, ev_row, site_codes, op_codes, ev_rank,
-                        ev_is_wait, ev_gap, ev_first, ev_step, sl_call, name="commtrace-model")
-              if EXCESS_BESIDE else None)
     # synchronisation point of each slot: the latest release, at or before its entry, of a
     # host event of the same rank that waited for a communication of the same group (p2p: the
     # same pair). An async op issued but not yet waited is no synchronisation point.
@@ -816,12 +809,9 @@ def _build(run, inputs=None) -> Model:
 
     tick("sync")
     # ---- excess gap: gap minus the median gap of the same event on the other ranks
-    if excess is not None:
-        ev_excess, ev_has_peers = excess.result()
-    else:
-        ev_excess, ev_has_peers = _excess_of(ev_slot, sl_comm, cm_lo, cm_hi, cm_is_p2p, ev_row, site_codes, op_codes,
-                                             ev_rank, ev_is_wait, ev_gap, ev_first, ev_step, sl_call)
-    del site_codes, op_codes, excess
+    ev_excess, ev_has_peers = _excess_of(ev_slot, sl_comm, cm_lo, cm_hi, cm_is_p2p, ev_row, site_codes, op_codes,
+                                         ev_rank, ev_is_wait, ev_gap, ev_first, ev_step, sl_call)
+    del site_codes, op_codes
     tick("excess")
     # ---- window: from the first release of a rank that waited for another, to the last release
     anc = np.flatnonzero(ev_anchor)
@@ -842,11 +832,6 @@ def _build(run, inputs=None) -> Model:
         cm_op=cm_op, cm_pg=cm_pg, cm_seq=cm_seq, cm_bytes=cm_bytes, cm_factor=cm_factor, cm_tcomm=cm_tcomm,
         row_op=row_op, row_site=row_site, t_begin=t_begin, t_end=t_end_,
         cm_opc=cm_opc, cm_pgc=cm_pgc, op_names=op_names, pg_names=pg_vals)
-
-
-#: Whether the model computes the excess gaps in a thread beside the synchronisation points
-#: (tests compare it with one thread; the same arrays either way).
-EXCESS_BESIDE = True
 
 
 def _excess_of(ev_slot, sl_comm, cm_lo, cm_hi, cm_is_p2p, ev_row, site_codes, op_codes, ev_rank, ev_is_wait,
