@@ -230,19 +230,6 @@ def test_rows_read_ahead_beside_the_collectives_matching(tmp_path):
     assert ma.n_events > 0
 
 
-def test_excess_beside_sync_points_same_model(tmp_path, monkeypatch):
-    """The excess gaps in a thread beside the synchronisation points (model.EXCESS_BESIDE)
-    give the model of the one-thread order, array by array (p2p and collectives)."""
-    out = str(tmp_path / "r")
-    synth_run(out, ranks=6, ops=500, straggler=[(1, 900_000)], late_send=[(3, 400_000)], hazards=True, seed=17)
-    models = []
-    for beside in (True, False):
-        monkeypatch.setattr(M, "EXCESS_BESIDE", beside)
-        models.append(M._build(commtrace.load(out)))
-    _same_model(*models)
-    assert models[0].ev_has_peers.any() and (models[0].ev_excess > 0).any()
-
-
 def test_what_if_report_imports_no_pandas(tmp_path):
     out = str(tmp_path / "r")
     synth_run(out, ranks=4, ops=400, straggler=[(2, 800_000)], hazards=True, seed=9)
