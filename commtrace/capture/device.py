@@ -57,6 +57,11 @@ CALIBRATION_MAX_WAIT_NS = 2_000_000
 DEFAULT_MAX_PENDING = 65536
 #: An async op never waited is reported without t_end after this long (its events are freed).
 DEFAULT_UNWAITED_TIMEOUT_S = 600.0
+#: An async op with a completion event (:meth:`EventTimer.on_done`) and no wait() through Python
+#: yet is read back this long after its issue, with its completion as its end: DDP's bucket
+#: all-reduces, waited by the Reducer in C++. An op waited later than that keeps no
+#: ``stream_wait_ns``.
+DEFAULT_DONE_GRACE_S = 1.0
 
 
 class DeviceTimer:
@@ -81,6 +86,11 @@ class DeviceTimer:
 
     def on_wait(self, token) -> None:
         """After ``work.wait()`` returned (async ops): record the end event."""
+
+    def on_done(self, token) -> None:
+        """In the callback of an async op's future (a CUDA future runs it on streams made to
+        wait for the op): record the op's completion, the end of an op whose wait never comes
+        through Python (DDP's Reducer waits in C++)."""
 
     def poll(self) -> list:
         """Ops completed since the last poll: ``(op_id, t_start_ns, t_end_ns, stream_wait_ns)``."""
@@ -315,7 +325,7 @@ class _Calibration:
 
 class _Token:
     __slots__ = ("op_id", "device", "stream", "start", "end", "wait_begin", "blocking",
-                 "returned", "calib", "issued_ns")
+                 "returned", "calib", "issued_ns", "done")
 
     def __init__(self, op_id, device, stream, start, calib, issued_ns):
         self.op_id = op_id
@@ -328,6 +338,7 @@ class _Token:
         self.returned = False
         self.calib = calib  # calibration index current at issue (None before the first one)
         self.issued_ns = issued_ns
+        self.done = None  # completion event recorded in the future's callback (on_done)
 
 
 class EventTimer(DeviceTimer):
@@ -340,13 +351,15 @@ class EventTimer(DeviceTimer):
 
     def __init__(self, backend, clock=None, calibration_interval_s: float =
                  DEFAULT_CALIBRATION_INTERVAL_S, max_pending: int = DEFAULT_MAX_PENDING,
-                 unwaited_timeout_s: float = DEFAULT_UNWAITED_TIMEOUT_S):
+                 unwaited_timeout_s: float = DEFAULT_UNWAITED_TIMEOUT_S,
+                 done_grace_s: float = DEFAULT_DONE_GRACE_S):
         self._b = backend
         #: Host clock (ns). The recorder sets its own (`recorder.now_ns`, with injected skew).
         self.clock = clock or backend.now_ns
         self.calibration_interval_ns = int(calibration_interval_s * 1e9)
         self.max_pending = max_pending
         self.unwaited_timeout_ns = int(unwaited_timeout_s * 1e9)
+        self.done_grace_ns = int(done_grace_s * 1e9)
         self._lock = threading.Lock()
         self._tokens: "collections.OrderedDict[int, _Token]" = collections.OrderedDict()
         self._pool: dict[int, list] = {}
@@ -455,13 +468,27 @@ class EventTimer(DeviceTimer):
         except Exception as e:
             self._fail("on_wait", e)
 
+    def on_done(self, token) -> None:
+        if token is None or token.done is not None or token.blocking:
+            return
+        try:
+            with self._lock:
+                ev = self._acquire(token.device)
+            # the current stream here is the one the future's callback runs on, made to wait
+            # for the op's events (torch's CUDA future): the event completes with the op
+            self._b.record(ev, self._b.current_stream())
+            token.done = ev
+        except Exception as e:
+            self._fail("on_done", e)
+
     def abandon(self, token) -> None:
         """Forget an op whose end will never be recorded (e.g. the call raised)."""
         if token is None:
             return
         with self._lock:
             if self._tokens.pop(token.op_id, None) is not None:
-                self._release(token.device, token.start, token.end, token.wait_begin)
+                self._release(token.device, token.start, token.end, token.wait_begin,
+                              token.done)
 
     # -- writer thread -------------------------------------------------------------------------
 
@@ -556,6 +583,15 @@ class EventTimer(DeviceTimer):
                 if tok.device not in self._latest:
                     continue  # no calibration yet (device busy): read it later
                 if tok.end is None:
+                    if tok.done is not None and now - tok.issued_ns >= self.done_grace_ns:
+                        # no wait() through Python: its completion is its end
+                        if not (q(tok.done) and q(tok.start)):
+                            continue
+                        cal = self._calibration_for(tok)
+                        out.append((tok.op_id, self._to_host(cal, tok.start),
+                                    self._to_host(cal, tok.done), None))
+                        done.append(tok)
+                        continue
                     if not self._expired(tok, now):
                         continue
                     # Never waited (or the call raised): report its start only, free its events.
@@ -581,7 +617,8 @@ class EventTimer(DeviceTimer):
                 with self._lock:
                     for tok in done:
                         self._tokens.pop(tok.op_id, None)
-                        self._release(tok.device, tok.start, tok.end, tok.wait_begin)
+                        self._release(tok.device, tok.start, tok.end, tok.wait_begin,
+                                      tok.done)
                     self._prune_calibrations()
         except Exception as e:
             self._fail("poll", e)

@@ -1353,6 +1353,10 @@ class Recorder:
         """Read device times, poll Work objects without a future, release finished pending ops.
         Device times are read first so that ops released now (at close, every pending op)
         still carry them."""
+        if final:
+            dt = self.device_timer
+            if dt is not None and getattr(dt, "done_grace_ns", 0):
+                dt.done_grace_ns = 0  # closing: completed ops unwaited in Python, read now
         self._poll_device()
         for f in STAMP_FLUSHERS:
             try:
