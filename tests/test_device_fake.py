@@ -680,3 +680,33 @@ def test_disable_undoes_hazards_sync_and_device(monkeypatch):
     commtrace.disable()
     assert calls == ["hazards", "sync", "device"]
     assert device._timer is None
+
+
+def test_cuda_backend_keeps_stream_objects_by_raw_handle():
+    """The CUDA backend reads the current stream's raw handle (cheap) and builds a Stream
+    object only for a handle not seen before (torch.cuda.current_stream() cost 8 us per call
+    on the GPU check)."""
+    b = object.__new__(D._CudaBackend)
+    built = []
+
+    class S:
+        def __init__(self, d, h):
+            self.device_index, self.cuda_stream = d, h
+
+    cur = {"dev": 0, "h": 111}
+    b._get_device = lambda: cur["dev"]
+    b._raw_stream = lambda d: cur["h"] + d
+    b._current_stream = lambda: built.append(1) or S(cur["dev"], cur["h"] + cur["dev"])
+    b._streams = {}
+    s1 = b.current_stream()
+    assert b.current_stream() is s1 and len(built) == 1
+    cur["h"] = 222                      # another stream made current (torch.cuda.stream(...))
+    s2 = b.current_stream()
+    assert (s2.device_index, s2.cuda_stream) == (0, 222) and len(built) == 2
+    cur["dev"] = 1                      # another device: its own current stream
+    s3 = b.current_stream()
+    assert (s3.device_index, s3.cuda_stream) == (1, 223) and len(built) == 3
+    cur.update(dev=0, h=111)
+    assert b.current_stream() is s1 and len(built) == 3
+    b._raw_stream = None                # a torch without the raw read: the public call
+    assert b.current_stream().cuda_stream == 111 and len(built) == 4

@@ -1101,10 +1101,11 @@ class Recorder:
             self._tell_busy()
         return p
 
-    def add_pending_tensors(self, row, results, tensors=()) -> PendingOp:
+    def add_pending_tensors(self, row, results, tensors=(), device_token=None) -> PendingOp:
         """Register an async op completed by waiting on any of the tensors `results` (functional
         collectives: ``wait_tensor``), or on anything sharing their memory (:meth:`lookup_tensor`)."""
-        p = self.add_pending(row, key_obj=results[0] if results else None, tensors=tensors)
+        p = self.add_pending(row, key_obj=results[0] if results else None, tensors=tensors,
+                             device_token=device_token)
         keys = []
         for t in results:
             k = storage_key(t)

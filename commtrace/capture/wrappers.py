@@ -501,7 +501,10 @@ def _run(rec, reader: Reader, orig, args, kwargs, row, tensors, info):
     spec = reader.spec
     token = None
     dt = rec.device_timer
-    if dt is not None and row[I_DEVICE] and row[I_DEVICE].startswith("cuda"):
+    # (not inside _coalescing_manager: its ops are enqueued at the block's exit, so events
+    # recorded around each call would bracket nothing; they keep their host times)
+    if dt is not None and row[I_DEVICE] and row[I_DEVICE].startswith("cuda") \
+            and tls.coalesce is None:
         try:
             token = dt.on_issue(row[I_OP_ID])
         except Exception as e:
