@@ -2305,6 +2305,10 @@ static PyObject *records_batch(PyObject *module, PyObject *args) {
         }
     }
     int r = 1, t1_col = -1;
+    /* The columns are built without the GIL: from here on only C arrays are read (the
+     * arguments, bytes and tuples the caller holds, stay alive and unchanged), and a rank's
+     * training thread runs meanwhile (the writer thread's flush held it throughout before). */
+    Py_BEGIN_ALLOW_THREADS
     for (int j = 0; j < ncols && r == 1; j++) {
         int id = prog[j];
         Py_ssize_t i;
@@ -2392,6 +2396,7 @@ static PyObject *records_batch(PyObject *module, PyObject *args) {
         p->cols[j].buffers = p->bufs[j];
         p->col_ptrs[j] = &p->cols[j];
     }
+    Py_END_ALLOW_THREADS
     if (r < 0) {
         PyErr_NoMemory();
         goto done;
