@@ -440,7 +440,8 @@ def batch_of_records(rank: int, drained):
     import pyarrow as pa
 
     program = _records_program()
-    if not program:
+    imp = getattr(pa.RecordBatch, "_import_from_c_capsule", None)   # pyarrow >= 14
+    if not program or imp is None or not hasattr(S.SCHEMA, "__arrow_c_schema__"):
         return None
     n, nums_b, codes_b, tables = drained
     t_site, t_api, t_detail, t_dtype, t_dev = tables
@@ -456,7 +457,7 @@ def batch_of_records(rank: int, drained):
                                (enc(S.KIND_OP), b"return"))
     if cap is None:
         return None
-    return pa.RecordBatch._import_from_c_capsule(S.SCHEMA.__arrow_c_schema__(), cap)
+    return imp(S.SCHEMA.__arrow_c_schema__(), cap)
 
 
 def arrays_of_records(rank: int, drained) -> list:
