@@ -553,14 +553,19 @@ def timer_costs(torch, dist, D, n=2000, rounds=5):
     report("A6 timer cost breakdown", "INFO", "figures above (not asserted)")
 
 
+def timing_group(dist, D):
+    """A new group whose NCCL backend times its ops (TORCH_NCCL_ENABLE_TIMING=1 at creation)."""
+    os.environ[D.NCCL_TIMING_ENV] = "1"
+    try:
+        return dist.new_group([0])
+    finally:
+        os.environ.pop(D.NCCL_TIMING_ENV, None)
+
+
 @guarded("A7 WorkInfo probe")
 def workinfo_probe(torch, dist, D):
     """What ProcessGroupNCCL hands a completion hook in this torch (figures; part D reads it)."""
-    os.environ[D.NCCL_TIMING_ENV] = "1"
-    try:
-        g = dist.new_group([0])
-    finally:
-        os.environ.pop(D.NCCL_TIMING_ENV, None)
+    g = timing_group(dist, D)
     seen = []
     backend = g._get_backend(torch.device("cuda"))
     try:
@@ -590,11 +595,7 @@ def workinfo_probe(torch, dist, D):
 
 @guarded("A5 NCCL timing cross-check")
 def nccl_crosscheck(torch, dist, D):
-    os.environ[D.NCCL_TIMING_ENV] = "1"
-    try:
-        g = dist.new_group([0])
-    finally:
-        os.environ.pop(D.NCCL_TIMING_ENV, None)
+    g = timing_group(dist, D)
     timer = D.CudaTimer()
     poller = Poller(timer)
     poller.start()
