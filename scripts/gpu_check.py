@@ -15,7 +15,9 @@ A. Device timer alone (commtrace.capture.device, no recorder, no pyarrow needed)
    timer adds at most 10 us of host time per op, and that a CUDA graph capture records no
    event, counts the op, and survives the writer polling during the capture.
    Also: synchronize() capture (a stand-in recorder), first-op stall and wait() vs
-   synchronize() figures, and the TORCH_NCCL_ENABLE_TIMING cross-check (figures only).
+   synchronize() figures, the TORCH_NCCL_ENABLE_TIMING cross-check (figures only), the timer's
+   cost per call (A6), what a completion hook receives (A7), and the device time of an op
+   against the NCCL kernel's own time in torch.profiler's CUDA trace (A8, asserted).
 B. End to end through the recorder (needs pyarrow): a traced run writes CUDA ops with device
    times and stream_wait_ns, a sync row counting the async op in flight at
    torch.cuda.synchronize(), a use-before-wait hazard on a CUDA tensor, NVML/NCCL metadata;
@@ -553,14 +555,59 @@ def timer_costs(torch, dist, D, n=2000, rounds=5):
     report("A6 timer cost breakdown", "INFO", "figures above (not asserted)")
 
 
+@guarded("A8 torch.profiler cross-check")
+def profiler_crosscheck(torch, dist, D, n=5):
+    """commtrace's device time of an op against the NCCL kernel's own time in torch.profiler's
+    CUDA trace (CUPTI), on a busy stream: an independent truth for t_end - t_start."""
+    from torch.profiler import ProfilerActivity, profile
+
+    timer = D.CudaTimer()
+    poller = Poller(timer)
+    poller.start()
+    a = torch.ones((64 << 20) // 4, device="cuda")
+    b = torch.empty_like(a)
+    lead = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(b, a)
+    torch.cuda.synchronize()
+    durs = []
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(n):
+            y = lead @ lead
+            tok = timer.on_issue(500_000 + i)
+            dist.all_gather_into_tensor(b, a)
+            timer.on_return(tok, True)
+            torch.cuda.synchronize()
+    for i in range(n):
+        _, t0, t1, _ = poller.wait_for(500_000 + i)
+        durs.append((t1 - t0) / 1e3)
+    poller.stop.set()
+    poller.join()
+    kern = sorted((e for e in prof.events() if e.device_type.name == "CUDA"
+                   and "nccl" in e.name.lower()), key=lambda e: e.time_range.start)
+    kdur = [e.time_range.end - e.time_range.start for e in kern][-n:]   # us
+    figure("A8 commtrace device time, 64 MB all_gather (us)", [round(d, 1) for d in durs])
+    figure("A8 NCCL kernel time in torch.profiler (us)", [round(k, 1) for k in kdur])
+    diffs = [d - k for d, k in zip(durs, kdur)]
+    check("A8 device time vs torch.profiler's NCCL kernel (busy stream), within 10% or 20 us",
+          len(kdur) == n and all(abs(x) <= max(0.1 * k, 20) for x, k in zip(diffs, kdur)),
+          f"differences {[round(x, 1) for x in diffs]} us; kernels {[e.name[:40] for e in kern[:1]]}")
+    del y
+
+
+
+def timing_group(dist, D):
+    """A new group whose NCCL backend times its ops (TORCH_NCCL_ENABLE_TIMING=1 at creation)."""
+    os.environ[D.NCCL_TIMING_ENV] = "1"
+    try:
+        return dist.new_group([0])
+    finally:
+        os.environ.pop(D.NCCL_TIMING_ENV, None)
+
+
 @guarded("A7 WorkInfo probe")
 def workinfo_probe(torch, dist, D):
     """What ProcessGroupNCCL hands a completion hook in this torch (figures; part D reads it)."""
-    os.environ[D.NCCL_TIMING_ENV] = "1"
-    try:
-        g = dist.new_group([0])
-    finally:
-        os.environ.pop(D.NCCL_TIMING_ENV, None)
+    g = timing_group(dist, D)
     seen = []
     backend = g._get_backend(torch.device("cuda"))
     try:
@@ -590,11 +637,7 @@ def workinfo_probe(torch, dist, D):
 
 @guarded("A5 NCCL timing cross-check")
 def nccl_crosscheck(torch, dist, D):
-    os.environ[D.NCCL_TIMING_ENV] = "1"
-    try:
-        g = dist.new_group([0])
-    finally:
-        os.environ.pop(D.NCCL_TIMING_ENV, None)
+    g = timing_group(dist, D)
     timer = D.CudaTimer()
     poller = Poller(timer)
     poller.start()
@@ -1075,6 +1118,21 @@ def compile_check(tmp, timeout):
           f"{len(eager)} rows of 13 elements; ops {sorted({r['op'] for r in rows if r['kind'] == 'op'})}")
 
 
+def save_traces(tmp, path):
+    """The traces recorded by the check, in one archive (trace folders only)."""
+    import tarfile
+
+    names = ["e2e", "hook_run", "samples", "accel_ddp", "compile_trace"]
+    try:
+        with tarfile.open(path, "w:gz") as tf:
+            for n in names:
+                if os.path.isdir(os.path.join(tmp, n)):
+                    tf.add(os.path.join(tmp, n), arcname=n)
+        figure("traces archived", f"{path} ({os.path.getsize(path) >> 10} KiB)")
+    except Exception as e:
+        report("traces archive", "FAIL", repr(e))
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -1086,6 +1144,9 @@ def main(argv=None):
     ap.add_argument("--sample-timeout", type=float, default=120.0)
     ap.add_argument("--no-accel", action="store_true", help="skip part E (commtrace accel build)")
     ap.add_argument("--no-compile", action="store_true", help="skip part F (torch.compile)")
+    ap.add_argument("--traces-out", default=None, metavar="FILE.tar.gz",
+                    help="also write the traces the check recorded (end to end, hook, samples, "
+                         "accel DDP, compile) into this archive, for `commtrace report` elsewhere")
     ap.add_argument("--watchdog", type=float, default=570.0,
                     help="end the script (with every thread's traceback) after this many "
                          "seconds (default 570)")
@@ -1141,6 +1202,7 @@ def main(argv=None):
         graph_capture(torch, dist, D)
         timer_overhead(torch, dist, D)
         timer_costs(torch, dist, D)
+        profiler_crosscheck(torch, dist, D)
         nccl_crosscheck(torch, dist, D)
         workinfo_probe(torch, dist, D)
         end_to_end(torch, dist, tmp)
@@ -1168,6 +1230,8 @@ def main(argv=None):
             accel_ddp(tmp, accel_build, accel_env, max(a.sample_timeout, 240.0))
         except Exception as e:
             report("E accel", "FAIL", repr(e))
+    if a.traces_out:
+        save_traces(tmp, a.traces_out)
     failed = [r for r in RESULTS if r["status"] == "FAIL"]
     FIGURES["wall_s"] = round(time.time() - t_begin, 1)
     print(f"\n{len(RESULTS)} checks: {sum(r['status'] == 'PASS' for r in RESULTS)} passed, "

@@ -119,12 +119,19 @@ class _CudaBackend:
         self._torch = torch
         self._Event = torch.cuda.Event
         self._current_stream = torch.cuda.current_stream
-        self._is_capturing = torch.cuda.is_current_stream_capturing
+        C = torch._C
+        self._is_capturing = getattr(C, "_cuda_isCurrentStreamCapturing", None) or \
+            torch.cuda.is_current_stream_capturing
+        # torch.cuda.Event's methods only add a Python frame over its C base's (or, for
+        # record(), a current_stream() call when no stream is given): called on the base
+        base = torch.cuda.Event.__mro__[1]
+        self._record = getattr(base, "record", None) or torch.cuda.Event.record
+        self._query = getattr(base, "query", None) or torch.cuda.Event.query
+        self._elapsed = getattr(base, "elapsed_time", None) or torch.cuda.Event.elapsed_time
         self._calib_streams: dict = {}
         # torch.cuda.current_stream() builds a Python Stream per call (8.2 us of the timer's
         # 29 us per blocking op on the GPU check's H200): the raw handle of the current
         # stream is read instead (0.2 us) and its Stream object kept, by (device, handle)
-        C = torch._C
         self._get_device = getattr(C, "_cuda_getDevice", None)
         self._raw_stream = getattr(C, "_cuda_getCurrentRawStream", None)
         self._streams: dict = {}
@@ -157,13 +164,13 @@ class _CudaBackend:
         return self._Event(enable_timing=True)
 
     def record(self, event, stream) -> None:
-        event.record(stream)
+        self._record(event, stream)
 
     def query(self, event) -> bool:
-        return event.query()
+        return self._query(event)
 
     def elapsed_ms(self, start, end) -> float:
-        return start.elapsed_time(end)
+        return self._elapsed(start, end)
 
     def calibration_stream(self, device: int):
         s = self._calib_streams.get(device)
@@ -344,7 +351,7 @@ class _Calibration:
 
 class _Token:
     __slots__ = ("op_id", "device", "stream", "start", "end", "wait_begin", "blocking",
-                 "returned", "calib", "issued_ns", "done")
+                 "returned", "calib", "issued_ns", "done", "end_same")
 
     def __init__(self, op_id, device, stream, start, calib, issued_ns):
         self.op_id = op_id
@@ -358,6 +365,7 @@ class _Token:
         self.calib = calib  # calibration index current at issue (None before the first one)
         self.issued_ns = issued_ns
         self.done = None  # completion event recorded in the future's callback (on_done)
+        self.end_same = False  # end recorded on the start's stream: its completion implies start's
 
 
 class EventTimer(DeviceTimer):
@@ -455,7 +463,9 @@ class EventTimer(DeviceTimer):
                 # wait on the comm stream.
                 with self._lock:
                     ev = self._acquire(token.device)
-                self._b.record(ev, self._b.current_stream())
+                stream = self._b.current_stream()
+                self._b.record(ev, stream)
+                token.end_same = stream is token.stream
                 token.end = ev
             token.returned = True
         except Exception as e:
@@ -620,7 +630,8 @@ class EventTimer(DeviceTimer):
                     out.append((tok.op_id, self._to_host(cal, tok.start), None, None))
                     done.append(tok)
                     continue
-                if not (q(tok.end) and q(tok.start)):
+                # (stream order: an end on the start's stream completes after the start)
+                if not (q(tok.end) and (tok.end_same or q(tok.start))):
                     continue
                 if tok.wait_begin is not None and not q(tok.wait_begin):
                     continue
