@@ -5,11 +5,13 @@ writing its parts on its own schedule as in any run (a part per 2 s flush interv
 thread CPU is read per part and split by stage (the drain of the C path's records, their
 arrays, Parquet, the complete-part check, ``_inflight.json``, the rest of the flush; the
 services and wake-ups between parts); ``--ab`` alternates, part by part in the same threads,
-the paths this session replaced (A) with these (B): ``format.writer.BUFFERED_WRITE`` (a part
+the replaced paths (A) with the current ones (B): ``format.writer.BUFFERED_WRITE`` (a part
 encoded in memory, one write) and ``format.writer.LEAN_CODECS`` (A: "s16", session 16's
-columns without zstd in mid-size parts); ``--toggle`` picks which.
+columns without zstd in mid-size parts), both session 21's, and
+``capture.recorder.RECORDS_BATCH`` (session 22: the calls' arrays built in one C call);
+``--toggle`` picks which.
 
-    python benchmarks/writer_soak.py [--parts 10] [--ab] [--toggle BUFFERED_WRITE]
+    python benchmarks/writer_soak.py [--parts 10] [--ab] [--toggle RECORDS_BATCH]
 
 Prints, per variant and rank, the median [min, max] over the parts of the writer's thread
 CPU per op and per part, by stage, the training thread's CPU per op over the same
@@ -30,8 +32,9 @@ import time
 from common import free_port, uptime
 
 STAGES = ("drain", "arrays", "parquet", "check", "inflight", "rest", "flush", "between")
-#: --ab's switches: (module attribute, value in A, value in B)
-TOGGLES = {"BUFFERED_WRITE": (False, True), "LEAN_CODECS": ("s16", True)}
+#: --ab's switches: name -> (module: "W" format.writer, "R" capture.recorder; value in A, in B)
+TOGGLES = {"BUFFERED_WRITE": ("W", False, True), "LEAN_CODECS": ("W", "s16", True),
+           "RECORDS_BATCH": ("R", False, True)}
 
 
 def _rank(rank, world, port, out, parts, ab, toggles, q):
@@ -54,22 +57,29 @@ def _rank(rank, world, port, out, parts, ab, toggles, q):
     def on_writer():
         return threading.current_thread().name == "commtrace-writer"
 
+    depth = {}   # key -> calls of its stage in progress: a stage called inside itself counts once
+
     def timed(obj, name, key, count=None):
         f = getattr(obj, name)
 
         def g(*a, **k):
-            if not on_writer():
+            if not on_writer() or depth.get(key):
                 return f(*a, **k)
+            depth[key] = 1
             t0 = time.thread_time_ns()
+            out = None
             try:
-                return f(*a, **k)
+                out = f(*a, **k)
+                return out
             finally:
+                depth[key] = 0
                 acc[key] = acc.get(key, 0) + time.thread_time_ns() - t0
-                if count is not None:
+                if count is not None and out is not None:   # None: another route builds them
                     state["rows"] += count(a)
         setattr(obj, name, g)
 
     timed(R, "arrays_of_records", "arrays", lambda a: a[1][0])
+    timed(R, "batch_of_records", "arrays", lambda a: a[1][0])
     timed(R, "arrays_of_rows", "arrays", lambda a: len(a[1]))
     timed(W, "write_parquet", "parquet")
     timed(W, "_check_complete", "check")
@@ -113,7 +123,8 @@ def _rank(rank, world, port, out, parts, ab, toggles, q):
             state["part"] += 1
             state["mode"] = ("A" if state["part"] % 2 else "B") if ab else "B"
             for name in toggles:
-                setattr(W, name, TOGGLES[name][state["mode"] == "B"])
+                mod, *vals = TOGGLES[name]
+                setattr(W if mod == "W" else R, name, vals[state["mode"] == "B"])
             acc.clear()
             state["rows"] = 0
             state["last_end"] = time.thread_time_ns()
@@ -145,7 +156,7 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"--toggle: unknown {unknown}; known: {', '.join(TOGGLES)}")
     print("load before:", uptime())
-    print("A:", ", ".join(f"{t}={TOGGLES[t][0]!r}" for t in toggles) if args.ab else "(no --ab)")
+    print("A:", ", ".join(f"{t}={TOGGLES[t][1]!r}" for t in toggles) if args.ab else "(no --ab)")
     import torch  # noqa: F401 - imported once, before the fork
 
     out = tempfile.mkdtemp(prefix="commtrace-wsoak-")

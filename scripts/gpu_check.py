@@ -15,7 +15,9 @@ A. Device timer alone (commtrace.capture.device, no recorder, no pyarrow needed)
    timer adds at most 10 us of host time per op, and that a CUDA graph capture records no
    event, counts the op, and survives the writer polling during the capture.
    Also: synchronize() capture (a stand-in recorder), first-op stall and wait() vs
-   synchronize() figures, and the TORCH_NCCL_ENABLE_TIMING cross-check (figures only).
+   synchronize() figures, the TORCH_NCCL_ENABLE_TIMING cross-check (figures only), the timer's
+   cost per call (A6), what a completion hook receives (A7), and the device time of an op
+   against the NCCL kernel's own time in torch.profiler's CUDA trace (A8, asserted).
 B. End to end through the recorder (needs pyarrow): a traced run writes CUDA ops with device
    times and stream_wait_ns, a sync row counting the async op in flight at
    torch.cuda.synchronize(), a use-before-wait hazard on a CUDA tensor, NVML/NCCL metadata;
@@ -216,6 +218,7 @@ def timer_accuracy(torch, dist, D, quick):
     sizes = SIZES[::2] if quick else SIZES
     ops = make_ops(torch, dist, "cuda", sizes)
     mm = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    lead = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     ref0 = torch.cuda.Event(enable_timing=True)
     ref1 = torch.cuda.Event(enable_timing=True)
     for name in ops:  # warm-up: communicator, kernels
@@ -226,14 +229,21 @@ def timer_accuracy(torch, dist, D, quick):
     torch.cuda.synchronize()
     op_id = 0
     worst = {}
+    idle_worst = {}
     window_bad = []
     table = []
     for name, by_size in ops.items():
         for size, fn in by_size.items():
             for async_op in (False, True):
-                for rep in range(2):
+                # idle: the stream is empty at the call, so each event completes as soon as
+                # it is recorded and both pairs include host time (figures only); busy: a
+                # ~1.4 ms matmul ahead of everything, so the device runs the events and the op
+                # back to back and both pairs measure the device (asserted)
+                for busy in (False, True):
                     op_id += 1
                     torch.cuda.synchronize()
+                    if busy:
+                        pre = lead @ lead
                     ref0.record()
                     h0 = time.time_ns()
                     tok = timer.on_issue(op_id)
@@ -254,48 +264,70 @@ def timer_accuracy(torch, dist, D, quick):
                     dev = abs(dur - ref_ns)
                     tol = max(0.1 * ref_ns, 20_000)
                     key = (name, async_op)
-                    if key not in worst or dev / tol > worst[key][0]:
-                        worst[key] = (dev / tol, dev, ref_ns, size)
+                    w_ = worst if busy else idle_worst
+                    if key not in w_ or dev / tol > w_[key][0]:
+                        w_[key] = (dev / tol, dev, ref_ns, size)
                     # Calibration: the device ran the op inside the host window of the call.
                     slack = 100_000
                     if not (h0 - slack <= t_start <= t_end <= h2 + slack):
                         window_bad.append((name, size, async_op, t_start - h0, h2 - t_end))
-                    if rep == 1:
-                        table.append({"op": name, "bytes": size, "async": async_op,
-                                      "host_block_us": us(h1 - h0), "device_us": us(dur),
-                                      "ref_us": us(ref_ns), "stream_wait_us":
-                                      None if sw is None else us(sw),
-                                      "end_after_return_us": us(t_end - h1)})
+                    table.append({"op": name, "bytes": size, "async": async_op, "busy": busy,
+                                  "host_block_us": us(h1 - h0), "device_us": us(dur),
+                                  "ref_us": us(ref_ns), "stream_wait_us":
+                                  None if sw is None else us(sw),
+                                  "end_after_return_us": us(t_end - h1)})
+    for (name, async_op), (ratio, dev, ref_ns, size) in idle_worst.items():
+        figure(f"A1 idle stream, {name} {'async' if async_op else 'sync'}: worst deviation from "
+               "the independent pair", f"{us(dev)} of {us(ref_ns)} at {size} B", "us")
     for (name, async_op), (ratio, dev, ref_ns, size) in worst.items():
-        check(f"A1 t_end-t_start vs independent events: {name} {'async' if async_op else 'sync'}",
+        check(f"A1 t_end-t_start vs independent events (busy stream): {name} "
+              f"{'async' if async_op else 'sync'}",
               ratio <= 1.0, f"worst deviation {us(dev)} us of {us(ref_ns)} us at {size} B "
               f"(ratio to tolerance {ratio:.2f})")
     check("A1 calibration: device times inside the host window (+-100 us)", not window_bad,
           f"{len(window_bad)} outside" + (f", first: {window_bad[0]}" if window_bad else ""))
-    FIGURES["per-op table (2nd repetition)"] = table
-    print("    op                      bytes       mode  host_block_us  device_us  "
+    FIGURES["per-op table"] = table
+    print("    op                      bytes       mode  stream host_block_us  device_us  ref_us "
           "stream_wait_us  end_after_return_us")
     for r in table:
         print(f"    {r['op']:<22} {r['bytes']:>10}  {'async' if r['async'] else 'sync ':<5} "
-              f"{r['host_block_us']:>13} {r['device_us']:>10} {str(r['stream_wait_us']):>15} "
+              f"{'busy' if r['busy'] else 'idle':<6}"
+              f"{r['host_block_us']:>13} {r['device_us']:>10} {r['ref_us']:>7} "
+              f"{str(r['stream_wait_us']):>15} "
               f"{r['end_after_return_us']:>20}")
-    # Large messages: the host returns at enqueue, long before completion (where there is a
-    # real transfer: at world size 1 NCCL may do no work for in-place ops).
-    big = [r for r in table if r["bytes"] == max(sizes) and not r["async"]]
-    for r in big:
-        if r["device_us"] < 50:
-            report(f"A1 host returns before completion: {r['op']} {max(sizes) >> 20} MB", "SKIP",
-                   f"device time {r['device_us']} us: no transfer at world size 1")
-            continue
-        check(f"A1 host returns before completion: {r['op']} {max(sizes) >> 20} MB",
-              r["host_block_us"] < 0.5 * r["device_us"] and r["end_after_return_us"] > 0,
-              f"host blocked {r['host_block_us']} us, device {r['device_us']} us")
-    # Queued behind a long matmul: enqueue returns at once, completion comes after the matmul.
+    # Large messages: the host returns at enqueue, long before completion. At world size 1
+    # NCCL moves no data for in-place ops, and 256 MB copies in ~0.1 ms on an H200, about the
+    # host's launch time: the check uses 2 GiB out-of-place transfers (~1 ms on the device).
+    n = (2 << 30) // 4
+    src = torch.ones(n, device="cuda")
+    dst = torch.empty(n, device="cuda")
+    big_ops = {"all_gather_into_tensor": lambda: dist.all_gather_into_tensor(dst, src),
+               "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(dst, src)}
+    for name, fn in big_ops.items():
+        fn()
+        for rep in range(2):
+            torch.cuda.synchronize()
+            op_id += 1
+            h0 = time.time_ns()
+            tok = timer.on_issue(op_id)
+            fn()
+            h1 = time.time_ns()
+            timer.on_return(tok, True)
+            torch.cuda.synchronize()
+            _, t_start, t_end, _ = poller.wait_for(op_id)
+        figure(f"{name} 2 GiB: host-blocked / device / completed after return",
+               f"{us(h1 - h0)} / {us(t_end - t_start)} / {us(t_end - h1)}", "us")
+        check(f"A1 host returns before completion: {name} 2 GiB",
+              (h1 - h0) < 0.5 * (t_end - t_start) and t_end > h1,
+              f"host blocked {us(h1 - h0)} us, device {us(t_end - t_start)} us")
+    del src, dst
+    # Queued behind a long matmul chain (~15 ms): enqueue returns at once, completion after it.
     big_mm = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     fn = ops["all_reduce"][sizes[0]]
     torch.cuda.synchronize()
     op_id += 1
-    y = big_mm @ big_mm
+    for _ in range(10):
+        y = big_mm @ big_mm
     h0 = time.time_ns()
     tok = timer.on_issue(op_id)
     fn(False)
@@ -303,13 +335,13 @@ def timer_accuracy(torch, dist, D, quick):
     timer.on_return(tok, True)
     torch.cuda.synchronize()
     _, t_start, t_end, _ = poller.wait_for(op_id)
-    figure("all_reduce 4 KB behind an 8192^3 bf16 matmul: host-blocked", us(h1 - h0), "us")
+    figure("all_reduce 4 KB behind ten 8192^3 bf16 matmuls: host-blocked", us(h1 - h0), "us")
     figure("  ... completed after host return", us(t_end - h1), "us")
     check("A1 enqueue vs completion behind a matmul", (t_end - h1) > 4 * (h1 - h0),
           f"host {us(h1 - h0)} us, completion {us(t_end - h1)} us after return")
     poller.stop.set()
     poller.join()
-    check("A1 event pool bounded", timer.events_created <= 16 + 3 * 4,
+    check("A1 event pool bounded", timer.events_created <= 16 + 4 * 4,
           f"{timer.events_created} events created for {op_id} ops")
     del y
 
@@ -465,13 +497,147 @@ def timer_overhead(torch, dist, D, rounds=15, n=200):
     check("A4 device timer adds <= 10 us host time per op", med <= 10_000, f"{us(med)} us")
 
 
-@guarded("A5 NCCL timing cross-check")
-def nccl_crosscheck(torch, dist, D):
+
+@guarded("A6 timer cost breakdown")
+def timer_costs(torch, dist, D, n=2000, rounds=5):
+    """Host ns per call of what the device timer does per op (figures; where A4's time goes)."""
+    timer = D.CudaTimer()
+    s = torch.cuda.current_stream()
+    evs = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    for e in evs:
+        e.record(s)
+    torch.cuda.synchronize()
+    x = torch.ones(1024, device="cuda")
+    w = dist.all_reduce(x, async_op=True)
+    w.wait()
+    fut = w.get_future()
+    lock = threading.Lock()
+    op = [10 ** 6]
+
+    def issue_return():
+        op[0] += 1
+        tok = timer.on_issue(op[0])
+        timer.on_return(tok, True)
+
+    def done_cb():
+        fut.add_done_callback(lambda f: None)
+
+    cases = {
+        "time.time_ns()": time.time_ns,
+        "threading.Lock acquire+release": lambda: (lock.acquire(), lock.release()),
+        "torch.cuda.current_stream()": torch.cuda.current_stream,
+        "torch.cuda.is_current_stream_capturing()": torch.cuda.is_current_stream_capturing,
+        "stream.device_index": lambda: s.device_index,
+        "Event.record(stream)": lambda: evs[0].record(s),
+        "Event.query() (completed)": evs[1].query,
+        "torch.cuda.Event(enable_timing=True)": lambda: torch.cuda.Event(enable_timing=True),
+        "torch._C._cuda_getCurrentRawStream(0)": lambda: torch._C._cuda_getCurrentRawStream(0),
+        "Future.add_done_callback (completed NCCL future)": done_cb,
+        "timer.on_issue + on_return(blocking)": issue_return,
+    }
+    out = {}
+    for name, fn in cases.items():
+        best = None
+        for _ in range(rounds):
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                fn()
+            dt = (time.perf_counter_ns() - t0) / n
+            best = dt if best is None else min(best, dt)
+            if name.startswith("timer"):
+                # read back (events to the pool) between rounds: later rounds reuse events
+                torch.cuda.synchronize()
+                timer.poll()
+        out[name] = round(best / 1e3, 2)
+        figure(f"A6 {name}", out[name], "us/call (best of 5 x 2000)")
+    torch.cuda.synchronize()
+    FIGURES["timer_costs_us"] = out
+    report("A6 timer cost breakdown", "INFO", "figures above (not asserted)")
+
+
+@guarded("A8 torch.profiler cross-check")
+def profiler_crosscheck(torch, dist, D, n=5):
+    """commtrace's device time of an op against the NCCL kernel's own time in torch.profiler's
+    CUDA trace (CUPTI), on a busy stream: an independent truth for t_end - t_start."""
+    from torch.profiler import ProfilerActivity, profile
+
+    timer = D.CudaTimer()
+    poller = Poller(timer)
+    poller.start()
+    a = torch.ones((64 << 20) // 4, device="cuda")
+    b = torch.empty_like(a)
+    lead = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(b, a)
+    torch.cuda.synchronize()
+    durs = []
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(n):
+            y = lead @ lead
+            tok = timer.on_issue(500_000 + i)
+            dist.all_gather_into_tensor(b, a)
+            timer.on_return(tok, True)
+            torch.cuda.synchronize()
+    for i in range(n):
+        _, t0, t1, _ = poller.wait_for(500_000 + i)
+        durs.append((t1 - t0) / 1e3)
+    poller.stop.set()
+    poller.join()
+    kern = sorted((e for e in prof.events() if e.device_type.name == "CUDA"
+                   and "nccl" in e.name.lower()), key=lambda e: e.time_range.start)
+    kdur = [e.time_range.end - e.time_range.start for e in kern][-n:]   # us
+    figure("A8 commtrace device time, 64 MB all_gather (us)", [round(d, 1) for d in durs])
+    figure("A8 NCCL kernel time in torch.profiler (us)", [round(k, 1) for k in kdur])
+    diffs = [d - k for d, k in zip(durs, kdur)]
+    check("A8 device time vs torch.profiler's NCCL kernel (busy stream), within 10% or 20 us",
+          len(kdur) == n and all(abs(x) <= max(0.1 * k, 20) for x, k in zip(diffs, kdur)),
+          f"differences {[round(x, 1) for x in diffs]} us; kernels {[e.name[:40] for e in kern[:1]]}")
+    del y
+
+
+
+def timing_group(dist, D):
+    """A new group whose NCCL backend times its ops (TORCH_NCCL_ENABLE_TIMING=1 at creation)."""
     os.environ[D.NCCL_TIMING_ENV] = "1"
     try:
-        g = dist.new_group([0])
+        return dist.new_group([0])
     finally:
         os.environ.pop(D.NCCL_TIMING_ENV, None)
+
+
+@guarded("A7 WorkInfo probe")
+def workinfo_probe(torch, dist, D):
+    """What ProcessGroupNCCL hands a completion hook in this torch (figures; part D reads it)."""
+    g = timing_group(dist, D)
+    seen = []
+    backend = g._get_backend(torch.device("cuda"))
+    try:
+        g._register_on_completion_hook(lambda info: seen.append(info))
+        where = "ProcessGroup"
+    except Exception as e:
+        backend._register_on_completion_hook(lambda info: seen.append(info))
+        where = f"backend ({type(e).__name__} on the ProcessGroup)"
+    x = torch.ones(1024, device="cuda")
+    for _ in range(3):
+        dist.all_reduce(x, group=g)
+    torch.cuda.synchronize()
+    end = time.monotonic() + 10
+    while len(seen) < 3 and time.monotonic() < end:
+        time.sleep(0.01)
+    desc = []
+    for info in seen[:2]:
+        d = {}
+        for k in ("op_type", "seq", "time_started", "time_finished", "active_duration"):
+            v = getattr(info, k, "<missing>")
+            d[k] = f"{type(v).__name__}: {v!r}"[:120]
+        desc.append(d)
+    figure("A7 hook registered on", where)
+    figure("A7 WorkInfo records after 3 all_reduces", len(seen))
+    figure("A7 WorkInfo fields", desc)
+    report("A7 WorkInfo probe", "INFO", "figures above (not asserted)")
+
+@guarded("A5 NCCL timing cross-check")
+def nccl_crosscheck(torch, dist, D):
+    g = timing_group(dist, D)
     timer = D.CudaTimer()
     poller = Poller(timer)
     poller.start()
@@ -635,6 +801,15 @@ def completion_hook_merge(tmp, timeout):
 
     rows = [r for r in pads.dataset(out, format="parquet", partitioning="hive").to_table()
             .to_pylist() if r["kind"] == "op"]
+    FIGURES["D rows"] = [{k: r[k] for k in ("api", "op", "torch_seq", "seq", "completion",
+                                             "t_enqueue_ns", "t_end_ns", "detail")}
+                         for r in rows]
+    FIGURES["D stderr tail"] = p.stderr[-3000:]
+    print("    D rows (api, op, torch_seq, seq, completion, has t_end, detail):")
+    for r in rows:
+        print(f"      {r['api']} {r['op']} {r['torch_seq']} {r['seq']} {r['completion']} "
+              f"{r['t_end_ns'] is not None} {(r['detail'] or '')[:160]}")
+    print("    D stderr tail: " + p.stderr[-1500:].replace("\n", "\n      "))
     shim = sorted((r for r in rows if r["api"] != "c++"), key=lambda r: r["t_enqueue_ns"])
     cpp = sorted((r for r in rows if r["api"] == "c++"), key=lambda r: r["torch_seq"])
     check("D wrapped ops carry NCCL's seq",
@@ -644,15 +819,33 @@ def completion_hook_merge(tmp, timeout):
           [(r["op"], r["torch_seq"], r["seq"], r["completion"]) for r in cpp]
           == [("all_reduce", k, k, "hook") for k in (7, 8, 9)],
           f"{[(r['op'], r['torch_seq'], r['seq'], r['completion']) for r in cpp]}")
-    durs = [json.loads(r["detail"]).get("active_duration_ns") or 0 for r in cpp]
+    durs = [json.loads(r["detail"] or "{}").get("active_duration_ns") or 0 for r in cpp]
     check("D c++ rows have device durations and host times",
           len(cpp) == 3 and all(d > 0 for d in durs)
-          and all(r["t_enqueue_ns"] <= r["t_end_ns"] for r in cpp), f"active_duration_ns {durs}")
+          and all(r["t_enqueue_ns"] is not None and r["t_end_ns"] is not None
+                  and r["t_enqueue_ns"] <= r["t_end_ns"] for r in cpp),
+          f"active_duration_ns {durs}")
+    # their host times are on the trace's clock: between the wrapped ops issued around them
+    # (seq 6 before, 10 after; WorkInfo's time_started is when the Work was created)
+    before = [r for r in shim if r["torch_seq"] == 6]
+    after = [r for r in shim if r["torch_seq"] == 10]
+    if before and after and len(cpp) == 3:
+        lo, hi = before[0]["t_enqueue_ns"], after[0]["t_enqueue_ns"]
+        got = [r["t_enqueue_ns"] for r in cpp]
+        check("D c++ rows' host times on the trace's clock (between the ops around them)",
+              all(t is not None and lo <= t <= hi for t in got),
+              f"{[None if t is None else us(t - lo) for t in got]} us after seq 6's enqueue, "
+              f"seq 10 at {us(hi - lo)} us")
     FIGURES["completion_hook_active_duration_ns"] = durs
 
 
 #: samples that need two ranks (pipeline stages): not run at world size 1
 TWO_RANK_SAMPLES = {"pipeline.py"}
+#: object collectives: rows with host times (their inner calls carry the tensors)
+OBJECT_APIS = {"all_gather_object", "broadcast_object_list", "gather_object",
+               "scatter_object_list", "send_object_list", "recv_object_list"}
+#: samples that issue no collective at world size 1
+NO_OPS_AT_WS1 = {"fsdp2.py": "FSDP2 issues no collective on one rank; its ops need two GPUs"}
 
 
 def run_samples(tmp, timeout):
@@ -713,7 +906,28 @@ def run_samples(tmp, timeout):
             cuda = [r for r in rows if r["kind"] == "op" and (r["device"] or "").startswith("cuda")]
             timed = [r for r in cuda if r["t_start_ns"] is not None]
             detail += f", {len(rows)} rows, {len(cuda)} CUDA ops, {len(timed)} with device times"
-            ok = ok and len(cuda) > 0 and len(timed) > 0
+            # object collectives (the device is known only after their inner calls, and they
+            # return once the result is on the host) and ops inside _coalescing_manager
+            # (enqueued at the block's exit) keep host times: docs/concepts-gpu.md
+            host_timed = [r for r in cuda if r["api"] in OBJECT_APIS
+                          or "coalesced" in (r["detail"] or "")]
+            cuda = [r for r in cuda if r not in host_timed]
+            timed = [r for r in cuda if r["t_start_ns"] is not None]
+            if host_timed:
+                detail += (f"; {len(host_timed)} object / coalesced ops with host times "
+                           f"({sum(r['t_end_ns'] is not None for r in host_timed)} with t_end)")
+                ok = ok and all(r["t_end_ns"] is not None for r in host_timed)
+            untimed = sorted({(r["api"], r["async_op"], r["completion"]) for r in cuda
+                              if r["t_start_ns"] is None or r["t_end_ns"] is None})
+            if untimed:
+                detail += f"; without device times (api, async, completion): {untimed}"
+            if name in NO_OPS_AT_WS1:
+                # FSDP2 does not communicate on one rank (gloo at world size 1 records none
+                # either): the run must succeed; its ops need two GPUs
+                ok = ok and not cuda
+                detail += f" ({NO_OPS_AT_WS1[name]})"
+            else:
+                ok = ok and len(cuda) > 0 and len(timed) == len(cuda)
         except Exception as e:
             detail += f", trace unreadable: {e}"
             ok = False
@@ -825,8 +1039,8 @@ group = dist.group.WORLD
 
 def f(x):
     a = funcol.all_reduce(x, "sum", group)
-    b = funcol.all_gather_single(x * 2, 0, group)
-    c = funcol.reduce_scatter_single(x + 1, "sum", 0, group)
+    b = funcol.all_gather_tensor(x * 2, 0, group)        # (names in torch 2.11 and 2.13)
+    c = funcol.reduce_scatter_tensor(x + 1, "sum", 0, group)
     y = torch.relu(a @ a.T) + b.sum() + c.sum()
     z = y.clone()
     dist.all_reduce(z)                     # the in-place c10d form Dynamo rewrites to funcol
@@ -904,6 +1118,21 @@ def compile_check(tmp, timeout):
           f"{len(eager)} rows of 13 elements; ops {sorted({r['op'] for r in rows if r['kind'] == 'op'})}")
 
 
+def save_traces(tmp, path):
+    """The traces recorded by the check, in one archive (trace folders only)."""
+    import tarfile
+
+    names = ["e2e", "hook_run", "samples", "accel_ddp", "compile_trace"]
+    try:
+        with tarfile.open(path, "w:gz") as tf:
+            for n in names:
+                if os.path.isdir(os.path.join(tmp, n)):
+                    tf.add(os.path.join(tmp, n), arcname=n)
+        figure("traces archived", f"{path} ({os.path.getsize(path) >> 10} KiB)")
+    except Exception as e:
+        report("traces archive", "FAIL", repr(e))
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -915,6 +1144,9 @@ def main(argv=None):
     ap.add_argument("--sample-timeout", type=float, default=120.0)
     ap.add_argument("--no-accel", action="store_true", help="skip part E (commtrace accel build)")
     ap.add_argument("--no-compile", action="store_true", help="skip part F (torch.compile)")
+    ap.add_argument("--traces-out", default=None, metavar="FILE.tar.gz",
+                    help="also write the traces the check recorded (end to end, hook, samples, "
+                         "accel DDP, compile) into this archive, for `commtrace report` elsewhere")
     ap.add_argument("--watchdog", type=float, default=570.0,
                     help="end the script (with every thread's traceback) after this many "
                          "seconds (default 570)")
@@ -969,7 +1201,10 @@ def main(argv=None):
         sync_capture(torch, dist, sync)
         graph_capture(torch, dist, D)
         timer_overhead(torch, dist, D)
+        timer_costs(torch, dist, D)
+        profiler_crosscheck(torch, dist, D)
         nccl_crosscheck(torch, dist, D)
+        workinfo_probe(torch, dist, D)
         end_to_end(torch, dist, tmp)
     finally:
         try:
@@ -995,6 +1230,8 @@ def main(argv=None):
             accel_ddp(tmp, accel_build, accel_env, max(a.sample_timeout, 240.0))
         except Exception as e:
             report("E accel", "FAIL", repr(e))
+    if a.traces_out:
+        save_traces(tmp, a.traces_out)
     failed = [r for r in RESULTS if r["status"] == "FAIL"]
     FIGURES["wall_s"] = round(time.time() - t_begin, 1)
     print(f"\n{len(RESULTS)} checks: {sum(r['status'] == 'PASS' for r in RESULTS)} passed, "

@@ -136,6 +136,64 @@ def test_async_without_wait_begin_has_no_stream_wait_and_unwaited_ops_stay_pendi
     assert t.pending() == 0
 
 
+def _async_op_with_completion(t, dev, op_id, kernel_ns):
+    """An async NCCL op: start event, the comm stream's kernel, then its future's callback,
+    which runs on a pool stream made to wait for the op's events and records the completion."""
+    comm = D.FakeStream(dev, "nccl")
+    issued = dev.clock()
+    tok = t.on_issue(op_id)
+    comm.wait_event(tok.start)
+    comm.launch(kernel_ns)
+    fin = D.FakeEvent(dev)
+    fin.record(comm)
+    t.on_return(tok, blocking=False)
+    main = dev.current
+    side = D.FakeStream(dev, "pool")
+    side.wait_event(fin)
+    dev.current = side
+    try:
+        t.on_done(tok)
+    finally:
+        dev.current = main
+    return issued, tok, fin
+
+
+def test_async_op_never_waited_in_python_ends_at_its_completion():
+    """DDP's Reducer waits on the bucket's future in C++: no wait() through Python. The end is
+    the completion event recorded in the future's callback, read back after the grace."""
+    clock, dev, t = make(done_grace_s=1.0)
+    issued, tok, fin = _async_op_with_completion(t, dev, 9, 300_000)
+    dev.current.launch(900_000)       # the backward pass goes on; the 300 us op ends first
+    clock.advance(500_000_000)
+    assert t.poll() == [] and t.pending() == 1   # within the grace: a wait() may still come
+    clock.advance(600_000_000)
+    assert t.poll() == [(9, issued, issued + 300_000, None)]
+    assert t.pending() == 0 and t.pooled() == t.events_created - 1  # (the calibration keeps one)
+
+
+def test_async_op_waited_in_python_keeps_its_wait_end_and_stream_wait():
+    """A completion event as well as wait(): the wait's events give t_end and stream_wait_ns
+    (unchanged), and the extra event goes back to the pool."""
+    clock, dev, t = make(done_grace_s=1.0)
+    issued, tok, fin = _async_op_with_completion(t, dev, 7, 800_000)
+    dev.current.launch(500_000)
+    t.on_wait_begin(tok)
+    dev.current.wait_event(fin)
+    t.on_wait(tok)
+    clock.advance(2_000_000)
+    assert t.poll() == [(7, issued, issued + 800_000, 300_000)]
+    assert t.pending() == 0 and t.pooled() == t.events_created - 1  # (the calibration keeps one)
+
+
+def test_closing_reads_unwaited_completions_without_the_grace():
+    clock, dev, t = make(done_grace_s=1.0)
+    issued, tok, fin = _async_op_with_completion(t, dev, 3, 100_000)
+    clock.advance(200_000)
+    assert t.poll() == []
+    t.done_grace_ns = 0               # what the recorder's final service does
+    assert t.poll() == [(3, issued, issued + 100_000, None)]
+
+
 def test_event_pool_bounds_allocation():
     clock, dev, t = make()
     for i in range(1000):
@@ -608,3 +666,51 @@ def test_disable_undoes_hazards_sync_and_device(monkeypatch):
     commtrace.disable()
     assert calls == ["hazards", "sync", "device"]
     assert device._timer is None
+
+
+def test_cuda_backend_keeps_stream_objects_by_raw_handle():
+    """The CUDA backend reads the current stream's raw handle (cheap) and builds a Stream
+    object only for a handle not seen before (torch.cuda.current_stream() cost 8 us per call
+    on the GPU check)."""
+    b = object.__new__(D._CudaBackend)
+    built = []
+
+    class S:
+        def __init__(self, d, h):
+            self.device_index, self.cuda_stream = d, h
+
+    cur = {"dev": 0, "h": 111}
+    b._get_device = lambda: cur["dev"]
+    b._raw_stream = lambda d: cur["h"] + d
+    b._current_stream = lambda: built.append(1) or S(cur["dev"], cur["h"] + cur["dev"])
+    b._streams = {}
+    s1 = b.current_stream()
+    assert b.current_stream() is s1 and len(built) == 1
+    cur["h"] = 222                      # another stream made current (torch.cuda.stream(...))
+    s2 = b.current_stream()
+    assert (s2.device_index, s2.cuda_stream) == (0, 222) and len(built) == 2
+    cur["dev"] = 1                      # another device: its own current stream
+    s3 = b.current_stream()
+    assert (s3.device_index, s3.cuda_stream) == (1, 223) and len(built) == 3
+    cur.update(dev=0, h=111)
+    assert b.current_stream() is s1 and len(built) == 3
+    b._raw_stream = None                # a torch without the raw read: the public call
+    assert b.current_stream().cuda_stream == 111 and len(built) == 4
+
+
+def test_poll_queries_one_event_per_blocking_op():
+    """A blocking op's end is recorded on the stream its start was: the end's completion implies
+    the start's (stream order), so the writer queries one event per op, not two (each query
+    cost 1.8 us under the GIL on the GPU check's H200)."""
+    clock, dev, t = make()
+    blocking_op(t, dev, 0, 1_000)
+    clock.advance(10_000)
+    assert [r[0] for r in t.poll()] == [0]         # (calibrates)
+    for i in range(1, 11):
+        blocking_op(t, dev, i, 1_000)
+    clock.advance(100_000)
+    calls = []
+    q = t._b.query
+    t._b.query = lambda ev: calls.append(ev) or q(ev)
+    assert [r[0] for r in t.poll()] == list(range(1, 11))
+    assert len(calls) == 10

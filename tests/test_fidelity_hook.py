@@ -63,3 +63,24 @@ def test_shim_rows_claim_their_seqs_and_cpp_rows_fill_the_rest(hooked):
     # the default group (gloo) refuses the hook: its row has no torch_seq and no c++ twin
     world = [r for r in rows if r["pg"] == "0"]
     assert [key(r) for r in world] == [("all_reduce", "all_reduce", 0, None)]
+
+
+def test_steady_clock_workinfo_times_map_onto_the_wall_clock():
+    """torch 2.11's ProcessGroupNCCL hands steady_clock time points, which pybind turns into a
+    timedelta since CLOCK_MONOTONIC's epoch (seen on the GPU check): mapped to epoch ns."""
+    import datetime
+    import time
+
+    from commtrace.capture import completion_hook as CH
+
+    class Rec:
+        def now_ns(self):
+            return time.time_ns() + 5_000_000_000   # a recorder with an injected +5 s skew
+
+    mono = time.monotonic_ns() - 3_000_000          # 3 ms ago on the monotonic clock
+    td = datetime.timedelta(microseconds=mono // 1000)
+    want = time.time_ns() + 5_000_000_000 - 3_000_000
+    got = CH._ns(td, Rec())
+    assert abs(got - want) < 2_000_000, (got - want)
+    assert CH._ns(datetime.timedelta(seconds=1), None) < time.time_ns()
+    assert CH._ns(None) is None and CH._ns(123) == 123

@@ -427,3 +427,71 @@ def test_codecs_and_encodings_follow_the_schema_of_each_part():
         assert "x" not in W.encoding_kwargs(t.schema)["use_dictionary"]
     assert W.part_compression(a) == {"kind": "none", "t_end_ns": "zstd"}   # kind: LEAN_COLUMNS
     assert W.part_compression(b) == {"step": "zstd", "inflight_ids.list.element": "zstd"}
+
+
+@needs_c
+def test_records_batch_equals_the_numpy_route_values_and_parquet_bytes(tmp_path):
+    """``records_batch`` (the drained calls as one Arrow record batch built in C, session 22)
+    gives the arrays the numpy route gives (RECORDS_BATCH off), and the parts written from
+    either are the same bytes: random nulls, codes outside their tables (null), an api empty
+    or a number (the wrapper's / its text), a dtype by name (no bytes), one site on every row
+    and several, parts below and above ZSTD_MIN_ROWS. An int32 value out of range: None, and
+    arrays_of_records takes the numpy route."""
+    if not hasattr(R._cfast, "records_batch"):
+        pytest.skip("a build of _fastpath without records_batch")
+    import numpy as np
+    import torch
+
+    R.FAST_SPECS.extend([("all_reduce", "all_reduce", True), ("send", None, False)])
+    R.PG_FACTS.extend([("9", 2, "gloo"), ("1", None, None)])
+    s0, p0 = len(R.FAST_SPECS) - 2, len(R.PG_FACTS) - 2
+    N = R._NULL_LL
+    rng = np.random.default_rng(7)
+    try:
+        for n, one_site in ((1, False), (7, True), (1000, False), (W.ZSTD_MIN_ROWS + 5, True),
+                            (3000, False)):
+            nums = rng.integers(-2 ** 40, 2 ** 40, size=(10, n))
+            nums[rng.random((10, n)) < 0.2] = N
+            nums[1:3] = rng.integers(-3, 3, size=(2, n))     # peer, root: int32 columns
+            nums[1:3][rng.random((2, n)) < 0.3] = N
+            nums[0][rng.random(n) < 0.1] = 0                 # seq 0: first_on_pg
+            codes = np.stack([rng.integers(s0, s0 + 2, n), rng.integers(p0, p0 + 2, n),
+                              np.zeros(n, int) if one_site else rng.integers(-1, 3, n),
+                              rng.integers(-1, 3, n), rng.integers(-1, 1, n),
+                              rng.integers(-1, 3, n), rng.integers(-1, 2, n)]).astype(np.int32)
+            tables = ([("a.py", 3), "b/é.py:9"], ["", "all_reduce_coalesced", 5], ['{"b": 1}'],
+                      [torch.float32, "bfloat16", torch.int8], ["cpu", "cuda:1"])
+            d = (n, nums.astype(np.int64).tobytes(), codes.tobytes(), tables)
+            batch = R.batch_of_records(3, d)
+            assert batch is not None
+            got = W.table_of_arrays(R.arrays_of_records(3, d))
+            got.validate(full=True)
+            try:
+                R.RECORDS_BATCH = False
+                assert R.batch_of_records(3, d) is None
+                want = W.table_of_arrays(R.arrays_of_records(3, d))
+            finally:
+                R.RECORDS_BATCH = True
+            assert [c for c in R.COLUMNS if not got[c].equals(want[c])] == [], n
+            assert pa.Table.from_batches([batch]).equals(want)
+            blobs = []
+            for name, t in (("c", pa.Table.from_batches([batch])), ("numpy", want)):
+                path = str(tmp_path / f"{name}-{n}.parquet")
+                W.write_parquet(t, path, W.part_compression(t))
+                blobs.append(open(path, "rb").read())
+            assert blobs[0] == blobs[1], n
+            if n == 1000:
+                assert got["t_end_ns"].equals(got["t_return_ns"])
+                assert got["api"].to_pylist().count("5") > 0
+                assert got["torch_seq"].null_count == n and got["inflight_ids"].null_count == n
+        nums[1][0] = 2 ** 31   # a peer beyond int32
+        d = (n, nums.astype(np.int64).tobytes(), codes.tobytes(), tables)
+        assert R.batch_of_records(3, d) is None
+        try:
+            R.RECORDS_BATCH = False
+            want = W.table_of_arrays(R.arrays_of_records(3, d))
+        finally:
+            R.RECORDS_BATCH = True
+        assert W.table_of_arrays(R.arrays_of_records(3, d)).equals(want)
+    finally:
+        del R.FAST_SPECS[s0:], R.PG_FACTS[p0:]

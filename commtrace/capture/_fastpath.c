@@ -1856,6 +1856,593 @@ done:
     return column_done(out, ok, &b, offs, data);
 }
 
+/* records_batch(n, nums, codes, rank, program, pgs, specs, dtypes, strs, consts) -> None or a
+ * PyCapsule "arrow_array": the blocking calls drained by drain_records() as one Arrow record
+ * batch (a struct array, Arrow's C data interface), every column's buffers built here in one
+ * call (issue 20, session 22). The writer imported ~26 arrays one by one before (numpy, then
+ * int_column / string_column, py_buffer and from_buffers per column): ~1 ms of a 4,000-row
+ * soak part's ~6.5 ms of writer CPU, with the GIL held; the values are the same
+ * (recorder.arrays_of_records, which the tests compare against the list path).
+ *
+ * program: bytes, one per column of the schema: an RB_* id (the column computed from the
+ * records) or RB_NULL_* (a column the records do not fill, null throughout, of that type).
+ * pgs: per pg index (name bytes or None, size int or None, backend bytes or None); specs: per
+ * fact (op bytes or None, api bytes or None, in place: bool); dtypes: per dtype code (name
+ * bytes or None, itemsize: int, -1 if none); strs: the site, api, detail and device tables
+ * as lists of bytes or None (an api None or empty: the spec's); consts: (kind bytes,
+ * completion bytes). None when an int32 column's value does not fit (the caller's general
+ * route decides). The capsule follows the Arrow PyCapsule interface: pyarrow's
+ * RecordBatch._import_from_c_capsule(schema capsule, it) moves the batch out. */
+enum {
+    RB_KIND = 1, RB_RANK, RB_PG, RB_PG_SIZE, RB_SEQ, RB_OP, RB_API, RB_ASYNC, RB_BACKEND,
+    RB_DEVICE, RB_DTYPE, RB_COUNT, RB_BYTES, RB_OUT_BYTES, RB_PEER, RB_ROOT, RB_T0,
+    RB_T_RETURN, RB_T_END, RB_STEP, RB_SITE, RB_OP_ID, RB_FIRST, RB_THREAD, RB_DETAIL,
+    RB_COMPLETION, RB_LAST_ID,
+    RB_NULL_I64 = 100, RB_NULL_I32, RB_NULL_BOOL, RB_NULL_STR, RB_NULL_LIST64
+};
+#define RB_MAX_COLS 64
+
+struct ArrowArray {   /* Arrow's C data interface (ABI-stable) */
+    int64_t length;
+    int64_t null_count;
+    int64_t offset;
+    int64_t n_buffers;
+    int64_t n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
+typedef struct {
+    void *mem[RB_MAX_COLS * 4 + 8];   /* every buffer allocated, freed at release */
+    int n_mem;
+    struct ArrowArray cols[RB_MAX_COLS];
+    struct ArrowArray *col_ptrs[RB_MAX_COLS];
+    const void *bufs[RB_MAX_COLS][3];
+    struct ArrowArray list_child;      /* the (empty) values of all-null list columns */
+    struct ArrowArray *list_child_ptr;
+    const void *list_child_bufs[2];
+    const void *root_bufs[1];
+} RbPriv;
+
+static void rb_child_release(struct ArrowArray *a) {
+    a->release = NULL;   /* owned by the batch: freed with it */
+}
+
+static void rb_release(struct ArrowArray *a) {
+    if (a->release == NULL)
+        return;
+    RbPriv *p = (RbPriv *)a->private_data;
+    for (int i = 0; i < p->n_mem; i++)
+        free(p->mem[i]);
+    for (int64_t j = 0; j < a->n_children; j++)
+        p->cols[j].release = NULL;
+    free(p);
+    a->release = NULL;
+}
+
+static void rb_capsule_free(PyObject *cap) {
+    struct ArrowArray *a = (struct ArrowArray *)PyCapsule_GetPointer(cap, "arrow_array");
+    if (a == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    if (a->release != NULL)
+        a->release(a);
+    free(a);
+}
+
+/* size bytes, 64-aligned (Arrow's recommendation), zeroed when `zero`; kept in p */
+static void *rb_alloc(RbPriv *p, size_t size, int zero) {
+    if (p->n_mem >= (int)(sizeof(p->mem) / sizeof(p->mem[0])))
+        return NULL;
+    size = (size + 63) & ~(size_t)63;
+    void *m = aligned_alloc(64, size ? size : 64);
+    if (m == NULL)
+        return NULL;
+    if (zero)
+        memset(m, 0, size ? size : 64);
+    p->mem[p->n_mem++] = m;
+    return m;
+}
+
+typedef struct { const char *s; Py_ssize_t len; } RbStr;   /* s NULL: null */
+
+/* a table of bytes or None as RbStr[]; -1 with TypeError on another value */
+static int rb_strs(PyObject *list, RbStr *out, Py_ssize_t nt) {
+    for (Py_ssize_t t = 0; t < nt; t++) {
+        PyObject *x = PyList_GET_ITEM(list, t);
+        if (x == Py_None) {
+            out[t].s = NULL;
+            out[t].len = 0;
+        } else if (PyBytes_CheckExact(x)) {
+            out[t].s = PyBytes_AS_STRING(x);
+            out[t].len = PyBytes_GET_SIZE(x);
+        } else {
+            PyErr_SetString(PyExc_TypeError, "records_batch: table values are bytes or None");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* an int or None as long long (None: NONE_LL); -1 with an error set on another value */
+static int rb_ll(PyObject *x, long long *out) {
+    if (x == Py_None) {
+        *out = NONE_LL;
+        return 0;
+    }
+    if (!PyLong_Check(x)) {
+        PyErr_SetString(PyExc_TypeError, "records_batch: table values are int or None");
+        return -1;
+    }
+    *out = PyLong_AsLongLong(x);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static void rb_set(struct ArrowArray *c, int64_t n, int64_t nnull, int nbuf) {
+    c->length = n;
+    c->null_count = nnull;
+    c->offset = 0;
+    c->n_buffers = nbuf;
+    c->n_children = 0;
+    c->children = NULL;
+    c->dictionary = NULL;
+    c->release = rb_child_release;
+    c->private_data = NULL;
+}
+
+/* an integer column (width 8 or 4) of v[0..n) (NONE_LL: null); 1 on success, 0 when a value
+ * does not fit int32, -1 on no memory. The validity bitmap is written a byte (8 rows) at a
+ * time: the loop over a part's rows is most of the batch's cost. */
+static int rb_int(RbPriv *p, int j, const long long *v, Py_ssize_t n, int width) {
+    unsigned char *bm = (unsigned char *)rb_alloc(p, (size_t)(n + 7) / 8, 0);
+    void *d = rb_alloc(p, (size_t)n * (size_t)width, 0);
+    if (bm == NULL || d == NULL)
+        return -1;
+    Py_ssize_t nnull = 0;
+    for (Py_ssize_t i0 = 0; i0 < n; i0 += 8) {
+        Py_ssize_t m = n - i0 < 8 ? n - i0 : 8;
+        unsigned byte = 0;
+        int bad = 0, nn = 0;
+        if (width == 8) {
+            long long *o = (long long *)d + i0;
+            for (Py_ssize_t k = 0; k < m; k++) {
+                long long y = v[i0 + k];
+                unsigned ok = y != NONE_LL;
+                nn += !ok;
+                byte |= ok << k;
+                o[k] = ok ? y : 0;
+            }
+        } else {
+            int *o = (int *)d + i0;
+            for (Py_ssize_t k = 0; k < m; k++) {
+                long long y = v[i0 + k];
+                unsigned ok = y != NONE_LL;
+                bad |= ok & (y < INT_MIN || y > INT_MAX);
+                nn += !ok;
+                byte |= ok << k;
+                o[k] = ok ? (int)y : 0;
+            }
+        }
+        if (bad)
+            return 0;
+        bm[i0 >> 3] = (unsigned char)byte;
+        nnull += nn;
+    }
+    rb_set(&p->cols[j], n, nnull, 2);
+    p->bufs[j][0] = nnull ? bm : NULL;
+    p->bufs[j][1] = d;
+    return 1;
+}
+
+/* a string column: row i is tab[code[i]] (code < 0, >= nt, or a null entry: null). One code
+ * on every row (most of a part's labels: kind, pg, op, dtype, device, the site of a loop) is
+ * written as n copies of one value, by doubling. */
+static int rb_str(RbPriv *p, int j, const int *code, const RbStr *tab, Py_ssize_t nt,
+                  Py_ssize_t n) {
+    int c0 = n ? code[0] : -1, same = 1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        same &= code[i] == c0;
+    int *o = (int *)rb_alloc(p, (size_t)(n + 1) * sizeof(int), 0);
+    if (o == NULL)
+        return -1;
+    if (same && c0 >= 0 && c0 < nt && tab[c0].s != NULL) {
+        long long len = tab[c0].len;
+        if (len * (long long)n > INT_MAX)
+            return 0;
+        char *d = (char *)rb_alloc(p, (size_t)(len * n), 0);
+        if (d == NULL)
+            return -1;
+        for (Py_ssize_t i = 0; i <= n; i++)
+            o[i] = (int)(i * len);
+        size_t have = 0, want = (size_t)(len * n);
+        if (want) {
+            memcpy(d, tab[c0].s, (size_t)len);
+            have = (size_t)len;
+            while (have < want) {
+                size_t m = have < want - have ? have : want - have;
+                memcpy(d + have, d, m);
+                have += m;
+            }
+        }
+        rb_set(&p->cols[j], n, 0, 3);
+        p->bufs[j][0] = NULL;
+        p->bufs[j][1] = o;
+        p->bufs[j][2] = d;
+        return 1;
+    }
+    unsigned char *bm = (unsigned char *)rb_alloc(p, (size_t)(n + 7) / 8, 1);
+    if (bm == NULL)
+        return -1;
+    long long total = 0;
+    Py_ssize_t nnull = 0;
+    o[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int c = code[i];
+        if (c >= 0 && c < nt && tab[c].s != NULL) {
+            bm[i >> 3] |= (unsigned char)(1u << (i & 7));
+            total += tab[c].len;
+            if (total > INT_MAX)
+                return 0;
+        } else {
+            nnull++;
+        }
+        o[i + 1] = (int)total;
+    }
+    char *d = (char *)rb_alloc(p, (size_t)total, 0);
+    if (d == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int c = code[i];
+        if (o[i + 1] != o[i])
+            memcpy(d + o[i], tab[c].s, (size_t)tab[c].len);
+    }
+    rb_set(&p->cols[j], n, nnull, 3);
+    p->bufs[j][0] = nnull ? bm : NULL;
+    p->bufs[j][1] = o;
+    p->bufs[j][2] = d;
+    return 1;
+}
+
+/* a bool column: value v[i] (0/1), valid ok[i] (NULL: all valid) */
+static int rb_bool(RbPriv *p, int j, const unsigned char *v, const unsigned char *ok,
+                   Py_ssize_t n) {
+    unsigned char *bm = (unsigned char *)rb_alloc(p, (size_t)(n + 7) / 8, 1);
+    unsigned char *d = (unsigned char *)rb_alloc(p, (size_t)(n + 7) / 8, 1);
+    if (bm == NULL || d == NULL)
+        return -1;
+    Py_ssize_t nnull = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int valid = ok == NULL || ok[i];
+        nnull += !valid;
+        bm[i >> 3] |= (unsigned char)(valid << (i & 7));
+        d[i >> 3] |= (unsigned char)((valid && v[i]) << (i & 7));
+    }
+    rb_set(&p->cols[j], n, nnull, 2);
+    p->bufs[j][0] = nnull ? bm : NULL;
+    p->bufs[j][1] = d;
+    return 1;
+}
+
+/* a column null throughout: its buffers point into `zeros` (a zeroed block of at least
+ * (n + 1) * 8 bytes), as pa.nulls builds them */
+static void rb_null(RbPriv *p, int j, int id, const void *zeros, Py_ssize_t n) {
+    int nbuf = id == RB_NULL_STR ? 3 : 2;
+    rb_set(&p->cols[j], n, n, nbuf);
+    p->bufs[j][0] = zeros;
+    p->bufs[j][1] = zeros;
+    p->bufs[j][2] = zeros;
+    if (id == RB_NULL_LIST64) {
+        struct ArrowArray *c = &p->list_child;
+        rb_set(c, 0, 0, 2);
+        p->list_child_bufs[0] = NULL;
+        p->list_child_bufs[1] = zeros;
+        c->buffers = p->list_child_bufs;
+        p->list_child_ptr = c;
+        p->cols[j].n_children = 1;
+        p->cols[j].children = &p->list_child_ptr;
+    }
+}
+
+static PyObject *records_batch(PyObject *module, PyObject *args) {
+    Py_ssize_t n;
+    Py_buffer bn, bc, bp;
+    long long rank;
+    PyObject *pgs, *specs, *dtypes, *strs, *consts;
+    if (!PyArg_ParseTuple(args, "ny*y*Ly*O!O!O!O!O!", &n, &bn, &bc, &rank, &bp,
+                          &PyList_Type, &pgs, &PyList_Type, &specs, &PyList_Type, &dtypes,
+                          &PyTuple_Type, &strs, &PyTuple_Type, &consts))
+        return NULL;
+    PyObject *out = NULL;
+    RbPriv *p = NULL;
+    struct ArrowArray *root = NULL;
+    RbStr *t_pgname = NULL, *t_backend = NULL, *t_op = NULL, *t_dtname = NULL;
+    RbStr *t_str[4] = {NULL, NULL, NULL, NULL};
+    long long *t_pgsize = NULL, *t_isz = NULL;
+    unsigned char *t_inplace = NULL;
+    Py_ssize_t n_pg = PyList_GET_SIZE(pgs), n_sp = PyList_GET_SIZE(specs);
+    Py_ssize_t n_dt = PyList_GET_SIZE(dtypes), n_str[4] = {0, 0, 0, 0};
+    long long *tmp = NULL;
+    int *itmp = NULL;
+    unsigned char *btmp = NULL;
+    int ncols = (int)bp.len;
+    if (n < 0 || bn.len < (Py_ssize_t)sizeof(long long) * 10 * n ||
+        bc.len < (Py_ssize_t)sizeof(int) * 7 * n || ncols > RB_MAX_COLS ||
+        PyTuple_GET_SIZE(strs) != 4 || PyTuple_GET_SIZE(consts) != 2 ||
+        !PyBytes_CheckExact(PyTuple_GET_ITEM(consts, 0)) ||
+        !PyBytes_CheckExact(PyTuple_GET_ITEM(consts, 1))) {
+        PyErr_SetString(PyExc_ValueError, "records_batch: bad arguments");
+        goto done;
+    }
+    const unsigned char *prog = (const unsigned char *)bp.buf;
+    for (int j = 0; j < ncols; j++) {
+        if (!((prog[j] >= RB_KIND && prog[j] < RB_LAST_ID) ||
+              (prog[j] >= RB_NULL_I64 && prog[j] <= RB_NULL_LIST64))) {
+            PyErr_SetString(PyExc_ValueError, "records_batch: bad program");
+            goto done;
+        }
+    }
+    /* the tables, as C arrays (their objects live as long as the arguments) */
+    size_t tn = (size_t)(n_pg + n_sp + n_dt + 1);
+    t_pgname = PyMem_RawCalloc(tn, sizeof(RbStr));
+    t_backend = PyMem_RawCalloc(tn, sizeof(RbStr));
+    t_op = PyMem_RawCalloc(tn, sizeof(RbStr));
+    t_dtname = PyMem_RawCalloc(tn, sizeof(RbStr));
+    t_pgsize = PyMem_RawCalloc(tn, sizeof(long long));
+    t_isz = PyMem_RawCalloc(tn, sizeof(long long));
+    t_inplace = PyMem_RawCalloc(tn, 1);
+    if (!t_pgname || !t_backend || !t_op || !t_dtname || !t_pgsize || !t_isz || !t_inplace) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int s = 0; s < 4; s++) {
+        PyObject *l = PyTuple_GET_ITEM(strs, s);
+        if (!PyList_Check(l)) {
+            PyErr_SetString(PyExc_TypeError, "records_batch: strs are lists");
+            goto done;
+        }
+        n_str[s] = PyList_GET_SIZE(l);
+        /* api (s == 1): its own entries, then the specs' apis (code n_str[1] + fact) */
+        t_str[s] = PyMem_RawCalloc((size_t)(n_str[s] + (s == 1 ? n_sp : 0) + 1), sizeof(RbStr));
+        if (t_str[s] == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        if (rb_strs(l, t_str[s], n_str[s]) < 0)
+            goto done;
+    }
+    for (Py_ssize_t t = 0; t < n_pg; t++) {
+        PyObject *e = PyList_GET_ITEM(pgs, t);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 3) {
+            PyErr_SetString(PyExc_TypeError, "records_batch: pgs are (name, size, backend)");
+            goto done;
+        }
+        PyObject *l3 = PyTuple_GET_ITEM(e, 0), *b3 = PyTuple_GET_ITEM(e, 2);
+        PyObject *tmpl = PyList_New(2);
+        if (tmpl == NULL)
+            goto done;
+        Py_INCREF(l3); Py_INCREF(b3);
+        PyList_SET_ITEM(tmpl, 0, l3);
+        PyList_SET_ITEM(tmpl, 1, b3);
+        RbStr two[2];
+        int bad = rb_strs(tmpl, two, 2) < 0 || rb_ll(PyTuple_GET_ITEM(e, 1), &t_pgsize[t]) < 0;
+        Py_DECREF(tmpl);   /* the strings stay alive in `pgs` */
+        if (bad)
+            goto done;
+        t_pgname[t] = two[0];
+        t_backend[t] = two[1];
+    }
+    for (Py_ssize_t t = 0; t < n_sp; t++) {
+        PyObject *e = PyList_GET_ITEM(specs, t);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 3) {
+            PyErr_SetString(PyExc_TypeError, "records_batch: specs are (op, api, in place)");
+            goto done;
+        }
+        PyObject *o3 = PyTuple_GET_ITEM(e, 0), *a3 = PyTuple_GET_ITEM(e, 1);
+        if ((o3 != Py_None && !PyBytes_CheckExact(o3)) || (a3 != Py_None && !PyBytes_CheckExact(a3))) {
+            PyErr_SetString(PyExc_TypeError, "records_batch: table values are bytes or None");
+            goto done;
+        }
+        t_op[t].s = o3 == Py_None ? NULL : PyBytes_AS_STRING(o3);
+        t_op[t].len = o3 == Py_None ? 0 : PyBytes_GET_SIZE(o3);
+        t_str[1][n_str[1] + t].s = a3 == Py_None ? NULL : PyBytes_AS_STRING(a3);
+        t_str[1][n_str[1] + t].len = a3 == Py_None ? 0 : PyBytes_GET_SIZE(a3);
+        int ip = PyObject_IsTrue(PyTuple_GET_ITEM(e, 2));
+        if (ip < 0)
+            goto done;
+        t_inplace[t] = (unsigned char)ip;
+    }
+    for (Py_ssize_t t = 0; t < n_dt; t++) {
+        PyObject *e = PyList_GET_ITEM(dtypes, t);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2) {
+            PyErr_SetString(PyExc_TypeError, "records_batch: dtypes are (name, itemsize)");
+            goto done;
+        }
+        PyObject *d3 = PyTuple_GET_ITEM(e, 0);
+        if (d3 != Py_None && !PyBytes_CheckExact(d3)) {
+            PyErr_SetString(PyExc_TypeError, "records_batch: table values are bytes or None");
+            goto done;
+        }
+        t_dtname[t].s = d3 == Py_None ? NULL : PyBytes_AS_STRING(d3);
+        t_dtname[t].len = d3 == Py_None ? 0 : PyBytes_GET_SIZE(d3);
+        if (rb_ll(PyTuple_GET_ITEM(e, 1), &t_isz[t]) < 0)
+            goto done;
+        if (t_isz[t] < 0)
+            t_isz[t] = NONE_LL;
+    }
+    RbStr consts_t[2];
+    consts_t[0].s = PyBytes_AS_STRING(PyTuple_GET_ITEM(consts, 0));
+    consts_t[0].len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(consts, 0));
+    consts_t[1].s = PyBytes_AS_STRING(PyTuple_GET_ITEM(consts, 1));
+    consts_t[1].len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(consts, 1));
+
+    p = (RbPriv *)calloc(1, sizeof(RbPriv));
+    root = (struct ArrowArray *)calloc(1, sizeof(struct ArrowArray));
+    tmp = (long long *)PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(long long));
+    itmp = (int *)PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int));
+    btmp = (unsigned char *)PyMem_RawMalloc((size_t)(n ? 2 * n : 2));
+    void *zeros = p ? rb_alloc(p, (size_t)(n + 1) * 8, 1) : NULL;
+    if (!p || !root || !tmp || !itmp || !btmp || !zeros) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const long long *nums = (const long long *)bn.buf;
+    const int *codes = (const int *)bc.buf;
+    const long long *seq = nums, *peer = nums + n, *rootv = nums + 2 * n, *t0 = nums + 3 * n;
+    const long long *step = nums + 4 * n, *opid = nums + 5 * n, *count = nums + 6 * n;
+    const long long *outb = nums + 7 * n, *t1 = nums + 8 * n, *thread = nums + 9 * n;
+    const int *fact = codes, *pgc = codes + n, *k_site = codes + 2 * n;
+    const int *k_api = codes + 3 * n, *k_detail = codes + 4 * n, *k_dtype = codes + 5 * n;
+    const int *k_dev = codes + 6 * n;
+    for (Py_ssize_t i = 0; i < n; i++) {   /* codes out of their tables: refused */
+        if (fact[i] < 0 || fact[i] >= n_sp || pgc[i] < 0 || pgc[i] >= n_pg ||
+            k_dtype[i] >= n_dt) {
+            PyErr_SetString(PyExc_ValueError, "records_batch: a code outside its table");
+            goto done;
+        }
+    }
+    int r = 1, t1_col = -1;
+    /* The columns are built without the GIL: from here on only C arrays are read (the
+     * arguments, bytes and tuples the caller holds, stay alive and unchanged), and a rank's
+     * training thread runs meanwhile (the writer thread's flush held it throughout before). */
+    Py_BEGIN_ALLOW_THREADS
+    for (int j = 0; j < ncols && r == 1; j++) {
+        int id = prog[j];
+        Py_ssize_t i;
+        switch (id) {
+        case RB_KIND:
+            memset(itmp, 0, (size_t)n * sizeof(int));
+            r = rb_str(p, j, itmp, &consts_t[0], 1, n);
+            break;
+        case RB_RANK:
+            for (i = 0; i < n; i++)
+                tmp[i] = rank;
+            r = rb_int(p, j, tmp, n, 4);
+            break;
+        case RB_PG: r = rb_str(p, j, pgc, t_pgname, n_pg, n); break;
+        case RB_BACKEND: r = rb_str(p, j, pgc, t_backend, n_pg, n); break;
+        case RB_PG_SIZE:
+            for (i = 0; i < n; i++)
+                tmp[i] = t_pgsize[pgc[i]];
+            r = rb_int(p, j, tmp, n, 4);
+            break;
+        case RB_SEQ: r = rb_int(p, j, seq, n, 8); break;
+        case RB_OP: r = rb_str(p, j, fact, t_op, n_sp, n); break;
+        case RB_API:   /* the call's own (a value), else the wrapper's */
+            for (i = 0; i < n; i++) {
+                int c = k_api[i];
+                itmp[i] = (c >= 0 && c < n_str[1] && t_str[1][c].s != NULL)
+                          ? c : (int)n_str[1] + fact[i];
+            }
+            r = rb_str(p, j, itmp, t_str[1], n_str[1] + n_sp, n);
+            break;
+        case RB_ASYNC:
+            memset(btmp, 0, (size_t)n);
+            r = rb_bool(p, j, btmp, NULL, n);
+            break;
+        case RB_DEVICE: r = rb_str(p, j, k_dev, t_str[3], n_str[3], n); break;
+        case RB_DTYPE: r = rb_str(p, j, k_dtype, t_dtname, n_dt, n); break;
+        case RB_COUNT: r = rb_int(p, j, count, n, 8); break;
+        case RB_BYTES:
+        case RB_OUT_BYTES:
+            for (i = 0; i < n; i++) {   /* bytes = count * the dtype's itemsize */
+                int d = k_dtype[i];
+                long long isz = d >= 0 ? t_isz[d] : NONE_LL;
+                long long b = (count[i] != NONE_LL && isz != NONE_LL) ? count[i] * isz : NONE_LL;
+                if (id == RB_OUT_BYTES)   /* the recorded value, else bytes in place, else 0 */
+                    b = outb[i] != NONE_LL ? outb[i] : t_inplace[fact[i]] ? b
+                        : b != NONE_LL ? 0 : NONE_LL;
+                tmp[i] = b;
+            }
+            r = rb_int(p, j, tmp, n, 8);
+            break;
+        case RB_PEER: r = rb_int(p, j, peer, n, 4); break;
+        case RB_ROOT: r = rb_int(p, j, rootv, n, 4); break;
+        case RB_T0: r = rb_int(p, j, t0, n, 8); break;
+        case RB_T_RETURN:
+        case RB_T_END:   /* the same values (a blocking call ends at its return): one copy */
+            if (t1_col >= 0) {
+                p->cols[j] = p->cols[t1_col];
+                p->bufs[j][0] = p->bufs[t1_col][0];
+                p->bufs[j][1] = p->bufs[t1_col][1];
+            } else {
+                r = rb_int(p, j, t1, n, 8);
+                t1_col = j;
+            }
+            break;
+        case RB_STEP: r = rb_int(p, j, step, n, 8); break;
+        case RB_SITE: r = rb_str(p, j, k_site, t_str[0], n_str[0], n); break;
+        case RB_OP_ID: r = rb_int(p, j, opid, n, 8); break;
+        case RB_FIRST:
+            for (i = 0; i < n; i++) {
+                btmp[i] = seq[i] == 0;
+                btmp[n + i] = seq[i] != NONE_LL;
+            }
+            r = rb_bool(p, j, btmp, btmp + n, n);
+            break;
+        case RB_THREAD: r = rb_int(p, j, thread, n, 8); break;
+        case RB_DETAIL: r = rb_str(p, j, k_detail, t_str[2], n_str[2], n); break;
+        case RB_COMPLETION:
+            for (i = 0; i < n; i++)
+                itmp[i] = t1[i] != NONE_LL ? 0 : -1;
+            r = rb_str(p, j, itmp, &consts_t[1], 1, n);
+            break;
+        default:
+            rb_null(p, j, id, zeros, n);
+        }
+        p->cols[j].buffers = p->bufs[j];
+        p->col_ptrs[j] = &p->cols[j];
+    }
+    Py_END_ALLOW_THREADS
+    if (r < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (r == 0) {   /* an int32 value out of range, or 2 GiB of text: the general route */
+        out = Py_None;
+        Py_INCREF(out);
+        goto done;
+    }
+    root->length = n;
+    root->null_count = 0;
+    root->offset = 0;
+    root->n_buffers = 1;
+    p->root_bufs[0] = NULL;
+    root->buffers = p->root_bufs;
+    root->n_children = ncols;
+    root->children = p->col_ptrs;
+    root->dictionary = NULL;
+    root->private_data = p;
+    root->release = rb_release;
+    out = PyCapsule_New(root, "arrow_array", rb_capsule_free);
+    if (out == NULL) {
+        rb_release(root);
+        free(root);
+    }
+    p = NULL;
+    root = NULL;
+done:
+    if (p != NULL) {
+        for (int i = 0; i < p->n_mem; i++)
+            free(p->mem[i]);
+        free(p);
+    }
+    free(root);
+    PyMem_RawFree(t_pgname); PyMem_RawFree(t_backend); PyMem_RawFree(t_op);
+    PyMem_RawFree(t_dtname); PyMem_RawFree(t_pgsize); PyMem_RawFree(t_isz);
+    PyMem_RawFree(t_inplace);
+    for (int s = 0; s < 4; s++)
+        PyMem_RawFree(t_str[s]);
+    PyMem_RawFree(tmp); PyMem_RawFree(itmp); PyMem_RawFree(btmp);
+    PyBuffer_Release(&bn);
+    PyBuffer_Release(&bc);
+    PyBuffer_Release(&bp);
+    return out;
+}
+
 /* in_progress(take=False) -> list of pre of the blocking calls in progress. take=True: they
  * are written now as never completed, and not queued again when their call returns. */
 static PyObject *in_progress(PyObject *module, PyObject *args) {
@@ -5412,6 +5999,7 @@ static PyMethodDef methods[] = {
     {"int_column", int_column, METH_VARARGS, "int_column(buf, j, n, width) -> None or (validity, nnull, data): an Arrow integer column (issue 20)."},
     {"bool_column", bool_column, METH_VARARGS, "bool_column(codes, j, n) -> (validity, nnull, values): an Arrow bool column (issue 20)."},
     {"string_column", string_column, METH_VARARGS, "string_column(codes, j, n, values) -> None or (validity, nnull, offsets, data): an Arrow string column (issue 20)."},
+    {"records_batch", records_batch, METH_VARARGS, "records_batch(n, nums, codes, rank, program, pgs, specs, dtypes, strs, consts) -> None or an arrow_array capsule: drain_records' calls as one Arrow record batch (issue 20)."},
     {"drain_records", drain_records, METH_NOARGS, "drain_records() -> None or (n, nums, codes, tables): typed column buffers (issue 20)."},
     {"drain_columns", drain_columns, METH_NOARGS, "drain_columns() -> None or 19 column lists (F_* fields, t_return_ns)."},
     {"in_progress", in_progress, METH_VARARGS, "in_progress(take=False) -> [pre] of blocking calls in progress."},

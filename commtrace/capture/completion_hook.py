@@ -30,6 +30,7 @@ claim of a wrapped call that has just returned is always in place before its rec
 from __future__ import annotations
 
 import collections
+import datetime
 import json
 import threading
 import time
@@ -157,12 +158,20 @@ def claim(name: str, lo, hi, op: str, row=None) -> None:
             row[I_TORCH_SEQ] = hi
 
 
-def _ns(t):
-    """WorkInfo times (datetime from pybind's chrono conversion, or numbers in ns) -> epoch ns."""
+def _ns(t, rec=None):
+    """WorkInfo times -> epoch ns (the recorder's clock). pybind converts torch's time points by
+    their clock: a ``system_clock`` one to a datetime; a ``steady_clock`` one (torch 2.11's
+    ProcessGroupNCCL, seen on the GPU check) to a timedelta since the steady clock's epoch, which
+    is CLOCK_MONOTONIC (``time.monotonic_ns``) on Linux: mapped onto the wall clock by the
+    offset between the two now. Numbers are taken as epoch ns."""
     if t is None:
         return None
     if isinstance(t, (int, float)):
         return int(t)
+    if isinstance(t, datetime.timedelta):
+        mono = ((t.days * 86400 + t.seconds) * 1_000_000 + t.microseconds) * 1000
+        now = rec.now_ns() if rec is not None else time.time_ns()
+        return mono + (now - time.monotonic_ns())
     try:
         return int(round(t.timestamp() * 1e6)) * 1000
     except Exception:
@@ -229,8 +238,8 @@ def _row(rec, name, ot, seq, info) -> list:
     size, backend = _facts.get(name, (None, None))
     row = [None] * NCOL
     dur = _dur_ns(getattr(info, "active_duration", None))
-    t0 = _ns(getattr(info, "time_started", None))
-    t1 = _ns(getattr(info, "time_finished", None))
+    t0 = _ns(getattr(info, "time_started", None), rec)
+    t1 = _ns(getattr(info, "time_finished", None), rec)
     vals = {
         "kind": S.KIND_OP, "rank": rec.rank, "pg": name, "pg_size": size,
         "op": OP_OF.get(ot, ot.lower()), "api": "c++", "backend": backend,

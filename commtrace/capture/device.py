@@ -57,6 +57,11 @@ CALIBRATION_MAX_WAIT_NS = 2_000_000
 DEFAULT_MAX_PENDING = 65536
 #: An async op never waited is reported without t_end after this long (its events are freed).
 DEFAULT_UNWAITED_TIMEOUT_S = 600.0
+#: An async op with a completion event (:meth:`EventTimer.on_done`) and no wait() through Python
+#: yet is read back this long after its issue, with its completion as its end: DDP's bucket
+#: all-reduces, waited by the Reducer in C++. An op waited later than that keeps no
+#: ``stream_wait_ns``.
+DEFAULT_DONE_GRACE_S = 1.0
 
 
 class DeviceTimer:
@@ -81,6 +86,11 @@ class DeviceTimer:
 
     def on_wait(self, token) -> None:
         """After ``work.wait()`` returned (async ops): record the end event."""
+
+    def on_done(self, token) -> None:
+        """In the callback of an async op's future (a CUDA future runs it on streams made to
+        wait for the op): record the op's completion, the end of an op whose wait never comes
+        through Python (DDP's Reducer waits in C++)."""
 
     def poll(self) -> list:
         """Ops completed since the last poll: ``(op_id, t_start_ns, t_end_ns, stream_wait_ns)``."""
@@ -109,14 +119,40 @@ class _CudaBackend:
         self._torch = torch
         self._Event = torch.cuda.Event
         self._current_stream = torch.cuda.current_stream
-        self._is_capturing = torch.cuda.is_current_stream_capturing
+        C = torch._C
+        self._is_capturing = getattr(C, "_cuda_isCurrentStreamCapturing", None) or \
+            torch.cuda.is_current_stream_capturing
+        # torch.cuda.Event's methods only add a Python frame over its C base's (or, for
+        # record(), a current_stream() call when no stream is given): called on the base
+        base = torch.cuda.Event.__mro__[1]
+        self._record = getattr(base, "record", None) or torch.cuda.Event.record
+        self._query = getattr(base, "query", None) or torch.cuda.Event.query
+        self._elapsed = getattr(base, "elapsed_time", None) or torch.cuda.Event.elapsed_time
         self._calib_streams: dict = {}
+        # torch.cuda.current_stream() builds a Python Stream per call (8.2 us of the timer's
+        # 29 us per blocking op on the GPU check's H200): the raw handle of the current
+        # stream is read instead (0.2 us) and its Stream object kept, by (device, handle)
+        self._get_device = getattr(C, "_cuda_getDevice", None)
+        self._raw_stream = getattr(C, "_cuda_getCurrentRawStream", None)
+        self._streams: dict = {}
 
     def now_ns(self) -> int:
         return time.time_ns()
 
     def current_stream(self):
-        return self._current_stream()
+        raw_of = self._raw_stream
+        if raw_of is None or self._get_device is None:
+            return self._current_stream()
+        dev = self._get_device()
+        key = (dev, raw_of(dev))
+        s = self._streams.get(key)
+        if s is None:
+            s = self._current_stream()
+            # the same stream (its handle is what recording an event on it uses); a handle
+            # seen again later is that stream or one that reuses it, recorded on the same way
+            if (s.device_index, s.cuda_stream) == key and len(self._streams) < 4096:
+                self._streams[key] = s
+        return s
 
     def stream_device(self, stream) -> int:
         return stream.device_index
@@ -128,13 +164,13 @@ class _CudaBackend:
         return self._Event(enable_timing=True)
 
     def record(self, event, stream) -> None:
-        event.record(stream)
+        self._record(event, stream)
 
     def query(self, event) -> bool:
-        return event.query()
+        return self._query(event)
 
     def elapsed_ms(self, start, end) -> float:
-        return start.elapsed_time(end)
+        return self._elapsed(start, end)
 
     def calibration_stream(self, device: int):
         s = self._calib_streams.get(device)
@@ -315,7 +351,7 @@ class _Calibration:
 
 class _Token:
     __slots__ = ("op_id", "device", "stream", "start", "end", "wait_begin", "blocking",
-                 "returned", "calib", "issued_ns")
+                 "returned", "calib", "issued_ns", "done", "end_same")
 
     def __init__(self, op_id, device, stream, start, calib, issued_ns):
         self.op_id = op_id
@@ -328,6 +364,8 @@ class _Token:
         self.returned = False
         self.calib = calib  # calibration index current at issue (None before the first one)
         self.issued_ns = issued_ns
+        self.done = None  # completion event recorded in the future's callback (on_done)
+        self.end_same = False  # end recorded on the start's stream: its completion implies start's
 
 
 class EventTimer(DeviceTimer):
@@ -340,13 +378,15 @@ class EventTimer(DeviceTimer):
 
     def __init__(self, backend, clock=None, calibration_interval_s: float =
                  DEFAULT_CALIBRATION_INTERVAL_S, max_pending: int = DEFAULT_MAX_PENDING,
-                 unwaited_timeout_s: float = DEFAULT_UNWAITED_TIMEOUT_S):
+                 unwaited_timeout_s: float = DEFAULT_UNWAITED_TIMEOUT_S,
+                 done_grace_s: float = DEFAULT_DONE_GRACE_S):
         self._b = backend
         #: Host clock (ns). The recorder sets its own (`recorder.now_ns`, with injected skew).
         self.clock = clock or backend.now_ns
         self.calibration_interval_ns = int(calibration_interval_s * 1e9)
         self.max_pending = max_pending
         self.unwaited_timeout_ns = int(unwaited_timeout_s * 1e9)
+        self.done_grace_ns = int(done_grace_s * 1e9)
         self._lock = threading.Lock()
         self._tokens: "collections.OrderedDict[int, _Token]" = collections.OrderedDict()
         self._pool: dict[int, list] = {}
@@ -423,7 +463,9 @@ class EventTimer(DeviceTimer):
                 # wait on the comm stream.
                 with self._lock:
                     ev = self._acquire(token.device)
-                self._b.record(ev, self._b.current_stream())
+                stream = self._b.current_stream()
+                self._b.record(ev, stream)
+                token.end_same = stream is token.stream
                 token.end = ev
             token.returned = True
         except Exception as e:
@@ -455,13 +497,27 @@ class EventTimer(DeviceTimer):
         except Exception as e:
             self._fail("on_wait", e)
 
+    def on_done(self, token) -> None:
+        if token is None or token.done is not None or token.blocking:
+            return
+        try:
+            with self._lock:
+                ev = self._acquire(token.device)
+            # the current stream here is the one the future's callback runs on, made to wait
+            # for the op's events (torch's CUDA future): the event completes with the op
+            self._b.record(ev, self._b.current_stream())
+            token.done = ev
+        except Exception as e:
+            self._fail("on_done", e)
+
     def abandon(self, token) -> None:
         """Forget an op whose end will never be recorded (e.g. the call raised)."""
         if token is None:
             return
         with self._lock:
             if self._tokens.pop(token.op_id, None) is not None:
-                self._release(token.device, token.start, token.end, token.wait_begin)
+                self._release(token.device, token.start, token.end, token.wait_begin,
+                              token.done)
 
     # -- writer thread -------------------------------------------------------------------------
 
@@ -556,6 +612,15 @@ class EventTimer(DeviceTimer):
                 if tok.device not in self._latest:
                     continue  # no calibration yet (device busy): read it later
                 if tok.end is None:
+                    if tok.done is not None and now - tok.issued_ns >= self.done_grace_ns:
+                        # no wait() through Python: its completion is its end
+                        if not (q(tok.done) and q(tok.start)):
+                            continue
+                        cal = self._calibration_for(tok)
+                        out.append((tok.op_id, self._to_host(cal, tok.start),
+                                    self._to_host(cal, tok.done), None))
+                        done.append(tok)
+                        continue
                     if not self._expired(tok, now):
                         continue
                     # Never waited (or the call raised): report its start only, free its events.
@@ -565,7 +630,8 @@ class EventTimer(DeviceTimer):
                     out.append((tok.op_id, self._to_host(cal, tok.start), None, None))
                     done.append(tok)
                     continue
-                if not (q(tok.end) and q(tok.start)):
+                # (stream order: an end on the start's stream completes after the start)
+                if not (q(tok.end) and (tok.end_same or q(tok.start))):
                     continue
                 if tok.wait_begin is not None and not q(tok.wait_begin):
                     continue
@@ -581,7 +647,8 @@ class EventTimer(DeviceTimer):
                 with self._lock:
                     for tok in done:
                         self._tokens.pop(tok.op_id, None)
-                        self._release(tok.device, tok.start, tok.end, tok.wait_begin)
+                        self._release(tok.device, tok.start, tok.end, tok.wait_begin,
+                                      tok.done)
                     self._prune_calibrations()
         except Exception as e:
             self._fail("poll", e)

@@ -219,15 +219,21 @@ def _make(api, orig, spec: FuncolSpec):
         except Exception as e:
             log.warn_once(("funcol", api), f"cannot record funcol.{api}", e)
             return None
+        dtok = None
+        dt = rec.device_timer
+        if dt is not None and row[I_DEVICE].startswith("cuda"):
+            dtok = dt.on_issue(row[I_OP_ID])   # (never raises)
         W.tls.depth += 1   # the calls torch's function makes are not rows of their own
         hooked = W._CH.HOOKED and info.name in W._CH.HOOKED
         lo = W._CH.seq_of(info.pg) if hooked else None
-        return rec, row, ts, info, hooked, lo, W._TS.before(info)
+        return rec, row, ts, info, hooked, lo, W._TS.before(info), dtok
 
     def after(tok, ret, exc):
-        rec, row, ts, info, hooked, lo, tlo = tok
+        rec, row, ts, info, hooked, lo, tlo, dtok = tok
         W.tls.depth -= 1
         if exc is not None:
+            if dtok is not None:
+                rec.device_timer.abandon(dtok)
             W._record_error(rec, row, rec.now_ns(), exc)
             if tlo is not None:
                 W._TS.after(rec, info, tlo, row[I_OP_ID], row[I_SEQ])
@@ -247,13 +253,22 @@ def _make(api, orig, spec: FuncolSpec):
                 e = getattr(r, "elem", None)
                 if e is not None and not getattr(r, "completed", False):
                     elems.append(e)
+            dt = rec.device_timer if dtok is not None else None
+            if dt is not None:
+                # (results already waited: the end is recorded now, as for a blocking op)
+                dt.on_return(dtok, not elems)
             if not elems:
                 row[I_T_END] = t1   # traced / already waited: complete at return
                 row[_R.I_COMPLETION] = "return"
-                rec.append_row(row)
+                if dt is not None:
+                    rec.hold_device_row(row[I_OP_ID], row)
+                else:
+                    rec.append_row(row)
             else:
-                # Keyed by the results' storage: any of them, or any view of them, completes it
-                rec.add_pending_tensors(row, elems, tensors=tuple(ts) + tuple(elems))
+                # Keyed by the results' storage: any of them, or any view of them, completes
+                # it; on CUDA its end is recorded by wait_tensor (device_token)
+                rec.add_pending_tensors(row, elems, tensors=tuple(ts) + tuple(elems),
+                                        device_token=dtok)
         except Exception as e:
             log.warn_once(("funcol-finish", api), f"cannot record funcol.{api}", e)
 
@@ -364,11 +379,16 @@ def _make_wait(orig):
         if p is None or p.waited:
             return orig(tensor)
         t0 = rec.now_ns()
+        dt = rec.device_timer if p.device_token is not None else None
+        if dt is not None:
+            dt.on_wait_begin(p.device_token)
         try:
             out = orig(tensor)
         except BaseException:
             raise
         t1 = rec.now_ns()
+        if dt is not None:
+            dt.on_wait(p.device_token)   # the current stream now waits for the op
         try:
             row = p.row
             if row[I_T_WAIT] is None:

@@ -372,10 +372,102 @@ def _kit(n: int):
     return ints, table_ints, strings, bools
 
 
+#: Build the drained calls' arrays in one C call, as one Arrow record batch handed over
+#: through Arrow's C data interface (``_fastpath.records_batch``), where the C module has it;
+#: the numpy route below otherwise. That route made ~26 arrays one by one (numpy, the column
+#: builders, ``py_buffer`` and ``from_buffers`` per column): ~1 ms of a 4,000-row soak part's
+#: ~6.5 ms of writer CPU, the GIL held (session 22). Tests and benchmarks flip it.
+RECORDS_BATCH = True
+
+#: records_batch's column ids (its RB_* enum): the columns the drained calls fill
+_RB_IDS = {name: i for i, name in enumerate((
+    "kind", "rank", "pg", "pg_size", "seq", "op", "api", "async_op", "backend", "device",
+    "dtype", "count", "bytes", "out_bytes", "peer", "root", "t_enqueue_ns", "t_return_ns",
+    "t_end_ns", "step", "site", "op_id", "first_on_pg", "thread", "detail", "completion"),
+    start=1)}
+_rb_program = None   # bytes, one id per schema column (b"" when a column type has no id)
+
+
+def _records_program() -> bytes:
+    """records_batch's program for the schema: a column's RB_* id, or the id of a column null
+    throughout of its type (b"" if the schema has a type the C side cannot build)."""
+    global _rb_program
+    if _rb_program is None:
+        import pyarrow as pa
+
+        null_ids = {pa.int64(): 100, pa.int32(): 101, pa.bool_(): 102, pa.string(): 103,
+                    pa.list_(pa.int64()): 104}
+        ids = [_RB_IDS.get(f.name) or null_ids.get(f.type) for f in S.SCHEMA]
+        _rb_program = b"" if None in ids else bytes(ids)
+    return _rb_program
+
+
+def _enc(v):
+    return None if v is None else str(v).encode("utf-8", "surrogateescape")
+
+
+_enc_facts: dict = {}   # id(table) -> [(fact, its encoded form)], in the table's order
+
+
+def _encoded(table: list, encode) -> list:
+    """`encode` of every fact of FAST_SPECS or PG_FACTS (append-only tables of tuples, a few
+    dozen long), kept between parts: only facts not seen at their index are encoded again."""
+    facts = table[:]
+    known = _enc_facts.setdefault(id(table), [])
+    for i, f in enumerate(facts):
+        if i >= len(known):
+            known.append((f, encode(f)))
+        elif known[i][0] is not f:
+            known[i] = (f, encode(f))
+    del known[len(facts):]
+    return [e for _, e in known]
+
+
+def _enc_pg(p):
+    return (_enc(p[0]), None if p[1] is None else int(p[1]), _enc(p[2]))
+
+
+def _enc_spec(sp):
+    return (_enc(sp[0]), _enc(sp[1]), bool(sp[2]))
+
+
+def batch_of_records(rank: int, drained):
+    """:func:`arrays_of_records`' arrays as one ``pyarrow.RecordBatch`` of the schema, built in
+    C in one call (``records_batch``); None when it cannot (no such C function or RECORDS_BATCH
+    off, an int32 value out of range, text past 2 GiB): the numpy route decides then."""
+    if not (RECORDS_BATCH and _cfast is not None and hasattr(_cfast, "records_batch")):
+        return None
+    import pyarrow as pa
+
+    program = _records_program()
+    imp = getattr(pa.RecordBatch, "_import_from_c_capsule", None)   # pyarrow >= 14
+    if not program or imp is None or not hasattr(S.SCHEMA, "__arrow_c_schema__"):
+        return None
+    n, nums_b, codes_b, tables = drained
+    t_site, t_api, t_detail, t_dtype, t_dev = tables
+    enc = _enc
+    pgs = _encoded(PG_FACTS, _enc_pg)
+    specs = _encoded(FAST_SPECS, _enc_spec)
+    dtypes = [(enc(dtype_name(d)),
+               -1 if (d is None or isinstance(d, str) or getattr(d, "itemsize", None) is None)
+               else int(d.itemsize)) for d in t_dtype]
+    strs = ([enc(format_site(v)) for v in t_site], [enc(a) if a else None for a in t_api],
+            [enc(v) for v in t_detail], [enc(v) for v in t_dev])
+    cap = _cfast.records_batch(n, nums_b, codes_b, rank, program, pgs, specs, dtypes, strs,
+                               (enc(S.KIND_OP), b"return"))
+    if cap is None:
+        return None
+    return imp(S.SCHEMA.__arrow_c_schema__(), cap)
+
+
 def arrays_of_records(rank: int, drained) -> list:
     """Schema-order Arrow arrays of the calls drained from the C fast path as typed buffers
-    (``_fastpath.drain_records()``), built with numpy over whole columns: no Python object
-    per row (issue 20). The values are those of :func:`expand_columns` (tests compare them)."""
+    (``_fastpath.drain_records()``), built in C in one call (RECORDS_BATCH) or with numpy over
+    whole columns: no Python object per row (issue 20). The values are those of
+    :func:`expand_columns` (tests compare them)."""
+    batch = batch_of_records(rank, drained)
+    if batch is not None:
+        return batch.columns
     import numpy as np
     import pyarrow as pa
 
@@ -1101,10 +1193,11 @@ class Recorder:
             self._tell_busy()
         return p
 
-    def add_pending_tensors(self, row, results, tensors=()) -> PendingOp:
+    def add_pending_tensors(self, row, results, tensors=(), device_token=None) -> PendingOp:
         """Register an async op completed by waiting on any of the tensors `results` (functional
         collectives: ``wait_tensor``), or on anything sharing their memory (:meth:`lookup_tensor`)."""
-        p = self.add_pending(row, key_obj=results[0] if results else None, tensors=tensors)
+        p = self.add_pending(row, key_obj=results[0] if results else None, tensors=tensors,
+                             device_token=device_token)
         keys = []
         for t in results:
             k = storage_key(t)
@@ -1353,6 +1446,10 @@ class Recorder:
         """Read device times, poll Work objects without a future, release finished pending ops.
         Device times are read first so that ops released now (at close, every pending op)
         still carry them."""
+        if final:
+            dt = self.device_timer
+            if dt is not None and getattr(dt, "done_grace_ns", 0):
+                dt.done_grace_ns = 0  # closing: completed ops unwaited in Python, read now
         self._poll_device()
         for f in STAMP_FLUSHERS:
             try:
@@ -1520,7 +1617,7 @@ class Recorder:
         buffers = ccols is not None and isinstance(ccols[0], int)   # drain_records()
         n_c = (ccols[0] if buffers else len(ccols[0])) if ccols else 0
         try:
-            os.makedirs(d, exist_ok=True)
+            W.make_dir(d)
             # Queued full rows (async ops of either path, gaps, marks, ...) as typed buffers
             # too (pack_rows) from ROW_BUFFERS_MIN_ROWS rows on, where the C path is built,
             # numpy imports and capture is not bounded (its split works on column lists).
@@ -1542,14 +1639,21 @@ class Recorder:
                         cols[I_SITE] = [format_site(v) for v in cols[I_SITE]]
                         t_py = W.rows_to_table_nopandas({c: cols[i] for i, c in enumerate(COLUMNS)})
                         arrays = [t_py.column(i).chunk(0) for i in range(len(COLUMNS))]
+                table = None
                 if buffers and n_c:
-                    more = arrays_of_records(self.rank, ccols)
-                    if arrays is None:
-                        arrays = more
-                    else:
+                    batch = batch_of_records(self.rank, ccols) if arrays is None else None
+                    if batch is not None:   # the calls alone (a tight loop's parts): no arrays
                         import pyarrow as pa
-                        arrays = [pa.concat_arrays([x, y]) for x, y in zip(arrays, more)]
-                table = W.table_of_arrays(arrays)
+                        table = pa.Table.from_batches([batch])
+                    else:
+                        more = arrays_of_records(self.rank, ccols)
+                        if arrays is None:
+                            arrays = more
+                        else:
+                            import pyarrow as pa
+                            arrays = [pa.concat_arrays([x, y]) for x, y in zip(arrays, more)]
+                if table is None:
+                    table = W.table_of_arrays(arrays)
                 W.write_part(self.run_dir, self.rank, table, self._metadata(),
                              index=_next_part_index(), compression=W.part_compression(table))
                 self._wrote_part = True

@@ -360,6 +360,17 @@ def _patch_wait_of(cls) -> None:
         log.warn_once(("work-wait", cls), f"cannot patch {cls.__name__}.wait", e)
 
 
+def _device_done(dt, work, token) -> None:
+    try:
+        get_future = getattr(work, "get_future", None)
+        fut = get_future() if get_future is not None else (
+            work if hasattr(work, "add_done_callback") else None)
+        if fut is not None and dt is not None:
+            fut.add_done_callback(lambda _f, dt=dt, token=token: dt.on_done(token))
+    except Exception as e:
+        log.warn_once("device-done", "cannot attach a device completion callback", e)
+
+
 def _track_work(rec, row, work, tensors, token):
     """Register an async op's Work: completion through its future, else by polling."""
     cls = type(work)
@@ -372,6 +383,10 @@ def _track_work(rec, row, work, tensors, token):
         # the writer thread, or wait()).
         p = rec.add_pending(row, key_obj=work, work=work, strong=True, has_future=False,
                             tensors=tensors, device_token=token)
+        # Its completion on the device, for an op whose wait() never comes through Python
+        # (DDP's Reducer waits on the future in C++): torch runs a CUDA future's callbacks on
+        # streams made to wait for the op's events, and the timer records an event there.
+        _device_done(rec.device_timer, work, token)
         rec.wake()
         return p
     key = (row[8], row[I_API])
@@ -486,7 +501,10 @@ def _run(rec, reader: Reader, orig, args, kwargs, row, tensors, info):
     spec = reader.spec
     token = None
     dt = rec.device_timer
-    if dt is not None and row[I_DEVICE] and row[I_DEVICE].startswith("cuda"):
+    # (not inside _coalescing_manager: its ops are enqueued at the block's exit, so events
+    # recorded around each call would bracket nothing; they keep their host times)
+    if dt is not None and row[I_DEVICE] and row[I_DEVICE].startswith("cuda") \
+            and tls.coalesce is None:
         try:
             token = dt.on_issue(row[I_OP_ID])
         except Exception as e:

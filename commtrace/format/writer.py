@@ -55,6 +55,14 @@ def _write_then_rename(write, tmp: str, path: str) -> None:
         raise
 
 
+def make_dir(d: str) -> None:
+    """Create the directory `d` (and its parents) unless it is one already: a ``stat`` where
+    ``os.makedirs(d, exist_ok=True)`` tries a ``mkdir`` per level and catches its error
+    (~60 us of a rank's writer per part, twice per part before; session 22)."""
+    if not os.path.isdir(d):
+        os.makedirs(d, exist_ok=True)
+
+
 def file_metadata(meta: dict) -> dict[bytes, bytes]:
     meta = dict(meta)
     meta.setdefault("schema_version", S.SCHEMA_VERSION)
@@ -70,7 +78,7 @@ def write_part(run_dir: str, rank: int, table: pa.Table, meta: dict, pid: int | 
     temporary name and renamed, so readers never see a half-written part. `prefix` replaces
     the ``part-`` of the name (``counters-`` parts of bounded capture)."""
     d = rank_dir(run_dir, rank)
-    os.makedirs(d, exist_ok=True)
+    make_dir(d)
     pid = os.getpid() if pid is None else pid
     name = S.PART_FMT.format(pid=pid, index=index)
     if prefix != "part-" and name.startswith("part-"):

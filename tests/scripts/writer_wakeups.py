@@ -47,9 +47,17 @@ def agree(flag: bool) -> bool:
     return bool(x.item())
 
 
+def agree_all(flag: bool) -> bool:
+    """True on both ranks once it is on both (MIN), the loops staying in step likewise."""
+    x = torch.tensor([int(flag)])
+    dist.all_reduce(x, op=dist.ReduceOp.MIN)
+    return bool(x.item())
+
+
 def until_flushes(rec, n, work):
-    """Run `work()` until the writer thread has written `n` more timed flushes (on either
-    rank: both stop together); the counters from just after a flush to the end."""
+    """Run `work()` until the writer thread has written `n` more timed flushes on both ranks
+    (they stop together; on a loaded machine one rank's writer can lag the other's by two
+    flushes: CI saw 1 against 3); the counters from just after a flush to the end."""
     f0 = rec.writer_stats["flushes"]
     while True:                         # start right after a flush
         work()
@@ -59,7 +67,7 @@ def until_flushes(rec, n, work):
     t0 = time.monotonic()
     while True:
         work()
-        if agree(rec.writer_stats["flushes"] >= a["flushes"] + n):
+        if agree_all(rec.writer_stats["flushes"] >= a["flushes"] + n):
             break
     out = diff(a, snap(rec))
     out["wall_s"] = time.monotonic() - t0
