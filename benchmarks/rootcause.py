@@ -8,8 +8,8 @@
 Synthesises the same run as benchmarks/analysis.py (`commtrace synth`, a planted straggler and
 host hazards) and times, in fresh processes and alternating, `commtrace report DIR --format
 json --no-what-if` (the baseline) and `... --what-if`, reading each child's wall time, CPU time
-and peak RSS. Prints the best of each side by side, the difference, the medians and the load average. Then
-times the stages in one process (user + system CPU, page faults): model, delay analysis,
+and peak RSS. Prints the best of each side by side, the difference, the medians and the load
+average. Then times the stages in one process (user + system CPU, page faults): model, delay analysis,
 critical path, replay (with `--before`, `--repeat` times, alternating with the older tree's),
 with the `commtrace` command's malloc tuning (model._retain_freed_memory) on, as in the reports.
 `--before DIR` adds, in the same alternation, `... --what-if` run with DIR first on PYTHONPATH
