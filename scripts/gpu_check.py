@@ -522,6 +522,15 @@ def timer_costs(torch, dist, D, n=2000, rounds=5):
     def done_cb():
         fut.add_done_callback(lambda f: None)
 
+    def issue_async_wait():
+        # an async op's events: start, completion in the future's callback, wait begin/end
+        op[0] += 1
+        tok = timer.on_issue(op[0])
+        timer.on_return(tok, False)
+        fut.add_done_callback(lambda f, tok=tok: timer.on_done(tok))
+        timer.on_wait_begin(tok)
+        timer.on_wait(tok)
+
     cases = {
         "time.time_ns()": time.time_ns,
         "threading.Lock acquire+release": lambda: (lock.acquire(), lock.release()),
@@ -534,6 +543,7 @@ def timer_costs(torch, dist, D, n=2000, rounds=5):
         "torch._C._cuda_getCurrentRawStream(0)": lambda: torch._C._cuda_getCurrentRawStream(0),
         "Future.add_done_callback (completed NCCL future)": done_cb,
         "timer.on_issue + on_return(blocking)": issue_return,
+        "timer, async op: issue, return, done callback, wait begin + end": issue_async_wait,
     }
     out = {}
     for name, fn in cases.items():
