@@ -117,6 +117,17 @@ def us(ns):
 
 # --------------------------------------------------------------------------------------------
 
+def new_timer(D, python=False):
+    """The device timer commtrace uses on CUDA (device.get_device_timer's choice): the C timer
+    (_devtimer) where built, else the Python EventTimer; `python` forces the latter."""
+    if not python and getattr(D, "c_timer_available", lambda: False)():
+        try:
+            return D.CudaCTimer()
+        except Exception as e:
+            figure("C device timer unavailable", repr(e))
+    return D.CudaTimer()
+
+
 class Poller(threading.Thread):
     """The writer thread's role: poll() every 0.5 ms, collect rows by op id."""
 
@@ -212,7 +223,7 @@ def first_op_stall(torch, dist):
 
 @guarded("A1 timer accuracy")
 def timer_accuracy(torch, dist, D, quick):
-    timer = D.CudaTimer()
+    timer = new_timer(D)
     poller = Poller(timer)
     poller.start()
     sizes = SIZES[::2] if quick else SIZES
@@ -404,7 +415,7 @@ def graph_capture(torch, dist, D):
     s = torch.cuda.Stream()
 
     def capture(with_timer):
-        timer = D.CudaTimer() if with_timer else None
+        timer = new_timer(D) if with_timer else None
         poller = None
         pend = None
         if with_timer:
@@ -452,8 +463,21 @@ def graph_capture(torch, dist, D):
 
 
 @guarded("A4 timer host overhead")
-def timer_overhead(torch, dist, D, rounds=15, n=200):
-    timer = D.CudaTimer()
+def timer_overhead(torch, dist, D):
+    timer = new_timer(D)
+    kind = type(timer).__name__
+    med = _timer_overhead(torch, dist, timer)
+    figure(f"device timer ({kind}) added host time per op (median of paired rounds)", us(med),
+           "us")
+    check("A4 device timer adds <= 10 us host time per op", med <= 10_000,
+          f"{us(med)} us ({kind})")
+    if kind != "CudaTimer":   # the Python timer beside it, as a figure
+        med_py = _timer_overhead(torch, dist, new_timer(D, python=True))
+        figure("device timer (Python EventTimer, COMMTRACE_DEVICE_TIMER_C=0) added host time "
+               "per op", us(med_py), "us")
+
+
+def _timer_overhead(torch, dist, timer, rounds=15, n=200):
     poller = Poller(timer)
     poller.start()
     x = torch.ones(1024, device="cuda")
@@ -490,18 +514,19 @@ def timer_overhead(torch, dist, D, rounds=15, n=200):
     torch.cuda.synchronize()
     poller.stop.set()
     poller.join()
-    med = statistics.median(diffs)
     figure("blocking all_reduce 4 KB, host time untraced (median)", us(statistics.median(bases)),
            "us")
-    figure("device timer added host time per op (median of paired rounds)", us(med), "us")
-    check("A4 device timer adds <= 10 us host time per op", med <= 10_000, f"{us(med)} us")
+    if timer.pending():
+        figure("A4 ops not read back by the poller", timer.pending())
+    return statistics.median(diffs)
 
 
 
 @guarded("A6 timer cost breakdown")
 def timer_costs(torch, dist, D, n=2000, rounds=5):
     """Host ns per call of what the device timer does per op (figures; where A4's time goes)."""
-    timer = D.CudaTimer()
+    timer = new_timer(D)
+    pytimer = new_timer(D, python=True)
     s = torch.cuda.current_stream()
     evs = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
     for e in evs:
@@ -514,7 +539,7 @@ def timer_costs(torch, dist, D, n=2000, rounds=5):
     lock = threading.Lock()
     op = [10 ** 6]
 
-    def issue_return():
+    def issue_return(timer=timer):
         op[0] += 1
         tok = timer.on_issue(op[0])
         timer.on_return(tok, True)
@@ -522,7 +547,7 @@ def timer_costs(torch, dist, D, n=2000, rounds=5):
     def done_cb():
         fut.add_done_callback(lambda f: None)
 
-    def issue_async_wait():
+    def issue_async_wait(timer=timer):
         # an async op's events: start, completion in the future's callback, wait begin/end
         op[0] += 1
         tok = timer.on_issue(op[0])
@@ -542,9 +567,15 @@ def timer_costs(torch, dist, D, n=2000, rounds=5):
         "torch.cuda.Event(enable_timing=True)": lambda: torch.cuda.Event(enable_timing=True),
         "torch._C._cuda_getCurrentRawStream(0)": lambda: torch._C._cuda_getCurrentRawStream(0),
         "Future.add_done_callback (completed NCCL future)": done_cb,
-        "timer.on_issue + on_return(blocking)": issue_return,
-        "timer, async op: issue, return, done callback, wait begin + end": issue_async_wait,
+        f"timer ({type(timer).__name__}).on_issue + on_return(blocking)": issue_return,
+        f"timer ({type(timer).__name__}), async op: issue, return, done callback, wait begin + "
+        "end": issue_async_wait,
     }
+    if type(pytimer) is not type(timer):
+        cases["timer (Python EventTimer).on_issue + on_return(blocking)"] = \
+            lambda: issue_return(pytimer)
+        cases["timer (Python EventTimer), async op: issue, return, done callback, wait begin + "
+              "end"] = lambda: issue_async_wait(pytimer)
     out = {}
     for name, fn in cases.items():
         best = None
@@ -558,6 +589,7 @@ def timer_costs(torch, dist, D, n=2000, rounds=5):
                 # read back (events to the pool) between rounds: later rounds reuse events
                 torch.cuda.synchronize()
                 timer.poll()
+                pytimer.poll()
         out[name] = round(best / 1e3, 2)
         figure(f"A6 {name}", out[name], "us/call (best of 5 x 2000)")
     torch.cuda.synchronize()
@@ -571,7 +603,7 @@ def profiler_crosscheck(torch, dist, D, n=5):
     CUDA trace (CUPTI), on a busy stream: an independent truth for t_end - t_start."""
     from torch.profiler import ProfilerActivity, profile
 
-    timer = D.CudaTimer()
+    timer = new_timer(D)
     poller = Poller(timer)
     poller.start()
     a = torch.ones((64 << 20) // 4, device="cuda")
@@ -648,7 +680,7 @@ def workinfo_probe(torch, dist, D):
 @guarded("A5 NCCL timing cross-check")
 def nccl_crosscheck(torch, dist, D):
     g = timing_group(dist, D)
-    timer = D.CudaTimer()
+    timer = new_timer(D)
     poller = Poller(timer)
     poller.start()
     for size in (16 << 20, 256 << 20):
@@ -952,7 +984,8 @@ def run_samples(tmp, timeout):
 # --------------------------------------------------------------------------------------------
 
 C_EXTENSIONS = [("commtrace/capture/_fastpath.c", "commtrace/capture/_fastpath"),
-                ("commtrace/analysis/_replay.c", "commtrace/analysis/_replay")]
+                ("commtrace/analysis/_replay.c", "commtrace/analysis/_replay"),
+                ("commtrace/capture/_devtimer.c", "commtrace/capture/_devtimer")]
 
 
 def build_c_extensions():

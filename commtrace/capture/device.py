@@ -697,6 +697,188 @@ class FakeTimer(EventTimer):
 
 
 # --------------------------------------------------------------------------------------------
+# The timer in C (commtrace/capture/_devtimer.c): the same logic, no Python frame per call
+# --------------------------------------------------------------------------------------------
+
+try:
+    from . import _devtimer as _cdt
+except Exception:  # not built (no compiler at install): EventTimer
+    _cdt = None
+
+#: The CUDA driver functions the C timer calls, in the order _devtimer.Timer takes them; each
+#: name's later entries are fallbacks for older or newer drivers.
+CUDA_DRIVER_FUNCTIONS = (
+    ("cuEventCreate",),
+    ("cuEventRecord",),
+    ("cuEventQuery",),
+    ("cuEventElapsedTime_v2", "cuEventElapsedTime"),
+    ("cuStreamIsCapturing",),
+    ("cuCtxGetCurrent",),
+    ("cuCtxSetCurrent",),
+    ("cuStreamCreate",),
+)
+
+
+def c_timer_available() -> bool:
+    """Whether the C device timer is built and not turned off (``COMMTRACE_PURE_PYTHON=1`` or
+    ``COMMTRACE_DEVICE_TIMER_C=0``)."""
+    import os
+
+    if _cdt is None:
+        return False
+    if os.environ.get("COMMTRACE_PURE_PYTHON", "") not in ("", "0"):
+        return False
+    return os.environ.get("COMMTRACE_DEVICE_TIMER_C", "1") not in ("0", "false", "no", "off")
+
+
+class _HandleBackend:
+    """A backend of Python objects (the fake layer) behind integer handles, for the C timer:
+    each object gets one handle for its life here (kept alive by this table)."""
+
+    def __init__(self, backend):
+        self.b = backend
+        self._objs: dict = {}
+        self._ids: dict = {}
+
+    def __getattr__(self, name):   # the backend's own attributes (tests: ``_calib``)
+        return getattr(self.b, name)
+
+    def _h(self, obj) -> int:
+        h = self._ids.get(id(obj))
+        if h is None:
+            h = len(self._objs) + 1
+            self._objs[h] = obj
+            self._ids[id(obj)] = h
+        return h
+
+    def obj(self, h: int):
+        return self._objs[h]
+
+    def current_stream(self) -> int:
+        return self._h(self.b.current_stream())
+
+    def stream_device(self, h: int) -> int:
+        return self.b.stream_device(self._objs[h])
+
+    def is_capturing(self) -> bool:
+        return self.b.is_capturing()
+
+    def new_event(self, device: int) -> int:
+        return self._h(self.b.new_event(device))
+
+    def record(self, ev: int, stream: int) -> None:
+        self.b.record(self._objs[ev], self._objs[stream])
+
+    def query(self, ev: int) -> bool:
+        return self.b.query(self._objs[ev])
+
+    def elapsed_ms(self, a: int, b: int) -> float:
+        return self.b.elapsed_ms(self._objs[a], self._objs[b])
+
+    def calibration_stream(self, device: int) -> int:
+        return self._h(self.b.calibration_stream(device))
+
+    def wait_event(self, ev: int, max_ns: int) -> bool:
+        return self.b.wait_event(self._objs[ev], max_ns)
+
+
+class _CalibView:
+    __slots__ = ("index", "device", "event", "host_ns", "bracket_ns")
+
+    def __init__(self, index, device, event, host_ns, bracket_ns):
+        self.index, self.device, self.event = index, device, event
+        self.host_ns, self.bracket_ns = host_ns, bracket_ns
+
+    def __eq__(self, other):
+        return isinstance(other, _CalibView) and other.index == self.index
+
+    def __hash__(self):
+        return hash(self.index)
+
+
+if _cdt is not None:
+    class CEventTimer(_cdt.Timer):
+        """:class:`EventTimer` in C (``_devtimer.Timer``): the same calls, rows and counters.
+
+        on_issue / on_return / on_wait_begin / on_wait / on_done are C calls on the training
+        thread; :meth:`poll` queries events with the GIL released (CUDA), so the writer's
+        read-back no longer holds the GIL the training thread needs when its op returns.
+        """
+
+        def __init__(self, backend=None, fns=None, get_device=None, raw_stream=None,
+                     clock=None, calibration_interval_s: float = DEFAULT_CALIBRATION_INTERVAL_S,
+                     max_pending: int = DEFAULT_MAX_PENDING,
+                     unwaited_timeout_s: float = DEFAULT_UNWAITED_TIMEOUT_S,
+                     done_grace_s: float = DEFAULT_DONE_GRACE_S):
+            super().__init__(backend, fns, get_device, raw_stream, clock,
+                             int(calibration_interval_s * 1e9), max_pending,
+                             int(unwaited_timeout_s * 1e9), int(done_grace_s * 1e9),
+                             self._log_failure)
+
+        @staticmethod
+        def _log_failure(where, message):
+            log.warning("commtrace: device timing disabled for some ops (%s: %s)", where,
+                        message)
+
+        def poll(self) -> list:
+            if _graphs.capturing():
+                return []  # any CUDA call from this thread could invalidate the capture
+            return self._poll()
+
+        def _views(self):
+            return [(_CalibView(i, d, ev, h, b), latest)
+                    for i, d, ev, h, b, latest in self.calibrations()]
+
+        @property
+        def _calibs(self) -> dict:
+            """index -> calibration (EventTimer's ``_calibs``; tests)."""
+            return {c.index: c for c, _ in self._views()}
+
+        @property
+        def _latest(self) -> dict:
+            """device -> latest calibration (EventTimer's ``_latest``; tests)."""
+            return {c.device: c for c, latest in self._views() if latest}
+
+    class FakeCTimer(CEventTimer):
+        """The C timer on the fake device layer, for CPU tests."""
+
+        def __init__(self, device: "FakeDevice", **kw):
+            super().__init__(backend=_HandleBackend(_FakeBackend(device)), clock=device.clock,
+                             **kw)
+            self.device = device
+
+    class CudaCTimer(CEventTimer):
+        """The C timer on CUDA: driver-API events on the stream torch reports as current."""
+
+        def __init__(self, clock=None, **kw):
+            import ctypes
+
+            import torch
+
+            C = torch._C
+            get_device = getattr(C, "_cuda_getDevice", None)
+            raw_stream = getattr(C, "_cuda_getCurrentRawStream", None)
+            if get_device is None or raw_stream is None:
+                raise RuntimeError("this torch has no _cuda_getCurrentRawStream")
+            torch.cuda.init()   # the primary context exists before the first op
+            lib = ctypes.CDLL("libcuda.so.1")
+            fns = []
+            for names in CUDA_DRIVER_FUNCTIONS:
+                for name in names:
+                    f = getattr(lib, name, None)
+                    if f is not None:
+                        fns.append(ctypes.cast(f, ctypes.c_void_p).value)
+                        break
+                else:
+                    raise RuntimeError(f"the CUDA driver has no {names[0]}")
+            super().__init__(fns=tuple(fns), get_device=get_device, raw_stream=raw_stream,
+                             clock=clock, **kw)
+            self._lib = lib
+else:  # pragma: no cover - the C module is built wherever a compiler is
+    CEventTimer = FakeCTimer = CudaCTimer = None
+
+
+# --------------------------------------------------------------------------------------------
 # CUDA graph capture guard: knows, from any thread, whether a capture is in progress.
 # --------------------------------------------------------------------------------------------
 
@@ -810,7 +992,14 @@ def get_device_timer(device_type: str, clock=None) -> DeviceTimer | None:
     with _timer_lock:
         if _timer is None:
             try:
-                _timer = CudaTimer(clock=clock)
+                _timer = None
+                if c_timer_available():
+                    try:
+                        _timer = CudaCTimer(clock=clock)
+                    except Exception as e:
+                        log.warning("commtrace: C device timer unavailable, using Python (%r)", e)
+                if _timer is None:
+                    _timer = CudaTimer(clock=clock)
                 install()
             except Exception as e:
                 log.warning("commtrace: CUDA event timing unavailable (%r)", e)
