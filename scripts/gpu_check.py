@@ -592,6 +592,20 @@ def timer_costs(torch, dist, D, n=2000, rounds=5):
                 pytimer.poll()
         out[name] = round(best / 1e3, 2)
         figure(f"A6 {name}", out[name], "us/call (best of 5 x 2000)")
+    # the writer's side: poll() reading back 2000 completed blocking ops, per op
+    for tm in (timer, pytimer) if type(pytimer) is not type(timer) else (timer,):
+        best = None
+        for _ in range(rounds):
+            for _ in range(n):
+                issue_return(tm)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            got = len(tm.poll())
+            dt = (time.perf_counter_ns() - t0) / max(1, got)
+            best = dt if best is None else min(best, dt)
+        name = f"timer ({type(tm).__name__}).poll(), per blocking op read back"
+        out[name] = round(best / 1e3, 2)
+        figure(f"A6 {name}", out[name], "us/op (best of 5 x 2000)")
     torch.cuda.synchronize()
     FIGURES["timer_costs_us"] = out
     report("A6 timer cost breakdown", "INFO", "figures above (not asserted)")

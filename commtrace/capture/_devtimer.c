@@ -96,6 +96,7 @@ typedef struct Timer {
     long long graph_captured_ops, events_created, dropped, errors, calib_seq,
         calibration_failures;
     int logged;
+    int primed_events;           /* events made at a device's first op (CUDA) */
     int nogil;                   /* in poll's query loop, the GIL released: no Python API */
     const char *err_what;        /* a CUDA error met there, set as a Python error after */
     int err_rc;
@@ -546,6 +547,33 @@ static Tok *as_tok(PyObject *o) {
 
 /* -- training thread ------------------------------------------------------------------------- */
 
+/* The first op of a device (CUDA), in the training thread where the device's context is
+ * current: keep the context for the writer thread, make the calibration stream and a few events
+ * now. Made by the writer's first poll instead, creating them held the driver while the
+ * training thread launched its op (the GPU check's A8 saw its first op take 3 ms more). */
+static void prime_device(Timer *t, int dev) {
+    void *cx = NULL;
+    if (t->c_ctxGetCurrent(&cx) != 0 || cx == NULL)
+        return;
+    t->ctx[dev] = cx;
+    H s = 0;
+    if (!t->has_cal_stream[dev] && b_calibration_stream(t, dev, &s) < 0) {
+        PyErr_Clear();
+        return;
+    }
+    for (int i = 0; i < t->primed_events; i++) {
+        H ev = 0;
+        t->events_created++;
+        if (b_new_event(t, dev, &ev) < 0) {
+            PyErr_Clear();
+            return;
+        }
+        LOCK(t);
+        pool_push(&t->pools[dev], ev);
+        UNLOCK(t);
+    }
+}
+
 static PyObject *t_on_issue(Timer *t, PyObject *arg) {
     long long op_id = PyLong_AsLongLong(arg);
     if (op_id == -1 && PyErr_Occurred()) {
@@ -582,11 +610,8 @@ static PyObject *t_on_issue(Timer *t, PyObject *arg) {
             t->dropped++;
             Py_RETURN_NONE;
         }
-        if (dev >= 0 && dev < MAXDEV && t->ctx[dev] == NULL && t->c_ctxGetCurrent != NULL) {
-            void *cx = NULL;
-            if (t->c_ctxGetCurrent(&cx) == 0)
-                t->ctx[dev] = cx;
-        }
+        if (dev >= 0 && dev < MAXDEV && t->ctx[dev] == NULL)
+            prime_device(t, dev);
     }
     if (acquire(t, dev, &ev) < 0)
         goto fail;
@@ -1212,6 +1237,7 @@ static int t_init(Timer *t, PyObject *args, PyObject *kw) {
     t->max_pending = mp;
     t->unwaited_timeout_ns = ut;
     t->done_grace_ns = dg;
+    t->primed_events = 5;   /* a blocking op's two, three calibration tries */
     return 0;
 }
 

@@ -860,7 +860,6 @@ if _cdt is not None:
             raw_stream = getattr(C, "_cuda_getCurrentRawStream", None)
             if get_device is None or raw_stream is None:
                 raise RuntimeError("this torch has no _cuda_getCurrentRawStream")
-            torch.cuda.init()   # the primary context exists before the first op
             lib = ctypes.CDLL("libcuda.so.1")
             fns = []
             for names in CUDA_DRIVER_FUNCTIONS:
