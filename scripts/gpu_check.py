@@ -625,6 +625,20 @@ def profiler_crosscheck(torch, dist, D, n=5):
     lead = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     dist.all_gather_into_tensor(b, a)
     torch.cuda.synchronize()
+    # the timer's first op, before the profiler: its host cost as a figure (the C timer makes
+    # its calibration stream and events at a device's first op); inside a freshly started
+    # profiler the first op's end came 2.2-3.2 ms late in runs 6 and 7 (C timer, no warm-up)
+    h0 = time.perf_counter_ns()
+    tok = timer.on_issue(499_999)
+    h1 = time.perf_counter_ns()
+    dist.all_gather_into_tensor(b, a)
+    h2 = time.perf_counter_ns()
+    timer.on_return(tok, True)
+    h3 = time.perf_counter_ns()
+    torch.cuda.synchronize()
+    poller.wait_for(499_999)
+    figure("A8 the timer's first op: on_issue / on_return host time (us)",
+           [us(h1 - h0), us(h3 - h2)])
     durs = []
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(n):
