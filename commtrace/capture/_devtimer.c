@@ -574,12 +574,8 @@ static void prime_device(Timer *t, int dev) {
     }
 }
 
-static PyObject *t_on_issue(Timer *t, PyObject *arg) {
-    long long op_id = PyLong_AsLongLong(arg);
-    if (op_id == -1 && PyErr_Occurred()) {
-        t_fail(t, "on_issue", NULL);
-        Py_RETURN_NONE;
-    }
+/* on_issue(op_id): a new reference to the token, or a new reference to None */
+static PyObject *issue_ll(Timer *t, long long op_id) {
     H stream = 0, ev = 0;
     int dev = 0;
     if (t->fake) {   /* the Python EventTimer's order of backend calls */
@@ -672,6 +668,33 @@ fail:
     Py_RETURN_NONE;
 }
 
+static PyObject *t_on_issue(Timer *t, PyObject *arg) {
+    long long op_id = PyLong_AsLongLong(arg);
+    if (op_id == -1 && PyErr_Occurred()) {
+        t_fail(t, "on_issue", NULL);
+        Py_RETURN_NONE;
+    }
+    return issue_ll(t, op_id);
+}
+
+static void return_core(Timer *t, Tok *k, int blocking) {
+    k->blocking = blocking;
+    if (blocking) {
+        H ev = 0, stream = 0;
+        int dev = 0;
+        if (acquire(t, k->device, &ev) < 0)
+            goto fail;
+        if (b_current_stream(t, &stream, &dev) < 0 || b_record(t, ev, stream) < 0)
+            goto fail;
+        k->end_same = stream == k->stream;
+        __atomic_store_n(&k->end, ev, __ATOMIC_RELEASE);
+    }
+    k->returned = 1;
+    return;
+fail:
+    t_fail(t, "on_return", NULL);
+}
+
 static PyObject *t_on_return(Timer *t, PyObject *const *args, Py_ssize_t n,
                              PyObject *kwnames) {
     PyObject *a[2] = {n > 0 ? args[0] : NULL, n > 1 ? args[1] : NULL};
@@ -698,21 +721,7 @@ static PyObject *t_on_return(Timer *t, PyObject *const *args, Py_ssize_t n,
         t_fail(t, "on_return", NULL);
         Py_RETURN_NONE;
     }
-    k->blocking = blocking;
-    if (blocking) {
-        H ev = 0, stream = 0;
-        int dev = 0;
-        if (acquire(t, k->device, &ev) < 0)
-            goto fail;
-        if (b_current_stream(t, &stream, &dev) < 0 || b_record(t, ev, stream) < 0)
-            goto fail;
-        k->end_same = stream == k->stream;
-        __atomic_store_n(&k->end, ev, __ATOMIC_RELEASE);
-    }
-    k->returned = 1;
-    Py_RETURN_NONE;
-fail:
-    t_fail(t, "on_return", NULL);
+    return_core(t, k, blocking);
     Py_RETURN_NONE;
 }
 
@@ -758,10 +767,7 @@ static PyObject *t_on_wait_begin(Timer *t, PyObject *arg) { return record_now(t,
 static PyObject *t_on_wait(Timer *t, PyObject *arg) { return record_now(t, arg, 1); }
 static PyObject *t_on_done(Timer *t, PyObject *arg) { return record_now(t, arg, 2); }
 
-static PyObject *t_abandon(Timer *t, PyObject *arg) {
-    Tok *k = as_tok(arg);
-    if (k == NULL)
-        Py_RETURN_NONE;
+static void abandon_core(Timer *t, Tok *k) {
     LOCK(t);
     /* _tokens.pop(token.op_id): the linked token of that op id */
     Tok *o = k->linked ? k : NULL;
@@ -777,6 +783,12 @@ static PyObject *t_abandon(Timer *t, PyObject *arg) {
     } else {
         UNLOCK(t);
     }
+}
+
+static PyObject *t_abandon(Timer *t, PyObject *arg) {
+    Tok *k = as_tok(arg);
+    if (k != NULL)
+        abandon_core(t, k);
     Py_RETURN_NONE;
 }
 
@@ -1348,6 +1360,43 @@ static PyTypeObject TimerType = {
     .tp_dictoffset = offsetof(Timer, dict),
 };
 
+/* -- the C API: _fastpath times a blocking CUDA op without a Python call (capsule _C_API) -- */
+
+typedef struct {
+    int version;
+    PyTypeObject *type;
+    /* a new reference to the op's token, or NULL (no token: capturing, dropped, an error);
+     * never leaves a Python error set */
+    PyObject *(*on_issue)(PyObject *timer, long long op_id);
+    void (*on_return)(PyObject *timer, PyObject *token, int blocking);
+    void (*abandon)(PyObject *timer, PyObject *token);
+} DevTimerApi;
+
+static PyObject *api_on_issue(PyObject *timer, long long op_id) {
+    PyObject *r = issue_ll((Timer *)timer, op_id);
+    if (r == Py_None) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    if (r == NULL)
+        PyErr_Clear();
+    return r;
+}
+
+static void api_on_return(PyObject *timer, PyObject *token, int blocking) {
+    Tok *k = as_tok(token);
+    if (k != NULL)
+        return_core((Timer *)timer, k, blocking);
+}
+
+static void api_abandon(PyObject *timer, PyObject *token) {
+    Tok *k = as_tok(token);
+    if (k != NULL)
+        abandon_core((Timer *)timer, k);
+}
+
+static DevTimerApi c_api = {1, &TimerType, api_on_issue, api_on_return, api_abandon};
+
 static struct PyModuleDef moddef = {
     PyModuleDef_HEAD_INIT, "_devtimer",
     "commtrace's device timer in C (CUDA driver events; a Python backend for tests).", -1, NULL,
@@ -1363,7 +1412,9 @@ PyMODINIT_FUNC PyInit__devtimer(void) {
     Py_INCREF(&TokType);
     if (PyModule_AddObject(m, "Timer", (PyObject *)&TimerType) < 0 ||
         PyModule_AddObject(m, "Token", (PyObject *)&TokType) < 0 ||
-        PyModule_AddIntConstant(m, "MAXDEV", MAXDEV) < 0) {
+        PyModule_AddIntConstant(m, "MAXDEV", MAXDEV) < 0 ||
+        PyModule_AddObject(m, "_C_API", PyCapsule_New(&c_api, "commtrace._devtimer._C_API",
+                                                       NULL)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -4133,8 +4133,109 @@ static COLD int ent_nvtx_refresh(FastCtx *c) {
     return 0;
 }
 
-/* The device timer (must be None here) and the step, from the recorder's __dict__ after it
- * changed: 0 with *step_v, or -1 (the Python path). */
+/* The device timer in C (_devtimer.Timer, its capsule handed over by set_devtimer_api): with
+ * it, a blocking op on a timed device (CUDA) stays on this path: its start and end events are
+ * C calls, and its record waits in the recorder's _device_rows for its device times, as the
+ * Python path's row does (recorder.hold_device_row). Any other device timer: the Python path. */
+typedef struct {
+    int version;
+    PyTypeObject *type;
+    PyObject *(*on_issue)(PyObject *timer, long long op_id);
+    void (*on_return)(PyObject *timer, PyObject *token, int blocking);
+    void (*abandon)(PyObject *timer, PyObject *token);
+} DevTimerApi;
+static const DevTimerApi *dt_api;
+static PyObject *dt_owner;         /* the capsule */
+static PyObject *e_dt;             /* the recorder's device timer (a _devtimer.Timer), or NULL */
+static PyObject *dt_prefix;        /* the timed devices' name prefix ("cuda"; tests: "cpu") */
+static PyObject *dt_last_dev;      /* the device name last asked about, and its answer */
+static int dt_last_timed;
+static PyObject *s_device_rows, *s_cap;
+
+static PyObject *set_devtimer_api(PyObject *module, PyObject *args) {
+    PyObject *cap, *prefix;
+    if (!PyArg_ParseTuple(args, "OU", &cap, &prefix))
+        return NULL;
+    if (cap == Py_None) {
+        dt_api = NULL;
+        Py_CLEAR(dt_owner);
+    } else {
+        const DevTimerApi *a = PyCapsule_GetPointer(cap, "commtrace._devtimer._C_API");
+        if (a == NULL)
+            return NULL;
+        if (a->version != 1) {
+            PyErr_SetString(PyExc_ValueError, "_devtimer's C API: unknown version");
+            return NULL;
+        }
+        dt_api = a;
+        Py_INCREF(cap);
+        Py_XSETREF(dt_owner, cap);
+    }
+    Py_INCREF(prefix);
+    Py_XSETREF(dt_prefix, prefix);
+    Py_CLEAR(dt_last_dev);
+    Py_CLEAR(e_dt);
+    H.e_rd_ok = 0;   /* read the recorder's device timer again */
+    Py_RETURN_NONE;
+}
+
+/* The recorder's device timer: None (0, none kept), a C timer (0, kept), else -1 */
+static int dt_keep(PyObject *dt) {
+    if (dt == Py_None) {
+        Py_CLEAR(e_dt);
+        return 0;
+    }
+    if (dt_api != NULL && PyObject_TypeCheck(dt, dt_api->type)) {
+        Py_INCREF(dt);
+        Py_XSETREF(e_dt, dt);
+        return 0;
+    }
+    Py_CLEAR(e_dt);
+    return -1;
+}
+
+/* Whether ops on this device (its name) are timed by the device timer */
+static int dt_timed(PyObject *dev) {
+    if (dev == dt_last_dev)
+        return dt_last_timed;
+    int t = dev != NULL && dt_prefix != NULL && PyUnicode_Check(dev) &&
+            PyUnicode_Tailmatch(dev, dt_prefix, 0, PY_SSIZE_T_MAX, -1) == 1;
+    CLEAR_ERR();
+    Py_XINCREF(dev);
+    Py_XSETREF(dt_last_dev, dev);
+    dt_last_timed = t;
+    return t;
+}
+
+/* A device-timed blocking op's record into the recorder's _device_rows as (pre, t_return_ns),
+ * keyed by its op id (recorder.hold_device_row's place; the writer expands it when its device
+ * times are read). 0 (r released), or -1 (full or an error: the caller buffers r as usual). */
+static int dt_hold(PyObject *rec, Rec *r) {
+    PyObject *d = PyObject_GetAttr(rec, s_device_rows);
+    PyObject *capo = d != NULL ? PyObject_GetAttr(rec, s_cap) : NULL;
+    long long cap = as_ll(capo);
+    Py_XDECREF(capo);
+    if (d == NULL || !PyDict_Check(d) || cap == NONE_LL || PyDict_GET_SIZE(d) >= cap) {
+        Py_XDECREF(d);
+        CLEAR_ERR();
+        return -1;
+    }
+    PyObject *pre = rec_pre(r);
+    PyObject *t1 = pre != NULL ? PyLong_FromLongLong(r->t1) : NULL;
+    PyObject *item = t1 != NULL ? PyTuple_Pack(2, pre, t1) : NULL;
+    PyObject *key = item != NULL ? PyLong_FromLongLong(r->op_id) : NULL;
+    int rc = key != NULL ? PyDict_SetItem(d, key, item) : -1;
+    Py_XDECREF(key); Py_XDECREF(item); Py_XDECREF(t1); Py_XDECREF(pre); Py_DECREF(d);
+    if (rc != 0) {
+        CLEAR_ERR();
+        return -1;
+    }
+    rec_release(r);
+    return 0;
+}
+
+/* The device timer (None, or a C timer: dt_keep) and the step, from the recorder's __dict__
+ * after it changed: 0 with *step_v, or -1 (the Python path). */
 static COLD int ent_rd_refresh(PyObject *rec, long long *step_v) {
     PyObject *rd = H.c_rdict;
     H.e_rd_ok = 0;
@@ -4144,8 +4245,9 @@ static COLD int ent_rd_refresh(PyObject *rec, long long *step_v) {
         PyObject *dt = PyObject_GetAttr(rec, s_device_timer);
         if (dt == NULL)
             return -1;
+        int bad = dt_keep(dt);
         Py_DECREF(dt);
-        if (dt != Py_None)
+        if (bad)
             return -1;
         PyObject *step = PyObject_GetAttr(rec, s_step);
         *step_v = as_ll(step);
@@ -4160,15 +4262,16 @@ static COLD int ent_rd_refresh(PyObject *rec, long long *step_v) {
     PyObject *dt = rd != NULL ? PyDict_GetItemWithError(rd, s_device_timer) : NULL;
     int in_dict = dt != NULL;
     if (in_dict) {
-        if (dt != Py_None)
+        if (dt_keep(dt))
             return -1;
     } else {
         CLEAR_ERR();
         dt = PyObject_GetAttr(rec, s_device_timer);
         if (dt == NULL)
             return -1;
+        int bad = dt_keep(dt);
         Py_DECREF(dt);
-        if (dt != Py_None)
+        if (bad)
             return -1;
     }
     PyObject *step = rd != NULL ? PyDict_GetItemWithError(rd, s_step) : NULL;
@@ -4627,6 +4730,11 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
                 SLOW();
         }
     }
+    /* a device-timed op (the C device timer, a CUDA tensor): blocking ones are timed here,
+     * async ones by the Python path (their wait events) */
+    int timed = UNLIKELY(e_dt != NULL) && dt_timed(r.dev);
+    if (UNLIKELY(timed && is_async))
+        SLOW();
     if (UNLIKELY(c->last_name == NULL))
         SLOW();   /* the groups were forgotten since the lookup above (invalidate) */
     if (c->has_peer || c->has_root) {
@@ -4711,6 +4819,14 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
          * so is a point-to-point op's on a group that numbers each (p2p_one). */
         T->tseq_hi = -1;
         T->tseq_g = tkey != NULL && (!c->has_peer || c->last_p2p1) && H.ts_at_wait ? tkey : NULL;
+        /* the device timer's start event (a C call: no Python frame) */
+        PyObject *dt = NULL, *dtok = NULL;
+        if (UNLIKELY(timed)) {
+            dt = e_dt;
+            Py_INCREF(dt);
+            dtok = dt_api->on_issue(dt, r.op_id);
+            CLEAR_ERR();
+        }
         /* The user's call. */
         ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
         long long t1 = now_ns();
@@ -4723,6 +4839,18 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         PyErr_Fetch(&et, &ev, &etb);
         int taken = slot_i >= 0 && ((H.inprog_taken >> slot_i) & 1);
         r.t1 = t1;
+        int held = 0;
+        if (UNLIKELY(dtok != NULL)) {
+            if (ret != NULL && !taken) {
+                dt_api->on_return(dt, dtok, 1);   /* its end event, on the current stream */
+                held = 1;
+            } else {
+                dt_api->abandon(dt, dtok);
+            }
+            CLEAR_ERR();
+            Py_DECREF(dtok);
+        }
+        Py_XDECREF(dt);
         if (UNLIKELY(taken)) {
             inprog_free(slot_i);
             rec_release(&r);   /* a final flush wrote it as never completed */
@@ -4732,7 +4860,8 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             if (tkey != NULL)   /* a call that raised may still have issued its number */
                 tseq_after(c, rec, tkey, tslot, NULL, tlo, t_opid, t_seq, -1);
         } else {
-            buf_push(&r);      /* takes the references, or releases them when full */
+            if (LIKELY(!held) || dt_hold(rec, &r) != 0)
+                buf_push(&r);  /* takes the references, or releases them when full */
             inprog_free(slot_i);
             if (tkey != NULL)
                 tseq_after(c, rec, tkey, tslot, NULL, tlo, t_opid, t_seq, thi);
@@ -5985,6 +6114,8 @@ static PyMethodDef methods[] = {
      "set_cxx_completion(flag) -> previous: async completion callbacks in C++ (default on)."},
     {"attach_counts", attach_counts, METH_NOARGS,
      "attach_counts() -> async completions attached in C++ (set_meta_api's capsule) so far."},
+    {"set_devtimer_api", set_devtimer_api, METH_VARARGS,
+     "set_devtimer_api(capsule or None, device_prefix): the C device timer's API."},
     {"set_meta_api", set_meta_api, METH_O,
      "set_meta_api(capsule or None) -> on: tensor / group reads through torch's C++ API."},
     {"tseq_reads", tseq_reads, METH_NOARGS,
@@ -6031,6 +6162,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_detail, "detail"); INTERN(s_default_pg, "_default_pg"); INTERN(s_member, "member");
     INTERN(s_idx, "idx"); INTERN(s_name, "name"); INTERN(s_ranks, "ranks");
     INTERN(s_active, "active"); INTERN(s_device_timer, "device_timer");
+    INTERN(s_device_rows, "_device_rows"); INTERN(s_cap, "cap");
     INTERN(s_now_ns, "now_ns"); INTERN(s_numel, "numel"); INTERN(s_dtype, "dtype");
     INTERN(s_get_device, "get_device"); INTERN(s_nbytes, "nbytes"); INTERN(s_seq, "seq");
     INTERN(s_p2p_seq, "p2p_seq"); INTERN(s_step, "step"); INTERN(s_stack, "stack");

@@ -719,6 +719,33 @@ CUDA_DRIVER_FUNCTIONS = (
 )
 
 
+#: Ops on devices whose name starts with this are timed by the device timer (wrappers.py,
+#: funcol.py and the C fast path read it; tests time "cpu" ops on the fake layer through
+#: :func:`set_timed_device_prefix`).
+TIMED_DEVICE_PREFIX = "cuda"
+
+
+def set_timed_device_prefix(prefix: str) -> None:
+    """Time ops on devices named `prefix`... (tests; the default is "cuda"), on the Python
+    path and the C fast path alike."""
+    global TIMED_DEVICE_PREFIX
+    TIMED_DEVICE_PREFIX = prefix
+    _share_c_api()
+
+
+def _share_c_api() -> None:
+    """Hand the C timer's API to the C fast path (blocking ops on a timed device stay there)."""
+    try:
+        from . import recorder
+
+        cf = recorder._cfast
+        if cf is not None and hasattr(cf, "set_devtimer_api"):
+            cf.set_devtimer_api(_cdt._C_API if c_timer_available() else None,
+                                TIMED_DEVICE_PREFIX)
+    except Exception as e:
+        log.warning("commtrace: C fast path without the device timer (%r)", e)
+
+
 def c_timer_available() -> bool:
     """Whether the C device timer is built and not turned off (``COMMTRACE_PURE_PYTHON=1`` or
     ``COMMTRACE_DEVICE_TIMER_C=0``)."""

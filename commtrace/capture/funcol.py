@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from ..format import schema as S
+from . import device as _device
 from . import log
 from . import recorder as _R
 from .recorder import (I_API, I_BYTES, I_COUNT, I_DEVICE, I_DTYPE, I_FIRST, I_OUT_BYTES, I_PEER,
@@ -221,7 +222,7 @@ def _make(api, orig, spec: FuncolSpec):
             return None
         dtok = None
         dt = rec.device_timer
-        if dt is not None and row[I_DEVICE].startswith("cuda"):
+        if dt is not None and row[I_DEVICE].startswith(_device.TIMED_DEVICE_PREFIX):
             dtok = dt.on_issue(row[I_OP_ID])   # (never raises)
         W.tls.depth += 1   # the calls torch's function makes are not rows of their own
         hooked = W._CH.HOOKED and info.name in W._CH.HOOKED

@@ -1514,6 +1514,8 @@ class Recorder:
                 for op_id, t_start, t_end, sw in dt.poll():
                     row = self._device_rows.pop(op_id, None)
                     p = None
+                    if row is not None and len(row) == 2:   # the C fast path's (pre, t1)
+                        row = expand(self.rank, row[0], row[1])
                     if row is None:
                         p = self._pending.get(op_id)
                         if p is None:
@@ -1785,6 +1787,10 @@ class Recorder:
 
 if _cfast is not None and getattr(_cfast, "rd_props", None) is not None:
     _cfast.rd_props(Recorder.__dict__["step"], Recorder.__dict__["device_timer"])
+if _cfast is not None and hasattr(_cfast, "set_devtimer_api"):
+    from . import device as _device
+
+    _device._share_c_api()
 
 
 def _atexit_close(ref) -> None:

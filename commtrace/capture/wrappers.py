@@ -29,6 +29,7 @@ import threading
 import weakref
 
 from ..format import schema as S
+from . import device as _device
 from . import completion_hook as _CH
 from . import torchseq as _TS
 from . import log, nvtx_ranges
@@ -503,7 +504,7 @@ def _run(rec, reader: Reader, orig, args, kwargs, row, tensors, info):
     dt = rec.device_timer
     # (not inside _coalescing_manager: its ops are enqueued at the block's exit, so events
     # recorded around each call would bracket nothing; they keep their host times)
-    if dt is not None and row[I_DEVICE] and row[I_DEVICE].startswith("cuda") \
+    if dt is not None and row[I_DEVICE] and row[I_DEVICE].startswith(_device.TIMED_DEVICE_PREFIX) \
             and tls.coalesce is None:
         try:
             token = dt.on_issue(row[I_OP_ID])
@@ -782,7 +783,7 @@ def make_wrapper(api: str, orig, spec):
             return orig(*args, **kwargs)
         if is_object or async_op or nvtx_ranges.active or st["coalesce"] is not None \
                 or info.idx is None or (rec.device_timer is not None and dev is not None
-                    and dev.startswith("cuda")) or (is_recv and p is None):
+                    and dev.startswith(_device.TIMED_DEVICE_PREFIX)) or (is_recv and p is None):
             try:
                 row = expand(me, pre, None)
             except Exception as e:
