@@ -11,10 +11,9 @@ from __future__ import annotations
 import pytest
 
 from commtrace.capture import device as D
-from commtrace.capture import recorder as R
 from commtrace.capture import wrappers as Wr
 from commtrace.capture.api_table import API_TABLE
-from commtrace.config import Config
+from test_capture_fastpath import _rows, traced  # noqa: F401 (the fixture)
 
 cfast = Wr._cfast
 pytestmark = pytest.mark.skipif(
@@ -25,38 +24,21 @@ T0 = 1_000_000_000_000
 OFF = 7_000_000_000
 
 
-class _PG:
-    pass
-
-
 @pytest.fixture
-def timed(tmp_path):
-    pg = _PG()
-    Wr._pg_cache[pg] = Wr.PgInfo(pg, "7", 2, [0, 1], "gloo", True)
-    rec = R.Recorder(Config(output=str(tmp_path), hazards="off", buffer_ops=1000), rank=0,
-                     world_size=2, start_thread=False)
+def timed(traced):
+    """test_capture_fastpath's recorder, with the C device timer on the fake layer timing "cpu"
+    ops (the stand-in for CUDA)."""
+    rec, pg = traced
     clock = D.FakeClock(T0)
     dev = D.FakeDevice(clock, offset_ns=OFF)
     timer = D.FakeCTimer(dev, calibration_interval_s=1000.0)
     D.set_timed_device_prefix("cpu")
-    R._set_recorder(rec)
     rec.device_timer = timer
     try:
         yield rec, pg, clock, dev, timer
     finally:
         rec.device_timer = None
         D.set_timed_device_prefix("cuda")
-        R._set_recorder(None)
-        rec.close()
-        Wr._pg_cache.pop(pg, None)
-
-
-def _rows(rec):
-    import pyarrow.dataset as ds
-
-    rec.flush()
-    return sorted(ds.dataset(rec.run_dir, partitioning="hive").to_table().to_pylist(),
-                  key=lambda r: r["op_id"])
 
 
 def test_c_path_times_a_blocking_op_as_the_python_path_does(timed):

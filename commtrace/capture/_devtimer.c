@@ -192,33 +192,56 @@ static int pyret_handle(PyObject *r, H *out) {
     return 0;
 }
 
+/* A Python call's result as a long / a truth value / a double (the reference taken; -1 on
+ * error, a Python error set) */
+static int ret_long(PyObject *r, long *out) {
+    if (r == NULL)
+        return -1;
+    long v = PyLong_AsLong(r);
+    Py_DECREF(r);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int ret_truth(PyObject *r) {
+    if (r == NULL)
+        return -1;
+    int v = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return v;
+}
+
+static int ret_double(PyObject *r, double *out) {
+    if (r == NULL)
+        return -1;
+    double v = PyFloat_AsDouble(r);
+    Py_DECREF(r);
+    if (v == -1.0 && PyErr_Occurred())
+        return -1;
+    *out = v;
+    return 0;
+}
+
 static int b_current_stream(Timer *t, H *stream, int *device) {
     if (t->fake) {
         H s;
         if (pyret_handle(PyObject_CallMethod(t->backend, "current_stream", NULL), &s) < 0)
             return -1;
-        PyObject *d = PyObject_CallMethod(t->backend, "stream_device", "K",
-                                          (unsigned long long)s);
-        if (d == NULL)
-            return -1;
-        long dv = PyLong_AsLong(d);
-        Py_DECREF(d);
-        if (dv == -1 && PyErr_Occurred())
+        long dv;
+        if (ret_long(PyObject_CallMethod(t->backend, "stream_device", "K",
+                                         (unsigned long long)s), &dv) < 0)
             return -1;
         *stream = s;
         *device = (int)dv;
         return 0;
     }
     PyObject *d = PyObject_CallNoArgs(t->get_device);
-    if (d == NULL)
-        return -1;
-    long dv = PyLong_AsLong(d);
-    if (dv == -1 && PyErr_Occurred()) {
-        Py_DECREF(d);
-        return -1;
-    }
-    PyObject *s = PyObject_CallOneArg(t->raw_stream, d);
-    Py_DECREF(d);
+    long dv = d != NULL ? PyLong_AsLong(d) : -1;
+    PyObject *s = d != NULL && !(dv == -1 && PyErr_Occurred()) ?
+                  PyObject_CallOneArg(t->raw_stream, d) : NULL;
+    Py_XDECREF(d);
     if (pyret_handle(s, stream) < 0)
         return -1;
     *device = (int)dv;
@@ -227,14 +250,8 @@ static int b_current_stream(Timer *t, H *stream, int *device) {
 
 /* 1 capturing, 0 not, -1 error (as capturing: no event into a graph) */
 static int b_is_capturing(Timer *t, H stream) {
-    if (t->fake) {
-        PyObject *r = PyObject_CallMethod(t->backend, "is_capturing", NULL);
-        if (r == NULL)
-            return -1;
-        int v = PyObject_IsTrue(r);
-        Py_DECREF(r);
-        return v;
-    }
+    if (t->fake)
+        return ret_truth(PyObject_CallMethod(t->backend, "is_capturing", NULL));
     int st = 0;
     if (t->c_streamIsCapturing(stream, &st) != 0)
         return -1;
@@ -276,30 +293,15 @@ static int b_record(Timer *t, H ev, H stream) {
 
 /* 1 completed, 0 not (or an error: never read as done) */
 static int b_query(Timer *t, H ev) {
-    if (t->fake) {
-        PyObject *r = PyObject_CallMethod(t->backend, "query", "K", (unsigned long long)ev);
-        if (r == NULL)
-            return -1;
-        int v = PyObject_IsTrue(r);
-        Py_DECREF(r);
-        return v;
-    }
+    if (t->fake)
+        return ret_truth(PyObject_CallMethod(t->backend, "query", "K", (unsigned long long)ev));
     return t->c_eventQuery(ev) == 0;
 }
 
 static int b_elapsed_ms(Timer *t, H a, H b, double *ms) {
-    if (t->fake) {
-        PyObject *r = PyObject_CallMethod(t->backend, "elapsed_ms", "KK", (unsigned long long)a,
-                                          (unsigned long long)b);
-        if (r == NULL)
-            return -1;
-        double v = PyFloat_AsDouble(r);
-        Py_DECREF(r);
-        if (v == -1.0 && PyErr_Occurred())
-            return -1;
-        *ms = v;
-        return 0;
-    }
+    if (t->fake)
+        return ret_double(PyObject_CallMethod(t->backend, "elapsed_ms", "KK",
+                                              (unsigned long long)a, (unsigned long long)b), ms);
     float f = 0;
     int rc = t->c_eventElapsed(&f, a, b);
     if (rc != 0) {
@@ -343,15 +345,9 @@ static int b_calibration_stream(Timer *t, int device, H *stream) {
 /* Spin on query for at most max_ns (real time), the GIL released between tries; never a
  * blocking synchronize (device.py's _CudaBackend.wait_event says why). 1 done, 0 not, -1 err */
 static int b_wait_event(Timer *t, H ev, long long max_ns) {
-    if (t->fake) {
-        PyObject *r = PyObject_CallMethod(t->backend, "wait_event", "KL", (unsigned long long)ev,
-                                          max_ns);
-        if (r == NULL)
-            return -1;
-        int v = PyObject_IsTrue(r);
-        Py_DECREF(r);
-        return v;
-    }
+    if (t->fake)
+        return ret_truth(PyObject_CallMethod(t->backend, "wait_event", "KL",
+                                             (unsigned long long)ev, max_ns));
     int done = 0;
     long long deadline = mono_ns() + max_ns;
     Py_BEGIN_ALLOW_THREADS
@@ -1362,6 +1358,7 @@ static PyTypeObject TimerType = {
 
 /* -- the C API: _fastpath times a blocking CUDA op without a Python call (capsule _C_API) -- */
 
+/* (mirrored in _fastpath.c, which has no header of this module: `version` guards the layout) */
 typedef struct {
     int version;
     PyTypeObject *type;
