@@ -615,9 +615,36 @@ def timer_costs(torch, dist, D, n=2000, rounds=5):
 def profiler_crosscheck(torch, dist, D, n=5):
     """commtrace's device time of an op against the NCCL kernel's own time in torch.profiler's
     CUDA trace (CUPTI), on a busy stream: an independent truth for t_end - t_start."""
+    timer = new_timer(D)
+    durs, kdur, names, host, cals = _profiled_ops(torch, dist, timer, n, first=True)
+    figure("A8 commtrace device time, 64 MB all_gather (us)", [round(d, 1) for d in durs])
+    figure("A8 NCCL kernel time in torch.profiler (us)", [round(k, 1) for k in kdur])
+    figure("A8 host time per op inside the profiler: on_issue / the call / on_return (us)", host)
+    figure("A8 calibrations during the profiled ops", cals)
+    diffs = [d - k for d, k in zip(durs, kdur)]
+    check("A8 device time vs torch.profiler's NCCL kernel (busy stream), within 10% or 20 us",
+          len(kdur) == n and all(abs(x) <= max(0.1 * k, 20) for x, k in zip(diffs, kdur)),
+          f"differences {[round(x, 1) for x in diffs]} us ({type(timer).__name__}); "
+          f"kernels {names}")
+    if type(timer).__name__ != "CudaTimer":
+        # the Python timer the same way, as figures: is a late first op the C timer's? (runs
+        # 6, 7 and 9 of the C timer: 1.5-3.2 ms; the Python timer in runs 1-5: never)
+        durs, kdur, _, host, _ = _profiled_ops(torch, dist, new_timer(D, python=True), n,
+                                               first=True)
+        figure("A8 (Python EventTimer) device time minus the kernel's (us)",
+               [round(d - k, 1) for d, k in zip(durs, kdur)])
+        figure("A8 (Python EventTimer) host time per op: on_issue / the call / on_return (us)",
+               host)
+
+
+def _profiled_ops(torch, dist, timer, n, first):
+    """n 64 MB all_gathers, each behind a matmul, timed by `timer` inside a fresh
+    torch.profiler: (commtrace's device times, the NCCL kernels' times, the kernels' names,
+    host times per op, calibrations taken meanwhile). `first`: the timer's first op runs
+    before the profiler (its host time a figure: the C timer makes its calibration stream and
+    events at a device's first op)."""
     from torch.profiler import ProfilerActivity, profile
 
-    timer = new_timer(D)
     poller = Poller(timer)
     poller.start()
     a = torch.ones((64 << 20) // 4, device="cuda")
@@ -625,44 +652,43 @@ def profiler_crosscheck(torch, dist, D, n=5):
     lead = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     dist.all_gather_into_tensor(b, a)
     torch.cuda.synchronize()
-    # the timer's first op, before the profiler: its host cost as a figure (the C timer makes
-    # its calibration stream and events at a device's first op); inside a freshly started
-    # profiler the first op's end came 2.2-3.2 ms late in runs 6 and 7 (C timer, no warm-up)
-    h0 = time.perf_counter_ns()
-    tok = timer.on_issue(499_999)
-    h1 = time.perf_counter_ns()
-    dist.all_gather_into_tensor(b, a)
-    h2 = time.perf_counter_ns()
-    timer.on_return(tok, True)
-    h3 = time.perf_counter_ns()
-    torch.cuda.synchronize()
-    poller.wait_for(499_999)
-    figure("A8 the timer's first op: on_issue / on_return host time (us)",
-           [us(h1 - h0), us(h3 - h2)])
-    durs = []
+    if first:
+        h0 = time.perf_counter_ns()
+        tok = timer.on_issue(499_999)
+        h1 = time.perf_counter_ns()
+        dist.all_gather_into_tensor(b, a)
+        h2 = time.perf_counter_ns()
+        timer.on_return(tok, True)
+        h3 = time.perf_counter_ns()
+        torch.cuda.synchronize()
+        poller.wait_for(499_999)
+        figure(f"A8 ({type(timer).__name__}) the timer's first op: on_issue / on_return host "
+               "time (us)", [us(h1 - h0), us(h3 - h2)])
+    cal0 = timer.stats().get("calibrations", 0)
+    durs, host = [], []
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(n):
             y = lead @ lead
+            h0 = time.perf_counter_ns()
             tok = timer.on_issue(500_000 + i)
+            h1 = time.perf_counter_ns()
             dist.all_gather_into_tensor(b, a)
+            h2 = time.perf_counter_ns()
             timer.on_return(tok, True)
+            h3 = time.perf_counter_ns()
+            host.append((us(h1 - h0), us(h2 - h1), us(h3 - h2)))
             torch.cuda.synchronize()
     for i in range(n):
         _, t0, t1, _ = poller.wait_for(500_000 + i)
         durs.append((t1 - t0) / 1e3)
+    cals = timer.stats().get("calibrations", 0) - cal0
     poller.stop.set()
     poller.join()
     kern = sorted((e for e in prof.events() if e.device_type.name == "CUDA"
                    and "nccl" in e.name.lower()), key=lambda e: e.time_range.start)
     kdur = [e.time_range.end - e.time_range.start for e in kern][-n:]   # us
-    figure("A8 commtrace device time, 64 MB all_gather (us)", [round(d, 1) for d in durs])
-    figure("A8 NCCL kernel time in torch.profiler (us)", [round(k, 1) for k in kdur])
-    diffs = [d - k for d, k in zip(durs, kdur)]
-    check("A8 device time vs torch.profiler's NCCL kernel (busy stream), within 10% or 20 us",
-          len(kdur) == n and all(abs(x) <= max(0.1 * k, 20) for x, k in zip(diffs, kdur)),
-          f"differences {[round(x, 1) for x in diffs]} us; kernels {[e.name[:40] for e in kern[:1]]}")
     del y
-
+    return durs, kdur, [e.name[:40] for e in kern[:1]], host, cals
 
 
 def timing_group(dist, D):
