@@ -4234,9 +4234,22 @@ static int dt_hold(PyObject *rec, Rec *r) {
     return 0;
 }
 
+/* H.e_rd_ok's bit for "the recorder has a C device timer" (e_dt set): read from H's line, so a
+ * blocking op without one does not read e_dt's (its low bits: 0, 1, 2 as below) */
+#define RD_DT 4
+
+static COLD int ent_rd_refresh0(PyObject *rec, long long *step_v);
+
 /* The device timer (None, or a C timer: dt_keep) and the step, from the recorder's __dict__
  * after it changed: 0 with *step_v, or -1 (the Python path). */
 static COLD int ent_rd_refresh(PyObject *rec, long long *step_v) {
+    int r = ent_rd_refresh0(rec, step_v);
+    if (r == 0 && e_dt != NULL)
+        H.e_rd_ok |= RD_DT;
+    return r;
+}
+
+static COLD int ent_rd_refresh0(PyObject *rec, long long *step_v) {
     PyObject *rd = H.c_rdict;
     H.e_rd_ok = 0;
     if (H.c_rd_notify) {
@@ -4657,7 +4670,8 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
         PyObject *rd = H.c_rdict;
         /* (e_rd_ok: read from this c_rec; cache_recorder clears it. 1: told of changes,
          * 2: valid while c_rdict's tag is e_rdict_v) */
-        if (LIKELY(H.e_rd_ok == 1) || (HAVE_DVER && H.e_rd_ok == 2 && DVER(rd) == H.e_rdict_v))
+        if (LIKELY((H.e_rd_ok & 3) == 1) ||
+                (HAVE_DVER && (H.e_rd_ok & 3) == 2 && DVER(rd) == H.e_rdict_v))
             r.step = H.e_step;
         else if (ent_rd_refresh(rec, &r.step) != 0)
             SLOW();
@@ -4732,7 +4746,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     }
     /* a device-timed op (the C device timer, a CUDA tensor): blocking ones are timed here,
      * async ones by the Python path (their wait events) */
-    int timed = UNLIKELY(e_dt != NULL) && dt_timed(r.dev);
+    int timed = UNLIKELY(H.e_rd_ok & RD_DT) && e_dt != NULL && dt_timed(r.dev);
     if (UNLIKELY(timed && is_async))
         SLOW();
     if (UNLIKELY(c->last_name == NULL))
