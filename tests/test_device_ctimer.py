@@ -68,7 +68,9 @@ def _scenario(timer_cls, seed, n=300):
     for _ in range(20):
         clock.advance(1_000_000)
         out.append(t.poll())
-    return out, t.stats(), t.pending(), t.pooled(), dev.events_created
+    stats = t.stats()
+    assert stats.pop("device_timer") == ("c" if isinstance(t, D.CEventTimer) else "python")
+    return out, stats, t.pending(), t.pooled(), dev.events_created
 
 
 @pytest.mark.parametrize("seed", range(8))

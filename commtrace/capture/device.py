@@ -678,7 +678,8 @@ class EventTimer(DeviceTimer):
         return {"graph_captured_ops": self.graph_captured_ops, "events_created": self.events_created,
                 "dropped": self.dropped, "errors": self.errors,
                 "calibrations": self._calib_seq,
-                "calibration_failures": self.calibration_failures}
+                "calibration_failures": self.calibration_failures,
+                "device_timer": "python"}
 
 
 class CudaTimer(EventTimer):
@@ -846,6 +847,12 @@ if _cdt is not None:
         def _log_failure(where, message):
             log.warning("commtrace: device timing disabled for some ops (%s: %s)", where,
                         message)
+
+        def stats(self) -> dict:
+            """Counters for the rank metadata (EventTimer's keys), and which timer ran."""
+            d = super().stats()
+            d["device_timer"] = "c"
+            return d
 
         def poll(self) -> list:
             if _graphs.capturing():
