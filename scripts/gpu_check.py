@@ -471,10 +471,16 @@ def timer_overhead(torch, dist, D):
            "us")
     check("A4 device timer adds <= 10 us host time per op", med <= 10_000,
           f"{us(med)} us ({kind})")
-    if kind != "CudaTimer":   # the Python timer beside it, as a figure
+    if kind != "CudaTimer":   # the Python timer and the C one on the runtime API, as figures
         med_py = _timer_overhead(torch, dist, new_timer(D, python=True))
         figure("device timer (Python EventTimer, COMMTRACE_DEVICE_TIMER_C=0) added host time "
                "per op", us(med_py), "us")
+        try:
+            med_rt = _timer_overhead(torch, dist, D.CudaCTimer(api="runtime"))
+            figure("device timer (C, COMMTRACE_DEVICE_TIMER_API=runtime) added host time per op",
+                   us(med_rt), "us")
+        except Exception as e:
+            figure("device timer (C, runtime API): unavailable", repr(e))
 
 
 def _timer_overhead(torch, dist, timer, rounds=15, n=200):
@@ -635,6 +641,14 @@ def profiler_crosscheck(torch, dist, D, n=5):
                [round(d - k, 1) for d, k in zip(durs, kdur)])
         figure("A8 (Python EventTimer) host time per op: on_issue / the call / on_return (us)",
                host)
+        try:   # and the C timer on the CUDA runtime's calls (COMMTRACE_DEVICE_TIMER_API=runtime)
+            rt = D.CudaCTimer(api="runtime")
+        except Exception as e:
+            figure("A8 C timer on the runtime API: unavailable", repr(e))
+        else:
+            durs, kdur, _, host, _ = _profiled_ops(torch, dist, rt, n, first=True)
+            figure("A8 (C timer, runtime API) device time minus the kernel's (us)",
+                   [round(d - k, 1) for d, k in zip(durs, kdur)])
 
 
 def _profiled_ops(torch, dist, timer, n, first):

@@ -99,3 +99,11 @@ def test_c_timer_tokens_and_counters():
     assert t.on_return(None, True) is None and t.on_wait(object()) is None
     t.done_grace_ns = 0
     assert t.done_grace_ns == 0
+
+
+def test_c_timer_api_choice_is_checked():
+    with pytest.raises(ValueError, match="api must be 'driver' or 'runtime'"):
+        D._cdt.Timer(None, (1,) * 8, print, print, None, 1, 1, 1, 1, None, "cudart")
+    if D.CudaCTimer is not None:
+        with pytest.raises(ValueError, match="COMMTRACE_DEVICE_TIMER_API"):
+            D.CudaCTimer(api="cudart")

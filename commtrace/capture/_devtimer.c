@@ -116,8 +116,9 @@ typedef struct Timer {
     f_eventQuery c_eventQuery;
     f_eventElapsed c_eventElapsed;
     f_streamIsCapturing c_streamIsCapturing;
-    f_ctxGetCurrent c_ctxGetCurrent;
-    f_ctxSetCurrent c_ctxSetCurrent;
+    f_ctxGetCurrent c_ctxGetCurrent;   /* (runtime: cudaGetDevice, through ctx_get) */
+    f_ctxSetCurrent c_ctxSetCurrent;   /* (runtime: cudaSetDevice, through ctx_set) */
+    int rt;                      /* the functions are the CUDA runtime's (api="runtime") */
     f_streamCreate c_streamCreate;
 } Timer;
 
@@ -175,6 +176,26 @@ static void cuda_err(Timer *t, const char *what, int rc) {
         return;
     }
     PyErr_Format(PyExc_RuntimeError, "%s failed: CUDA error %d", what, rc);
+}
+
+/* The current context (driver), or the current device + 1 as a pointer (runtime: the device is
+ * what a thread has current there) */
+typedef int (*f_getDevice)(int *device);
+typedef int (*f_setDevice)(int device);
+
+static int ctx_get(Timer *t, void **ctx) {
+    if (!t->rt)
+        return t->c_ctxGetCurrent(ctx);
+    int d = -1;
+    int rc = ((f_getDevice)(void *)t->c_ctxGetCurrent)(&d);
+    *ctx = rc == 0 && d >= 0 ? (void *)(intptr_t)(d + 1) : NULL;
+    return rc;
+}
+
+static int ctx_set(Timer *t, void *ctx) {
+    if (!t->rt)
+        return t->c_ctxSetCurrent(ctx);
+    return ((f_setDevice)(void *)t->c_ctxSetCurrent)((int)((intptr_t)ctx - 1));
 }
 
 /* -- the backend ---------------------------------------------------------------------------- */
@@ -263,8 +284,8 @@ static int b_new_event(Timer *t, int device, H *ev) {
         return pyret_handle(PyObject_CallMethod(t->backend, "new_event", "i", device), ev);
     if (t->c_ctxSetCurrent != NULL && device >= 0 && device < MAXDEV && t->ctx[device] != NULL) {
         void *cur = NULL;
-        if (t->c_ctxGetCurrent(&cur) != 0 || cur != t->ctx[device])
-            t->c_ctxSetCurrent(t->ctx[device]);
+        if (ctx_get(t, &cur) != 0 || cur != t->ctx[device])
+            ctx_set(t, t->ctx[device]);
     }
     H e = 0;
     int rc = t->c_eventCreate(&e, 0);  /* CU_EVENT_DEFAULT: timing enabled */
@@ -329,7 +350,7 @@ static int b_calibration_stream(Timer *t, int device, H *stream) {
             PyErr_SetString(PyExc_RuntimeError, "no CUDA context seen for the device yet");
             return -1;
         }
-        t->c_ctxSetCurrent(t->ctx[device]);
+        ctx_set(t, t->ctx[device]);
         int rc = t->c_streamCreate(&s, 1);  /* CU_STREAM_NON_BLOCKING */
         if (rc != 0) {
             cuda_err(t, "cuStreamCreate", rc);
@@ -549,7 +570,7 @@ static Tok *as_tok(PyObject *o) {
  * training thread launched its op (the GPU check's A8 saw its first op take 3 ms more). */
 static void prime_device(Timer *t, int dev) {
     void *cx = NULL;
-    if (t->c_ctxGetCurrent(&cx) != 0 || cx == NULL)
+    if (ctx_get(t, &cx) != 0 || cx == NULL)
         return;
     t->ctx[dev] = cx;
     H s = 0;
@@ -1023,10 +1044,10 @@ static PyObject *t_poll(Timer *t, PyObject *unused) {
         /* the driver API reads events in a context: the writer thread has none of its own
          * (the runtime binds one lazily, the driver does not) */
         void *cur = NULL;
-        if (t->c_ctxGetCurrent(&cur) != 0 || cur == NULL) {
+        if (ctx_get(t, &cur) != 0 || cur == NULL) {
             int d = toks[0]->device;
             if (d >= 0 && d < MAXDEV && t->ctx[d] != NULL)
-                t->c_ctxSetCurrent(t->ctx[d]);
+                ctx_set(t, t->ctx[d]);
         }
     }
     if (host_now(t, &now) < 0 || tick_now(t, &tnow) < 0)
@@ -1190,14 +1211,20 @@ static PyObject *t_stats(Timer *t, PyObject *unused) {
 static int t_init(Timer *t, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"backend", "fns", "get_device", "raw_stream", "clock",
                              "calibration_interval_ns", "max_pending", "unwaited_timeout_ns",
-                             "done_grace_ns", "fail_cb", NULL};
+                             "done_grace_ns", "fail_cb", "api", NULL};
     PyObject *backend = Py_None, *fns = Py_None, *get_device = Py_None, *raw_stream = Py_None,
              *clock = Py_None, *fail_cb = Py_None;
     long long ci = 1000000000LL, mp = 65536, ut = 600000000000LL, dg = 1000000000LL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOOOOLLLLO", kwlist, &backend, &fns,
+    const char *api = "driver";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOOOOLLLLOs", kwlist, &backend, &fns,
                                      &get_device, &raw_stream, &clock, &ci, &mp, &ut, &dg,
-                                     &fail_cb))
+                                     &fail_cb, &api))
         return -1;
+    if (strcmp(api, "driver") != 0 && strcmp(api, "runtime") != 0) {
+        PyErr_Format(PyExc_ValueError, "api must be 'driver' or 'runtime', not '%s'", api);
+        return -1;
+    }
+    t->rt = strcmp(api, "runtime") == 0;
     if (t->backend != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Timer already initialised");
         return -1;
@@ -1205,7 +1232,10 @@ static int t_init(Timer *t, PyObject *args, PyObject *kw) {
     t->fake = backend != Py_None;
     if (!t->fake) {
         /* fns: (cuEventCreate, cuEventRecord, cuEventQuery, cuEventElapsedTime,
-         *       cuStreamIsCapturing, cuCtxGetCurrent, cuCtxSetCurrent, cuStreamCreate) */
+         *       cuStreamIsCapturing, cuCtxGetCurrent, cuCtxSetCurrent, cuStreamCreate), or for
+         * api="runtime" (cudaEventCreateWithFlags, cudaEventRecord, cudaEventQuery,
+         *       cudaEventElapsedTime, cudaStreamIsCapturing, cudaGetDevice, cudaSetDevice,
+         *       cudaStreamCreateWithFlags): the same signatures but the device pair */
         if (!PyTuple_Check(fns) || PyTuple_GET_SIZE(fns) != 8 || !PyCallable_Check(get_device)
             || !PyCallable_Check(raw_stream)) {
             PyErr_SetString(PyExc_TypeError,

@@ -718,6 +718,29 @@ CUDA_DRIVER_FUNCTIONS = (
     ("cuCtxSetCurrent",),
     ("cuStreamCreate",),
 )
+#: The same for ``api="runtime"`` (``COMMTRACE_DEVICE_TIMER_API=runtime``): the CUDA runtime
+#: torch loaded (libcudart), the calls torch's own events make.
+CUDA_RUNTIME_FUNCTIONS = (
+    ("cudaEventCreateWithFlags",),
+    ("cudaEventRecord",),
+    ("cudaEventQuery",),
+    ("cudaEventElapsedTime_v2", "cudaEventElapsedTime"),
+    ("cudaStreamIsCapturing",),
+    ("cudaGetDevice",),
+    ("cudaSetDevice",),
+    ("cudaStreamCreateWithFlags",),
+)
+
+
+def _loaded_cudart() -> str:
+    """The path of the CUDA runtime library this process has loaded (torch's), from
+    /proc/self/maps."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.rstrip("\n").split(None, 5)[-1]
+            if "/libcudart.so" in path:
+                return path
+    raise RuntimeError("no libcudart in this process (torch links the CUDA runtime statically?)")
 
 
 #: Ops on devices whose name starts with this are timed by the device timer (wrappers.py,
@@ -837,11 +860,12 @@ if _cdt is not None:
                      clock=None, calibration_interval_s: float = DEFAULT_CALIBRATION_INTERVAL_S,
                      max_pending: int = DEFAULT_MAX_PENDING,
                      unwaited_timeout_s: float = DEFAULT_UNWAITED_TIMEOUT_S,
-                     done_grace_s: float = DEFAULT_DONE_GRACE_S):
+                     done_grace_s: float = DEFAULT_DONE_GRACE_S, api: str = "driver"):
             super().__init__(backend, fns, get_device, raw_stream, clock,
                              int(calibration_interval_s * 1e9), max_pending,
                              int(unwaited_timeout_s * 1e9), int(done_grace_s * 1e9),
-                             self._log_failure)
+                             self._log_failure, api)
+            self.api = api
 
         @staticmethod
         def _log_failure(where, message):
@@ -851,7 +875,7 @@ if _cdt is not None:
         def stats(self) -> dict:
             """Counters for the rank metadata (EventTimer's keys), and which timer ran."""
             d = super().stats()
-            d["device_timer"] = "c"
+            d["device_timer"] = "c" if getattr(self, "api", "driver") == "driver" else "c-runtime"
             return d
 
         def poll(self) -> list:
@@ -884,28 +908,42 @@ if _cdt is not None:
     class CudaCTimer(CEventTimer):
         """The C timer on CUDA: driver-API events on the stream torch reports as current."""
 
-        def __init__(self, clock=None, **kw):
+        def __init__(self, clock=None, api: str | None = None, **kw):
+            """`api`: "driver" (libcuda's cuEvent*, the default) or "runtime" (the libcudart
+            torch loaded: cudaEvent*, as torch's own events); default from
+            ``COMMTRACE_DEVICE_TIMER_API``."""
             import ctypes
+            import os
 
             import torch
+
+            api = api or os.environ.get("COMMTRACE_DEVICE_TIMER_API", "driver").strip() or \
+                "driver"
+            if api not in ("driver", "runtime"):
+                raise ValueError(f"COMMTRACE_DEVICE_TIMER_API must be driver or runtime, not "
+                                 f"{api!r}")
 
             C = torch._C
             get_device = getattr(C, "_cuda_getDevice", None)
             raw_stream = getattr(C, "_cuda_getCurrentRawStream", None)
             if get_device is None or raw_stream is None:
                 raise RuntimeError("this torch has no _cuda_getCurrentRawStream")
-            lib = ctypes.CDLL("libcuda.so.1")
+            if api == "runtime":
+                torch.cuda.init()   # (libcudart is loaded with torch's CUDA library)
+                lib = ctypes.CDLL(_loaded_cudart())
+            else:
+                lib = ctypes.CDLL("libcuda.so.1")
             fns = []
-            for names in CUDA_DRIVER_FUNCTIONS:
+            for names in (CUDA_RUNTIME_FUNCTIONS if api == "runtime" else CUDA_DRIVER_FUNCTIONS):
                 for name in names:
                     f = getattr(lib, name, None)
                     if f is not None:
                         fns.append(ctypes.cast(f, ctypes.c_void_p).value)
                         break
                 else:
-                    raise RuntimeError(f"the CUDA driver has no {names[0]}")
+                    raise RuntimeError(f"{lib._name} has no {names[0]}")
             super().__init__(fns=tuple(fns), get_device=get_device, raw_stream=raw_stream,
-                             clock=clock, **kw)
+                             clock=clock, api=api, **kw)
             self._lib = lib
 else:  # pragma: no cover - the C module is built wherever a compiler is
     CEventTimer = FakeCTimer = CudaCTimer = None
