@@ -4151,6 +4151,8 @@ static PyObject *dt_prefix;        /* the timed devices' name prefix ("cuda"; te
 static PyObject *dt_last_dev;      /* the device name last asked about, and its answer */
 static int dt_last_timed;
 static PyObject *s_device_rows, *s_cap;
+static PyObject *dt_rows;          /* e_dt's recorder's _device_rows (strong), and its cap */
+static long long dt_cap;
 
 static PyObject *set_devtimer_api(PyObject *module, PyObject *args) {
     PyObject *cap, *prefix;
@@ -4211,15 +4213,10 @@ static int dt_timed(PyObject *dev) {
  * keyed by its op id (recorder.hold_device_row's place; the writer expands it when its device
  * times are read). 0 (r released), or -1 (full or an error: the caller buffers r as usual). */
 static int dt_hold(PyObject *rec, Rec *r) {
-    PyObject *d = PyObject_GetAttr(rec, s_device_rows);
-    PyObject *capo = d != NULL ? PyObject_GetAttr(rec, s_cap) : NULL;
-    long long cap = as_ll(capo);
-    Py_XDECREF(capo);
-    if (d == NULL || !PyDict_Check(d) || cap == NONE_LL || PyDict_GET_SIZE(d) >= cap) {
-        Py_XDECREF(d);
-        CLEAR_ERR();
+    PyObject *d = dt_rows;   /* (ent_rd_refresh read it from this recorder with e_dt) */
+    if (d == NULL || dt_cap == NONE_LL || PyDict_GET_SIZE(d) >= dt_cap)
         return -1;
-    }
+    Py_INCREF(d);
     PyObject *pre = rec_pre(r);
     PyObject *t1 = pre != NULL ? PyLong_FromLongLong(r->t1) : NULL;
     PyObject *item = t1 != NULL ? PyTuple_Pack(2, pre, t1) : NULL;
@@ -4244,8 +4241,18 @@ static COLD int ent_rd_refresh0(PyObject *rec, long long *step_v);
  * after it changed: 0 with *step_v, or -1 (the Python path). */
 static COLD int ent_rd_refresh(PyObject *rec, long long *step_v) {
     int r = ent_rd_refresh0(rec, step_v);
-    if (r == 0 && e_dt != NULL)
+    if (r == 0 && e_dt != NULL) {
+        /* the recorder's _device_rows (made once in its __init__) and cap, for dt_hold */
+        PyObject *d = PyObject_GetAttr(rec, s_device_rows);
+        PyObject *capo = d != NULL ? PyObject_GetAttr(rec, s_cap) : NULL;
+        dt_cap = as_ll(capo);
+        Py_XDECREF(capo);
+        if (d != NULL && !PyDict_Check(d))
+            Py_CLEAR(d);
+        Py_XSETREF(dt_rows, d);
+        CLEAR_ERR();
         H.e_rd_ok |= RD_DT;
+    }
     return r;
 }
 
