@@ -97,7 +97,6 @@ typedef struct Timer {
         calibration_failures;
     int logged;
     int primed_events;           /* events made at a device's first op (CUDA) */
-    int nogil;                   /* in poll's query loop, the GIL released: no Python API */
     const char *err_what;        /* a CUDA error met there, set as a Python error after */
     int err_rc;
     Tok *head, *tail;
@@ -166,9 +165,13 @@ static void t_fail(Timer *t, const char *where, const char *msg) {
     Py_XDECREF(tb);
 }
 
+/* This thread is in poll's query loop, the GIL released: no Python API (per thread: the
+ * training thread may meet an error meanwhile, with the GIL) */
+static _Thread_local int tl_nogil;
+
 /* A CUDA driver error: a Python error now, or (the GIL released) kept for later */
 static void cuda_err(Timer *t, const char *what, int rc) {
-    if (t->nogil) {
+    if (tl_nogil) {
         if (t->err_what == NULL) {
             t->err_what = what;
             t->err_rc = rc;
@@ -1083,10 +1086,10 @@ static PyObject *t_poll(Timer *t, PyObject *unused) {
     } else {
         t->err_what = NULL;
         Py_BEGIN_ALLOW_THREADS
-        t->nogil = 1;
+        tl_nogil = 1;
         for (Py_ssize_t i = 0; i < n && !err; i++)
             err = poll_one(t, toks[i], tnow) < 0;
-        t->nogil = 0;
+        tl_nogil = 0;
         Py_END_ALLOW_THREADS
     }
     if (err) {
