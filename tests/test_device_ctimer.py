@@ -107,3 +107,94 @@ def test_c_timer_api_choice_is_checked():
     if D.CudaCTimer is not None:
         with pytest.raises(ValueError, match="COMMTRACE_DEVICE_TIMER_API"):
             D.CudaCTimer(api="cudart")
+
+
+def _fake_cuda_timer(**kw):
+    """The C timer's CUDA backend (driver calls, poll with the GIL released) over a fake driver
+    in C whose events complete 20 us after they are recorded."""
+    return D.CEventTimer(fns=D._cdt._fake_driver(), get_device=lambda: 0,
+                         raw_stream=lambda dev: 7, clock=None, **kw)
+
+
+def test_c_timer_cuda_backend_under_threads():
+    """A training thread issuing ops (blocking, async waited, abandoned) while a writer thread
+    polls with the GIL released: every op not abandoned is read back once, with t_start <=
+    t_end, and the events all come back to the pool."""
+    import threading
+    import time
+
+    t = _fake_cuda_timer(calibration_interval_s=0.01)
+    n = 6000
+    rows, issued, abandoned = {}, set(), set()
+    done = threading.Event()
+    errors = []
+
+    def writer():
+        try:
+            while not done.is_set() or t.pending():
+                for r in t.poll():
+                    assert r[0] not in rows
+                    rows[r[0]] = r
+                time.sleep(0.0002)
+        except BaseException as e:   # (reported below)
+            errors.append(e)
+
+    w = threading.Thread(target=writer)
+    w.start()
+    most = 0   # the most ops in flight at once
+    try:
+        for i in range(n):
+            tok = t.on_issue(i)
+            assert tok is not None
+            if i % 7 == 3:
+                t.abandon(tok)
+                abandoned.add(i)
+                continue
+            issued.add(i)
+            if i % 3 == 0:
+                t.on_return(tok, False)
+                t.on_wait_begin(tok)
+                t.on_wait(tok)
+            else:
+                t.on_return(tok, True)
+            most = max(most, t.pending())
+            if i % 50 == 49:
+                time.sleep(0.001)   # (a step's compute: the writer reads back meanwhile)
+    finally:
+        done.set()
+        w.join(30)
+    assert not w.is_alive() and not errors
+    assert set(rows) == issued and not (set(rows) & abandoned)
+    for op_id, t0, t1, sw in rows.values():
+        assert t0 is not None and t1 is not None and 0 <= t1 - t0 < 1_000_000_000
+        assert (sw is not None) == (op_id % 3 == 0) and (sw is None or sw >= 0)
+    st = t.stats()
+    assert st["errors"] == 0 and st["device_timer"] == "c" and st["calibrations"] >= 1
+    assert t.pending() == 0 and t.pooled() == st["events_created"] - 1   # the latest calibration
+    # reused: bounded by the ops in flight at once (at most three events each), plus the
+    # calibrations' tries, not one pair per op
+    assert st["events_created"] <= 3 * (most + 1) + 3 * st["calibrations"] + 5
+    assert most < n
+
+
+def test_c_timer_cuda_backend_maps_through_the_host_clock():
+    """One blocking op on the fake driver: its device times land inside the host window of the
+    call (the calibration maps the device clock, CLOCK_MONOTONIC here, onto CLOCK_REALTIME)."""
+    import time
+
+    t = _fake_cuda_timer()
+    h0 = time.time_ns()
+    tok = t.on_issue(1)
+    t.on_return(tok, True)
+    h1 = time.time_ns()
+    rows = []
+    deadline = time.monotonic() + 5
+    while not rows and time.monotonic() < deadline:
+        rows = t.poll()
+        time.sleep(0.001)
+    ((op, t0, t1, sw),) = rows
+    assert op == 1 and sw is None
+    # within the host window but for the calibration's error: at most half its host bracket
+    # (its event's device time is taken as the bracket's midpoint), however loaded the machine
+    ((_, _, _, _, bracket, latest),) = t.calibrations()
+    assert latest and h0 - bracket <= t0 <= t1 <= h1 + bracket

@@ -1389,6 +1389,62 @@ static PyTypeObject TimerType = {
     .tp_dictoffset = offsetof(Timer, dict),
 };
 
+/* -- a fake CUDA driver, for tests: the CUDA backend's code (poll with the GIL released, the
+ * context calls, the events' atomic stores) run on the CPU under threads ---------------------
+ * An event completes FAKE_LATENCY_NS after it was recorded; a record stamps CLOCK_MONOTONIC. */
+#define FAKE_LATENCY_NS 20000LL
+typedef struct { long long t; int recorded; } FakeEv;
+
+static int fk_event_create(H *ev, unsigned flags) {
+    FakeEv *e = PyMem_RawCalloc(1, sizeof(FakeEv));
+    if (e == NULL)
+        return 2;   /* CUDA_ERROR_OUT_OF_MEMORY */
+    *ev = (H)e;
+    return 0;
+}
+static int fk_event_record(H ev, H stream) {
+    FakeEv *e = (FakeEv *)ev;
+    __atomic_store_n(&e->recorded, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&e->t, mono_ns(), __ATOMIC_RELEASE);
+    __atomic_store_n(&e->recorded, 1, __ATOMIC_RELEASE);
+    return 0;
+}
+static int fk_done(FakeEv *e) {
+    return __atomic_load_n(&e->recorded, __ATOMIC_ACQUIRE) &&
+           mono_ns() >= __atomic_load_n(&e->t, __ATOMIC_ACQUIRE) + FAKE_LATENCY_NS;
+}
+static int fk_event_query(H ev) {
+    return fk_done((FakeEv *)ev) ? 0 : CUDA_ERROR_NOT_READY;
+}
+static int fk_event_elapsed(float *ms, H a, H b) {
+    FakeEv *x = (FakeEv *)a, *y = (FakeEv *)b;
+    if (!fk_done(x) || !fk_done(y))
+        return CUDA_ERROR_NOT_READY;
+    *ms = (float)((double)(y->t - x->t) / 1e6);
+    return 0;
+}
+static int fk_stream_is_capturing(H stream, int *status) { *status = 0; return 0; }
+static int fk_ctx_get(void **ctx) { *ctx = (void *)0x1; return 0; }
+static int fk_ctx_set(void *ctx) { return ctx == (void *)0x1 ? 0 : 201; }
+static int fk_stream_create(H *stream, unsigned flags) { *stream = 99; return 0; }
+
+static PyObject *fake_driver(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("(NNNNNNNN)", PyLong_FromVoidPtr((void *)fk_event_create),
+                         PyLong_FromVoidPtr((void *)fk_event_record),
+                         PyLong_FromVoidPtr((void *)fk_event_query),
+                         PyLong_FromVoidPtr((void *)fk_event_elapsed),
+                         PyLong_FromVoidPtr((void *)fk_stream_is_capturing),
+                         PyLong_FromVoidPtr((void *)fk_ctx_get),
+                         PyLong_FromVoidPtr((void *)fk_ctx_set),
+                         PyLong_FromVoidPtr((void *)fk_stream_create));
+}
+
+static PyMethodDef mod_methods[] = {
+    {"_fake_driver", fake_driver, METH_NOARGS,
+     "Function pointers of a fake CUDA driver (tests): events complete 20 us after record."},
+    {NULL}
+};
+
 /* -- the C API: _fastpath times a blocking CUDA op without a Python call (capsule _C_API) -- */
 
 /* (mirrored in _fastpath.c, which has no header of this module: `version` guards the layout) */
@@ -1429,7 +1485,8 @@ static DevTimerApi c_api = {1, &TimerType, api_on_issue, api_on_return, api_aban
 
 static struct PyModuleDef moddef = {
     PyModuleDef_HEAD_INIT, "_devtimer",
-    "commtrace's device timer in C (CUDA driver events; a Python backend for tests).", -1, NULL,
+    "commtrace's device timer in C (CUDA driver events; a Python backend for tests).", -1,
+    mod_methods,
 };
 
 PyMODINIT_FUNC PyInit__devtimer(void) {
