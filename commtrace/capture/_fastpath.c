@@ -4185,6 +4185,7 @@ static PyObject *set_devtimer_api(PyObject *module, PyObject *args) {
 static int dt_keep(PyObject *dt) {
     if (dt == Py_None) {
         Py_CLEAR(e_dt);
+        Py_CLEAR(dt_rows);
         return 0;
     }
     if (dt_api != NULL && PyObject_TypeCheck(dt, dt_api->type)) {
@@ -4193,6 +4194,7 @@ static int dt_keep(PyObject *dt) {
         return 0;
     }
     Py_CLEAR(e_dt);
+    Py_CLEAR(dt_rows);
     return -1;
 }
 
@@ -4212,7 +4214,7 @@ static int dt_timed(PyObject *dev) {
 /* A device-timed blocking op's record into the recorder's _device_rows as (pre, t_return_ns),
  * keyed by its op id (recorder.hold_device_row's place; the writer expands it when its device
  * times are read). 0 (r released), or -1 (full or an error: the caller buffers r as usual). */
-static int dt_hold(PyObject *rec, Rec *r) {
+static int dt_hold(Rec *r) {
     PyObject *d = dt_rows;   /* (ent_rd_refresh read it from this recorder with e_dt) */
     if (d == NULL || dt_cap == NONE_LL || PyDict_GET_SIZE(d) >= dt_cap)
         return -1;
@@ -4881,7 +4883,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
             if (tkey != NULL)   /* a call that raised may still have issued its number */
                 tseq_after(c, rec, tkey, tslot, NULL, tlo, t_opid, t_seq, -1);
         } else {
-            if (LIKELY(!held) || dt_hold(rec, &r) != 0)
+            if (LIKELY(!held) || dt_hold(&r) != 0)
                 buf_push(&r);  /* takes the references, or releases them when full */
             inprog_free(slot_i);
             if (tkey != NULL)

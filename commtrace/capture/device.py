@@ -833,18 +833,8 @@ class _HandleBackend:
         return self.b.wait_event(self._objs[ev], max_ns)
 
 
-class _CalibView:
-    __slots__ = ("index", "device", "event", "host_ns", "bracket_ns")
-
-    def __init__(self, index, device, event, host_ns, bracket_ns):
-        self.index, self.device, self.event = index, device, event
-        self.host_ns, self.bracket_ns = host_ns, bracket_ns
-
-    def __eq__(self, other):
-        return isinstance(other, _CalibView) and other.index == self.index
-
-    def __hash__(self):
-        return hash(self.index)
+#: A calibration of the C timer as EventTimer's _Calibration reads (its ``_calibs`` / ``_latest``)
+_CalibView = collections.namedtuple("_CalibView", "index device event host_ns bracket_ns")
 
 
 if _cdt is not None:
