@@ -68,3 +68,36 @@ def test_duration_format_never_uses_e_notation():
 
     got = [fmt_ns(v) for v in (45e6, 20.14e6, 350e3, 800, 999.4e6, 999.7e6, 999.7e3, 999.7, 1234.4e9)]
     assert got == ["45 ms", "20.1 ms", "350 us", "800 ns", "999 ms", "1 s", "1 ms", "1 us", "1,234 s"]
+
+
+def _blas_env(*args, env_extra=None):
+    """OPENBLAS_NUM_THREADS as the `commtrace` command leaves it for `args`, in a fresh process
+    (numpy not yet imported there)."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    env.update(env_extra or {})
+    code = ("import os, sys\nfrom commtrace.cli import _one_blas_thread\n"
+            "_one_blas_thread(sys.argv[1:])\nprint(os.environ.get('OPENBLAS_NUM_THREADS'), 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def test_analysis_commands_start_one_blas_thread():
+    # numpy's OpenBLAS pool spins ~0.1 s per thread at import; the analysis makes no BLAS call
+    assert _blas_env("report", "x", "--format", "json") == ["1", "False"]
+    assert _blas_env("--quiet-flag", "dashboard", "x") == ["1", "False"]
+    # the user's own choice is kept
+    assert _blas_env("report", "x", env_extra={"OPENBLAS_NUM_THREADS": "4"}) == ["4", "False"]
+    # the user's program (commtrace run) keeps its environment exactly
+    assert _blas_env("run", "--", "python", "train.py") == ["None", "False"]
+
+
+def test_run_leaves_the_programs_environment_alone(tmp_path):
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    prog = "import os; print('BLAS=' + str(os.environ.get('OPENBLAS_NUM_THREADS')))"
+    out = subprocess.run([sys.executable, "-m", "commtrace", "run", "--output", str(tmp_path / "t"), "--",
+                          sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=120)
+    assert "BLAS=None" in out.stdout, out.stdout + out.stderr

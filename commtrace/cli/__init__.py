@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 
 import click
@@ -67,8 +68,29 @@ def cli():
     """commtrace: which op, on which rank, waited for whom, for how long, and why."""
 
 
+#: Commands that start the user's program: its environment is left exactly as it was.
+USER_PROGRAM_COMMANDS = ("run",)
+
+
+def _one_blas_thread(argv) -> None:
+    """Give numpy's OpenBLAS one thread in the analysis commands, unless the user chose a number.
+
+    Importing numpy starts OpenBLAS's thread pool, one thread per CPU but one, and each new
+    thread spins about 0.1 s before it sleeps: 0.1 s of CPU per command on a 2-CPU machine,
+    several seconds on a 64-CPU node, taken from DuckDB's and the analysis' own threads while
+    the command starts (docs/performance.md, session 24). The analysis makes no BLAS call
+    (no matrix products or solvers). Only in this process: `commtrace run` (the user's program)
+    keeps its environment as it was."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    cmd = next((a for a in args if not a.startswith("-")), None)
+    if cmd in USER_PROGRAM_COMMANDS or "numpy" in sys.modules:
+        return
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def main(argv=None) -> int:
     """Entry point of the `commtrace` command; returns the exit code."""
+    _one_blas_thread(argv)
     import commtrace.analysis  # an empty package: cheap, and never a rank's import
     commtrace.analysis.TUNE_MALLOC = True  # this process is commtrace's own (model.py)
     try:
