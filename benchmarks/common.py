@@ -92,6 +92,30 @@ def c_fast_path() -> bool:
     return getattr(wrappers, "_cfast", None) is not None
 
 
+ACCEL_MISSING = ("commtrace's C++ module is NOT built for this torch (`commtrace accel build`): DDP is "
+                 "recorded through the C comm hook and each op's tensor is read through torch's Python "
+                 "accessors, about 2 us more per op at 2 ranks than a user who built it (docs/performance.md, "
+                 "session 24)")
+
+
+def accel_built() -> bool:
+    """Whether the C++ module of `commtrace accel build` loads for this process's torch (it
+    must be imported): the set-up every figure of docs/performance.md assumes."""
+    try:
+        from commtrace.capture import accel
+
+        return accel.load() is not None
+    except Exception:
+        return False
+
+
+def warn_without_accel(built: bool) -> None:
+    """One line on stderr when the C++ module is not built (the figures then are not a user's)."""
+    if not built:
+        import sys
+        print("warning: " + ACCEL_MISSING, file=sys.stderr, flush=True)
+
+
 def ddp_sample_one_rank(prefix: str, threads: int | None = None):
     """The DDP sample (samples/ddp_mlp.py, no straggler) at world size 1 on gloo, traced into a
     new temporary directory with flushes only when asked (flush_interval 3600 s): returns

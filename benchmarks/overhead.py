@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 
-from common import c_fast_path, free_port, median_ci, pin_cpus, thread_cpu_ns
+from common import accel_built, c_fast_path, free_port, median_ci, pin_cpus, thread_cpu_ns, warn_without_accel
 
 
 def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
@@ -191,6 +191,7 @@ def _bench(rank: int, world: int, init: str, args, out_q=None) -> dict:
         "per_op": per_op,
         "rows_recorded": None,
         "c_fast_path": c_fast_path(),
+        "accel": accel_built(),
         "pin": args.pin, "cpus": cpus,
         # per-op layout: untraced, bare and commtrace each on a group of its own (since
         # session 13; the bare wrapper shared the untraced group before), --ab's modes
@@ -464,7 +465,8 @@ def report(r: dict) -> list[str]:
     out = [f"world size {r['world_size']}: {r['rounds']} rounds x {r['ops_per_round']} ops "
            f"({'async all_reduce + wait' if r.get('async_op') else 'all_reduce'} of "
            f"{r['numel']} float32, gloo), C fast path "
-           f"{'on' if r['c_fast_path'] else 'OFF'}, pinned: {r.get('pin', 'none')}, "
+           f"{'on' if r['c_fast_path'] else 'OFF'}, C++ module (accel) "
+           f"{'built' if r.get('accel') else 'NOT BUILT'}, pinned: {r.get('pin', 'none')}, "
            f"load average {r.get('load', '?')}",
            f"  {'us per op, median [95% CI]':<34} {'wall':>26} {'thread CPU':>26}",
            f"  {'untraced':<34} {_fmt(r['untraced_us']):>26} {_fmt(r['cpu_untraced_us']):>26}"]
@@ -584,6 +586,7 @@ def main(argv=None) -> int:
         r = run(w, a)
         r["load"] = f"{load0:.1f}-{os.getloadavg()[0]:.1f}"
         results.append(r)
+        warn_without_accel(r.get("accel", True))
         print("\n".join(report(r)), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -136,7 +136,7 @@ import sys
 import tempfile
 import time
 
-from common import bootstrap_ratio_ci, free_port, load_of, median_ci, pin_cpus, thread_cpu_s, uptime
+from common import bootstrap_ratio_ci, free_port, load_of, median_ci, pin_cpus, thread_cpu_s, uptime, warn_without_accel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -958,6 +958,7 @@ def main(argv=None) -> int:
                 else "c" if mod is None
                 else "group" if hasattr(mod, "wrap_group")
                 and os.environ.get("COMMTRACE_DDP_GROUP", "1") not in ("0", "") else "c++")
+    warn_without_accel(mod is not None)
     print(f"steps: torch {torch.__version__}, C fast path "
           f"{'on' if wrappers._cfast is not None else 'OFF'}, DDP comm hook {ddp_hook}; "
           f"{uptime()}", flush=True)
