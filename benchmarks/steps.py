@@ -18,9 +18,11 @@ What users see is the time of a training step, not the cost of one op. Each work
 Method (the machine is shared and noisy): tracing is on in both ranks (``commtrace.enable()``
 before the process group exists, with `commtrace run`'s defaults: call sites, hazard
 detection, 2 s flushes). Three modes: "untraced" (a copy of the workload built, warmed up
-and run with tracing off), "traced" (the same copy run with tracing on; for DDP a second copy
-built with tracing on, since commtrace's comm hook replaces DDP's C++ all-reduce, the untraced
-copy keeping the latter) and "control", untraced again, run the way traced is: on the
+and run with tracing off), "traced" (the same copy run with tracing on; for DDP, since session
+24, one copy built with tracing on whose Reducer is handed commtrace's recording group for the
+traced rounds and DDP's own group for the others, where the C++ module is built; else, or with
+``--ddp-copies``, a second copy built with tracing on, since commtrace's comm hook replaces
+DDP's C++ all-reduce, the untraced copy keeping the latter) and "control", untraced again, run the way traced is: on the
 untraced copy, on a second copy for DDP (``--control copy``: always a second copy). Two copies
 of one workload in one process do not run equally fast (memory placement): in runs of this
 benchmark two untraced copies of the FSDP2 sample differed by up to 15%, with intervals that
@@ -216,6 +218,20 @@ def _build(workload: str, rank: int, world: int):
     raise ValueError(f"unknown workload {workload!r}")
 
 
+def _ddp_group_setter(state):
+    """For the DDP sample's copy built with tracing on: a function `set(mode)` that hands its
+    Reducer commtrace's recording group for "traced" and DDP's own group for any other mode,
+    or None where commtrace did not record it through that group (no C++ module: a comm hook,
+    which cannot be taken off a model; separate copies then)."""
+    ddp = state.get("ddp") if isinstance(state, dict) else None
+    gpg = getattr(ddp, "__dict__", {}).get("_commtrace_pg") if ddp is not None else None
+    upd = getattr(getattr(ddp, "reducer", None), "_update_process_group", None)
+    if gpg is None or upd is None:
+        return None
+    own = ddp.process_group
+    return lambda mode: upd(gpg if mode == "traced" else own)
+
+
 def _set_nice(nice: int):
     """Give this rank (its main thread, before it starts any: gloo's and the writer thread
     inherit it) the nice value `nice`; the nice value it has after, None where not permitted
@@ -359,7 +375,7 @@ def _steps(fn, st, steps: int, plant_s: float = 0.0) -> list:
 
 def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin="none",
           duration=0.0, control="mirror", nice=0, aa=False, plant=0.0, per_step=False,
-          group_nice=0, rt=0, gap=0.0, seed=None) -> None:
+          group_nice=0, rt=0, gap=0.0, seed=None, ddp_copies=False) -> None:
     """One rank (a forked child): puts its round times and writer figures on `q`.
 
     Modes: "untraced" (a copy of the workload built, warmed up and run with the recorder off),
@@ -411,6 +427,14 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
             copies[mode] = (st, fn)
         if aa:
             copies["traced"] = copies["control"]
+        # DDP with commtrace's recording group (its C++ module built): one copy for every mode,
+        # its Reducer handed the recording group for the traced rounds and DDP's own group for
+        # the others, so that no difference between two copies of the model enters the
+        # comparison (session 24: copies differ by up to 5%); separate copies otherwise
+        set_group = None if aa or ddp_copies else _ddp_group_setter(copies["traced"][0])
+        if set_group is not None:
+            copies["untraced"] = copies["control"] = copies["traced"]
+            set_group("untraced")
         writer = next((t for t in threading.enumerate() if t.name == "commtrace-writer"), None)
         R._set_recorder(None)
         # the warm-ups' rows written now, before the calibration (the first part's writing,
@@ -461,6 +485,8 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         for r in range(rounds):
             for mode in set_orders[r]:   # balanced and randomized: see _set_orders
                 st, fn = copies[mode]
+                if set_group is not None:
+                    set_group(mode)
                 R._set_recorder(None)
                 dist.barrier()
                 fw = 0.0
@@ -634,7 +660,7 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
                  sync: bool = True, pin: str = "none", duration: float = 0.0,
                  control: str = "mirror", nice: int = 0, aa: bool = False, plant: float = 0.0,
                  keep_steps: bool = False, group_nice: int = 0, rt: int = 0,
-                 gap: float = 0.0, seed: int | None = None) -> dict:
+                 gap: float = 0.0, seed: int | None = None, ddp_copies: bool = False) -> dict:
     """One 2-rank job of `rounds` sets of rounds (untraced, traced, control); the paired ratios
     and figures. steps=None: calibrated to rounds of `duration` seconds."""
     import multiprocessing as mp
@@ -647,7 +673,8 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
     port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, 2, port, workload, out, warmup, steps, rounds,
                                              sync, q, pin, duration, control, nice, aa, plant,
-                                             keep_steps, group_nice, rt, gap, seed))
+                                             keep_steps, group_nice, rt, gap, seed,
+                                             ddp_copies or control == "copy"))
              for r in range(2)]
     t_start = time.perf_counter()
     for p in procs:
@@ -788,7 +815,7 @@ def report(r: dict) -> list[str]:
         f"  traced / untraced step time: {r['ratio']:.4f} [95% CI {lo:.4f}, {hi:.4f}] "
         f"({100 * (r['ratio'] - 1):+.2f}%, {r['added_us_per_step']:+.1f} us per step"
         + (f", {per_op:+.1f} us per op" if per_op is not None else "") + ")" + verdict,
-        f"  control / untraced step time (two untraced copies: this run's resolution): "
+        f"  control / untraced step time (untraced twice: this run's resolution): "
         f"{r['control_ratio']:.4f} [95% CI {clo:.4f}, {chi:.4f}]",
         f"  process CPU per step (all threads): untraced {r['untraced_cpu_ms']:.3f} ms; traced / "
         f"untraced {r['cpu_ratio']:.4f} [95% CI {plo:.4f}, {phi:.4f}]; control / untraced "
@@ -878,6 +905,11 @@ def main(argv=None) -> int:
     ap.add_argument("--control", choices=["mirror", "copy"], default="mirror",
                     help="mirror (default): the control runs as the traced mode does, on the "
                     "untraced copy (a second copy for DDP); copy: always a second copy")
+    ap.add_argument("--ddp-copies", action="store_true",
+                    help="DDP on separate copies (traced, untraced, control), the design up to "
+                    "session 23; by default, where commtrace records DDP through its recording "
+                    "group, one copy whose Reducer is handed that group for the traced rounds and "
+                    "DDP's own group for the others")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps of each copy")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per workload")
     ap.add_argument("--writer", choices=["sync", "async"], default="sync",
@@ -960,7 +992,8 @@ def main(argv=None) -> int:
                 and os.environ.get("COMMTRACE_DDP_GROUP", "1") not in ("0", "") else "c++")
     warn_without_accel(mod is not None)
     print(f"steps: torch {torch.__version__}, C fast path "
-          f"{'on' if wrappers._cfast is not None else 'OFF'}, DDP comm hook {ddp_hook}; "
+          f"{'on' if wrappers._cfast is not None else 'OFF'}, DDP comm hook {ddp_hook}"
+          f"{' (one copy, its Reducer group swapped per round)' if ddp_hook == 'group' and not (a.ddp_copies or a.aa or a.control == 'copy') else ' (separate copies)'}; "
           f"{uptime()}", flush=True)
     results = []
     for w in a.workloads:
@@ -969,7 +1002,7 @@ def main(argv=None) -> int:
         r = run_workload(w, a.rounds, a.warmup if a.warmup is not None else dw, steps,
                          a.timeout, a.writer == "sync", a.pin, a.duration, a.control, a.nice,
                          a.aa, a.plant, a.per_step, a.group_nice, a.rt, a.gap,
-                         None if a.seed < 0 else a.seed)
+                         None if a.seed < 0 else a.seed, a.ddp_copies)
         r["c_fast_path"] = wrappers._cfast is not None
         r["ddp_comm_hook"] = ddp_hook
         results.append(r)

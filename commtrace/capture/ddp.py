@@ -432,6 +432,9 @@ def _install_group(ddp) -> bool:
     d = ddp.__dict__
     d["_commtrace_group"] = ctl
     d["_commtrace_hook_kind"] = "group"
+    # the group handed to the Reducer (the Reducer holds it too): benchmarks/steps.py swaps
+    # DDP's own group back in for its untraced rounds on this very copy
+    d["_commtrace_pg"] = gpg
     try:   # ctl.reset without pybind's dispatch per forward (the C++ module's reset_fn)
         d["_commtrace_group_reset"] = getattr(ctl, "reset_fn", None) or ctl.reset
     except Exception:
