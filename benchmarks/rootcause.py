@@ -9,9 +9,10 @@ Synthesises the same run as benchmarks/analysis.py (`commtrace synth`, a planted
 host hazards) and times, in fresh processes and alternating, `commtrace report DIR --format
 json --no-what-if` (the baseline) and `... --what-if`, reading each child's wall time, CPU time
 and peak RSS: `--repeat` pairs, each back to back, in alternating order. Prints the best of each
-side by side, the difference, the medians, the median of the pairs' ratios with a bootstrap 95%
-interval (the figure least moved by the machine's drift) and the load average. Then times the stages in one process (user + system CPU, page faults): model, delay analysis,
-critical path, replay (with `--before`, `--repeat` times, alternating with the older tree's),
+side by side, the difference, the medians, the median of the pairs' ratios with its distribution-free 95%
+interval (common.median_ci: the figure least moved by the machine's drift) and the load
+average. Then times the stages in one process (user + system CPU, page faults): model, delay
+analysis, critical path, replay (with `--before`, `--repeat` times, alternating with the older tree's),
 with the `commtrace` command's malloc tuning (model._retain_freed_memory) on, as in the reports.
 `--before DIR` adds, in the same alternation, `... --what-if` run with DIR first on PYTHONPATH
 (an older tree, e.g. `git archive REV commtrace | tar -x -C DIR` plus the built extensions):
@@ -34,6 +35,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from analysis import _measured  # noqa: E402  (benchmarks/analysis.py)
+from common import median_ci  # noqa: E402
 
 # (the stages run as the `commtrace` command runs them: its malloc tuning on, cli.main's flag)
 STAGES = r"""
@@ -64,16 +66,6 @@ def _stages(path: str, tree: str) -> str:
     return lines[-1] if lines else "?"   # (DuckDB's own progress bar may precede it)
 
 
-def paired_ratio(num: list[float], den: list[float], n_boot: int = 4000, seed: int = 0):
-    """(2.5th percentile, median, 97.5th percentile) of the median of the pairs' ratios
-    num[i] / den[i]: the median itself, and a percentile bootstrap over the pairs."""
-    import random
-    r = [x / y for x, y in zip(num, den)]
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(r, k=len(r))) for _ in range(n_boot))
-    return meds[int(0.025 * (n_boot - 1))], statistics.median(r), meds[int(0.975 * (n_boot - 1))]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=64)
@@ -100,15 +92,12 @@ def main() -> int:
     cmd = [sys.executable, "-m", "commtrace", "report", path, "--format", "json", "--no-progress"]
     try:
         base, full, before = [], [], []
+        sides = [(base, "--no-what-if"), (full, "--what-if")]
         for i in range(max(1, a.repeat)):
             # each pair back to back, its order alternating: a drift of the machine's speed
             # (which moved the medians by 10-30% within a run) falls on both sides alike
-            if i % 2 == 0:
-                base.append(_measured(cmd + ["--no-what-if"])[:3])
-                full.append(_measured(cmd + ["--what-if"])[:3])
-            else:
-                full.append(_measured(cmd + ["--what-if"])[:3])
-                base.append(_measured(cmd + ["--no-what-if"])[:3])
+            for out, flag in (sides if i % 2 == 0 else sides[::-1]):
+                out.append(_measured(cmd + [flag])[:3])
             if a.before:
                 old = os.environ.get("PYTHONPATH")
                 os.environ["PYTHONPATH"] = os.path.abspath(a.before) + (os.pathsep + old if old else "")
@@ -142,7 +131,8 @@ def main() -> int:
     print(f"  medians: --no-what-if {mb:.2f} s, --what-if {mf:.2f} s: added {mf - mb:+.2f} s "
           f"({100 * (mf - mb) / mb:+.0f}%)" + (f"; before {med(before):.2f} s: added {med(before) - mb:+.2f} s "
                                                 f"({100 * (med(before) - mb) / mb:+.0f}%)" if before else ""))
-    lo, mid, hi = paired_ratio([x[0] for x in full], [x[0] for x in base])
+    ratios = [f_[0] / b_[0] for f_, b_ in zip(full, base)]
+    mid, (lo, hi) = statistics.median(ratios), median_ci(ratios)
     print(f"  paired: --what-if / --no-what-if, median of the {len(base)} back-to-back pairs' ratios "
           f"{mid:.3f} [95% CI {lo:.3f}, {hi:.3f}] ({100 * (mid - 1):+.0f}%; target <= +30%: "
           f"{'met' if hi <= 1.30 else 'NOT shown' if mid <= 1.30 else 'missed'})")
