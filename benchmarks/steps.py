@@ -308,6 +308,19 @@ def _nice_of(thread):
         return None
 
 
+def _policy_of(thread):
+    """The scheduling policy of `thread` ("SCHED_OTHER", "SCHED_FIFO", ...), None if unknown:
+    under --rt the ranks run SCHED_FIFO, where nice values mean nothing; commtrace's writer
+    thread leaves it for SCHED_OTHER (session 25)."""
+    try:
+        pol = os.sched_getscheduler(thread.native_id)
+    except Exception:
+        return None
+    names = {getattr(os, n): n for n in ("SCHED_OTHER", "SCHED_FIFO", "SCHED_RR", "SCHED_BATCH",
+                                          "SCHED_IDLE") if hasattr(os, n)}
+    return names.get(pol, str(pol))
+
+
 MODES = ("untraced", "traced", "control")
 
 
@@ -541,6 +554,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         t_rounds = time.perf_counter() - t_rounds0
         ws = {k: v - ws0.get(k, 0) for k, v in getattr(rec, "writer_stats", {}).items()}
         nice = _nice_of(writer)
+        wpolicy = _policy_of(writer)
         nice_added = None if nice is None else nice - os.getpriority(os.PRIO_PROCESS, 0)
         c0 = time.thread_time()
         rec.flush()   # what the rounds left queued, written on this thread (counted below)
@@ -552,7 +566,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         q.put({"rank": rank, "times": times, "cpu": cpus_s, "windows": windows,
                "sync_cpu_s": sync_cpu, "sync_flushes": n_sync, "cpus": cpus,
                "writer_cpu_s": (w_cpu - w_cpu0) if w_cpu is not None and w_cpu0 is not None
-               else None, "final_flush_cpu_s": final_cpu, "writer_nice": nice,
+               else None, "final_flush_cpu_s": final_cpu, "writer_nice": nice, "writer_policy": wpolicy,
                "writer_nice_added": nice_added, "writer_stats": ws, "rounds_s": t_rounds,
                "traced_s": sum(times["traced"]) * steps, "steps": steps, "calib_s": calib_s,
                "chain": chain, "nice": nice_got, "plant_s": plant_s, "step_walls": step_walls,
@@ -756,6 +770,7 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
         "sync_flush_cpu_s": [r.get("sync_cpu_s") for r in res],
         "final_flush_cpu_s": [r.get("final_flush_cpu_s") for r in res],
         "writer_nice": [r.get("writer_nice") for r in res],
+        "writer_policy": [r.get("writer_policy") for r in res],
         # the writer thread's own counters over the rounds (wake-ups, of them rung, polling
         # cycles, services, timed flushes), each rank, and the rounds' wall and traced time
         "writer_stats": [r.get("writer_stats") for r in res],
@@ -824,7 +839,7 @@ def report(r: dict) -> list[str]:
         f"{r['median_ratio_ci95'][0]:.4f}, {r['median_ratio_ci95'][1]:.4f}])",
     ] + _robust_lines(r, target) + [
         "  writer thread CPU per op: " + (f"{w:.2f} us" if w is not None else "n/a")
-        + f" (writer nice {r['writer_nice']})",
+        + f" (writer nice {r['writer_nice']}, policy {r.get('writer_policy')})",
     ] + _wakeup_lines(r)
 
 

@@ -210,3 +210,47 @@ def test_ddp_bucket_ops_released_at_their_stamp_write_the_same_rows(tmp_path, ha
         assert {r["completion"] for r in ddp} <= {"callback", "observed"}
         seqs = [r["seq"] for r in ddp]
         assert seqs == sorted(set(seqs))   # each bucket once (the barriers between take seqs too)
+
+
+_RT_CHILD = r"""
+import os, sys, threading, time
+from commtrace.capture import recorder as R
+from commtrace.config import Config
+try:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+except OSError:
+    print("not permitted"); sys.exit(0)
+nice = int(sys.argv[2])
+rec = R.Recorder(Config(output=sys.argv[1], writer_nice=nice), rank=0, world_size=1)
+rec.flush()
+t = rec._thread
+deadline = time.monotonic() + 30
+want = os.SCHED_OTHER if nice else os.SCHED_FIFO
+while time.monotonic() < deadline and (t.native_id is None or os.sched_getscheduler(t.native_id) != want):
+    time.sleep(0.01)
+time.sleep(0.2)
+print(os.sched_getscheduler(t.native_id), os.getpriority(os.PRIO_PROCESS, t.native_id),
+      os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+rec.close()
+"""
+
+
+@linux
+@pytest.mark.parametrize("nice", [10, 0])
+def test_writer_thread_leaves_a_real_time_policy(tmp_path, nice):
+    """A rank run under SCHED_FIFO (`chrt -f`): nice values mean nothing there, so the writer
+    thread first leaves the real-time policy for SCHED_OTHER, then lowers its nice; the
+    training thread keeps SCHED_FIFO. With writer_nice 0 the writer keeps the rank's policy."""
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", _RT_CHILD, str(tmp_path), str(nice)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    if p.stdout.strip() == "not permitted":
+        pytest.skip("SCHED_FIFO not permitted here (CAP_SYS_NICE)")
+    w_pol, w_nice, m_pol, m_nice = map(int, p.stdout.split())
+    assert m_pol == os.SCHED_FIFO
+    if nice:
+        assert w_pol == os.SCHED_OTHER and w_nice == min(19, m_nice + nice)
+    else:
+        assert w_pol == os.SCHED_FIFO and w_nice == m_nice

@@ -789,6 +789,23 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+def _leave_realtime() -> bool:
+    """Move the calling thread from a real-time policy (SCHED_FIFO, SCHED_RR) to SCHED_OTHER;
+    True when it did. Linux applies ``sched_setscheduler(0, ...)`` to the calling thread alone
+    (the rank's other threads keep theirs), and an unprivileged thread may always lower its
+    policy. Never raises."""
+    try:
+        if not sys.platform.startswith("linux") or not hasattr(os, "sched_getscheduler"):
+            return False
+        if os.sched_getscheduler(0) not in (os.SCHED_FIFO, os.SCHED_RR):
+            return False
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        return True
+    except Exception as e:  # noqa: BLE001
+        log.warn_once("writer-rt", "cannot take the writer thread off the real-time policy", e)
+        return False
+
+
 def get_recorder() -> "Recorder | None":
     """The active recorder of this process, None when tracing is off."""
     return _recorder
@@ -1308,10 +1325,18 @@ class Recorder:
         and the backend's threads keep theirs, and on a busy machine the encoding of a part
         waits for CPU they leave idle instead of taking it from them. The guarantees do not
         depend on it: the buffer stays bounded (rows beyond it are dropped and counted), the
-        exit and signal flushes run on the thread that handles them, at its own priority."""
+        exit and signal flushes run on the thread that handles them, at its own priority.
+
+        A rank run under a real-time policy (``chrt -f``, SCHED_FIFO or SCHED_RR: the thread
+        inherits it) ignores nice values: the writer would run at the training threads' own
+        real-time priority, and a training thread woken by its backend on a CPU where the writer
+        is encoding a part waits until the writer blocks (the same priority does not preempt).
+        The writer thread first leaves the real-time policy for the normal one (no privilege is
+        needed to lower it), then takes its nice value (issue 20, session 25)."""
         n = int(getattr(self.config, "writer_nice", 0) or 0)
         if n <= 0 or not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
             return
+        _leave_realtime()
         try:
             tid = threading.get_native_id()
             cur = os.getpriority(os.PRIO_PROCESS, tid)

@@ -1,0 +1,199 @@
+"""Instructions per training step, traced against untraced, per thread, counted under callgrind:
+what commtrace adds to the training thread of a real loop, the same on a loaded machine as on a
+quiet one.
+
+    python benchmarks/stepcount.py                     # the DDP sample; needs valgrind, ~4 minutes
+    python benchmarks/stepcount.py --workloads ddp soak --steps 20
+    python benchmarks/stepcount.py --keep /tmp/sc      # keep callgrind's files (callgrind_annotate)
+
+Issue 20, session 25. `benchmarks/steps.py` times steps on this shared 2-core machine, where two
+untraced copies of the same loop differ by 1-2% between runs (its control): a traced / untraced
+ratio of 1.015 +- 0.017 cannot say whether commtrace costs 0.2% or 2% of a DDP step. Counting
+instructions can: callgrind runs the loop in one process and counts every instruction of each
+thread, whatever else runs on the machine.
+
+Method: world size 1 (gloo), one process per mode, both under callgrind with
+`--separate-threads=yes`. Each builds the workload as `benchmarks/steps.py` does, with commtrace
+on (DDP's copy built while tracing, so that its Reducer gets commtrace's recording group), runs
+the warm-up steps, then sets its mode as steps.py's rounds do -- traced: the recorder on and, for
+DDP, the recording group in the Reducer; untraced: the recorder off and DDP's own group -- runs 3
+more steps, writes what is queued, and only then has callgrind zero its counters
+(`callgrind_control -z`), runs `--steps` steps and dumps (`callgrind_control -d`). Printed: the
+instructions per step of each thread in each mode, and the training thread's traced / untraced
+ratio. The training thread (callgrind's thread 1) is the figure to read: the other threads'
+counts include work that runs per second of wall time (the writer thread's parts every
+`flush_interval`, the hang watchdog's checks every second), and under callgrind a step takes
+50-100 times as long as it does natively, so per step they are that much larger than in a real
+run; steps.py measures the writer thread's CPU per op in real time.
+
+Instructions are not time: a cache miss costs no instruction. benchmarks/footprint.py counts
+the cold-cache lines of one op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))   # this checkout's commtrace, installed or not
+#: workloads that run at world size 1 (steps.py's pipeline needs 2 ranks, FSDP2's sample a mesh)
+WORKLOADS = ("ddp", "soak", "async_loop")
+
+
+def _child(workload: str, mode: str, steps: int, warmup: int) -> None:
+    sys.path.insert(0, HERE)
+    from common import free_port
+    from steps import _build, _ddp_group_setter
+
+    import torch
+    import torch.distributed as dist
+
+    import commtrace
+    from commtrace.capture import recorder as R
+
+    torch.set_num_threads(1)
+    out = tempfile.mkdtemp(prefix="commtrace-stepcount-")
+    commtrace.enable(output=out)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    rec = R.get_recorder()
+    if rec is None:
+        raise SystemExit("tracing did not start")
+    st, fn = _build(workload, 0, 1)
+    for i in range(warmup):
+        fn(st, i)
+    set_group = _ddp_group_setter(st) if workload == "ddp" else None
+    if workload == "ddp" and set_group is None:
+        print("stepcount: DDP is not recorded through commtrace's recording group here (no "
+              "C++ module: `commtrace accel build`); its copy keeps commtrace's comm hook in "
+              "both modes", file=sys.stderr)
+    if set_group is not None:
+        set_group(mode)
+    R._set_recorder(rec if mode == "traced" else None)
+    for i in range(3):
+        fn(st, i)
+    rec.flush()
+    pid = str(os.getpid())
+    subprocess.run(["callgrind_control", "-z", pid], capture_output=True)
+    for i in range(steps):
+        fn(st, i)
+    subprocess.run(["callgrind_control", "-d", "steps", pid], capture_output=True)
+    if set_group is not None:
+        set_group("untraced")
+    R._set_recorder(rec)
+    commtrace.disable()
+    dist.destroy_process_group()
+
+
+def _threads(prefix: str) -> dict:
+    """{thread number: instructions} of the dump callgrind_control -d wrote (files
+    `<prefix>.N-TT`, N the dump's number)."""
+    out = {}
+    for path in glob.glob(prefix + ".*-*"):
+        m = re.search(r"\.(\d+)-(\d+)$", path)
+        if not m or m.group(1) == "0":
+            continue
+        with open(path) as f:
+            for line in f:
+                if line.startswith(("summary:", "totals:")):
+                    out[int(m.group(2))] = int(line.split()[1])
+                    break
+    return out
+
+
+def _label(prefix: str, t: int) -> str:
+    if t == 1:
+        return "training thread"
+    for path in glob.glob(f"{prefix}.*-{t:02d}"):
+        if re.search(r"\.(\d+)-\d+$", path).group(1) == "0":
+            continue
+        with open(path, errors="replace") as f:
+            text = f.read()
+        if "ParquetWriter" in text or "_parquet" in text:
+            return f"thread {t} (writer: parts)"
+        if "gloo" in text:
+            return f"thread {t} (gloo)"
+    return f"thread {t}"
+
+
+def run(workload: str, steps: int, warmup: int, d: str) -> dict:
+    procs = {}
+    for mode in ("traced", "untraced"):
+        prefix = os.path.join(d, f"callgrind.{workload}.{mode}")
+        cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes",
+               f"--callgrind-out-file={prefix}", sys.executable, os.path.abspath(__file__),
+               "--child", workload, mode, "--steps", str(steps), "--warmup", str(warmup)]
+        procs[mode] = (prefix, subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, text=True))
+    res = {}
+    for mode, (prefix, p) in procs.items():
+        _, err = p.communicate()
+        if p.returncode != 0:
+            raise SystemExit(f"stepcount: callgrind run of {workload} ({mode}) failed "
+                             f"({p.returncode}): {err[-2000:]}")
+        th = _threads(prefix)
+        if 1 not in th:
+            raise SystemExit(f"stepcount: no dump of the counted steps under {prefix}")
+        res[mode] = {t: n / steps for t, n in th.items()}
+        res[mode + "_labels"] = {t: _label(prefix, t) for t in th}
+    return res
+
+
+def report(workload: str, res: dict, steps: int) -> list[str]:
+    tr, un = res["traced"], res["untraced"]
+    labels = {**res["untraced_labels"], **res["traced_labels"]}
+    lines = [f"{workload}: instructions per step, {steps} steps counted (world size 1, gloo; "
+             "callgrind, every instruction of each thread)"]
+    for t in sorted(set(tr) | set(un)):
+        a, b = tr.get(t, 0.0), un.get(t, 0.0)
+        if a < 1 and b < 1:
+            continue
+        lines.append(f"  {labels.get(t, f'thread {t}'):<28} traced {a:14,.0f}  untraced {b:14,.0f}"
+                     f"  traced - untraced {a - b:+12,.0f}")
+    a, b = tr[1], un.get(1, 0.0)
+    if b > 0:
+        lines.append(f"  training thread: traced / untraced {a / b:.4f} ({100 * (a / b - 1):+.2f}%, "
+                     f"{a - b:+,.0f} instructions per step)")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--workloads", nargs="*", default=["ddp"], choices=WORKLOADS)
+    ap.add_argument("--steps", type=int, default=20, help="steps counted per mode (default 20)")
+    ap.add_argument("--warmup", type=int, default=10, help="warm-up steps (default 10)")
+    ap.add_argument("--keep", default=None, metavar="DIR",
+                    help="keep callgrind's output files in DIR (callgrind_annotate)")
+    args = ap.parse_args(argv)
+    if args.child is not None:
+        _child(args.child[0], args.child[1], args.steps, args.warmup)
+        return 0
+    if args.steps < 1:
+        ap.error("--steps must be at least 1")
+    for tool in ("valgrind", "callgrind_control"):
+        if subprocess.run(["which", tool], capture_output=True).returncode != 0:
+            print(f"stepcount: {tool} not found (Debian: apt install valgrind)", file=sys.stderr)
+            return 2
+    sys.path.insert(0, HERE)
+    from common import accel_built, warn_without_accel
+    built = accel_built()
+    print(f"stepcount: C++ module (accel) {'built' if built else 'NOT BUILT'}")
+    warn_without_accel(built)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = args.keep or tmp
+        os.makedirs(d, exist_ok=True)
+        for w in args.workloads:
+            res = run(w, args.steps, args.warmup, d)
+            print("\n".join(report(w, res, args.steps)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
