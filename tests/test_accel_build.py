@@ -52,3 +52,20 @@ def test_build_after_a_killed_build_clears_the_stale_lock_and_relinks(tmp_path, 
     q = subprocess.run([sys.executable, "-m", "commtrace", "accel", "status"],
                        env=clean_env({"COMMTRACE_CACHE_DIR": str(cache)}), capture_output=True, text=True)
     assert q.returncode == 0 and str(bdir / so) in q.stdout, q.stdout + q.stderr
+
+
+def test_asking_before_torch_is_imported_does_not_hide_the_module(accel_cache):
+    """accel.load() before `import torch` (a benchmark's or a tool's early check) is None, but
+    that answer is not kept: once torch is imported the built module loads (session 25: the
+    first answer was cached, and the process never loaded the module)."""
+    code = ("import sys\n"
+            "from commtrace.capture import accel\n"
+            "assert 'torch' not in sys.modules\n"
+            "before = accel.load()\n"
+            "import torch\n"
+            "after = accel.load()\n"
+            "print(before is None, after is not None, getattr(after, '__name__', '') == accel.module_name())\n")
+    p = subprocess.run([sys.executable, "-c", code], env=clean_env({"COMMTRACE_CACHE_DIR": accel_cache}),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["True", "True", "True"], p.stdout + p.stderr

@@ -199,10 +199,10 @@ def _module():
     global _loaded
     if _loaded is not False:
         return _loaded
+    if "torch" not in sys.modules:
+        return None   # not looked for: asked again once torch is imported (not cached as None)
     _loaded = None
     try:
-        if "torch" not in sys.modules:
-            return None
         name = module_name()
         path = _built_file(name)
         if path is None:

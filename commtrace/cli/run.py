@@ -126,7 +126,8 @@ def _check_bounded(steps, schedule, max_size) -> None:
               "(exact; takes the GIL on the backend's thread per op) or wait()/polling "
               "(cheaper; late when an op is waited long after it completed).")
 @click.option("--writer-nice", type=click.IntRange(min=0, max=19), default=10, show_default=True,
-              metavar="N", help="Lower the trace writer thread's priority by N (Linux).")
+              metavar="N", help="Lower the trace writer thread's priority by N (Linux; under a "
+              "real-time policy such as chrt -f, the writer first leaves it for the normal one).")
 @click.option("--completion-hook/--no-completion-hook", default=False, show_default=True,
               help="NCCL: record ops issued below Python (DDP's reducer, compiled graphs) from "
               "ProcessGroup's completion hook, as rows with api=\"c++\" (needs "
