@@ -99,9 +99,12 @@ ACCEL_MISSING = ("commtrace's C++ module is NOT built for this torch (`commtrace
 
 
 def accel_built() -> bool:
-    """Whether the C++ module of `commtrace accel build` loads for this process's torch (it
-    must be imported): the set-up every figure of docs/performance.md assumes."""
+    """Whether the C++ module of `commtrace accel build` loads for this process's torch
+    (imported here: the module is built for one torch): the set-up every figure of
+    docs/performance.md assumes."""
     try:
+        import torch  # noqa: F401
+
         from commtrace.capture import accel
 
         return accel.load() is not None

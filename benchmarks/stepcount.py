@@ -117,8 +117,6 @@ def _label(prefix: str, t: int) -> str:
             text = f.read()
         if "ParquetWriter" in text or "_parquet" in text:
             return f"thread {t} (writer: parts)"
-        if "gloo" in text:
-            return f"thread {t} (gloo)"
     return f"thread {t}"
 
 
