@@ -76,6 +76,26 @@ def test_killed_rank_behind_the_others(tmp_path):
     assert "no exit flush" in e["reason"] and "rank(s) 0, 2 went on to seq 9 on pg 0" in e["reason"]
 
 
+def test_killed_before_its_first_op_is_listed(tmp_path):
+    """Rank 1 left its directory, an empty part and a snapshot without the final flag, and no op
+    row (killed before its first collective) while rank 0 went on to seq 4 on pg 0, a group of
+    both: it is not one of the report's `ranks` (those are the ranks with ops), but it is
+    listed as ended early, behind with no seq of its own (session 25: the property test met
+    this case and asked the list to hold only the report's ranks; the design lists it)."""
+    run = _write_run(tmp_path / "r", {0: (5, True, 200, None), 1: (0, False, 0, None)})
+    r = commtrace.load(str(run))
+    try:
+        rep = r.report()
+    finally:
+        r.close()
+    assert rep["ranks"] == [0]
+    early = rep["ended_early"]
+    assert [e["rank"] for e in early] == [1]
+    assert early[0]["behind"] == {"0": {"last_seq": None, "others_seq": 4, "ranks_ahead": [0]}}
+    assert early[0]["final_flush"] is False and early[0]["last_op"] is None
+    assert "its last was none" in early[0]["reason"]
+
+
 def test_killed_inside_a_collective_the_others_outlived(tmp_path):
     """Every rank entered seq 3; rank 1 (no final flush) went silent 5 s before the others'
     last records: ended early by time alone. The rank is not behind on any group."""

@@ -163,6 +163,8 @@ _NULL_OP = {c: None for c in S.COLUMNS} | {"kind": "op", "rank": 0, "op": "all_r
 @example(({0: [dict(_NULL_OP, op=None, pg=None, seq=None),                  # only a wait() interval,
                dict(_NULL_OP, op=None, pg=None, seq=None, t_wait_ns=2, t_wait_end_ns=0)]},  # inverted,
           [None], False, [None]))  # beyond the run's t_max_ns: the overlap ranked it past the last rank
+@example(({0: [], 1: [dict(_NULL_OP, rank=1, pg="1", pg_size=2, t_enqueue_ns=5, t_end_ns=6)]},
+          [None, None], False, [(False, 0, False), None]))   # killed before its first op
 def test_analysis_never_crashes(spec):
     per_rank, offsets, manifest, snaps = spec
     d = tempfile.mkdtemp(prefix="ct-prop-an-")
@@ -189,9 +191,14 @@ def test_analysis_never_crashes(spec):
         n_pending = sum(1 for sn in snaps if sn is not None and sn[2])
         assert rep["ops"] == n_pending + sum(1 for rows in per_rank.values() for row in rows
                                              if row["kind"] == "op")
-        # ended_early: only ranks whose snapshot says they did not exit through commtrace
+        # ended_early: only ranks whose snapshot says they did not exit through commtrace,
+        # among the report's ranks or, killed before their first op (no op row, so not in
+        # "ranks"), the run's other ranks (report.ended_early: the killed and crashed states
+        # join the candidates; tests/test_partial_runs.py)
         killed = {r for r, sn in enumerate(snaps) if sn is not None and sn[0] is False}
-        assert {e["rank"] for e in rep["ended_early"]} <= killed & set(rep["ranks"])
+        listed = {e["rank"] for e in rep["ended_early"]}
+        assert listed <= killed
+        assert listed <= set(rep["ranks"]) | (set(per_rank) - with_ops)
         for e in rep["ended_early"]:
             assert e["final_flush"] is False and e["signals"][0] == "no_final_flush"
             assert e["reason"].startswith("no exit flush") and len(e["signals"]) >= 2
