@@ -797,7 +797,8 @@ def _leave_realtime() -> bool:
     try:
         if not sys.platform.startswith("linux") or not hasattr(os, "sched_getscheduler"):
             return False
-        if os.sched_getscheduler(0) not in (os.SCHED_FIFO, os.SCHED_RR):
+        pol = os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
+        if pol not in (os.SCHED_FIFO, os.SCHED_RR):
             return False
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         return True
