@@ -5,6 +5,7 @@ quiet one.
     python benchmarks/stepcount.py                     # the DDP sample; needs valgrind, ~4 minutes
     python benchmarks/stepcount.py --workloads ddp soak --steps 20
     python benchmarks/stepcount.py --keep /tmp/sc      # keep callgrind's files (callgrind_annotate)
+    python benchmarks/stepcount.py --cache-sim         # also the training thread's missed lines
 
 Issue 20, session 25. `benchmarks/steps.py` times steps on this shared 2-core machine, where two
 untraced copies of the same loop differ by 1-2% between runs (its control): a traced / untraced
@@ -18,7 +19,8 @@ on (DDP's copy built while tracing, so that its Reducer gets commtrace's recordi
 the warm-up steps, then sets its mode as steps.py's rounds do -- traced: the recorder on and, for
 DDP, the recording group in the Reducer; untraced: the recorder off and DDP's own group -- runs 3
 more steps, writes what is queued, and only then has callgrind zero its counters
-(`callgrind_control -z`), runs `--steps` steps and dumps (`callgrind_control -d`). Printed: the
+(`callgrind_control -z`), runs `--steps` steps (the writer thread writes no part on its own
+schedule during them; it still services the pending ops) and dumps (`callgrind_control -d`). Printed: the
 instructions per step of each thread in each mode, and the training thread's traced / untraced
 ratio. The training thread (callgrind's thread 1) is the figure to read: the other threads'
 counts include work that runs per second of wall time (the writer thread's parts every
@@ -79,11 +81,18 @@ def _child(workload: str, mode: str, steps: int, warmup: int) -> None:
     for i in range(3):
         fn(st, i)
     rec.flush()
+    # no part written on the writer's schedule during the counted steps (its flush interval
+    # is wall time, 50-100x as many steps under callgrind: its parts, and what they evict from
+    # the simulated caches the threads share, would be counted that much more per step);
+    # the writer still services the pending ops. steps.py measures the parts in real time.
+    rec.auto_flush = False
+    rec.wake()
     pid = str(os.getpid())
     subprocess.run(["callgrind_control", "-z", pid], capture_output=True)
     for i in range(steps):
         fn(st, i)
     subprocess.run(["callgrind_control", "-d", "steps", pid], capture_output=True)
+    rec.auto_flush = True
     if set_group is not None:
         set_group("untraced")
     R._set_recorder(rec)
@@ -91,20 +100,28 @@ def _child(workload: str, mode: str, steps: int, warmup: int) -> None:
     dist.destroy_process_group()
 
 
-def _threads(prefix: str) -> dict:
-    """{thread number: instructions} of the dump callgrind_control -d wrote (files
-    `<prefix>.N-TT`, N the dump's number)."""
+def _thread_events(prefix: str) -> dict:
+    """{thread number: {event: count}} of the dump callgrind_control -d wrote (files
+    `<prefix>.N-TT`, N the dump's number; `Ir` alone, or with `--cache-sim` the cache events)."""
     out = {}
     for path in glob.glob(prefix + ".*-*"):
         m = re.search(r"\.(\d+)-(\d+)$", path)
         if not m or m.group(1) == "0":
             continue
+        events = ["Ir"]
         with open(path) as f:
             for line in f:
-                if line.startswith(("summary:", "totals:")):
-                    out[int(m.group(2))] = int(line.split()[1])
+                if line.startswith("events:"):
+                    events = line.split()[1:]
+                elif line.startswith(("summary:", "totals:")):
+                    out[int(m.group(2))] = dict(zip(events, map(int, line.split()[1:])))
                     break
     return out
+
+
+def _threads(prefix: str) -> dict:
+    """{thread number: instructions} of the dump (see _thread_events)."""
+    return {t: ev.get("Ir", 0) for t, ev in _thread_events(prefix).items()}
 
 
 def _label(prefix: str, t: int) -> str:
@@ -120,11 +137,15 @@ def _label(prefix: str, t: int) -> str:
     return f"thread {t}"
 
 
-def run(workload: str, steps: int, warmup: int, d: str) -> dict:
+#: callgrind's cache model with --cache-sim (benchmarks/footprint.py's)
+CACHE_SIM = ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=4194304,16,64"]
+
+
+def run(workload: str, steps: int, warmup: int, d: str, cache_sim: bool = False) -> dict:
     procs = {}
     for mode in ("traced", "untraced"):
         prefix = os.path.join(d, f"callgrind.{workload}.{mode}")
-        cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes",
+        cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", *(CACHE_SIM if cache_sim else []),
                f"--callgrind-out-file={prefix}", sys.executable, os.path.abspath(__file__),
                "--child", workload, mode, "--steps", str(steps), "--warmup", str(warmup)]
         procs[mode] = (prefix, subprocess.Popen(cmd, stdout=subprocess.PIPE,
@@ -135,11 +156,12 @@ def run(workload: str, steps: int, warmup: int, d: str) -> dict:
         if p.returncode != 0:
             raise SystemExit(f"stepcount: callgrind run of {workload} ({mode}) failed "
                              f"({p.returncode}): {err[-2000:]}")
-        th = _threads(prefix)
-        if 1 not in th:
+        ev = _thread_events(prefix)
+        if 1 not in ev:
             raise SystemExit(f"stepcount: no dump of the counted steps under {prefix}")
-        res[mode] = {t: n / steps for t, n in th.items()}
-        res[mode + "_labels"] = {t: _label(prefix, t) for t in th}
+        res[mode] = {t: e.get("Ir", 0) / steps for t, e in ev.items()}
+        res[mode + "_events"] = {k: v / steps for k, v in ev[1].items()}
+        res[mode + "_labels"] = {t: _label(prefix, t) for t in ev}
     return res
 
 
@@ -158,6 +180,18 @@ def report(workload: str, res: dict, steps: int) -> list[str]:
     if b > 0:
         lines.append(f"  training thread: traced / untraced {a / b:.4f} ({100 * (a / b - 1):+.2f}%, "
                      f"{a - b:+,.0f} instructions per step)")
+    et, eu = res.get("traced_events") or {}, res.get("untraced_events") or {}
+    if "D1mr" in et and "D1mr" in eu:
+        def lines_of(e, lvl):   # data lines missed at that level, reads and writes
+            return e.get(f"{lvl}mr", 0) + e.get(f"{lvl}mw", 0)
+        for lvl, what in (("D1", "data lines missed in L1 (32 KB)"),
+                          ("DL", "data lines from memory (LL 4 MB missed)")):
+            x, y = lines_of(et, lvl), lines_of(eu, lvl)
+            lines.append(f"  training thread, {what}: traced {x:,.0f}  untraced {y:,.0f}  "
+                         f"traced - untraced {x - y:+,.0f} per step")
+        x, y = et.get("I1mr", 0), eu.get("I1mr", 0)
+        lines.append(f"  training thread, instruction lines missed in L1: traced {x:,.0f}  "
+                     f"untraced {y:,.0f}  traced - untraced {x - y:+,.0f} per step")
     return lines
 
 
@@ -169,6 +203,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10, help="warm-up steps (default 10)")
     ap.add_argument("--keep", default=None, metavar="DIR",
                     help="keep callgrind's output files in DIR (callgrind_annotate)")
+    ap.add_argument("--cache-sim", action="store_true",
+                    help="also simulate the caches (footprint.py's model; about twice as slow) and "
+                         "print the training thread's missed lines per step")
     args = ap.parse_args(argv)
     if args.child is not None:
         _child(args.child[0], args.child[1], args.steps, args.warmup)
@@ -188,7 +225,7 @@ def main(argv=None) -> int:
         d = args.keep or tmp
         os.makedirs(d, exist_ok=True)
         for w in args.workloads:
-            res = run(w, args.steps, args.warmup, d)
+            res = run(w, args.steps, args.warmup, d, cache_sim=args.cache_sim)
             print("\n".join(report(w, res, args.steps)), flush=True)
     return 0
 

@@ -71,3 +71,25 @@ def test_soak_counts_the_recording_on_the_training_thread(tmp_path):
     assert tr / un < 1.5
     assert "soak: instructions per step, 2 steps counted" in p.stdout
     assert "training thread: traced / untraced" in p.stdout
+
+
+def test_report_cache_lines_with_cache_sim(tmp_path):
+    pre = tmp_path / "callgrind.ddp.traced"
+    Path(f"{pre}.1-01").write_text("events: Ir Dr D1mr DLmr Dw D1mw DLmw I1mr ILmr\n"
+                                   "summary: 2000 10 40 8 6 20 2 30 1\n")
+    ev = stepcount._thread_events(str(pre))
+    assert ev == {1: {"Ir": 2000, "Dr": 10, "D1mr": 40, "DLmr": 8, "Dw": 6, "D1mw": 20,
+                      "DLmw": 2, "I1mr": 30, "ILmr": 1}}
+    assert stepcount._threads(str(pre)) == {1: 2000}
+    res = {"traced": {1: 1000.0}, "untraced": {1: 900.0},
+           "traced_events": {k: v / 2 for k, v in ev[1].items()},
+           "untraced_events": {"Ir": 900.0, "D1mr": 10.0, "D1mw": 10.0, "DLmr": 1.0, "DLmw": 1.0,
+                               "I1mr": 5.0},
+           "traced_labels": {1: "training thread"}, "untraced_labels": {1: "training thread"}}
+    lines = stepcount.report("ddp", res, 2)
+    assert any("data lines missed in L1 (32 KB): traced 30  untraced 20  traced - untraced +10" in ln
+               for ln in lines)
+    assert any("data lines from memory (LL 4 MB missed): traced 5  untraced 2  traced - untraced +3" in ln
+               for ln in lines)
+    assert any("instruction lines missed in L1: traced 15  untraced 5  traced - untraced +10" in ln
+               for ln in lines)
