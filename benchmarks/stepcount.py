@@ -6,6 +6,8 @@ quiet one.
     python benchmarks/stepcount.py --workloads ddp soak --steps 20
     python benchmarks/stepcount.py --keep /tmp/sc      # keep callgrind's files (callgrind_annotate)
     python benchmarks/stepcount.py --cache-sim         # also the training thread's missed lines
+    python benchmarks/stepcount.py --world-size 2      # DDP at 2 ranks: every thread of each
+                                                       # rank, gloo's included (~7 minutes)
 
 Issue 20, session 25. `benchmarks/steps.py` times steps on this shared 2-core machine, where two
 untraced copies of the same loop differ by 1-2% between runs (its control): a traced / untraced
@@ -28,6 +30,12 @@ counts include work that runs per second of wall time (the writer thread's parts
 50-100 times as long as it does natively, so per step they are that much larger than in a real
 run; steps.py measures the writer thread's CPU per op in real time.
 
+`--world-size 2` (DDP only; session 26) runs two ranks per mode, each under callgrind, gloo over
+loopback, both zeroing their counters between two barriers before the counted steps: the
+training thread, gloo's threads and the writer of each rank, in the job steps.py times. gloo's
+threads' counts move by tens of thousands between threads from run to run (which thread
+serves which piece of the work depends on how callgrind interleaves the ranks): read their sum.
+
 Instructions are not time: a cache miss costs no instruction. benchmarks/footprint.py counts
 the cold-cache lines of one op.
 """
@@ -48,7 +56,8 @@ sys.path.insert(0, os.path.dirname(HERE))   # this checkout's commtrace, install
 WORKLOADS = ("ddp", "soak", "async_loop")
 
 
-def _child(workload: str, mode: str, steps: int, warmup: int) -> None:
+def _child(workload: str, mode: str, steps: int, warmup: int, rank: int = 0, world: int = 1,
+           port: int | None = None) -> None:
     sys.path.insert(0, HERE)
     from common import free_port
     from steps import _build, _ddp_group_setter
@@ -62,12 +71,12 @@ def _child(workload: str, mode: str, steps: int, warmup: int) -> None:
     torch.set_num_threads(1)
     out = tempfile.mkdtemp(prefix="commtrace-stepcount-")
     commtrace.enable(output=out)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port or free_port()}", rank=rank,
+                            world_size=world)
     rec = R.get_recorder()
     if rec is None:
         raise SystemExit("tracing did not start")
-    st, fn = _build(workload, 0, 1)
+    st, fn = _build(workload, rank, world)
     for i in range(warmup):
         fn(st, i)
     set_group = _ddp_group_setter(st) if workload == "ddp" else None
@@ -88,10 +97,16 @@ def _child(workload: str, mode: str, steps: int, warmup: int) -> None:
     rec.auto_flush = False
     rec.wake()
     pid = str(os.getpid())
+    if world > 1:   # both ranks zero their counters before either starts the counted steps
+        dist.barrier()
     subprocess.run(["callgrind_control", "-z", pid], capture_output=True)
+    if world > 1:
+        dist.barrier()
     for i in range(steps):
         fn(st, i)
     subprocess.run(["callgrind_control", "-d", "steps", pid], capture_output=True)
+    if world > 1:
+        dist.barrier()
     rec.auto_flush = True
     if set_group is not None:
         set_group("untraced")
@@ -141,34 +156,46 @@ def _label(prefix: str, t: int) -> str:
 CACHE_SIM = ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=4194304,16,64"]
 
 
-def run(workload: str, steps: int, warmup: int, d: str, cache_sim: bool = False) -> dict:
+def run(workload: str, steps: int, warmup: int, d: str, cache_sim: bool = False, world: int = 1) -> dict:
+    """{mode: {thread: instructions per step}, ...} of rank 0's process (world 1), or with
+    `world` 2 of each rank's (keys "traced", "traced_r1", ...): the ranks of a mode run side by
+    side, each under callgrind, their counted steps bracketed by barriers."""
+    sys.path.insert(0, HERE)
+    from common import free_port
     procs = {}
     for mode in ("traced", "untraced"):
-        prefix = os.path.join(d, f"callgrind.{workload}.{mode}")
-        cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", *(CACHE_SIM if cache_sim else []),
-               f"--callgrind-out-file={prefix}", sys.executable, os.path.abspath(__file__),
-               "--child", workload, mode, "--steps", str(steps), "--warmup", str(warmup)]
-        procs[mode] = (prefix, subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                                stderr=subprocess.PIPE, text=True))
+        port = free_port() if world > 1 else None
+        for rank in range(world):
+            tag = mode if rank == 0 else f"{mode}_r{rank}"
+            prefix = os.path.join(d, f"callgrind.{workload}.{tag}")
+            cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", *(CACHE_SIM if cache_sim else []),
+                   f"--callgrind-out-file={prefix}", sys.executable, os.path.abspath(__file__),
+                   "--child", workload, mode, "--steps", str(steps), "--warmup", str(warmup)]
+            if world > 1:
+                cmd += ["--rank", str(rank), "--world-size", str(world), "--port", str(port)]
+            procs[tag] = (prefix, subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                                   stderr=subprocess.PIPE, text=True))
     res = {}
-    for mode, (prefix, p) in procs.items():
+    for tag, (prefix, p) in procs.items():
         _, err = p.communicate()
         if p.returncode != 0:
-            raise SystemExit(f"stepcount: callgrind run of {workload} ({mode}) failed "
+            raise SystemExit(f"stepcount: callgrind run of {workload} ({tag}) failed "
                              f"({p.returncode}): {err[-2000:]}")
         ev = _thread_events(prefix)
         if 1 not in ev:
             raise SystemExit(f"stepcount: no dump of the counted steps under {prefix}")
-        res[mode] = {t: e.get("Ir", 0) / steps for t, e in ev.items()}
-        res[mode + "_events"] = {k: v / steps for k, v in ev[1].items()}
-        res[mode + "_labels"] = {t: _label(prefix, t) for t in ev}
+        res[tag] = {t: e.get("Ir", 0) / steps for t, e in ev.items()}
+        res[tag + "_events"] = {k: v / steps for k, v in ev[1].items()}
+        res[tag + "_labels"] = {t: _label(prefix, t) for t in ev}
     return res
 
 
-def report(workload: str, res: dict, steps: int) -> list[str]:
-    tr, un = res["traced"], res["untraced"]
-    labels = {**res["untraced_labels"], **res["traced_labels"]}
-    lines = [f"{workload}: instructions per step, {steps} steps counted (world size 1, gloo; "
+def report(workload: str, res: dict, steps: int, rank: int = 0, world: int = 1) -> list[str]:
+    sfx = "" if rank == 0 else f"_r{rank}"
+    tr, un = res["traced" + sfx], res["untraced" + sfx]
+    labels = {**res["untraced" + sfx + "_labels"], **res["traced" + sfx + "_labels"]}
+    where = "world size 1, gloo" if world == 1 else f"rank {rank} of {world}, gloo"
+    lines = [f"{workload}: instructions per step, {steps} steps counted ({where}; "
              "callgrind, every instruction of each thread)"]
     for t in sorted(set(tr) | set(un)):
         a, b = tr.get(t, 0.0), un.get(t, 0.0)
@@ -176,11 +203,15 @@ def report(workload: str, res: dict, steps: int) -> list[str]:
             continue
         lines.append(f"  {labels.get(t, f'thread {t}'):<28} traced {a:14,.0f}  untraced {b:14,.0f}"
                      f"  traced - untraced {a - b:+12,.0f}")
+    if world > 1:
+        a, b = sum(tr.values()), sum(un.values())
+        lines.append(f"  all threads                  traced {a:14,.0f}  untraced {b:14,.0f}"
+                     f"  traced - untraced {a - b:+12,.0f}")
     a, b = tr[1], un.get(1, 0.0)
     if b > 0:
         lines.append(f"  training thread: traced / untraced {a / b:.4f} ({100 * (a / b - 1):+.2f}%, "
                      f"{a - b:+,.0f} instructions per step)")
-    et, eu = res.get("traced_events") or {}, res.get("untraced_events") or {}
+    et, eu = res.get("traced" + sfx + "_events") or {}, res.get("untraced" + sfx + "_events") or {}
     if "D1mr" in et and "D1mr" in eu:
         def lines_of(e, lvl):   # data lines missed at that level, reads and writes
             return e.get(f"{lvl}mr", 0) + e.get(f"{lvl}mw", 0)
@@ -206,12 +237,21 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-sim", action="store_true",
                     help="also simulate the caches (footprint.py's model; about twice as slow) and "
                          "print the training thread's missed lines per step")
+    ap.add_argument("--world-size", type=int, default=1, choices=(1, 2),
+                    help="1 (default): one process per mode; 2: two ranks per mode, each under "
+                         "callgrind (gloo over loopback; about 4 processes on the machine's CPUs at "
+                         "once, several times as slow), every thread of each rank counted, gloo's "
+                         "included")
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
-        _child(args.child[0], args.child[1], args.steps, args.warmup)
+        _child(args.child[0], args.child[1], args.steps, args.warmup, args.rank, args.world_size, args.port)
         return 0
     if args.steps < 1:
         ap.error("--steps must be at least 1")
+    if args.world_size > 1 and any(w != "ddp" for w in args.workloads):
+        ap.error("--world-size 2 counts the DDP sample only (--workloads ddp)")
     for tool in ("valgrind", "callgrind_control"):
         if subprocess.run(["which", tool], capture_output=True).returncode != 0:
             print(f"stepcount: {tool} not found (Debian: apt install valgrind)", file=sys.stderr)
@@ -225,8 +265,9 @@ def main(argv=None) -> int:
         d = args.keep or tmp
         os.makedirs(d, exist_ok=True)
         for w in args.workloads:
-            res = run(w, args.steps, args.warmup, d, cache_sim=args.cache_sim)
-            print("\n".join(report(w, res, args.steps)), flush=True)
+            res = run(w, args.steps, args.warmup, d, cache_sim=args.cache_sim, world=args.world_size)
+            for r in range(args.world_size):
+                print("\n".join(report(w, res, args.steps, r, args.world_size)), flush=True)
     return 0
 
 

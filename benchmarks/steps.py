@@ -499,7 +499,8 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
             for mode in set_orders[r]:   # balanced and randomized: see _set_orders
                 st, fn = copies[mode]
                 if set_group is not None:
-                    set_group(mode)
+                    # (--control group: the control on the recording group, recorder off)
+                    set_group("traced" if mode == "control" and control == "group" else mode)
                 R._set_recorder(None)
                 dist.barrier()
                 fw = 0.0
@@ -815,7 +816,7 @@ def report(r: dict) -> list[str]:
         f"{r['workload']}: {r['rounds']} sets of rounds x {r['steps_per_round']} steps "
         + (f"(calibrated to {1e3 * r['round_target_s']:.0f} ms rounds from a "
            f"{1e3 * r['calibrated_step_s']:.3f} ms step) " if r.get("calibrated_step_s") else "")
-        + f"(untraced, traced, control{' = a second copy' if r.get('control') == 'copy' else ''}; "
+        + f"(untraced, traced, control{' = a second copy' if r.get('control') == 'copy' else ' = the recording group, recorder off' if r.get('control') == 'group' else ''}; "
         f"2 ranks, gloo, rows written by "
         f"{'the traced rounds' if r['writer'] == 'sync' else 'the writer thread'}; pinned: "
         f"{r['pin']}; {_sched_text(r)}), load average {r['load_start']} -> {r['load_end']}, "
@@ -830,8 +831,10 @@ def report(r: dict) -> list[str]:
         f"  traced / untraced step time: {r['ratio']:.4f} [95% CI {lo:.4f}, {hi:.4f}] "
         f"({100 * (r['ratio'] - 1):+.2f}%, {r['added_us_per_step']:+.1f} us per step"
         + (f", {per_op:+.1f} us per op" if per_op is not None else "") + ")" + verdict,
-        f"  control / untraced step time (untraced twice: this run's resolution): "
-        f"{r['control_ratio']:.4f} [95% CI {clo:.4f}, {chi:.4f}]",
+        (f"  control / untraced step time (the recording group's path, no row recorded): "
+         if r.get("control") == "group" else
+         f"  control / untraced step time (untraced twice: this run's resolution): ")
+        + f"{r['control_ratio']:.4f} [95% CI {clo:.4f}, {chi:.4f}]",
         f"  process CPU per step (all threads): untraced {r['untraced_cpu_ms']:.3f} ms; traced / "
         f"untraced {r['cpu_ratio']:.4f} [95% CI {plo:.4f}, {phi:.4f}]; control / untraced "
         f"{r['control_cpu_ratio']:.4f} [{qlo:.4f}, {qhi:.4f}]",
@@ -917,9 +920,13 @@ def main(argv=None) -> int:
                     f"--rounds (default {BUDGET:.0f})")
     ap.add_argument("--steps", type=int, default=None,
                     help="steps per round (default: calibrated to --duration)")
-    ap.add_argument("--control", choices=["mirror", "copy"], default="mirror",
+    ap.add_argument("--control", choices=["mirror", "copy", "group"], default="mirror",
                     help="mirror (default): the control runs as the traced mode does, on the "
-                    "untraced copy (a second copy for DDP); copy: always a second copy")
+                    "untraced copy (a second copy for DDP); copy: always a second copy; group "
+                    "(DDP through commtrace's recording group only): the control's rounds run "
+                    "with the Reducer on the recording group and the recorder off (the group's "
+                    "path without a row recorded: control / untraced is what that path costs, "
+                    "traced / control what recording adds to it)")
     ap.add_argument("--ddp-copies", action="store_true",
                     help="DDP on separate copies (traced, untraced, control), the design up to "
                     "session 23; by default, where commtrace records DDP through its recording "
@@ -983,6 +990,8 @@ def main(argv=None) -> int:
         ap.error("--plant must be in [0, 1)")
     if a.steps is not None and a.steps < 1:
         ap.error("--steps must be at least 1")
+    if a.control == "group" and (a.workloads != ["ddp"] or a.ddp_copies or a.aa):
+        ap.error("--control group needs --workloads ddp alone, without --ddp-copies or --aa")
     if a.gap is None:
         a.gap = a.duration / 8 if a.rt and a.duration > 0 else 0.05 if a.rt else 0.0
     if a.gap < 0:
@@ -1006,6 +1015,10 @@ def main(argv=None) -> int:
                 else "group" if hasattr(mod, "wrap_group")
                 and os.environ.get("COMMTRACE_DDP_GROUP", "1") not in ("0", "") else "c++")
     warn_without_accel(mod is not None)
+    if a.control == "group" and ddp_hook != "group":
+        print("steps: --control group needs DDP recorded through commtrace's recording group "
+              f"(here: {ddp_hook}; `python -m commtrace accel build`)", file=sys.stderr)
+        return 2
     print(f"steps: torch {torch.__version__}, C fast path "
           f"{'on' if wrappers._cfast is not None else 'OFF'}, DDP comm hook {ddp_hook}"
           f"{' (one copy, its Reducer group swapped per round)' if ddp_hook == 'group' and not (a.ddp_copies or a.aa or a.control == 'copy') else ' (separate copies)'}; "

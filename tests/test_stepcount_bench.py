@@ -93,3 +93,25 @@ def test_report_cache_lines_with_cache_sim(tmp_path):
                for ln in lines)
     assert any("instruction lines missed in L1: traced 15  untraced 5  traced - untraced +10" in ln
                for ln in lines)
+
+
+def test_report_of_rank_1_at_world_size_2_sums_every_thread():
+    res = {"traced": {1: 100.0}, "untraced": {1: 90.0}, "traced_labels": {1: "training thread"},
+           "untraced_labels": {1: "training thread"},
+           "traced_r1": {1: 17_400_000.0, 4: 250_000.0, 5: 1_000.0},
+           "untraced_r1": {1: 17_350_000.0, 4: 240_000.0},
+           "traced_r1_labels": {1: "training thread", 4: "thread 4", 5: "thread 5"},
+           "untraced_r1_labels": {1: "training thread", 4: "thread 4"}}
+    lines = stepcount.report("ddp", res, 20, rank=1, world=2)
+    assert lines[0].startswith("ddp: instructions per step, 20 steps counted (rank 1 of 2, gloo;")
+    tot = [ln for ln in lines if ln.strip().startswith("all threads")]
+    # 17,651,000 traced against 17,590,000 untraced: every thread of the rank, gloo's included
+    assert len(tot) == 1 and "+61,000" in tot[0]
+    assert any("thread 4" in ln and "+10,000" in ln for ln in lines)
+    assert lines[-1].strip().startswith("training thread: traced / untraced 1.0029")
+
+
+def test_world_size_2_counts_ddp_only():
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "stepcount.py"), "--world-size", "2",
+                        "--workloads", "soak"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--world-size 2 counts the DDP sample only" in p.stderr

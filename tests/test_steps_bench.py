@@ -171,7 +171,9 @@ def test_writer_cpu_between_rounds_is_charged_to_the_round_before():
 def test_scheduling_options_are_checked_and_reported():
     """--rt and --plant out of range: a one-line parser error; the report's first line says how
     the ranks were scheduled, and when SCHED_FIFO was asked for but not granted."""
-    for bad in (["--rt", "100"], ["--plant", "1"], ["--gap", "-1"]):
+    for bad in (["--rt", "100"], ["--plant", "1"], ["--gap", "-1"],
+                ["--control", "group", "--workloads", "soak"],
+                ["--control", "group", "--workloads", "ddp", "--ddp-copies"]):
         p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "steps.py"), *bad],
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and "error:" in p.stderr and "Traceback" not in p.stderr
@@ -207,3 +209,36 @@ def test_set_orders_are_balanced_blocks_in_a_seeded_random_order():
     cyc = [m for o in steps.ORDERS for m in o] * 10
     n2 = Counter(cyc[i + 2] for i in range(len(cyc) - 2) if cyc[i] == "traced")
     assert n2["untraced"] > 1.8 * n2["control"]
+
+
+def _group_recorded() -> bool:
+    """Whether DDP is recorded through commtrace's recording group here (the C++ module of
+    `commtrace accel build` built for this torch)."""
+    p = subprocess.run([sys.executable, "-c", "import torch; from commtrace.capture import accel; "
+                        "m = accel.load(); print(bool(m is not None and hasattr(m, 'wrap_group')))"],
+                       capture_output=True, text=True, timeout=120)
+    return p.stdout.strip() == "True"
+
+
+@pytest.mark.slow  # two DDP ranks, three sets of rounds
+def test_control_group_runs_ddp_on_the_recording_group_with_the_recorder_off(tmp_path):
+    """--control group (session 26): the control's rounds hand DDP's Reducer the recording
+    group with the recorder off; the traced rounds still record DDP's two buckets per step."""
+    if not _group_recorded():
+        p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "steps.py"), "--workloads", "ddp",
+                            "--control", "group", "--rounds", "1"], capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 2 and "--control group needs DDP recorded through" in p.stderr
+        return
+    out = tmp_path / "g.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "steps.py"), "--workloads", "ddp",
+                        "--control", "group", "--rounds", "3", "--duration", "0.05", "--warmup", "2",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (r,) = json.loads(out.read_text())
+    assert r["control"] == "group" and len(r["control_ratios"]) == 3
+    assert r["ops_per_step_per_rank"] == 2          # the DDP sample's two buckets, traced rounds
+    assert r["control_step_ms"] > 0
+    assert "control = the recording group, recorder off" in p.stdout
+    assert "control / untraced step time (the recording group's path, no row recorded):" in p.stdout
