@@ -119,6 +119,26 @@ def warn_without_accel(built: bool) -> None:
         print("warning: " + ACCEL_MISSING, file=sys.stderr, flush=True)
 
 
+def traced_gloo_rank(out: str, rank: int, world: int, port: int):
+    """One torch thread, commtrace tracing into `out`, then the gloo group of `world` ranks on
+    127.0.0.1:`port`: returns the recorder (RuntimeError where tracing did not start). The
+    set-up of steps.py's and stepcount.py's ranks."""
+    import torch
+    import torch.distributed as dist
+
+    import commtrace
+    from commtrace.capture import recorder as R
+
+    torch.set_num_threads(1)
+    commtrace.enable(output=out)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    rec = R.get_recorder()
+    if rec is None:
+        raise RuntimeError("tracing did not start")
+    return rec
+
+
 def ddp_sample_one_rank(prefix: str, threads: int | None = None):
     """The DDP sample (samples/ddp_mlp.py, no straggler) at world size 1 on gloo, traced into a
     new temporary directory with flushes only when asked (flush_interval 3600 s): returns

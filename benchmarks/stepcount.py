@@ -59,23 +59,15 @@ WORKLOADS = ("ddp", "soak", "async_loop")
 def _child(workload: str, mode: str, steps: int, warmup: int, rank: int = 0, world: int = 1,
            port: int | None = None) -> None:
     sys.path.insert(0, HERE)
-    from common import free_port
+    from common import free_port, traced_gloo_rank
     from steps import _build, _ddp_group_setter
 
-    import torch
     import torch.distributed as dist
 
     import commtrace
     from commtrace.capture import recorder as R
 
-    torch.set_num_threads(1)
-    out = tempfile.mkdtemp(prefix="commtrace-stepcount-")
-    commtrace.enable(output=out)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port or free_port()}", rank=rank,
-                            world_size=world)
-    rec = R.get_recorder()
-    if rec is None:
-        raise SystemExit("tracing did not start")
+    rec = traced_gloo_rank(tempfile.mkdtemp(prefix="commtrace-stepcount-"), rank, world, port or free_port())
     st, fn = _build(workload, rank, world)
     for i in range(warmup):
         fn(st, i)

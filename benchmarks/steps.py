@@ -138,7 +138,8 @@ import sys
 import tempfile
 import time
 
-from common import bootstrap_ratio_ci, free_port, load_of, median_ci, pin_cpus, thread_cpu_s, uptime, warn_without_accel
+from common import (bootstrap_ratio_ci, free_port, load_of, median_ci, pin_cpus, thread_cpu_s,
+                    traced_gloo_rank, uptime, warn_without_accel)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -406,7 +407,6 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
     try:
         import threading
 
-        import torch
         import torch.distributed as dist
 
         import commtrace
@@ -416,13 +416,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         policy = _set_rt(rt)
         cpus = pin_cpus(rank, pin)
         nice_got = _set_nice(nice)
-        torch.set_num_threads(1)
-        commtrace.enable(output=out)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world)
-        rec = R.get_recorder()
-        if rec is None:
-            raise RuntimeError("tracing did not start")
+        rec = traced_gloo_rank(out, rank, world, port)
         copies = {}
         for mode in ("untraced", "traced", "control"):
             if mode == "traced" and aa:
@@ -445,6 +439,9 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         # the others, so that no difference between two copies of the model enters the
         # comparison (session 24: copies differ by up to 5%); separate copies otherwise
         set_group = None if aa or ddp_copies else _ddp_group_setter(copies["traced"][0])
+        if set_group is None and control == "group":
+            raise RuntimeError("--control group: this DDP copy is not recorded through "
+                               "commtrace's recording group")
         if set_group is not None:
             copies["untraced"] = copies["control"] = copies["traced"]
             set_group("untraced")
