@@ -164,6 +164,40 @@ def test_rows_read_batch_by_batch_equal_the_whole_table(tmp_path):
         M._Rows(pa.RecordBatchReader.from_batches(ts.schema, ts.to_batches(max_chunksize=7)), n - 1)
 
 
+def test_rows_in_interleaved_blocks_are_moved_whole_as_the_gather_orders_them(tmp_path, monkeypatch):
+    """Rows that come as blocks in order, the blocks interleaved (the scan of a table two load
+    writers filled), are reordered by moving each block whole (_runs_of): the same columns,
+    masks, codes and permutation as the per-element gather (MAX_SORTED_RUNS = 0), and a
+    permutation with more pieces than MAX_SORTED_RUNS is gathered."""
+    out = str(tmp_path / "r")
+    synth_run(out, ranks=4, ops=600, straggler=[(1, 500_000)], hazards=True, seed=3, parts_per_rank=2)
+    run = commtrace.load(out)
+    t = run.arrow(f"SELECT {', '.join(M.ROW_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op' "
+                  "ORDER BY rank, t_enqueue_ns NULLS LAST, rid")
+    n = t.num_rows
+    # the sorted rows cut into 7 blocks, shuffled
+    cuts = np.linspace(0, n, 8).astype(int)
+    blocks = [np.arange(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+    order = np.random.default_rng(5).permutation(len(blocks))
+    src = np.concatenate([blocks[i] for i in order])
+    ts = t.take(Q.np_array(src))
+    moved = M._Rows(ts)
+    runs = M._runs_of(moved.perm)
+    assert runs is not None and 1 < len(runs) <= 7     # (blocks shuffled next to each other are one run)
+    assert np.array_equal(src[moved.perm], np.arange(n))
+    monkeypatch.setattr(M, "MAX_SORTED_RUNS", 0)
+    assert M._runs_of(moved.perm) is None
+    gathered = M._Rows(ts)
+    assert np.array_equal(moved.perm, gathered.perm)
+    for name, (v1, m1) in moved._num.items():
+        v2, m2 = gathered._num[name]
+        assert np.array_equal(v1, v2) and v1.dtype == v2.dtype, name
+        assert (m1 is None) == (m2 is None) and (m1 is None or np.array_equal(m1, m2)), name
+    for name in moved._str:
+        assert np.array_equal(moved._str[name][0], gathered._str[name][0])
+    assert moved.col("orid").tolist() == t.column("orid").to_pylist()
+
+
 def test_prefetched_model_equals_the_model_read_at_build(tmp_path):
     """model.prefetch (the report opens the model's cursor before its other queries start)
     gives the same model as build_model reading them itself."""

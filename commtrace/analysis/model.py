@@ -147,8 +147,10 @@ class _Rows:
 
     The rows come unordered and are sorted here with one argsort of an int64 key (an ORDER BY
     over the table's 18 columns cost more than the rest of the fetch, 64 x 20,000: 1.4 s of
-    2.0 s CPU); every stored column is then permuted once. `perm` is that permutation
-    (positions in the source's row order; None when the rows came in order)."""
+    2.0 s CPU); every stored column is then permuted once, by moving whole runs where the
+    permutation is a few of them (a scan of the load's two writers' interleaved row groups:
+    _runs_of), else by a gather. `perm` is that permutation (positions in the source's row
+    order; None when the rows came in order)."""
 
     def __init__(self, src, n: int | None = None, schema: pa.Schema | None = None):
         if isinstance(src, pa.Table):
@@ -247,6 +249,10 @@ class _Rows:
             o = np.lexsort((self._get("orid", dtype=np.int64), np.where(ok, tq, np.iinfo(np.int64).max), ~ok, rk))
             del rk, tq, ok
         self.perm = o
+        runs = _runs_of(o)
+        if runs is not None:
+            self._order_runs(runs)
+            return
         # each stored column permuted once (the one before freed: the next one's memory)
         for ent in self._num.values():
             ent[0] = ent[0][o]
@@ -254,6 +260,24 @@ class _Rows:
                 ent[1] = ent[1][o]
         for ent in self._str.values():
             ent[0] = ent[0][o]
+
+    def _order_runs(self, runs) -> None:
+        """Reorder every stored column by `perm`, moving its runs ((lo, hi) source ranges, in
+        their order in the result: _runs_of) whole: slice copies instead of a gather per
+        element (64 x 20,000: some 20 runs, the row groups of the load's two writers)."""
+        def moved(a):
+            out = np.empty_like(a)
+            pos = 0
+            for lo, hi in runs:
+                out[pos:pos + hi - lo] = a[lo:hi]
+                pos += hi - lo
+            return out
+        for ent in self._num.values():
+            ent[0] = moved(ent[0])
+            if ent[1] is not None:
+                ent[1] = moved(ent[1])
+        for ent in self._str.values():
+            ent[0] = moved(ent[0])
 
     def _get(self, name: str, fill=None, dtype=None) -> np.ndarray:
         """Column `name` (arrow_numpy's conversion: nulls -> `fill`), possibly the stored array."""
@@ -305,6 +329,23 @@ class _Rows:
 
     def codes(self, name: str) -> np.ndarray:
         return self._str[name][0].astype(np.int64)
+
+
+#: Most pieces _Rows reorders by moving them whole (_runs_of); more: a gather per column.
+MAX_SORTED_RUNS = 4096
+
+
+def _runs_of(o: np.ndarray):
+    """Permutation `o` as the (lo, hi) source ranges it takes whole, in order, when there are
+    at most MAX_SORTED_RUNS of them (a scan of a table inserted in chunks by several writers:
+    each chunk's rows in order, the chunks' row groups interleaved); else None."""
+    br = np.flatnonzero(o[1:] != o[:-1] + 1) + 1
+    if len(br) >= MAX_SORTED_RUNS:
+        return None
+    starts = np.r_[0, br]
+    ends = np.r_[br, len(o)]
+    lo = o[starts]
+    return list(zip(lo.tolist(), (lo + (ends - starts)).tolist()))
 
 
 def _str_codes(a, rows=None):
