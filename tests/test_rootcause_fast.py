@@ -261,6 +261,13 @@ def test_replay_of_all_scenarios_in_one_pass_equals_one_per_call(run, monkeypatc
         assert np.array_equal(res.t_end, ref.t_end) and np.array_equal(res.step_end, ref.step_end)
         assert np.array_equal(res.ev_rel, ref.ev_rel) and np.array_equal(res.steps, ref.steps)
     assert len(set(ref.t_end.tolist())) > 2          # the scenarios differ
+    # halved between two threads (what_if's pass): the same figures, in the scenarios' order
+    for k in (1, 2, len(scs)):
+        sp = RP.replay_split(m, scs[:k])
+        assert sp.names == ref.names[:k] and np.array_equal(sp.t_end, ref.t_end[:k])
+        assert np.array_equal(sp.step_end, ref.step_end[:k]) and np.array_equal(sp.steps, ref.steps)
+        part = sp.part(1, k)
+        assert part.names == ref.names[1:k] and np.array_equal(part.t_end, ref.t_end[1:k])
     # and the numpy batches agree (other arithmetic order: within 1 ns)
     npy = RP.replay(m, scs, engine="numpy")
     assert np.allclose(npy.t_end, ref.t_end, rtol=0, atol=1.0)
@@ -700,22 +707,25 @@ def test_report_with_root_cause_beside_the_rest_equals_the_sequential_report(sam
     from commtrace.analysis import report as R
     path = os.path.join(os.path.dirname(__file__), "data", sample)
     reps = []
-    for parallel in (False, True):
-        # (and what_if's replays beside delay analysis, the critical path beside what_if: each
-        # in one thread against two)
+    for parallel, split in ((False, False), (True, False), (True, True)):
+        # (and what_if's replays beside delay analysis or, with rootcause.SPLIT, all after it
+        # halved between two threads; the critical path beside what_if: each in one thread
+        # against two)
         for mod in (R, RC):
             monkeypatch.setattr(mod, "PARALLEL", parallel)
+        monkeypatch.setattr(RC, "SPLIT", split)
         reps.append(R.build_report(commtrace.load(path), what_if=True))
-    seq, par = reps
+    seq = reps[0]
     assert seq["what_if"] is not None and seq["what_if"]["scenarios"]
     assert any(f.get("gain_s") is not None for f in seq["findings"]) or sample != "straggler"
-    assert seq.keys() == par.keys()
-    for k in ("what_if", "critical_path", "findings", "per_rank", "warnings", "top_collectives", "top_sites",
-              "per_step", "collectives_summary"):
-        assert par[k] == seq[k], k
-    # the rest too, but DuckDB's float sums (the overview's per-step fractions) may round
-    # differently in the last bit with the tables built in another order
-    _assert_close(par, seq, "")
+    for par in reps[1:]:
+        assert seq.keys() == par.keys()
+        for k in ("what_if", "critical_path", "findings", "per_rank", "warnings", "top_collectives", "top_sites",
+                  "per_step", "collectives_summary"):
+            assert par[k] == seq[k], k
+        # the rest too, but DuckDB's float sums (the overview's per-step fractions) may round
+        # differently in the last bit with the tables built in another order
+        _assert_close(par, seq, "")
 
 
 def _assert_close(a, b, where):

@@ -79,6 +79,11 @@ class ReplayResult:
     step_end: np.ndarray         # (S, n_steps)
     ev_rel: np.ndarray | None    # (S, E) when kept
 
+    def part(self, a: int, b: int) -> "ReplayResult":
+        """Scenarios a..b-1 of this result."""
+        return ReplayResult(self.names[a:b], self.t_end[a:b], self.steps, self.step_end[a:b],
+                            None if self.ev_rel is None else self.ev_rel[a:b])
+
 
 class _Plan:
     """The scenario-independent part of a replay: anchors, processing order and batches."""
@@ -434,6 +439,22 @@ def replay(m: Model, scenarios: list[Scenario], keep_events: bool = False, engin
         except RuntimeError:
             pass   # a dependency cycle in odd input: the numpy path orders by keys instead
     return _replay_numpy(m, scenarios, keep_events)
+
+
+def replay_split(m: Model, scenarios: list[Scenario]) -> ReplayResult:
+    """replay(m, scenarios), the first half of the scenarios in this thread and the second in
+    another at the same time (the compiled loop releases the GIL): each scenario's figures are
+    its own, whichever pass computes them."""
+    if _C is None or len(scenarios) < 2:
+        return replay(m, scenarios)
+    from . import in_thread
+    k = (len(scenarios) + 1) // 2
+    prepare(m)      # (the cached inputs built once, here, not by both threads)
+    beside = in_thread(replay, m, scenarios[k:], name="commtrace-whatif")
+    a = replay(m, scenarios[:k])
+    b = beside.result()
+    return ReplayResult(a.names + b.names, np.r_[a.t_end, b.t_end], a.steps, np.concatenate([a.step_end, b.step_end]),
+                        None)
 
 
 def _replay_numpy(m: Model, scenarios: list[Scenario], keep_events: bool = False) -> ReplayResult:

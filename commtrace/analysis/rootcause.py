@@ -6,6 +6,7 @@ sections and the findings' `cost_s`, `gain_s` and `root_cause` (docs/findings.md
 
 from __future__ import annotations
 
+import os
 import weakref
 
 import numpy as np
@@ -71,17 +72,24 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
     key = None if busbw_ref is None else float(busbw_ref)
     if key in cache:
         return cache[key]
-    # The scenarios that need no delay analysis (the run as measured, all communication
-    # hidden, the bus-bandwidth references) are replayed in a second thread while this one runs
-    # delay analysis and then replays the others (the C loop and most of delay analysis release
-    # the GIL). Each scenario's replay is its own: the same figures in one pass or in two.
+    # Every scenario is replayed after delay analysis, in one pass over the trace whose
+    # scenarios are halved between this thread and a second one (SPLIT; the replay's inputs
+    # are built in that second thread while this one runs delay analysis). With SPLIT off, as
+    # before session 27: the scenarios that need no delay analysis (the run as measured, all
+    # communication hidden, the bus-bandwidth references) are replayed in a second thread
+    # beside delay analysis, the others after it in this one. The C loop and most of delay
+    # analysis release the GIL; each scenario's replay is its own: the same figures either way
+    # (docs/performance.md, session 27).
     free = [RP.baseline(), RP.comm_hidden(m)]
     if busbw_ref:
         for op in sorted({str(o) for o, p2p in zip(m.cm_op.tolist(), m.cm_is_p2p.tolist()) if not p2p}):
             free.append(RP.busbw_ref(m, op, busbw_ref))
-    if PARALLEL:
+    beside = prep = None
+    if PARALLEL and SPLIT:      # (the replay's inputs built beside delay analysis)
+        prep = in_thread(RP.prepare, m, name="commtrace-whatif")
+    elif PARALLEL:
         RP.prepare(m)
-    beside = in_thread(RP.replay, m, free, name="commtrace-whatif") if PARALLEL else None
+        beside = in_thread(RP.replay, m, free, name="commtrace-whatif") if not SPLIT else None
     dl = D.delays(run, top=TOP_DELAYS).to_pylist()
     by_rank = D.cost_by_rank(run)
     ranks = [r for r, (a, b) in sorted(by_rank.items(), key=lambda kv: -(kv[1][0] + kv[1][1])) if a + b > 0][:TOP_RANKS]
@@ -96,8 +104,15 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
         pg = _group_delayed(m, ranks[0])
         if pg is not None:
             after.append(RP.remove_rank(m, ranks[0], pg))
-    res_after = RP.replay(m, after) if after else None
-    res = beside.result() if beside is not None else RP.replay(m, free)
+    if PARALLEL and SPLIT:
+        # every scenario in one pass over the trace, its scenarios halved between two threads
+        if prep is not None:
+            prep.result()
+        both = RP.replay_split(m, free + after)
+        res, res_after = both.part(0, len(free)), (both.part(len(free), len(free) + len(after)) if after else None)
+    else:
+        res_after = RP.replay(m, after) if after else None
+        res = beside.result() if beside is not None else RP.replay(m, free)
     val = RP._validation(m, res)            # (the baseline is free[0])
     # the scenarios in the report's order: the measured run, the ranks, the delays, the
     # communication hidden, the bus bandwidths, the rank removed
@@ -158,6 +173,10 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
 #: Whether what_if replays the scenarios that need no delay analysis beside it, in a second
 #: thread (tests compare it with one thread).
 PARALLEL = True
+#: With PARALLEL: whether what_if replays every scenario after delay analysis, in one pass
+#: split between two threads (RP.replay_split), rather than those needing no delay analysis in
+#: a second thread beside it and the others after it.
+SPLIT = os.environ.get("COMMTRACE_WHATIF_SPLIT", "1") != "0"
 
 
 def _group_delayed(m, rank: int):
