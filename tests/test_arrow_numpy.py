@@ -103,7 +103,7 @@ def test_rows_columns_equal_pyarrow(tmp_path):
     NUL = np.iinfo(np.int64).min
     idx = np.arange(0, t.num_rows, 5)
     for name, fill in (("rank", None), ("t_enqueue_ns", NUL), ("t_wait_ns", NUL), ("step", -1), ("ckey", -1),
-                       ("seq", -1), ("peer", -1), ("op_id", np.iinfo(np.int64).max), ("orid", None)):
+                       ("peer", -1), ("op_id", np.iinfo(np.int64).max), ("orid", None)):
         _same(rows.col(name, fill=fill, dtype=np.int64), _ref(t.column(name), fill, np.int64)[perm])
         _same(rows.col_at(name, idx, fill=fill, dtype=np.int64), _ref(t.column(name), fill, np.int64)[perm][idx])
     _same(rows.col_at("bytes", idx, dtype=np.float64), _ref(t.column("bytes"), None, np.float64)[perm][idx])
@@ -138,7 +138,7 @@ def test_rows_read_batch_by_batch_equal_the_whole_table(tmp_path):
     assert np.array_equal(whole.perm, batches.perm)
     NUL = np.iinfo(np.int64).min
     for name, fill in (("rank", None), ("t_enqueue_ns", NUL), ("t_wait_ns", NUL), ("step", -1), ("ckey", -1),
-                       ("seq", -1), ("peer", -1), ("orid", None)):
+                       ("peer", -1), ("orid", None)):
         ref = _ref(ts.column(name), fill, np.int64)[whole.perm]
         _same(batches.col(name, fill=fill, dtype=np.int64), ref)
         _same(batches.col_at(name, np.arange(0, n, 3), fill=fill, dtype=np.int64), ref[::3])

@@ -45,7 +45,7 @@ try:  # the C helpers (commtrace/analysis/_replay.c); numpy does the same withou
 except ImportError:
     _C = None
 
-ROW_COLUMNS = ["rank", "op_id", "op", "pg", "seq", "peer", "bytes", "t_enqueue_ns",
+ROW_COLUMNS = ["rank", "op_id", "op", "pg", "peer", "bytes", "t_enqueue_ns",
                "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_ns", "step", "site"]
 
 # Rows whose completion the user's program waits on in C++, where no wait() is recorded: DDP's
@@ -550,7 +550,8 @@ def _fetch(run, opened=None):
     try:
         ahead = _ROWS.pop(run, None)
         rows, implicit = ahead if ahead is not None else _read_rows(run, ops_t, cur)
-        kc = Q.numpy(cur, f"""SELECT ckey, CAST(coalesce(bytes, 0) AS DOUBLE) AS cbytes,
+        kc = Q.numpy(cur, f"""SELECT ckey, CAST(coalesce(seq, -1) AS BIGINT) AS seq,
+                                     CAST(coalesce(bytes, 0) AS DOUBLE) AS cbytes,
                                      CAST(coalesce(busbw_factor, 1.0) AS DOUBLE) AS factor
                               FROM {coll_t} WHERE complete ORDER BY ckey""")
         return _Read((rows, kc, implicit))
@@ -627,14 +628,16 @@ def _build(run, inputs=None) -> Model:
     s_pgc = row_pgc[s_rid]
     del row_pgc
     # communications: a new one where (p2p or not, pg, seq, src, dst) changes from the slot
-    # before (collectives: src = dst = 0; p2p: seq is ps); the per-slot columns of that key
-    # are not kept (only the p2p slots' src and dst, for the sync points), and the bytes and
-    # bus-bandwidth factors are read per communication (cm_bytes, cm_factor below)
+    # before (collectives: src = dst = 0, (pg, seq) one collective key, kpos; p2p: seq is ps);
+    # the per-slot columns of that key are not kept (only the p2p slots' src and dst, for the
+    # sync points), and the seq, bytes and bus-bandwidth factors are read per communication
+    # (from the collectives' table for collectives: cm_seq, cm_bytes, cm_factor below; the
+    # rows' seq column is not read)
     newc = np.ones(nsl, bool)
-    c_seq = rows.col_at("seq", cidx, fill=-1, dtype=np.int64)
     if nc > 1:
-        np.not_equal(s_pgc[1:nc], s_pgc[:nc - 1], out=newc[1:nc])
-        newc[1:nc] |= c_seq[1:] != c_seq[:-1]
+        c_kp = kpos[cidx]
+        np.not_equal(c_kp[1:], c_kp[:-1], out=newc[1:nc])
+        del c_kp
     if np2 > 1:
         pp = s_pgc[nc:]
         np.not_equal(pp[1:], pp[:-1], out=newc[nc + 1:])
@@ -642,12 +645,13 @@ def _build(run, inputs=None) -> Model:
         del pp
     cm_lo = np.flatnonzero(newc).astype(np.int64)
     cc_lo, pc_lo = cm_lo[cm_lo < nc], cm_lo[cm_lo >= nc] - nc     # (collective, p2p) comms' first slots
-    cm_seq = np.concatenate([c_seq[cc_lo], p_ps[pc_lo]]).astype(np.int64, copy=False)
     ck_lo = kpos[cidx[cc_lo]]
+    cm_seq = np.concatenate([np.asarray(kc["seq"], np.int64)[ck_lo] if len(kkey) else np.zeros(0, np.int64),
+                             p_ps[pc_lo]]).astype(np.int64, copy=False)
     cm_bytes = np.concatenate([np.asarray(kc["cbytes"], np.float64)[ck_lo] if len(kkey) else np.zeros(0),
                                np.asarray(p_bytes, np.float64)[pc_lo]])
     cm_factor = np.r_[np.asarray(kc["factor"], np.float64)[ck_lo] if len(kkey) else np.zeros(0), np.ones(len(pc_lo))]
-    del rck, kpos, cidx, pidx, kc, c_seq, cc_lo, pc_lo, ck_lo, p_ps, p_bytes
+    del rck, kpos, cidx, pidx, kc, cc_lo, pc_lo, ck_lo, p_ps, p_bytes
     tick("slots")
     _implicit_waits(_implicit_wait_rows(rows, implicit_rids), rank_r, t_enq, t_ret, t_end, t_w, t_we, NUL)
     # every column is read: the rows' labels are dictionary codes (_CodeLabels), and the fetched
