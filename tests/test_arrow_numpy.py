@@ -97,7 +97,7 @@ def test_rows_columns_equal_pyarrow(tmp_path):
     out = str(tmp_path / "r")
     synth_run(out, ranks=4, ops=600, straggler=[(1, 500_000)], hazards=True, seed=3, parts_per_rank=2)
     run = commtrace.load(out)
-    t = run.arrow(f"SELECT {', '.join(M.ROW_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op'")
+    t = run.arrow(f"SELECT {', '.join(M.ROW_COLUMNS + M.P2P_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op'")
     rows = M._Rows(t)
     perm = rows.perm if rows.perm is not None else np.arange(t.num_rows)
     NUL = np.iinfo(np.int64).min
@@ -126,7 +126,7 @@ def test_rows_read_batch_by_batch_equal_the_whole_table(tmp_path):
     out = str(tmp_path / "r")
     synth_run(out, ranks=4, ops=600, straggler=[(1, 500_000)], hazards=True, seed=3, parts_per_rank=2)
     run = commtrace.load(out)
-    q = f"SELECT {', '.join(M.ROW_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op'"
+    q = f"SELECT {', '.join(M.ROW_COLUMNS + M.P2P_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op'"
     t = run.arrow(q)
     n = t.num_rows
     # the table's rows in a shuffled order, as small batches (7 rows: many of them)
@@ -164,6 +164,40 @@ def test_rows_read_batch_by_batch_equal_the_whole_table(tmp_path):
         M._Rows(pa.RecordBatchReader.from_batches(ts.schema, ts.to_batches(max_chunksize=7)), n - 1)
 
 
+def test_p2p_columns_attached_at_the_send_recv_rows_equal_the_full_columns(tmp_path):
+    """The model reads peer, op_id and bytes only at the send / recv rows outside collectives
+    (model._read_rows: _Rows.attach, by row id): there they equal the columns read for every
+    row, null (the fill, or NaN) at every other row."""
+    out = str(tmp_path / "p")
+    synth_run(out, ranks=4, ops=400, late_send=[(1, 300_000)], hazards=True, seed=2, parts_per_rank=2)
+    run = commtrace.load(out)
+    cur = run.cursor()
+    rows = M._read_rows(run, run.table("ops"), cur)[0]
+    cur.close()
+    full = M._Rows(run.arrow(f"SELECT {', '.join(M.ROW_COLUMNS + M.P2P_COLUMNS)}, rid AS orid, ckey "
+                             f"FROM {run.table('ops')} WHERE kind = 'op'"))
+    assert np.array_equal(rows.col("orid"), full.col("orid"))
+    n = rows.num_rows
+    idx = np.arange(n)
+    codes, values = full.dict_values("op")
+    p2p = np.isin(np.asarray(values, object)[codes], ["send", "recv"]) & (full.col("ckey", fill=-1, dtype=np.int64) < 0)
+    assert p2p.sum() > 10 and (~p2p).sum() > 10
+    big = np.iinfo(np.int64).max
+    for name, fill, dt in (("peer", -1, np.int64), ("op_id", big, np.int64), ("bytes", None, np.float64)):
+        got = rows.col_at(name, idx, fill=fill, dtype=dt)
+        ref = full.col_at(name, idx, fill=fill, dtype=dt)
+        _same(got[p2p], ref[p2p])
+        if fill is None:
+            assert np.isnan(got[~p2p]).all()
+        else:
+            assert (got[~p2p] == fill).all()
+    sub = np.flatnonzero(p2p)[::3]
+    _same(rows.col_at("peer", sub, fill=-1, dtype=np.int64), full.col_at("peer", sub, fill=-1, dtype=np.int64))
+    with pytest.raises(ValueError):
+        M._Rows(run.arrow(f"SELECT rank, t_enqueue_ns, rid AS orid FROM {run.table('ops')} WHERE kind = 'op'")).attach(
+            pa.table({"orid": pa.array([3, 1], pa.int64()), "peer": pa.array([0, 1], pa.int64())}))
+
+
 def test_rows_in_interleaved_blocks_are_moved_whole_as_the_gather_orders_them(tmp_path, monkeypatch):
     """Rows that come as blocks in order, the blocks interleaved (the scan of a table two load
     writers filled), are reordered by moving each block whole (_runs_of): the same columns,
@@ -172,7 +206,7 @@ def test_rows_in_interleaved_blocks_are_moved_whole_as_the_gather_orders_them(tm
     out = str(tmp_path / "r")
     synth_run(out, ranks=4, ops=600, straggler=[(1, 500_000)], hazards=True, seed=3, parts_per_rank=2)
     run = commtrace.load(out)
-    t = run.arrow(f"SELECT {', '.join(M.ROW_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op' "
+    t = run.arrow(f"SELECT {', '.join(M.ROW_COLUMNS + M.P2P_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op' "
                   "ORDER BY rank, t_enqueue_ns NULLS LAST, rid")
     n = t.num_rows
     # the sorted rows cut into 7 blocks, shuffled

@@ -40,7 +40,7 @@ def test_rows_in_rank_and_enqueue_order(run):
     m = M.build_model(run)
     rows = run.arrow(f"SELECT rank, t_enqueue_ns, rid FROM {run.table('ops')} WHERE kind = 'op' "
                      "ORDER BY rank, t_enqueue_ns NULLS LAST, rid")
-    t = run.arrow(f"SELECT {', '.join(M.ROW_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op'")
+    t = run.arrow(f"SELECT {', '.join(M.ROW_COLUMNS + M.P2P_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op'")
     r = M._Rows(t)
     assert np.array_equal(r.col("orid"), rows.column("rid").to_numpy())
     # labels read through the permutation
@@ -51,10 +51,20 @@ def test_rows_in_rank_and_enqueue_order(run):
         assert (m.row_op[i], m.row_site[i]) == by_rid[int(orid[i])]
 
 
-def test_p2p_slots_equal_the_sql_matching(run):
+@pytest.mark.parametrize("p2p_columns", ["every row", "attached"])
+def test_p2p_slots_equal_the_sql_matching(run, p2p_columns):
+    """The p2p slots in numpy equal the SQL matching, with the p2p columns read for every row
+    or, as the model reads them, only at the send / recv rows (_Rows.attach)."""
     ref = M._p2p_sql(run).to_pydict()
-    t = run.arrow(f"SELECT {', '.join(M.ROW_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} WHERE kind = 'op'")
-    rows = M._Rows(t)
+    if p2p_columns == "attached":
+        cur = run.cursor()
+        rows = M._read_rows(run, run.table("ops"), cur)[0]
+        cur.close()
+        assert set(rows._sparse) == set(M.P2P_COLUMNS) and "peer" not in rows._num
+    else:
+        t = run.arrow(f"SELECT {', '.join(M.ROW_COLUMNS + M.P2P_COLUMNS)}, rid AS orid, ckey FROM {run.table('ops')} "
+                      "WHERE kind = 'op'")
+        rows = M._Rows(t)
     NUL = np.iinfo(np.int64).min
     pgc, pg_vals = rows.dict_values("pg")
     opc, op_vals = rows.dict_values("op")

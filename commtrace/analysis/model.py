@@ -45,8 +45,13 @@ try:  # the C helpers (commtrace/analysis/_replay.c); numpy does the same withou
 except ImportError:
     _C = None
 
-ROW_COLUMNS = ["rank", "op_id", "op", "pg", "peer", "bytes", "t_enqueue_ns",
+ROW_COLUMNS = ["rank", "op", "pg", "t_enqueue_ns",
                "t_return_ns", "t_end_ns", "t_wait_ns", "t_wait_end_ns", "step", "site"]
+#: Columns the model reads only at the send / recv rows outside collectives (p2p matching):
+#: fetched for those rows alone (_P2P_ROWS_SQL, _Rows.attach) rather than for every row.
+P2P_COLUMNS = ["peer", "op_id", "bytes"]
+_P2P_ROWS_SQL = ("SELECT rid AS orid, " + ", ".join(P2P_COLUMNS) + " FROM {ops} WHERE kind = 'op' "
+                 "AND ckey IS NULL AND op IN ('send', 'recv') ORDER BY rid")
 
 # Rows whose completion the user's program waits on in C++, where no wait() is recorded: DDP's
 # Reducer blocks on every bucket's future at the end of backward (finalize). See _implicit_waits.
@@ -165,6 +170,8 @@ class _Rows:
         self._num: dict = {}     # name -> [values, valid or None]
         self._str: dict = {}     # name -> [int32 codes, {value: code}]
         self._other: dict = {}   # name -> (type, [Arrow chunks]) (neither numeric nor string)
+        self._sparse: dict = {}  # name -> (values, valid) at the rows of row ids _sparse_rid (attach)
+        self._sparse_rid = None
         for f in schema:
             dt = Q._np_dtype(f.type)
             if dt is not None:
@@ -308,8 +315,37 @@ class _Rows:
         self._other.pop(name, None)
         return v
 
+    def attach(self, t: pa.Table) -> None:
+        """Columns of table `t` (`orid`, the row id, ascending, and numeric columns) known at
+        those rows only: col_at reads them by row id, null at any other row."""
+        rid = Q.arrow_numpy(t.column("orid"), dtype=np.int64)
+        if len(rid) > 1 and not np.all(rid[1:] > rid[:-1]):
+            raise ValueError("_Rows.attach: row ids not ascending")
+        self._sparse_rid = rid
+        for name in t.column_names:
+            if name == "orid":
+                continue
+            p = Q.arrow_parts(t.column(name))
+            if p is None:
+                raise TypeError(f"_Rows.attach: column {name} is not numeric")
+            self._sparse[name] = p
+
+    def _col_at_sparse(self, name: str, idx: np.ndarray, fill=None, dtype=None) -> np.ndarray:
+        vals, valid = self._sparse[name]
+        rid = self._sparse_rid
+        orid = self.col_at("orid", idx, dtype=np.int64)
+        if not len(rid):
+            return Q.finish(np.zeros(len(orid), vals.dtype), np.zeros(len(orid), bool), fill=fill, dtype=dtype)
+        pos = np.minimum(np.searchsorted(rid, orid), len(rid) - 1)
+        ok = rid[pos] == orid
+        if valid is not None:
+            ok &= valid[pos]
+        return Q.finish(vals[pos], ok, fill=fill, dtype=dtype)
+
     def col_at(self, name: str, idx: np.ndarray, fill=None, dtype=None) -> np.ndarray:
         """`col(name)[idx]`, converting only those rows."""
+        if name in self._sparse:
+            return self._col_at_sparse(name, idx, fill=fill, dtype=dtype)
         if name in self._num:
             vals, valid = self._num[name]
             return Q.finish(vals[idx], None if valid is None else valid[idx], fill=fill, dtype=dtype)
@@ -320,6 +356,7 @@ class _Rows:
         self._num.clear()
         self._str.clear()
         self._other.clear()
+        self._sparse.clear()
 
     def dict_values(self, name: str):
         """(int32 codes in row order, -1 for null: the stored array itself, values as an object
@@ -506,6 +543,7 @@ def _read_rows(run, ops_t, cur):
     n_rows = Q.rows(cur, f"SELECT count(*) FROM {ops_t} WHERE kind = 'op'").fetchone()[0]
     rows = run.arrow_batches(f"SELECT {', '.join(ROW_COLUMNS)}, rid AS orid, ckey FROM {ops_t} WHERE kind = 'op'",
                              lambda rd: _Rows(rd, int(n_rows)), con=cur)
+    rows.attach(Q.arrow(cur, _P2P_ROWS_SQL.format(ops=ops_t)))
     return rows, (_implicit_wait_rids(run, cur) if rows.num_rows else None)
 
 
