@@ -264,12 +264,18 @@ def _all_scenarios(m):
 def test_replay_of_all_scenarios_in_one_pass_equals_one_per_call(run, monkeypatch):
     m = M.build_model(run)
     scs = _all_scenarios(m)
+    # a scenario with a gap array of its own (the packed records' gaps are the measured ones)
+    scs.insert(2, RP.Scenario("gaps halved", "test", gap=m.ev_gap * 0.5))
     ref = RP.replay(m, scs, keep_events=True, engine="c-each")
-    for batch in (1, 2, 64):
-        monkeypatch.setattr(RP, "C_BATCH", batch)
-        res = RP.replay(m, scs, keep_events=True, engine="c")
-        assert np.array_equal(res.t_end, ref.t_end) and np.array_equal(res.step_end, ref.step_end)
-        assert np.array_equal(res.ev_rel, ref.ev_rel) and np.array_equal(res.steps, ref.steps)
+    # the packed per-event records built once per model (RP.PACKED) or by each pass
+    for packed in (True, False):
+        monkeypatch.setattr(RP, "PACKED", packed)
+        for batch in (1, 2, 64):
+            monkeypatch.setattr(RP, "C_BATCH", batch)
+            res = RP.replay(m, scs, keep_events=True, engine="c")
+            assert np.array_equal(res.t_end, ref.t_end) and np.array_equal(res.step_end, ref.step_end)
+            assert np.array_equal(res.ev_rel, ref.ev_rel) and np.array_equal(res.steps, ref.steps)
+    assert "packed" in RP._c_inputs(m) and RP._c_inputs(m)["packed"].dtype.itemsize == 32
     assert len(set(ref.t_end.tolist())) > 2          # the scenarios differ
     # halved between two threads (what_if's pass): the same figures, in the scenarios' order
     for k in (1, 2, len(scs)):

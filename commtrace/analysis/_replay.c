@@ -225,11 +225,13 @@ typedef struct {
 
 static PyObject *replay_many(PyObject *self, PyObject *args) {
     PyObject *objs[NB2], *o_gaps, *o_tcs, *o_tcis, *o_masks, *o_queues, *o_excls, *o_kept, *o_ats, *o_tos;
+    PyObject *o_packed = Py_None;
+    int packed_gap = 0;
     Py_ssize_t n_steps;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOnOOOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4],
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOnOOOOOOOOO|Op", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4],
                           &objs[5], &objs[6], &objs[7], &objs[8], &objs[9], &objs[10], &objs[11], &objs[12],
                           &objs[13], &objs[14], &n_steps, &o_gaps, &o_tcs, &o_tcis, &o_masks, &o_queues, &o_excls,
-                          &o_kept, &o_ats, &o_tos))
+                          &o_kept, &o_ats, &o_tos, &o_packed, &packed_gap))
         return NULL;
     static const Py_ssize_t sizes[NB2] = {8, 8, 8, 8, 1, 8, 8, 8, 1, 8, 8, 8, 8, 8, 8};
     static const char *names[NB2] = {"rank_lo", "rank_hi", "dur", "rho", "anchor", "ev_slot", "call_slot",
@@ -240,8 +242,8 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "replay_many: 1 to %d scenarios", MAXS);
         return NULL;
     }
-    Py_buffer b[NB2], gb[MAXS], tb[MAXS], ib[MAXS], mb[MAXS], xb[MAXS], ab[MAXS], vb[MAXS], kb;
-    int nb = 0, ng = 0, nt = 0, ni = 0, nm = 0, nx = 0, na = 0, nv = 0, nk = 0;
+    Py_buffer b[NB2], gb[MAXS], tb[MAXS], ib[MAXS], mb[MAXS], xb[MAXS], ab[MAXS], vb[MAXS], kb, pb;
+    int nb = 0, ng = 0, nt = 0, ni = 0, nm = 0, nx = 0, na = 0, nv = 0, nk = 0, npb = 0;
     int64_t *cur = NULL;
     int queue[MAXS];
     PyObject *res = NULL, *o_tend = NULL, *o_se = NULL;
@@ -249,7 +251,7 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
     int64_t *nxt = NULL;
     uint8_t *resolved = NULL;
     int32_t *row = NULL, *nread = NULL, *freel = NULL;
-    EvP *evp = NULL;
+    EvP *evp = NULL, *evp_own = NULL;
     double *prev = NULL, *L = NULL, *start = NULL, *T0 = NULL;
     Py_ssize_t cap = 0, used = 0, nfree = 0;
     int pool_err = 0;   /* 1: out of memory growing the pool; 2: a row read after its release */
@@ -341,14 +343,28 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
         goto done;
     }
     nxt = malloc(sizeof(int64_t) * (R + 1));
-    evp = malloc(sizeof(EvP) * (E + 1));
-    if (!nxt || !evp) {
+    if (!nxt) {
         PyErr_NoMemory();
         goto done;
     }
     if (E >= INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "replay_many: too many events");
         goto done;
+    }
+    if (o_packed != Py_None) {    /* pack_events' records of these arrays (replay.py caches them) */
+        if (PyObject_GetBuffer(o_packed, &pb, PyBUF_C_CONTIGUOUS) < 0) goto done;
+        npb = 1;
+        if (pb.len != E * (Py_ssize_t)sizeof(EvP)) {
+            PyErr_SetString(PyExc_ValueError, "replay_many: packed events of the wrong size");
+            goto done;
+        }
+        evp = pb.buf;
+    } else {
+        evp = evp_own = malloc(sizeof(EvP) * (E + 1));
+        if (!evp_own) {
+            PyErr_NoMemory();
+            goto done;
+        }
     }
     /* The scenarios usually share one gap array (their changes are sparse overrides, gap_at /
      * gap_to): the gap is then read once per event, and the overrides only at the events that
@@ -363,15 +379,18 @@ static PyObject *replay_many(PyObject *self, PyObject *args) {
         if (anchor[e] && ev_slot[e] >= 0 && ev_slot[e] < NS) nread[ev_slot[e]]++;
     for (Py_ssize_t j = 0; j < NS; j++)
         if (sl_prev[j] >= 0 && sl_prev[j] < NS) nread[sl_prev[j]]++;
-    for (Py_ssize_t e = 0; e < E; e++) {
-        EvP *p = evp + e;
-        p->gap = gap[0][e];
-        p->anchor = anchor[e] != 0;
-        p->dr = p->anchor ? rho[e] : dur[e];
-        p->cs = (int32_t)call_slot[e];
-        p->sl = (int32_t)ev_slot[e];
-        p->step = (int32_t)ev_step[e];
-    }
+    if (evp_own)
+        for (Py_ssize_t e = 0; e < E; e++) {
+            EvP *p = evp_own + e;
+            p->gap = gap[0][e];
+            p->anchor = anchor[e] != 0;
+            p->dr = p->anchor ? rho[e] : dur[e];
+            p->cs = (int32_t)call_slot[e];
+            p->sl = (int32_t)ev_slot[e];
+            p->step = (int32_t)ev_step[e];
+        }
+    else if (!packed_gap)
+        same_gap = 0;   /* (the records' gaps are not the scenarios': read gap[s]) */
     for (Py_ssize_t r = 0; r < R; r++) {
         pos[r] = rank_lo[r];
         nxt[r] = INT64_MAX;
@@ -534,7 +553,8 @@ pool_fail:;
 done:
     free(pos); free(prev); free(stack); free(next_waiter); free(head); free(arrived); free(resolved);
     free(row); free(nread); free(freel); free(L); free(cstack); free(start); free(T0); free(cur); free(nxt);
-    free(evp);
+    free(evp_own);
+    if (npb) PyBuffer_Release(&pb);
     Py_XDECREF(o_tend); Py_XDECREF(o_se);
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     for (int i = 0; i < ng; i++) PyBuffer_Release(&gb[i]);

@@ -330,6 +330,7 @@ def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayR
     S, E, R = len(scenarios), m.n_events, len(m.ranks)
     steps, sinv, sok = _step_index(m)
     ev_steppos = _ev_steppos(m, ci)
+    packed = _packed_events(m, ci, ev_steppos) if PACKED else None
     nst = len(steps)
     t_end = np.zeros(S)
     step_end = np.full((S, nst), -np.inf)
@@ -355,7 +356,7 @@ def _replay_c(m: Model, scenarios: list[Scenario], keep_events: bool) -> ReplayR
         te, se = _C.replay_many(ci["rank_lo"], ci["rank_hi"], ci["dur"], ci["rho"], ci["anchor"], ci["ev_slot"],
                                 ci["call_slot"], ci["sl_comm"], ci["sl_dep"], ci["sl_prev"], ci["cm_lo"], ci["cm_hi"],
                                 ci["succ_lo"], ci["succ"], ev_steppos, nst, gaps, tcs, tcis, masks, queues, excls, k,
-                                ats, tos)
+                                ats, tos, packed, all(sc.gap is None for sc in batch))
         t_end[b0:b0 + len(batch)] = np.frombuffer(te, np.float64)
         if nst:
             step_end[b0:b0 + len(batch)] = np.frombuffer(se, np.float64).reshape(len(batch), nst)
@@ -377,13 +378,46 @@ def _ev_steppos(m: Model, ci: dict) -> np.ndarray:
     return ev_steppos
 
 
+#: replay_many's per-event records (`_replay.c` EvP: gap, rho or dur, call slot, event slot, step
+#: position, anchor flag; 32 bytes), built once per model (_packed_events) instead of in every
+#: pass; False: each pass packs its own.
+_EVP = np.dtype([("gap", "<f8"), ("dr", "<f8"), ("cs", "<i4"), ("sl", "<i4"), ("step", "<i4"), ("anchor", "<i4")])
+PACKED = True
+
+
+def _packed_events(m: Model, ci: dict, ev_steppos: np.ndarray):
+    """The replay's packed per-event records of model `m` (cached in the C replay's inputs), with
+    the measured gaps; None where an index would not fit in int32 (the C loop refuses those)."""
+    pk = ci.get("packed")
+    if pk is not None:
+        return pk
+    with _CACHE_LOCK:
+        pk = ci.get("packed")
+        if pk is None:
+            E = m.n_events
+            if E >= 2 ** 31 - 1 or len(m.sl_comm) >= 2 ** 31 - 1:
+                return None
+            pk = np.empty(E, _EVP)
+            pk["gap"] = m.ev_gap
+            pk["dr"] = np.where(m.ev_anchor, m.ev_rho, m.ev_dur)
+            pk["cs"] = ci["call_slot"]
+            pk["sl"] = ci["ev_slot"]
+            pk["step"] = ev_steppos
+            pk["anchor"] = ci["anchor"]
+            ci["packed"] = pk
+    return pk
+
+
 def prepare(m: Model) -> None:
     """Build replay()'s scenario-independent inputs of model `m` (cached on it) in the calling
     thread: what_if does so before it replays in two threads, so that these arrays come from
     the heap the model's own temporaries left (the main thread's: memory already faulted in)
     rather than a new thread's arena."""
     if _C is not None:
-        _ev_steppos(m, _c_inputs(m))
+        ci = _c_inputs(m)
+        evsp = _ev_steppos(m, ci)
+        if PACKED:
+            _packed_events(m, ci, evsp)
     else:
         plan_for(m)
     _step_index(m)
