@@ -21,6 +21,13 @@
 
 typedef struct { Py_buffer b; } Buf;
 
+/* a hint to fetch the cache line of p ahead of a random read (w 0) or write (w 1) */
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p, w) __builtin_prefetch((p), (w), 1)
+#else
+#define PREFETCH(p, w) ((void)0)
+#endif
+
 static int get(PyObject *o, Py_buffer *b, Py_ssize_t itemsize, const char *name) {
     if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS) < 0) return -1;
     if (b->len % itemsize) {
@@ -1362,6 +1369,31 @@ static void gallop(const int64_t *k, Py_ssize_t n, const int64_t *q, const int64
     }
 }
 
+/* gallop's search for one query x, from *h (the previous answer), which it updates */
+static inline Py_ssize_t gallop_one(const int64_t *k, Py_ssize_t n, int64_t x, int right, Py_ssize_t *h) {
+#define BEFORE(p) (right ? k[p] <= x : k[p] < x)
+    Py_ssize_t lo, hi, c = *h;
+    if (c < n && BEFORE(c)) {
+        Py_ssize_t step = 1;
+        lo = c + 1;
+        hi = lo;
+        while (hi < n && BEFORE(hi)) { lo = hi + 1; hi += step; step *= 2; }
+        if (hi > n) hi = n;
+    } else {
+        Py_ssize_t step = 1;
+        hi = c;
+        lo = c;
+        while (lo > 0 && !BEFORE(lo - 1)) { hi = lo - 1; lo -= step; step *= 2; if (lo < 0) lo = 0; }
+    }
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (BEFORE(mid)) lo = mid + 1; else hi = mid;
+    }
+#undef BEFORE
+    *h = lo;
+    return lo;
+}
+
 /* search_along(keys, q, order, right) -> positions (bytes, int64), or None
  * np.searchsorted(keys, q, "right" if right else "left") for sorted int64 keys, the queries
  * taken in `order` (a permutation of 0..len(q)-1) and each searched from the previous one's
@@ -1496,19 +1528,35 @@ static PyObject *delay_intervals(PyObject *self, PyObject *args) {
     if (!bad) {
         cum[0] = 0.0;
         for (Py_ssize_t i = 0; i < NS; i++) cum[i + 1] = cum[i] + omega[so[i]];
-        gallop(keys, NS, qs, so, NS, 0, lo);
-        gallop(keys, NS, qe, so, NS, 0, hi);
-        gallop(ek, E, qs, so, NS, 1, s_lo);
-        gallop(ek, E, qe, so, NS, 1, s_hi);
         cg[0] = 0.0;
         for (Py_ssize_t e = 0; e < E; e++) {
             double g = gap[e];
             gpos[e] = first[e] ? 0.0 : np_max(g, 0.0);
             cg[e + 1] = cg[e] + gpos[e];
         }
-        for (Py_ssize_t j = 0; j < NS; j++) {
-            W[j] = cum[hi[j]] - cum[lo[j]];
-            comp[j] = cg[s_hi[j]] - cg[s_lo[j]];
+        /* the four searches of gallop (lo, hi among the slots' keys; s_lo, s_hi among the
+         * events'), each from its own previous answer, in one pass over the slots in `so`
+         * order: each slot's two queries read once, and W and comp from the running sums at
+         * the answers (near the previous ones) rather than in slot order (random reads) */
+        Py_ssize_t h1 = 0, h2 = 0, h3 = 0, h4 = 0;
+        for (Py_ssize_t i = 0; i < NS; i++) {
+            if (i + 16 < NS) {   /* (the slots come in `so` order: their reads and writes fetched ahead) */
+                int64_t jn = so[i + 16];
+                PREFETCH(qs + jn, 0);
+                PREFETCH(qe + jn, 0);
+                PREFETCH(lo + jn, 1);
+                PREFETCH(hi + jn, 1);
+                PREFETCH(s_lo + jn, 1);
+                PREFETCH(s_hi + jn, 1);
+                PREFETCH(W + jn, 1);
+                PREFETCH(comp + jn, 1);
+            }
+            int64_t j = so[i], xs = qs[j], xe = qe[j];
+            Py_ssize_t a = gallop_one(keys, NS, xs, 0, &h1), bq = gallop_one(keys, NS, xe, 0, &h2);
+            Py_ssize_t c = gallop_one(ek, E, xs, 1, &h3), dq = gallop_one(ek, E, xe, 1, &h4);
+            lo[j] = a; hi[j] = bq; s_lo[j] = c; s_hi[j] = dq;
+            W[j] = cum[bq] - cum[a];
+            comp[j] = cg[dq] - cg[c];
         }
         for (Py_ssize_t j = 0; j < NS; j++) {
             int64_t k = d[j];
