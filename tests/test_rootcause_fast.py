@@ -289,6 +289,20 @@ def test_replay_of_all_scenarios_in_one_pass_equals_one_per_call(run, monkeypatc
     assert np.allclose(npy.t_end, ref.t_end, rtol=0, atol=1.0)
 
 
+@pytest.mark.skipif(RP._C is None, reason="the C replay is not built")
+def test_what_if_drops_the_packed_records_and_a_later_replay_builds_them_again(run):
+    """what_if's replays use the packed per-event records (replay._packed_events) and drop them
+    when done (a cached model does not hold 32 bytes an event for nothing); a later replay
+    builds them again, with the same figures."""
+    m = M.build_model(run)
+    wi = RC.what_if(run)
+    assert wi["scenarios"] and "packed" not in RP._c_inputs(m)
+    scs = _all_scenarios(m)
+    a = RP.replay(m, scs)
+    assert "packed" in RP._c_inputs(m)
+    assert np.array_equal(a.t_end, RP.replay(m, scs, engine="c-each").t_end)
+
+
 @pytest.mark.skipif(M._C is None, reason="the C helpers are not built")
 def test_median_excess_in_c_equals_the_sorted_arithmetic():
     rng = np.random.default_rng(12)

@@ -408,6 +408,16 @@ def _packed_events(m: Model, ci: dict, ev_steppos: np.ndarray):
     return pk
 
 
+def release_packed(m: Model) -> None:
+    """Drop the packed per-event records of model `m` (what_if, once its replays are done: 64
+    MB on 64 x 20,000 that a cached model would otherwise hold; a later replay builds them
+    again)."""
+    ci = getattr(m, "_c_inputs", None)
+    if ci is not None:
+        with _CACHE_LOCK:
+            ci.pop("packed", None)
+
+
 def prepare(m: Model) -> None:
     """Build replay()'s scenario-independent inputs of model `m` (cached on it) in the calling
     thread: what_if does so before it replays in two threads, so that these arrays come from

@@ -113,6 +113,7 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
     else:
         res_after = RP.replay(m, after) if after else None
         res = beside.result() if beside is not None else RP.replay(m, free)
+    RP.release_packed(m)                    # (32 bytes an event, rebuilt by a later replay)
     val = RP._validation(m, res)            # (the baseline is free[0])
     # the scenarios in the report's order: the measured run, the ranks, the delays, the
     # communication hidden, the bus bandwidths, the rank removed
