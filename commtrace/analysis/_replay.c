@@ -1336,40 +1336,10 @@ done:
     return res;
 }
 
-/* galloping np.searchsorted(k, q[o[i]], side) for i in order o, each query searched from the
- * previous one's answer h (in [0, n]) outwards: gallop up or down, then a binary search in the
- * bracket; the answer is the first position p with k[p] > x (right) or k[p] >= x (left), and
- * "before(p)" means k[p] precedes it (search_along, delay analysis) */
-static void gallop(const int64_t *k, Py_ssize_t n, const int64_t *q, const int64_t *o, Py_ssize_t m, int right,
-                   int64_t *r) {
-    Py_ssize_t h = 0;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        int64_t x = q[o[i]];
-#define BEFORE(p) (right ? k[p] <= x : k[p] < x)
-        Py_ssize_t lo, hi;
-        if (h < n && BEFORE(h)) {
-            Py_ssize_t step = 1;
-            lo = h + 1;
-            hi = lo;
-            while (hi < n && BEFORE(hi)) { lo = hi + 1; hi += step; step *= 2; }
-            if (hi > n) hi = n;
-        } else {
-            Py_ssize_t step = 1;
-            hi = h;
-            lo = h;
-            while (lo > 0 && !BEFORE(lo - 1)) { hi = lo - 1; lo -= step; step *= 2; if (lo < 0) lo = 0; }
-        }
-        while (lo < hi) {
-            Py_ssize_t mid = lo + (hi - lo) / 2;
-            if (BEFORE(mid)) lo = mid + 1; else hi = mid;
-        }
-#undef BEFORE
-        r[o[i]] = lo;
-        h = lo;
-    }
-}
-
-/* gallop's search for one query x, from *h (the previous answer), which it updates */
+/* galloping np.searchsorted(k, x, side) from the previous answer *h (in [0, n]) outwards, which
+ * it updates: gallop up or down, then a binary search in the bracket; the answer is the first
+ * position p with k[p] > x (right) or k[p] >= x (left), and "before(p)" means k[p] precedes it
+ * (search_along, delay analysis) */
 static inline Py_ssize_t gallop_one(const int64_t *k, Py_ssize_t n, int64_t x, int right, Py_ssize_t *h) {
 #define BEFORE(p) (right ? k[p] <= x : k[p] < x)
     Py_ssize_t lo, hi, c = *h;
@@ -1392,6 +1362,13 @@ static inline Py_ssize_t gallop_one(const int64_t *k, Py_ssize_t n, int64_t x, i
 #undef BEFORE
     *h = lo;
     return lo;
+}
+
+/* gallop_one for the queries q[o[i]], i in order o, each from the previous one's answer */
+static void gallop(const int64_t *k, Py_ssize_t n, const int64_t *q, const int64_t *o, Py_ssize_t m, int right,
+                   int64_t *r) {
+    Py_ssize_t h = 0;
+    for (Py_ssize_t i = 0; i < m; i++) r[o[i]] = gallop_one(k, n, q[o[i]], right, &h);
 }
 
 /* search_along(keys, q, order, right) -> positions (bytes, int64), or None
