@@ -174,7 +174,11 @@ fail_bufs:
 
 /* replay_many(rank_lo, rank_hi, dur, rho, anchor, ev_slot, call_slot, sl_comm, sl_dep, sl_prev,
  *             cm_lo, cm_hi, succ_lo, succ, ev_step, n_steps,
- *             gaps, tcs, tc_inds, masks, queues, excls, kept, gap_ats, gap_tos) -> (t_end, step_end)
+ *             gaps, tcs, tc_inds, masks, queues, excls, kept, gap_ats, gap_tos[, packed, packed_gap])
+ *   -> (t_end, step_end)
+ *
+ * packed: None, or the EvP records of these arrays (replay.py _packed_events: the gaps those of
+ * gaps[0] when packed_gap is true, else read from gaps); without them the pass packs its own.
  *
  * The replay of S scenarios in one pass. Which event waits for which communication, and so the
  * order in which the loop above visits events and resolves communications, depends only on the

@@ -420,9 +420,9 @@ def release_packed(m: Model) -> None:
 
 def prepare(m: Model) -> None:
     """Build replay()'s scenario-independent inputs of model `m` (cached on it) in the calling
-    thread: what_if does so before it replays in two threads, so that these arrays come from
-    the heap the model's own temporaries left (the main thread's: memory already faulted in)
-    rather than a new thread's arena."""
+    thread, before replays in several threads would each build them: what_if runs it in a
+    second thread beside delay analysis (rootcause.SPLIT), or in its own before the free
+    scenarios' replay starts beside it; replay_split runs it first (cached: nothing then)."""
     if _C is not None:
         ci = _c_inputs(m)
         evsp = _ev_steppos(m, ci)

@@ -171,8 +171,9 @@ def what_if(run, busbw_ref: float | None = None) -> dict:
     return out
 
 
-#: Whether what_if replays the scenarios that need no delay analysis beside it, in a second
-#: thread (tests compare it with one thread).
+#: Whether what_if uses a second thread: with SPLIT, for the replay's inputs beside delay
+#: analysis and half of the scenarios' replay; without, for the scenarios that need no delay
+#: analysis, replayed beside it (tests compare both with one thread).
 PARALLEL = True
 #: With PARALLEL: whether what_if replays every scenario after delay analysis, in one pass
 #: split between two threads (RP.replay_split), rather than those needing no delay analysis in
