@@ -100,6 +100,14 @@ grep -q "all_reduce" "$WORK/out.txt" && grep -q "straggler  rank 1" "$WORK/out.t
 check "report json" "$CT" report traces/a --format json
 "$V/python" -c "import json,sys; d=json.load(open('$WORK/out.txt')); assert d['world_size']==2, d.get('world_size')" \
   || fail "report --format json"
+# root cause and what-if by the wheel's compiled replay (commtrace.analysis._replay): scenarios,
+# and the unchanged trace replayed within 2% of the measured run
+"$V/python" -c "
+import json, commtrace.analysis._replay
+w = json.load(open('$WORK/out.txt'))['what_if']
+assert w and w['scenarios'], w
+assert abs(w['replay_error']) <= 0.02, w['replay_error']
+" || fail "report --format json: no what-if from the wheel's compiled replay, or its replay error over 2%"
 check "export" "$CT" export traces/a --format perfetto -o a.json.gz
 [ -s a.json.gz ] || fail "export wrote nothing"
 check "export csv" "$CT" export traces/a --format csv -o a.csv
