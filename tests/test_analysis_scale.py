@@ -181,6 +181,70 @@ def test_traced_run_same_report_in_memory_and_on_disk(tmp_path_factory, monkeypa
         assert_same(got, ref)
 
 
+def test_a_large_run_held_in_memory_gives_the_same_report_and_cleans_up(synth_dir, monkeypatch):
+    """`load(in_memory=True)` (what `report --what-if` asks for): a run above DISK_ROWS is held in
+    DuckDB's memory where it fits in half the memory limit, not in a database file: no table in a
+    file, spills pointed at a private directory that close() removes, and the same report (with
+    root cause and what-if) as the database file's. Where it does not fit, the file as before."""
+    from report_compare import differences
+
+    def report(**kw):
+        run = commtrace.load(synth_dir, **kw)
+        try:
+            rep = run.report(what_if=True)
+        finally:
+            run.close()
+        rep.pop("path")
+        return rep
+
+    monkeypatch.setattr(L, "DISK_ROWS", 0)
+    ref = report()
+    assert ref["what_if"]["scenarios"] and ref["finding_counts"].get("straggler") == 1
+    seen = {}
+    real_close = L.close
+
+    def close(con, tmp):
+        seen["tmp"], seen["existed"] = tmp, tmp is not None and os.path.isdir(tmp)
+        seen["dbs"] = sorted({db for db, in con.execute("SELECT database_name FROM duckdb_tables()").fetchall()})
+        seen["spill"] = con.execute("SELECT current_setting('temp_directory')").fetchone()[0]
+        return real_close(con, tmp)
+
+    monkeypatch.setattr(L, "close", close)
+    got = report(in_memory=True)
+    assert differences(got, ref) == []
+    assert set(seen["dbs"]) <= {"memory", "temp"}, seen   # (a file's tables: `store` or `run`)
+    assert seen["existed"] and seen["spill"] == os.path.join(seen["tmp"], "spill")
+    assert not os.path.exists(seen["tmp"])
+    # too large for half the memory limit: the database file, as without in_memory
+    monkeypatch.setattr(L, "MEMORY_ROW_BYTES", 10**9)
+    report(in_memory=True)
+    assert not set(seen["dbs"]) <= {"memory", "temp"}, seen
+
+
+def test_report_holds_a_large_run_in_memory_with_what_if(synth_dir, monkeypatch, capsys):
+    """`commtrace report`: --what-if holds a large run in memory (where it fits), the report
+    without it in the database file; --in-memory / --no-in-memory choose either way."""
+    from commtrace.cli import main
+
+    asked = []
+    real_connect = L.connect
+    monkeypatch.setattr(L, "connect", lambda rows, **kw: (asked.append(kw.get("in_memory")), real_connect(rows, **kw))[1])
+    monkeypatch.setattr(L, "DISK_ROWS", 0)
+    for args, want in ((["--what-if"], True), (["--no-what-if"], False), ([], False),
+                       (["--no-what-if", "--in-memory"], True), (["--what-if", "--no-in-memory"], False)):
+        assert main(["report", synth_dir, "--format", "json", "--no-progress"] + args) == 0
+        rep = json.loads(capsys.readouterr().out)
+        assert asked[-1] is want, args
+        assert (rep["what_if"] is not None) == ("--what-if" in args or not args), args
+
+
+def test_in_memory_fits_half_the_memory_limit():
+    assert L.in_memory_fits(1_000_000, "4GB")                      # 364 MB of 2 GB
+    assert not L.in_memory_fits(1_000_000, "500MB")                # 364 MB of 250 MB
+    assert not L.in_memory_fits(L.SPLIT_MAX_ROWS + 1, "1TB")       # the file above 20 M rows
+    assert not L.in_memory_fits(1000, "a lot")
+
+
 def test_memory_limit_sizes_in_bytes():
     """The memory limit as DuckDB reads it (KB/MB/GB powers of 1000, KiB/MiB/GiB of 1024): it
     decides whether a large run's derived tables fit in memory."""

@@ -139,3 +139,10 @@ def test_spark_options_need_the_spark_engine(capsys):
     rc = main(["report", os.path.join(DATA, "straggler"), "--spark-master", "local[2]"])
     assert rc == 2
     assert "--spark-master and --spark-parts-url need --engine spark" in capsys.readouterr().err
+
+
+def test_in_memory_is_for_the_duckdb_engine(capsys):
+    rc = main(["report", os.path.join(DATA, "straggler"), "--engine", "spark", "--in-memory"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["commtrace: error: --in-memory is for --engine duckdb (Spark holds the run itself)"]

@@ -41,6 +41,9 @@ SPLIT_MAX_ROWS = 20_000_000
 #: Bytes of the in-memory derived tables per row of ``t`` (waits, collectives, p2p pairs,
 #: per-step figures; 512 x 20,000 synthetic: 0.66 GB for 11.4 M rows).
 DERIVED_ROW_BYTES = 64
+#: Bytes of ``t`` in DuckDB's memory per row (uncompressed; 64 x 20,000 synthetic: the report's
+#: peak 468 -> 734 MB for 1.28 M rows held in memory instead of the file), for in_memory_fits.
+MEMORY_ROW_BYTES = 300
 #: Name of the attached database file that holds ``t`` of a large run.
 STORE = "store"
 #: Rows per load chunk (whole ranks): bounds the memory of one INSERT.
@@ -78,17 +81,33 @@ def size_bytes(size: str) -> int | None:
     return int(float(num) * (1024 if binary else 1000) ** power)
 
 
+def in_memory_fits(rows: int, memory_limit: str | None = None) -> bool:
+    """Whether a run of `rows` rows may be held in memory when its caller prefers that
+    (:func:`connect`'s `in_memory`): at most SPLIT_MAX_ROWS rows whose table and derived tables
+    (MEMORY_ROW_BYTES + DERIVED_ROW_BYTES a row) fit in half the memory limit."""
+    mem = memory_limit or os.environ.get("COMMTRACE_MEMORY_LIMIT") or default_memory_limit()
+    limit = size_bytes(mem)
+    return limit is not None and rows <= SPLIT_MAX_ROWS and rows * (MEMORY_ROW_BYTES + DERIVED_ROW_BYTES) <= limit // 2
+
+
 def connect(rows: int, *, threads: int | None = None, memory_limit: str | None = None,
-            temp_dir: str | None = None):
+            temp_dir: str | None = None, in_memory: bool = False):
     """A DuckDB connection for a run of `rows` rows: in memory when small, else a database file
     in a new temporary directory under `temp_dir` (default: $COMMTRACE_TMPDIR or the system's).
+    With `in_memory`, a larger run is held in memory too where it fits (:func:`in_memory_fits`),
+    its spills in such a directory: the report with root cause and what-if asks for it (their
+    model holds several times the table's memory anyway; docs/performance.md, session 28).
     Returns (connection, directory or None); the directory is removed by :func:`close`."""
     import duckdb
 
     threads = threads or max(1, min(os.cpu_count() or 1, 8))
     mem = memory_limit or os.environ.get("COMMTRACE_MEMORY_LIMIT") or default_memory_limit()
     tmp = None
-    if rows > DISK_ROWS:
+    if rows > DISK_ROWS and in_memory and in_memory_fits(rows, mem):
+        tmp = tempfile.mkdtemp(prefix="commtrace-", dir=temp_dir or os.environ.get("COMMTRACE_TMPDIR") or None)
+        con = duckdb.connect(config={"threads": threads})
+        con.execute(f"SET temp_directory = {Q.quote(os.path.join(tmp, 'spill'))}")
+    elif rows > DISK_ROWS:
         tmp = tempfile.mkdtemp(prefix="commtrace-", dir=temp_dir or os.environ.get("COMMTRACE_TMPDIR") or None)
         db = os.path.join(tmp, "run.duckdb")
         limit = size_bytes(mem)

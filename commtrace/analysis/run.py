@@ -48,7 +48,8 @@ _Rows = Q.Rows
 
 def load(path, *, threads: int | None = None, memory_limit: str | None = None, progress=None,
          run: str | None = None, temp_dir: str | None = None, engine: str = "duckdb",
-         spark_master: str | None = None, spark_parts_url: str | None = None) -> "Run":
+         spark_master: str | None = None, spark_parts_url: str | None = None,
+         in_memory: bool = False) -> "Run":
     """Load a run directory (or one Parquet trace) for analysis.
 
     `path` may also be a directory of runs (the output of ``commtrace run -o``): with one run
@@ -61,6 +62,8 @@ def load(path, *, threads: int | None = None, memory_limit: str | None = None, p
     $COMMTRACE_MEMORY_LIMIT) caps the query engine's memory; large runs are held in a
     database file under `temp_dir` (default $COMMTRACE_TMPDIR or the system's temporary
     directory) and spill there, removed again by :meth:`Run.close`.
+    `in_memory=True` holds a large run in memory instead of a database file where it fits in
+    half the memory limit (faster: the report with root cause and what-if asks for it).
     `engine="spark"` runs the cross-rank stages on Spark (`spark_master`, default
     $COMMTRACE_SPARK_MASTER or ``local[*]``; `spark_parts_url`, the run directory as the
     executors read it): see :mod:`commtrace.analysis.spark`."""
@@ -76,7 +79,8 @@ def load(path, *, threads: int | None = None, memory_limit: str | None = None, p
     rf = R.scan_run(path)
     if progress:
         progress("loading", 0.0, rf.num_rows)
-    con, tmp = L.connect(rf.num_rows, threads=threads, memory_limit=memory_limit, temp_dir=temp_dir)
+    con, tmp = L.connect(rf.num_rows, threads=threads, memory_limit=memory_limit, temp_dir=temp_dir,
+                         in_memory=in_memory)
     try:
         rf.pgs = L.load_table(con, rf, path, progress)
     except BaseException:
