@@ -192,14 +192,17 @@ def test_a_large_run_held_in_memory_gives_the_same_report_and_cleans_up(synth_di
         run = commtrace.load(synth_dir, **kw)
         try:
             rep = run.report(what_if=True)
+            sub = run.report(steps=(2, 9), what_if=True)    # (a step subset's table beside `t`)
         finally:
             run.close()
-        rep.pop("path")
-        return rep
+        for r in (rep, sub):
+            r.pop("path")
+        return rep, sub
 
     monkeypatch.setattr(L, "DISK_ROWS", 0)
     ref = report()
-    assert ref["what_if"]["scenarios"] and ref["finding_counts"].get("straggler") == 1
+    assert ref[0]["what_if"]["scenarios"] and ref[0]["finding_counts"].get("straggler") == 1
+    assert ref[1]["what_if"]["scenarios"] and ref[1]["steps"] == [2, 9]
     seen = {}
     real_close = L.close
 
