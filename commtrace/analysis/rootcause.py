@@ -185,15 +185,16 @@ def _group_delayed(m, rank: int):
     """The group whose waits the delays of `rank` cost most (collectives only; on equal costs
     the group met first in slot order)."""
     a = getattr(m, "_attribution", None)
-    if a is None:
+    if a is None or not len(m.cm_lo):
         return None
-    d = m.cm_last[m.sl_comm]
-    sel = (m.sl_rank[d] == rank) & ~m.cm_is_p2p[m.sl_comm]
-    if not sel.any():
+    # the collectives whose latest arrival is the rank's (per communication: 158k on 64 x
+    # 20,000, where a selection per slot gathered 1.28 M slots five times)
+    csel = np.flatnonzero((m.sl_rank[m.cm_last] == rank) & ~m.cm_is_p2p)
+    if not len(csel):
         return None
-    codes = m.cm_pgc[m.sl_comm[sel]]
-    w = (a["sl_direct"] + a["sl_prop"])[sel]
-    # bincount adds in slot order, as a running sum per group would
+    # each one's waits (its slots are m.cm_lo..m.cm_hi), then per group in slot order
+    w = np.add.reduceat(a["sl_direct"], m.cm_lo)[csel] + np.add.reduceat(a["sl_prop"], m.cm_lo)[csel]
+    codes = m.cm_pgc[csel]
     tot = np.bincount(codes, weights=w, minlength=len(m.pg_names))
     seen, first = np.unique(codes, return_index=True)
     best = seen[np.lexsort((first, -tot[seen]))[0]]
