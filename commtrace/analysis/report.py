@@ -73,7 +73,7 @@ def build_report(run, top: int = 10, rank: int | None = None, steps=None, progre
         what_if = n_op <= AUTO_MAX_OPS
         if not what_if:
             skipped = (f"root cause and what-if skipped on {n_op:,} ops (more than {AUTO_MAX_OPS:,}): "
-                       "add --what-if for them (docs/performance.md: about +1.2 s CPU and +0.6 GB per million ops)")
+                       "add --what-if for them (docs/performance.md: about +1 s CPU and +0.8 GB per million ops)")
     (ENABLED if what_if else DISABLED).add(run)
     beside = what_if and PARALLEL and "findings" not in run._cache
     if beside:

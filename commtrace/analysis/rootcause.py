@@ -220,8 +220,8 @@ def rank_gain(run, rank: int) -> float:
 
 #: The report runs root cause and what-if by itself up to this many ops (`--what-if` forces
 #: them on larger runs, and holds such a run in memory where it fits: they cost about 1 s of CPU
-#: and 0.6-0.8 GB per million ops; the 64 x 20,000 report with them 2.8-2.9 s, +17% over the
-#: report without them, +38% over that report held in memory too; docs/performance.md).
+#: and 0.8 GB per million ops; the 64 x 20,000 report with them 2.8-2.9 s at best, +16-23% over
+#: the report without them, +35-42% over that report held in memory too; docs/performance.md).
 AUTO_MAX_OPS = 250_000
 #: Runs whose report was asked without root cause and what-if (`report --no-what-if`), and
 #: runs where they were asked for whatever the size (`report --what-if`).
