@@ -4,6 +4,8 @@
 # and run every command as a subprocess from outside the repository:
 #   commtrace, --help, --version, every subcommand's --help;
 #   commtrace run -- torchrun on a sample, then report (text, json), export, diff, synth;
+#   report --what-if of a synthetic run over 200,000 rows (held in memory; in the file under a
+#   small --memory-limit, with its warning), nothing left in COMMTRACE_TMPDIR;
 #   dashboard started, fetched once, stopped (Ctrl-C); python -c "import commtrace; commtrace.load(...)";
 #   commtrace accel build (the C++ module: DDP recording, tensor reads; into $WORK/accel-cache via COMMTRACE_CACHE_DIR),
 #   accel status, and a traced 2-rank DDP job whose buckets go through that hook (skipped, and
@@ -115,6 +117,23 @@ check "diff" "$CT" diff traces/a traces/b
 check "synth" "$CT" synth synth64 --ranks 8 --ops 200 --straggler 3:2ms
 check "report synth" "$CT" report synth64
 grep -q straggler "$WORK/out.txt" || fail "the synthetic straggler is not reported"
+
+step "report --what-if on a run of over 200,000 rows: held in memory, or in the file when it does not fit"
+check "synth (231,112 rows)" "$CT" synth synth_big --ranks 8 --ops 26000 --straggler 3:2ms
+mkdir -p "$WORK/ct-tmp"
+for lim in "" 64MB; do
+  COMMTRACE_TMPDIR=$WORK/ct-tmp check "report --what-if ${lim:+--memory-limit $lim}" \
+    "$CT" report synth_big --what-if --format json ${lim:+--memory-limit $lim}
+  "$V/python" -c "
+import json, sys
+d = json.load(open('$WORK/out.txt'))
+held = [w for w in d['warnings'] if w.startswith('run held in a database file, not in memory')]
+assert d['ops'] == 208000 and d['what_if']['scenarios'], (d['ops'], d['what_if'])
+assert [f['rank'] for f in d['findings'] if f['kind'] == 'straggler'] == [3], d['findings']
+assert len(held) == (1 if sys.argv[1] else 0), d['warnings']
+" "$lim" || fail "report --what-if ${lim:+--memory-limit $lim} on 8 x 26,000 ops"
+  [ -z "$(ls -A "$WORK/ct-tmp")" ] || fail "report left files in COMMTRACE_TMPDIR: $(ls -A "$WORK/ct-tmp")"
+done
 
 step "library: commtrace.load"
 check "load" "$V/python" -c "import commtrace; r = commtrace.load('traces/a'); print(r.world_size, len(r.findings()))"

@@ -220,8 +220,15 @@ def test_a_large_run_held_in_memory_gives_the_same_report_and_cleans_up(synth_di
     assert not os.path.exists(seen["tmp"])
     # too large for half the memory limit: the database file, as without in_memory
     monkeypatch.setattr(L, "MEMORY_ROW_BYTES", 10**9)
-    report(in_memory=True)
+    rep, _ = report(in_memory=True)
     assert not set(seen["dbs"]) <= {"memory", "temp"}, seen
+    said = [w for w in rep["warnings"] if w.startswith("run held in a database file, not in memory")]
+    rows = sum(pq.ParquetFile(f).metadata.num_rows
+               for f in glob.glob(os.path.join(synth_dir, "**", "*.parquet"), recursive=True))
+    assert said == [f"run held in a database file, not in memory: {rows:,} rows need about "
+                    f"{rows * (10**9 + L.DERIVED_ROW_BYTES) / 1e9:.2f} GB, more than half the memory limit "
+                    f"(--memory-limit) or over {L.SPLIT_MAX_ROWS:,} rows"], rep["warnings"]
+    assert not [w for w in got[0]["warnings"] if "not in memory" in w]
 
 
 def test_report_holds_a_large_run_in_memory_with_what_if(synth_dir, monkeypatch, capsys):

@@ -103,15 +103,13 @@ def connect(rows: int, *, threads: int | None = None, memory_limit: str | None =
     threads = threads or max(1, min(os.cpu_count() or 1, 8))
     mem = memory_limit or os.environ.get("COMMTRACE_MEMORY_LIMIT") or default_memory_limit()
     tmp = None
-    if rows > DISK_ROWS and in_memory and in_memory_fits(rows, mem):
-        tmp = tempfile.mkdtemp(prefix="commtrace-", dir=temp_dir or os.environ.get("COMMTRACE_TMPDIR") or None)
-        con = duckdb.connect(config={"threads": threads})
-        con.execute(f"SET temp_directory = {Q.quote(os.path.join(tmp, 'spill'))}")
-    elif rows > DISK_ROWS:
+    if rows > DISK_ROWS:
         tmp = tempfile.mkdtemp(prefix="commtrace-", dir=temp_dir or os.environ.get("COMMTRACE_TMPDIR") or None)
         db = os.path.join(tmp, "run.duckdb")
         limit = size_bytes(mem)
-        if rows > SPLIT_MAX_ROWS or limit is None or rows * DERIVED_ROW_BYTES > limit // 2:
+        if in_memory and in_memory_fits(rows, mem):
+            con = duckdb.connect(config={"threads": threads})
+        elif rows > SPLIT_MAX_ROWS or limit is None or rows * DERIVED_ROW_BYTES > limit // 2:
             con = duckdb.connect(db, config={"threads": threads})
         else:
             con = duckdb.connect(config={"threads": threads})

@@ -81,6 +81,11 @@ def load(path, *, threads: int | None = None, memory_limit: str | None = None, p
         progress("loading", 0.0, rf.num_rows)
     con, tmp = L.connect(rf.num_rows, threads=threads, memory_limit=memory_limit, temp_dir=temp_dir,
                          in_memory=in_memory)
+    if in_memory and rf.num_rows > L.DISK_ROWS and not L.in_memory_fits(rf.num_rows, memory_limit):
+        rf.warnings.append(
+            f"run held in a database file, not in memory: {rf.num_rows:,} rows need about "
+            f"{rf.num_rows * (L.MEMORY_ROW_BYTES + L.DERIVED_ROW_BYTES) / 1e9:.2f} GB, more than half the memory "
+            f"limit (--memory-limit) or over {L.SPLIT_MAX_ROWS:,} rows")
     try:
         rf.pgs = L.load_table(con, rf, path, progress)
     except BaseException:
