@@ -102,8 +102,8 @@ with commtrace.trace(output=sys.argv[1]):
     opt.step()
     c = R._cfast
     pc = c.pipe_counts() if c is not None else {}
-    print(" ".join(f"{k} {pc.get(k, 0)}" for k in ("marks", "marks_python", "reads",
-                                                   "reads_python")))
+    print(" ".join(f"{k} {pc.get(k, 0)}" for k in ("marks", "marks_python", "marks_direct",
+                                                   "reads", "reads_python")))
 dist.destroy_process_group()
 '''
 
@@ -121,9 +121,12 @@ def test_host_reads_and_step_marks_in_c_record_the_python_rows(tmp_path):
         if mode == "0" and hazards_c():
             # 3 marks; 7+ reads per step with nothing unwaited, 3+ with x pending
             assert v["marks"] == 3 and v["marks_python"] == 0, v
+            # each set the step behind the recorder's property, with no Python frame
+            assert v["marks_direct"] == 3, v
             assert v["reads"] >= 3 * 7 + 3 and v["reads_python"] >= 3 * 3, v
         else:
-            assert v == {"marks": 0, "marks_python": 0, "reads": 0, "reads_python": 0}, v
+            assert v == {"marks": 0, "marks_python": 0, "marks_direct": 0, "reads": 0,
+                         "reads_python": 0}, v
         rows = [r for r in load(d) if r["kind"] != "op"]
         for r in rows:
             r.pop("t_enqueue_ns"), r.pop("thread"), r.pop("ref_op_id")

@@ -145,7 +145,7 @@ typedef struct {
 static PyObject *s_recorder, *s_dict, *s_depth, *s_coalesce, *s_api, *s_detail,
     *s_default_pg, *s_member, *s_idx, *s_name, *s_ranks, *s_active, *s_device_timer, *s_now_ns,
     *s_numel, *s_dtype, *s_get_device, *s_nbytes, *s_seq, *s_p2p_seq, *s_step, *s_stack,
-    *s_op_ids, *s_cap, *s_rank;
+    *s_op_ids, *s_cap, *s_rank, *s__step;
 static PyObject *s_seq_slot, *s_seqs, *s_tseq, *s_tseqs, *s_get_tseq, *s_p2p_one;
 static PyObject *i_zero, *i_one;   /* owned references to the ints 0 and 1 */
 /* Calls recorded here / handed to the Python wrapper, and the line of the last hand-over
@@ -5757,7 +5757,7 @@ static PyObject *mk_kind, *mk_detail;            /* schema.KIND_MARK, "optimizer
 static PyObject *mk_site_of_frame, *mk_code_internal, *mk_site_pairs;   /* sites.py's */
 static PyObject *mk_site_str;    /* site pair -> its "file:line" string (mark_site) */
 #define MK_SITE_STR_MAX 4096
-static unsigned long long n_marks, n_marks_py;
+static unsigned long long n_marks, n_marks_py, n_marks_direct;
 static PyObject *s_manual_steps, *s_opt_ref, *s_hook_py, *s_warn_py, *s_hz_recorder,
     *s_last_change, *s_unpatch_after, *s_monotonic;
 
@@ -5910,15 +5910,48 @@ static PyObject *step_hook(PyObject *module, PyObject *const *args, Py_ssize_t n
         Py_DECREF(rec);
         Py_RETURN_NONE;
     }
-    /* rec.step = (rec.step or 0) + 1 */
-    PyObject *step = PyObject_GetAttr(rec, s_step);
+    /* rec.step = (rec.step or 0) + 1. Where this recorder's class has recorder.py's step and
+     * device_timer properties (H.c_rd_notify, decided for H.c_rec), the value behind them,
+     * `_step` in the instance dict, is read and written here, and the C path's cached step
+     * (H.e_step) set to it as the setter's rd_changed() and the next op's refresh would: no
+     * Python frame per training step (the getter, the setter, recorder._rd_changed, and the
+     * next op's two getters: five per step, ~1.2% of the DDP sample's step at 2 ranks;
+     * issue 20, session 29). Otherwise through the properties. */
+    PyObject *rd = H.c_rdict;
+    int direct = H.c_rd_notify && H.c_rec == rec && rd != NULL && PyDict_CheckExact(rd);
+    PyObject *step = NULL;
+    if (direct) {
+        step = PyDict_GetItemWithError(rd, s__step);   /* borrowed */
+        if (step != NULL)
+            Py_INCREF(step);
+        else if (PyErr_Occurred())
+            goto error;
+        else
+            direct = 0;
+    }
+    if (!direct)
+        step = PyObject_GetAttr(rec, s_step);
     if (step == NULL)
         goto error;
     int t = PyObject_IsTrue(step);
     step1 = t < 0 ? NULL : PyNumber_Add(t ? step : i_zero, i_one);
     Py_DECREF(step);
-    if (step1 == NULL || PyObject_SetAttr(rec, s_step, step1) < 0)
+    if (step1 == NULL)
         goto error;
+    if (direct) {
+        if (PyDict_SetItem(rd, s__step, step1) < 0)
+            goto error;
+        /* rd_changed(), less the refresh: the device timer did not change */
+        long long v = as_ll(step1);
+        H.rd_epoch++;
+        if ((H.e_rd_ok & 3) == 1 && v != NONE_LL)
+            H.e_step = v;
+        else
+            H.e_rd_ok = 0;
+        n_marks_direct++;
+    } else if (PyObject_SetAttr(rec, s_step, step1) < 0) {
+        goto error;
+    }
     n_marks++;
     /* Recorder.emit's row: kind, rank, thread, step, t_enqueue_ns, site (config.stack), detail */
     row = PyList_New(C_NCOL);
@@ -5928,7 +5961,7 @@ static PyObject *step_hook(PyObject *module, PyObject *const *args, Py_ssize_t n
         Py_INCREF(Py_None);
         PyList_SET_ITEM(row, i, Py_None);
     }
-    PyObject *tn = PyObject_CallNoArgs(as_time_ns);   /* acst.now_ok: rec.now_ns is time_ns */
+    PyObject *tn = PyLong_FromLongLong(now_ns());   /* acst.now_ok: rec.now_ns is time_ns */
     PyObject *rank = PyObject_GetAttr(rec, s_rank);
     PyObject *th = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
     PyObject *cfg = PyObject_GetAttr(rec, s_config);
@@ -6069,8 +6102,9 @@ static PyObject *hazard_reader(PyObject *module, PyObject *args) {
 }
 
 static PyObject *pipe_counts(PyObject *module, PyObject *unused) {
-    return Py_BuildValue("{s:K,s:K,s:K,s:K}", "marks", n_marks, "marks_python", n_marks_py,
-                         "reads", n_reads_c, "reads_python", n_reads_py);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K}", "marks", n_marks, "marks_python", n_marks_py,
+                         "marks_direct", n_marks_direct, "reads", n_reads_c,
+                         "reads_python", n_reads_py);
 }
 
 static int pipe_init(void) {
@@ -6095,7 +6129,8 @@ static int pipe_init(void) {
      "hazard_reader(orig, python_reader, state, hazards_module): a host-read method whose " \
      "common case runs in C."},                                                             \
     {"pipe_counts", pipe_counts, METH_NOARGS,                                               \
-     "{marks, marks_python, reads, reads_python}: step marks and host reads, C / Python."},
+     "{marks, marks_python, marks_direct, reads, reads_python}: step marks and host reads, " \
+     "C / Python (marks_direct: C marks that set the step without its property)."},
 
 /* ---------------------------------------------------------------------------------------
  * End of the step marker and hazard readers in C.
@@ -6189,6 +6224,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_now_ns, "now_ns"); INTERN(s_numel, "numel"); INTERN(s_dtype, "dtype");
     INTERN(s_get_device, "get_device"); INTERN(s_nbytes, "nbytes"); INTERN(s_seq, "seq");
     INTERN(s_p2p_seq, "p2p_seq"); INTERN(s_step, "step"); INTERN(s_stack, "stack");
+    INTERN(s__step, "_step");
     INTERN(s_op_ids, "_op_ids");
     INTERN(s_cap, "cap");
     INTERN(s_rank, "rank"); INTERN(s_by_key, "_by_key");
