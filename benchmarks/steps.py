@@ -324,6 +324,38 @@ def _policy_of(thread):
 
 MODES = ("untraced", "traced", "control")
 
+#: --control variant:NAME (session 29): the control's rounds traced too, with one of the C fast
+#: path's switches set to its earlier behaviour for the round (`name(on)` -> the previous
+#: setting): traced / control is then what that change gives, in one run, on the same copy,
+#: free of the run-to-run drift of two traced / untraced figures (+-1 point here). The
+#: switch is the fast path's, so the variant needs the C module.
+VARIANTS = {
+    # the step marker sets the step through the recorder's property (five Python frames per
+    # step, as before session 29) instead of behind it in C
+    "step-property": ("step_direct", False),
+    # a C++ hook's op released at the writer's next service, not at its stamp (session 17)
+    "stamp-hold": ("stamp_release", False),
+}
+
+
+def _variant_switch(control: str):
+    """For --control variant:NAME: a function `use(on)` that sets the variant for a round
+    (True) and restores the default (False); None for the other controls."""
+    if not control.startswith("variant:"):
+        return None
+    from commtrace.capture import recorder as R
+
+    fname, value = VARIANTS[control.split(":", 1)[1]]
+    f = getattr(R._cfast, fname, None) if R._cfast is not None else None
+    if f is None:
+        raise RuntimeError(f"--control {control}: the C fast path's {fname}() is not here")
+    default = f(value)
+    f(default)
+
+    def use(on: bool) -> None:
+        f(value if on else default)
+    return use
+
 
 def _calibrate(fn, st, duration: float) -> float:
     """Seconds per step of `fn` on the slower rank: the median of single steps' times, over 4,
@@ -403,7 +435,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
     (the first version's design: it shows the difference between two copies).
     steps=None: calibrated, duration / the untraced copy's step time (the slower rank's)."""
     same_copy = workload not in SEPARATE_COPY
-    same_control = same_copy and control == "mirror"
+    same_control = same_copy and (control == "mirror" or control.startswith("variant:"))
     try:
         import threading
 
@@ -439,12 +471,14 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         # the others, so that no difference between two copies of the model enters the
         # comparison (session 24: copies differ by up to 5%); separate copies otherwise
         set_group = None if aa or ddp_copies else _ddp_group_setter(copies["traced"][0])
-        if set_group is None and control == "group":
-            raise RuntimeError("--control group: this DDP copy is not recorded through "
+        if set_group is None and (control == "group" or (
+                control.startswith("variant:") and not same_copy)):
+            raise RuntimeError(f"--control {control}: this DDP copy is not recorded through "
                                "commtrace's recording group")
         if set_group is not None:
             copies["untraced"] = copies["control"] = copies["traced"]
             set_group("untraced")
+        variant = _variant_switch(control)
         writer = next((t for t in threading.enumerate() if t.name == "commtrace-writer"), None)
         R._set_recorder(None)
         # the warm-ups' rows written now, before the calibration (the first part's writing,
@@ -497,13 +531,14 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                 st, fn = copies[mode]
                 if set_group is not None:
                     # (--control group: the control on the recording group, recorder off)
-                    set_group("traced" if mode == "control" and control == "group" else mode)
+                    set_group("traced" if mode == "control" and (control == "group" or variant)
+                              else mode)
                 R._set_recorder(None)
                 dist.barrier()
                 fw = 0.0
                 k0 = _cpu_ticks()
                 wc_start.append(wcpu())
-                if mode != "traced" or aa:
+                if (mode != "traced" and not (mode == "control" and variant)) or aa:
                     lock.acquire()   # no flush during an untraced round (it waits for a traced one)
                     try:
                         c0, t0 = cpu(), pc()
@@ -512,6 +547,8 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                     finally:
                         lock.release()
                 else:
+                    if variant:   # --control variant:NAME: the control traced, with the variant
+                        variant(mode == "control")
                     R._set_recorder(rec)
                     w0 = time.time_ns()
                     c0, t0 = cpu(), pc()
@@ -528,8 +565,11 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                         n_sync += 1
                         since = 0.0
                     t1, c1 = pc(), cpu()
-                    windows.append((w0, w1))
+                    if mode == "traced":   # (the ops per step: the traced rounds')
+                        windows.append((w0, w1))
                     R._set_recorder(None)
+                    if variant:
+                        variant(False)
                 k1 = _cpu_ticks()
                 times[mode].append((t1 - t0) / steps)
                 cpus_s[mode].append((c1 - c0) / steps)
@@ -745,6 +785,16 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
         "control_ratio_ci95": bootstrap_ratio_ci(per["control"], per["untraced"]),
         # the per-set control / untraced ratios (the spread the interval above comes from)
         "control_ratios": [c / u for c, u in zip(per["control"], per["untraced"])],
+        # --control variant:NAME: traced / control, what the change gives over its variant (both
+        # traced, in one run); None for the other controls
+        "variant_ratio": (sum(per["traced"]) / sum(per["control"])
+                          if control.startswith("variant:") else None),
+        "variant_ratio_ci95": (bootstrap_ratio_ci(per["traced"], per["control"])
+                               if control.startswith("variant:") else None),
+        "variant_median_ratio_ci95": (
+            [statistics.median(t / c for t, c in zip(per["traced"], per["control"]))]
+            + list(median_ci([t / c for t, c in zip(per["traced"], per["control"])]))
+            if control.startswith("variant:") else None),
         # the paired robust estimator (robust_ratio: median over the sets of the step time
         # less the flush, plus the flushes in full) and its A/A check on the control
         "robust_ratio": robust_ratio(per["traced"], per["untraced"], flush),
@@ -830,8 +880,11 @@ def report(r: dict) -> list[str]:
         + (f", {per_op:+.1f} us per op" if per_op is not None else "") + ")" + verdict,
         (f"  control / untraced step time (the recording group's path, no row recorded): "
          if r.get("control") == "group" else
+         f"  control / untraced step time (traced with {r['control']}): "
+         if str(r.get("control")).startswith("variant:") else
          f"  control / untraced step time (untraced twice: this run's resolution): ")
         + f"{r['control_ratio']:.4f} [95% CI {clo:.4f}, {chi:.4f}]",
+    ] + _variant_lines(r) + [
         f"  process CPU per step (all threads): untraced {r['untraced_cpu_ms']:.3f} ms; traced / "
         f"untraced {r['cpu_ratio']:.4f} [95% CI {plo:.4f}, {phi:.4f}]; control / untraced "
         f"{r['control_cpu_ratio']:.4f} [{qlo:.4f}, {qhi:.4f}]",
@@ -841,6 +894,18 @@ def report(r: dict) -> list[str]:
         "  writer thread CPU per op: " + (f"{w:.2f} us" if w is not None else "n/a")
         + f" (writer nice {r['writer_nice']}, policy {r.get('writer_policy')})",
     ] + _wakeup_lines(r)
+
+
+def _variant_lines(r: dict) -> list[str]:
+    """--control variant:NAME: the change's own figure, traced / control (both traced)."""
+    if r.get("variant_ratio") is None:
+        return []
+    lo, hi = r["variant_ratio_ci95"]
+    m, mlo, mhi = r["variant_median_ratio_ci95"]
+    return [f"  traced / control (this code over {r['control']}, both traced): "
+            f"{r['variant_ratio']:.4f} [95% CI {lo:.4f}, {hi:.4f}] "
+            f"({1e3 * (r['variant_ratio'] - 1) * r['control_step_ms']:+.1f} us per step); "
+            f"median of the per-set ratios {m:.4f} [{mlo:.4f}, {mhi:.4f}]"]
 
 
 def _sched_text(r: dict) -> str:
@@ -901,6 +966,7 @@ def main(argv=None) -> int:
         "  python benchmarks/steps.py --workloads pipeline --rt 0   # the fair scheduler\n"
         "  python benchmarks/steps.py --workloads pipeline --duration 1 --budget 300\n"
         "  python benchmarks/steps.py --workloads pipeline --control copy   # two copies\n"
+        "  python benchmarks/steps.py --workloads ddp --control variant:step-property   # A/B\n"
         "  COMMTRACE_WRITER_NICE=0 python benchmarks/steps.py --workloads soak\n"
         "  COMMTRACE_PURE_PYTHON=1 python benchmarks/steps.py --workloads async_loop")
     ap.add_argument("--workloads", nargs="*", default=WORKLOADS, choices=WORKLOADS)
@@ -917,13 +983,17 @@ def main(argv=None) -> int:
                     f"--rounds (default {BUDGET:.0f})")
     ap.add_argument("--steps", type=int, default=None,
                     help="steps per round (default: calibrated to --duration)")
-    ap.add_argument("--control", choices=["mirror", "copy", "group"], default="mirror",
+    ap.add_argument("--control", choices=["mirror", "copy", "group"]
+                    + [f"variant:{k}" for k in VARIANTS], default="mirror",
                     help="mirror (default): the control runs as the traced mode does, on the "
                     "untraced copy (a second copy for DDP); copy: always a second copy; group "
                     "(DDP through commtrace's recording group only): the control's rounds run "
                     "with the Reducer on the recording group and the recorder off (the group's "
                     "path without a row recorded: control / untraced is what that path costs, "
-                    "traced / control what recording adds to it)")
+                    "traced / control what recording adds to it); variant:NAME: the control's "
+                    "rounds traced too, with one of the C fast path's switches set to its "
+                    "earlier behaviour (" + ", ".join(VARIANTS) + "): traced / control is what "
+                    "that change gives, both traced, in one run")
     ap.add_argument("--ddp-copies", action="store_true",
                     help="DDP on separate copies (traced, untraced, control), the design up to "
                     "session 23; by default, where commtrace records DDP through its recording "
@@ -989,6 +1059,8 @@ def main(argv=None) -> int:
         ap.error("--steps must be at least 1")
     if a.control == "group" and (a.workloads != ["ddp"] or a.ddp_copies or a.aa):
         ap.error("--control group needs --workloads ddp alone, without --ddp-copies or --aa")
+    if a.control.startswith("variant:") and (a.ddp_copies or a.aa):
+        ap.error(f"--control {a.control} cannot be used with --ddp-copies or --aa")
     if a.gap is None:
         a.gap = a.duration / 8 if a.rt and a.duration > 0 else 0.05 if a.rt else 0.0
     if a.gap < 0:

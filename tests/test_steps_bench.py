@@ -242,3 +242,51 @@ def test_control_group_runs_ddp_on_the_recording_group_with_the_recorder_off(tmp
     assert r["control_step_ms"] > 0
     assert "control = the recording group, recorder off" in p.stdout
     assert "control / untraced step time (the recording group's path, no row recorded):" in p.stdout
+
+
+def test_variant_control_switches_the_fast_path_setting_per_round():
+    """--control variant:NAME (session 29): the control's rounds set one of the C fast path's
+    switches to its earlier behaviour, and each round after restores the default."""
+    from commtrace.capture import recorder as R
+
+    if R._cfast is None or getattr(R._cfast, "step_direct", None) is None:
+        pytest.skip("the C fast path is not built")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import steps
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert steps._variant_switch("mirror") is None
+    assert set(steps.VARIANTS) == {"step-property", "stamp-hold"}
+    use = steps._variant_switch("variant:step-property")
+    f = R._cfast.step_direct
+    use(True)
+    assert f(False) is False        # the variant: the step through the property
+    use(False)
+    assert f(True) is True          # the default again
+    use = steps._variant_switch("variant:stamp-hold")
+    use(True)
+    assert R._cfast.stamp_release(False) is False
+    use(False)
+    assert R._cfast.stamp_release(True) is True
+
+
+@pytest.mark.slow  # a 2-rank run, as the small run above
+def test_steps_benchmark_variant_control(tmp_path):
+    out = tmp_path / "v.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "steps.py"),
+                        "--workloads", "async_loop", "--rounds", "3", "--duration", "0.05",
+                        "--warmup", "2", "--control", "variant:step-property",
+                        "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (r,) = json.loads(out.read_text())
+    assert r["control"] == "variant:step-property"
+    lo, hi = r["variant_ratio_ci95"]
+    assert lo <= r["variant_ratio"] <= hi and r["variant_ratio"] > 0
+    assert len(r["variant_median_ratio_ci95"]) == 3
+    # both arms traced, the ops per step counted over the traced rounds only
+    assert r["ops_per_step_per_rank"] == 8
+    assert "traced / control (this code over variant:step-property, both traced)" in p.stdout
+    assert "control / untraced step time (traced with variant:step-property)" in p.stdout

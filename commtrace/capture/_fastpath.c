@@ -5758,6 +5758,17 @@ static PyObject *mk_site_of_frame, *mk_code_internal, *mk_site_pairs;   /* sites
 static PyObject *mk_site_str;    /* site pair -> its "file:line" string (mark_site) */
 #define MK_SITE_STR_MAX 4096
 static unsigned long long n_marks, n_marks_py, n_marks_direct;
+/* step_direct(False): the step through the recorder's property (benchmarks' A/B) */
+static int step_direct_on = 1;
+
+static PyObject *step_direct(PyObject *module, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    int was = step_direct_on;
+    step_direct_on = on;
+    return PyBool_FromLong(was);
+}
 static PyObject *s_manual_steps, *s_opt_ref, *s_hook_py, *s_warn_py, *s_hz_recorder,
     *s_last_change, *s_unpatch_after, *s_monotonic;
 
@@ -5918,7 +5929,8 @@ static PyObject *step_hook(PyObject *module, PyObject *const *args, Py_ssize_t n
      * next op's two getters: five per step, ~1.2% of the DDP sample's step at 2 ranks;
      * issue 20, session 29). Otherwise through the properties. */
     PyObject *rd = H.c_rdict;
-    int direct = H.c_rd_notify && H.c_rec == rec && rd != NULL && PyDict_CheckExact(rd);
+    int direct = step_direct_on && H.c_rd_notify && H.c_rec == rec && rd != NULL &&
+                 PyDict_CheckExact(rd);
     PyObject *step = NULL;
     if (direct) {
         step = PyDict_GetItemWithError(rd, s__step);   /* borrowed */
@@ -6128,6 +6140,8 @@ static int pipe_init(void) {
     {"hazard_reader", hazard_reader, METH_VARARGS,                                          \
      "hazard_reader(orig, python_reader, state, hazards_module): a host-read method whose " \
      "common case runs in C."},                                                             \
+    {"step_direct", step_direct, METH_O,                                                    \
+     "step_direct(on) -> the previous setting: the step marker sets the step in C."},       \
     {"pipe_counts", pipe_counts, METH_NOARGS,                                               \
      "{marks, marks_python, marks_direct, reads, reads_python}: step marks and host reads, " \
      "C / Python (marks_direct: C marks that set the step without its property)."},
