@@ -5646,13 +5646,19 @@ static void as_release_stamped(PyObject *row) {
     CLEAR_ERR();
 }
 
-static PyObject *stamp_release(PyObject *module, PyObject *arg) {
+/* A switch of this module's (stamp_release, step_direct): *flag set to bool(arg), the previous
+ * setting returned. */
+static PyObject *flag_swap(int *flag, PyObject *arg) {
     int on = PyObject_IsTrue(arg);
     if (on < 0)
         return NULL;
-    int was = stamp_release_on;
-    stamp_release_on = on;
+    int was = *flag;
+    *flag = on;
     return PyBool_FromLong(was);
+}
+
+static PyObject *stamp_release(PyObject *module, PyObject *arg) {
+    return flag_swap(&stamp_release_on, arg);
 }
 
 static void ddp_cxx_stamp(PyObject *row, long long t, int observed) {
@@ -5762,12 +5768,7 @@ static unsigned long long n_marks, n_marks_py, n_marks_direct;
 static int step_direct_on = 1;
 
 static PyObject *step_direct(PyObject *module, PyObject *arg) {
-    int on = PyObject_IsTrue(arg);
-    if (on < 0)
-        return NULL;
-    int was = step_direct_on;
-    step_direct_on = on;
-    return PyBool_FromLong(was);
+    return flag_swap(&step_direct_on, arg);
 }
 static PyObject *s_manual_steps, *s_opt_ref, *s_hook_py, *s_warn_py, *s_hz_recorder,
     *s_last_change, *s_unpatch_after, *s_monotonic;
