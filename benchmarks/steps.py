@@ -754,6 +754,8 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
     pcpu = {m: [statistics.mean(r["cpu"][m][i] for r in res) for i in range(rounds)]
             for m in MODES}
     ratios = [t / u for t, u in zip(per["traced"], per["untraced"])]
+    vr = ([t / c for t, c in zip(per["traced"], per["control"])]
+          if control.startswith("variant:") else None)
     flush = _flush_per_step(res, rounds, steps)
     med = statistics.median(ratios)
     # The figure: total traced over total untraced time (the writer's flushes land in a few
@@ -786,15 +788,11 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
         # the per-set control / untraced ratios (the spread the interval above comes from)
         "control_ratios": [c / u for c, u in zip(per["control"], per["untraced"])],
         # --control variant:NAME: traced / control, what the change gives over its variant (both
-        # traced, in one run); None for the other controls
-        "variant_ratio": (sum(per["traced"]) / sum(per["control"])
-                          if control.startswith("variant:") else None),
-        "variant_ratio_ci95": (bootstrap_ratio_ci(per["traced"], per["control"])
-                               if control.startswith("variant:") else None),
-        "variant_median_ratio_ci95": (
-            [statistics.median(t / c for t, c in zip(per["traced"], per["control"]))]
-            + list(median_ci([t / c for t, c in zip(per["traced"], per["control"])]))
-            if control.startswith("variant:") else None),
+        # traced, in one run), and the median of the per-set ratios [median, lo, hi]; None for
+        # the other controls
+        "variant_ratio": sum(per["traced"]) / sum(per["control"]) if vr else None,
+        "variant_ratio_ci95": bootstrap_ratio_ci(per["traced"], per["control"]) if vr else None,
+        "variant_median_ratio_ci95": [statistics.median(vr), *median_ci(vr)] if vr else None,
         # the paired robust estimator (robust_ratio: median over the sets of the step time
         # less the flush, plus the flushes in full) and its A/A check on the control
         "robust_ratio": robust_ratio(per["traced"], per["untraced"], flush),

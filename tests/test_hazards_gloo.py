@@ -127,7 +127,12 @@ def test_host_reads_and_step_marks_in_c_record_the_python_rows(tmp_path):
         else:
             assert v == {"marks": 0, "marks_python": 0, "marks_direct": 0, "reads": 0,
                          "reads_python": 0}, v
-        rows = [r for r in load(d) if r["kind"] != "op"]
+        every = load(d)
+        # the ops of loop i are step i: the step each mark set is the one the next ops read
+        # (in C, the fast path's cached step, updated in place by the marker)
+        assert [r["step"] for r in sorted((r for r in every if r["kind"] == "op"),
+                                          key=lambda r: r["op_id"])] == [0, 0, 1, 1, 2, 2]
+        rows = [r for r in every if r["kind"] != "op"]
         for r in rows:
             r.pop("t_enqueue_ns"), r.pop("thread"), r.pop("ref_op_id")
             r["site"] = r["site"] and r["site"].replace("<string>", "")

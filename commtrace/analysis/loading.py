@@ -81,12 +81,17 @@ def size_bytes(size: str) -> int | None:
     return int(float(num) * (1024 if binary else 1000) ** power)
 
 
+def memory_limit_of(memory_limit: str | None = None) -> str:
+    """The memory limit a connection gets: `memory_limit`, else $COMMTRACE_MEMORY_LIMIT, else
+    :func:`default_memory_limit`."""
+    return memory_limit or os.environ.get("COMMTRACE_MEMORY_LIMIT") or default_memory_limit()
+
+
 def in_memory_fits(rows: int, memory_limit: str | None = None) -> bool:
     """Whether a run of `rows` rows may be held in memory when its caller prefers that
     (:func:`connect`'s `in_memory`): at most SPLIT_MAX_ROWS rows whose table and derived tables
     (MEMORY_ROW_BYTES + DERIVED_ROW_BYTES a row) fit in half the memory limit."""
-    mem = memory_limit or os.environ.get("COMMTRACE_MEMORY_LIMIT") or default_memory_limit()
-    limit = size_bytes(mem)
+    limit = size_bytes(memory_limit_of(memory_limit))
     return limit is not None and rows <= SPLIT_MAX_ROWS and rows * (MEMORY_ROW_BYTES + DERIVED_ROW_BYTES) <= limit // 2
 
 
@@ -101,7 +106,7 @@ def connect(rows: int, *, threads: int | None = None, memory_limit: str | None =
     import duckdb
 
     threads = threads or max(1, min(os.cpu_count() or 1, 8))
-    mem = memory_limit or os.environ.get("COMMTRACE_MEMORY_LIMIT") or default_memory_limit()
+    mem = memory_limit_of(memory_limit)
     tmp = None
     if rows > DISK_ROWS:
         tmp = tempfile.mkdtemp(prefix="commtrace-", dir=temp_dir or os.environ.get("COMMTRACE_TMPDIR") or None)

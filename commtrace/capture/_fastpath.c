@@ -5927,8 +5927,9 @@ static PyObject *step_hook(PyObject *module, PyObject *const *args, Py_ssize_t n
      * `_step` in the instance dict, is read and written here, and the C path's cached step
      * (H.e_step) set to it as the setter's rd_changed() and the next op's refresh would: no
      * Python frame per training step (the getter, the setter, recorder._rd_changed, and the
-     * next op's two getters: five per step, ~1.2% of the DDP sample's step at 2 ranks;
-     * issue 20, session 29). Otherwise through the properties. */
+     * next op's two getters: five per step; at most 0.8% of the DDP sample's step at 2 ranks,
+     * benchmarks/steps.py --control variant:step-property; issue 20, session 29). Otherwise
+     * through the properties. */
     PyObject *rd = H.c_rdict;
     int direct = step_direct_on && H.c_rd_notify && H.c_rec == rec && rd != NULL &&
                  PyDict_CheckExact(rd);
