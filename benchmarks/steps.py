@@ -335,6 +335,9 @@ VARIANTS = {
     "step-property": ("step_direct", False),
     # a C++ hook's op released at the writer's next service, not at its stamp (session 17)
     "stamp-hold": ("stamp_release", False),
+    # DDP's buckets as pending ops with Python rows on the training thread (as before session
+    # 30), not as C records whose rows the writer builds
+    "ddp-pending": ("ddp_direct", False),
 }
 
 

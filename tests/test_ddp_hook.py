@@ -63,9 +63,17 @@ def job2_cxx_v1(tmp_path_factory, accel_cache):
 
 @pytest.fixture(scope="module")
 def job2_group(tmp_path_factory, accel_cache):
-    # the default where the module is built: no hook, the recording group
+    # the default where the module is built: no hook, the recording group, its buckets
+    # recorded as C records (session 30)
     return _job(tmp_path_factory.mktemp("ddp-hook-2-group"), 2,
                 env={"COMMTRACE_CACHE_DIR": accel_cache}, launcher=torchrun_cmd)
+
+
+@pytest.fixture(scope="module")
+def job2_group_pending(tmp_path_factory, accel_cache):
+    # the recording group with its buckets as pending ops (COMMTRACE_DDP_DIRECT=0)
+    return _job(tmp_path_factory.mktemp("ddp-hook-2-group-pending"), 2,
+                env={"COMMTRACE_CACHE_DIR": accel_cache, "COMMTRACE_DDP_DIRECT": "0"})
 
 
 def _check_cxx(res, rows, v2):
@@ -152,6 +160,21 @@ def test_ddp_recording_group_gradients_equal_untraced_and_rows_equal_python_rows
     res, rows = job2_group
     assert all(r["hook_kind"] == "group" and r["cxx_counts"] == [0, 0] for r in res), res
     _check(res, rows, torch_hook_equal=True)
+    for r in res:
+        # every bucket of the C model recorded as a C record, its row built by the writer
+        n = len(_ddp_rows(rows, r["rank"], r["window_c"]))
+        assert r["direct_counts"][0] == r["group_dr"] == n, r
+        assert r["direct_counts"][2] == 0, r   # none dropped (rows: _check, above)
+
+
+@needs_c
+def test_ddp_recording_group_pending_ops_rows_equal_python_rows(job2_group_pending):
+    """COMMTRACE_DDP_DIRECT=0: the recording group's buckets as pending ops with their rows
+    built on the training thread (the route before session 30): the same gradients and rows."""
+    res, rows = job2_group_pending
+    assert all(r["hook_kind"] == "group" for r in res), res
+    _check(res, rows, torch_hook_equal=True)
+    assert all(r["direct_counts"][0] == 0 and r["group_dr"] == 0 for r in res), res
 
 
 @needs_c

@@ -65,15 +65,23 @@ struct DdpIssuer {
   int (*issue_ar_nopy)(void* ctx);
 };
 
-// The capsule's layout (_fastpath.c, DdpCxxApi); version 3 (2: DdpIssuer had no issue_ar_nopy).
+// The capsule's layout (_fastpath.c, DdpCxxApi); version 4 (3: no C records, issue_dr; 2:
+// DdpIssuer had no issue_ar_nopy).
 struct DdpCxxApi {
   int version;
   int (*issue)(PyObject* state, PyObject* buf, PyObject* idx, PyObject* detail_arg,
                DdpIssuer* iss, PyObject** work, PyObject** row, PyObject** fut);
   void (*stamp)(PyObject* row, long long t, int observed);
   long long (*now)();
+  // issue, where the caller takes a C record of the bucket (*dr, _fastpath's DRec) when one
+  // is made: then *row is NULL; the caller attaches dr_stamp to the Work's future (any
+  // thread, no GIL: the completion time) and calls dr_attached after the attach (session 30)
+  int (*issue_dr)(PyObject* state, PyObject* buf, PyObject* idx, PyObject* detail_arg,
+                  DdpIssuer* iss, PyObject** work, PyObject** row, PyObject** fut, void** dr);
+  void (*dr_stamp)(void* dr, long long t);
+  void (*dr_attached)(void* dr);
 };
-constexpr int kApiVersion = 3;
+constexpr int kApiVersion = 4;
 constexpr const char* kCapsule = "commtrace.capture._fastpath.ddp_cxx_api";
 
 // Completion stamps queued by the continuations (any thread) until a thread holding the GIL
@@ -502,7 +510,8 @@ class RecordingGroup : public c10d::ProcessGroup {
     call.scales = nullptr;
     DdpIssuer iss{sh_.group.ptr(), &call, keep_scale, v2_issue_ar, v2_issue_ar_nopy};
     PyObject *work = nullptr, *row = nullptr, *pyfut = nullptr;
-    int r = sh_.api->issue(sh_.state.ptr(), buf, idx, idx, &iss, &work, &row, &pyfut);
+    void* dr = nullptr;
+    int r = sh_.api->issue_dr(sh_.state.ptr(), buf, idx, idx, &iss, &work, &row, &pyfut, &dr);
     Py_XDECREF(pyfut);
     if (r == 0) {
       PyObject* w = PyObject_CallFunctionObjArgs(sh_.fallback.ptr(), sh_.group.ptr(), buf, idx,
@@ -528,7 +537,14 @@ class RecordingGroup : public c10d::ProcessGroup {
     }
     auto w = issued_work(call, work, row);
     n_group.fetch_add(1, std::memory_order_relaxed);
-    if (row != nullptr) {
+    if (dr != nullptr) {
+      // the bucket's C record: its completion time from the Work's future, on the backend's
+      // thread, without the GIL (or at once, "observed", where the op has ended already)
+      const DdpCxxApi* api = sh_.api;
+      w->getFuture()->addCallback([dr, api](c10::ivalue::Future&) { api->dr_stamp(dr, api->now()); });
+      api->dr_attached(dr);
+      n_group_dr.fetch_add(1, std::memory_order_relaxed);
+    } else if (row != nullptr) {
       auto p = std::make_shared<Pending>(row, sh_);
       w->getFuture()->addCallback([p](c10::ivalue::Future&) { p->stamp(); });
       p->attaching.store(false, std::memory_order_release);
@@ -545,7 +561,7 @@ class RecordingGroup : public c10d::ProcessGroup {
   void hint(long long i) { hint_ = i; }
   void flush() { sh_.stamps->flush(); }
 
-  static std::atomic<unsigned long long> n_group, n_group_py;
+  static std::atomic<unsigned long long> n_group, n_group_py, n_group_dr;
 
  private:
   // the Reducer scaled the gradients as it copied them into the bucket: nothing to do
@@ -557,7 +573,8 @@ class RecordingGroup : public c10d::ProcessGroup {
   long long hint_ = -1;
 };
 
-std::atomic<unsigned long long> RecordingGroup::n_group{0}, RecordingGroup::n_group_py{0};
+std::atomic<unsigned long long> RecordingGroup::n_group{0}, RecordingGroup::n_group_py{0},
+    RecordingGroup::n_group_dr{0};
 
 // What Python keeps of a recording group: its reset and hint (ddp.py).
 struct GroupControl {
@@ -665,6 +682,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return py::make_tuple(RecordingGroup::n_group.load(), RecordingGroup::n_group_py.load());
       },
       "(buckets recorded by recording groups through the C path, handed to Python).");
+  m.def(
+      "group_dr_count", []() { return RecordingGroup::n_group_dr.load(); },
+      "buckets recorded by recording groups as C records (_fastpath.ddp_direct).");
   m.def("flush_all", &flush_all,
         "Write the completion times queued by every hook's continuations into their rows.");
   commtrace_register_meta(m);

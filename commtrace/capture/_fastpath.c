@@ -2834,6 +2834,7 @@ static struct {
     PyObject *rdict;  /* its __dict__: lazy_idle, _idle_owed (Recorder._tell_idle / _busy) */
     PyObject *acquire, *release;   /* _pend_lock's bound methods (no lookup per op) */
     int hazards;     /* tensors kept for hazard detection (config.hazards != "off") */
+    int hz_full;     /* config.hazards == "full" */
     int callback;    /* completion from the future's callback (config.async_completion) */
     int now_ok;      /* rec.now_ns is time.time_ns (no injected skew): this clock is its */
     Py_ssize_t cap;
@@ -2873,6 +2874,7 @@ static int as_cache(PyObject *rec) {
     if (ok) {
         acst.cap = PyLong_AsSsize_t(cap);
         acst.hazards = PyUnicode_Compare(hz, s_off) != 0;
+        acst.hz_full = PyUnicode_CompareWithASCIIString(hz, "full") == 0;
         acst.callback = !(mode != NULL && PyUnicode_Check(mode) &&
                           PyUnicode_Compare(mode, s_wait_s) == 0);
     }
@@ -3566,6 +3568,8 @@ static PyObject *as_new_pending(PyObject *row, PyObject *tensors) {
 typedef struct {
     PyObject *fut, *row;
     int nofut;   /* the C++ hook, which takes its Work's future in C++: no get_future here */
+    int want_dr;   /* the C++ side takes a C record (DRec) where as_issue makes one */
+    void *dr;      /* the DRec handed over (its callback's and issuer's references), or NULL */
 } DdpTake;
 static _Thread_local DdpTake *t_ddp_take;
 /* Set by as_issue around its call when the C++ DDP side may issue without a Python Work
@@ -3745,6 +3749,207 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
     Py_DECREF(p);
 }
 
+/* ---------------------------------------------------------------------------------------
+ * DDP's buckets as C records (issue 20, session 30). A bucket the C++ side issues without a
+ * Python Work (t_ddp_take->want_dr: the recording group) is recorded as a DRec: the blocking
+ * path's Rec (op id, seq, step, site, times, ...) plus its completion time, written by the
+ * Work's future's callback on the backend's thread without the GIL. No Python row, in-flight
+ * entry, pending op or release on the training thread: the writer thread's service
+ * (ddp_drain, in Recorder._service) builds the rows of the completed ones in a batch, as
+ * as_row builds them, and queues them. The in-flight ones are listed as the blocking calls in
+ * progress are (ddp_inflight: Recorder.blocking_rows, so _inflight.json and the hang
+ * watchdog see them; ddp_inflight_ids: sync capture), and a final flush writes them as never
+ * completed. Not tracked for hazard detection: DDP's Reducer waits for every bucket before
+ * backward() returns, so no host read of user code can race one (--hazards full keeps them
+ * pending ops, as before). ddp_direct(False): the pending-op route for every bucket.
+ * Lifetime: three references (the list's, the callback's, the issuer's); the Python objects
+ * of the record are released under the GIL by whoever drops it from the list, the memory by
+ * the last reference.
+ * ------------------------------------------------------------------------------------- */
+typedef struct DRec_s {
+    Rec r;                     /* r.t1: 0 while the issue runs */
+    long long t_end;           /* atomic: 0 until the completion stamp */
+    int observed;              /* atomic: the op had ended when its callback was attached */
+    int refs;                  /* atomic */
+    int attaching;             /* atomic: the callback is being attached (the issuer's thread) */
+    int dropped;               /* GIL: no longer in the list (drained, or a final flush took it) */
+} DRec;
+
+static DRec **dr_list;
+static Py_ssize_t dr_len, dr_cap;
+static int dr_on = 1;
+static unsigned long long n_dr, n_dr_rows, n_dr_dropped;
+
+static void dr_unref(DRec *d) {
+    if (__atomic_sub_fetch(&d->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        free(d);
+}
+
+/* The completion stamp (any thread, no GIL): the earliest time, and whether it was observed
+ * (the callback ran inside its attach, on the issuing thread). Drops the callback's reference. */
+static void dr_stamp(void *p, long long t) {
+    DRec *d = (DRec *)p;
+    int obs = __atomic_load_n(&d->attaching, __ATOMIC_ACQUIRE) &&
+              (unsigned long)PyThread_get_thread_ident() == d->r.thread;
+    /* one stamp per record (its Work's one callback): `observed` first, then the time that
+     * publishes it (the writer reads the time, then `observed`) */
+    __atomic_store_n(&d->observed, obs, __ATOMIC_RELAXED);
+    __atomic_store_n(&d->t_end, t > 0 ? t : 1, __ATOMIC_RELEASE);
+    dr_unref(d);
+}
+
+/* The callback is attached (the issuer's reference goes). */
+static void dr_attached(void *p) {
+    DRec *d = (DRec *)p;
+    __atomic_store_n(&d->attaching, 0, __ATOMIC_RELEASE);
+    dr_unref(d);
+}
+
+/* A record's row as the pending-op route writes it (new reference, NULL on error): as_row,
+ * the return time, and the completion where stamped. */
+static PyObject *dr_row(DRec *d) {
+    PyObject *row = as_row(&d->r);
+    if (row == NULL)
+        return NULL;
+    if (d->r.t1 != 0) {
+        PyObject *t1 = PyLong_FromLongLong(d->r.t1);
+        if (t1 != NULL)
+            PyList_SetItem(row, C_T_RET, t1);
+    }
+    long long te = __atomic_load_n(&d->t_end, __ATOMIC_ACQUIRE);
+    if (te != 0)
+        as_complete(row, te, __atomic_load_n(&d->observed, __ATOMIC_ACQUIRE) ? s_how_observed
+                                                                            : s_how_callback);
+    CLEAR_ERR();
+    return row;
+}
+
+/* Out of the list (GIL): its Python objects released, the list's reference dropped. */
+static void dr_drop(DRec *d) {
+    d->dropped = 1;
+    rec_release(&d->r);
+    dr_unref(d);
+}
+
+static int dr_push(DRec *d) {
+    if (dr_len >= dr_cap) {
+        Py_ssize_t n = dr_cap ? dr_cap * 2 : 256;
+        DRec **nl = (DRec **)realloc(dr_list, (size_t)n * sizeof(DRec *));
+        if (nl == NULL)
+            return -1;
+        dr_list = nl;
+        dr_cap = n;
+    }
+    dr_list[dr_len++] = d;
+    return 0;
+}
+
+static void dr_unlist(DRec *d) {
+    for (Py_ssize_t i = dr_len - 1; i >= 0; i--) {
+        if (dr_list[i] == d) {
+            memmove(dr_list + i, dr_list + i + 1, (size_t)(dr_len - i - 1) * sizeof(DRec *));
+            dr_len--;
+            return;
+        }
+    }
+}
+
+/* ddp_drain(recorder, final) -> rows queued: the completed records' rows (final: every
+ * record's, the ones in flight as never completed) into the recorder's write queue. */
+static PyObject *ddp_drain(PyObject *module, PyObject *args) {
+    PyObject *rec;
+    int final = 0;
+    if (!PyArg_ParseTuple(args, "O|p", &rec, &final))
+        return NULL;
+    if (dr_len == 0)
+        return PyLong_FromLong(0);
+    if (as_cache(rec) != 0) {
+        CLEAR_ERR();
+        return PyLong_FromLong(0);
+    }
+    Py_ssize_t j = 0, n = 0;
+    for (Py_ssize_t i = 0; i < dr_len; i++) {
+        DRec *d = dr_list[i];
+        if (!final && (d->r.t1 == 0 || __atomic_load_n(&d->t_end, __ATOMIC_ACQUIRE) == 0)) {
+            dr_list[j++] = d;   /* in flight (or still issuing) */
+            continue;
+        }
+        PyObject *row = dr_row(d);
+        if (row != NULL) {
+            as_append(rec, row);
+            Py_DECREF(row);
+            n++;
+        }
+        CLEAR_ERR();
+        dr_drop(d);
+    }
+    dr_len = j;
+    n_dr_rows += (unsigned long long)n;
+    return PyLong_FromSsize_t(n);
+}
+
+/* ddp_inflight() -> rows of the records not completed (issue order; the records stay). */
+static PyObject *ddp_inflight(PyObject *module, PyObject *unused) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < dr_len; i++) {
+        DRec *d = dr_list[i];
+        if (__atomic_load_n(&d->t_end, __ATOMIC_ACQUIRE) != 0)
+            continue;
+        PyObject *row = dr_row(d);
+        if (row == NULL || PyList_Append(out, row) != 0)
+            CLEAR_ERR();
+        Py_XDECREF(row);
+    }
+    return out;
+}
+
+/* ddp_inflight_ids() -> op ids of the records not completed. */
+static PyObject *ddp_inflight_ids(PyObject *module, PyObject *unused) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < dr_len; i++) {
+        DRec *d = dr_list[i];
+        if (__atomic_load_n(&d->t_end, __ATOMIC_ACQUIRE) != 0)
+            continue;
+        PyObject *x = PyLong_FromLongLong(d->r.op_id);
+        if (x == NULL || PyList_Append(out, x) != 0)
+            CLEAR_ERR();
+        Py_XDECREF(x);
+    }
+    return out;
+}
+
+static PyObject *ddp_direct(PyObject *module, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    int was = dr_on;
+    dr_on = on;
+    return PyBool_FromLong(was);
+}
+
+/* ddp_direct_counts() -> (buckets recorded as C records, rows built from them, records not
+ * kept (the in-flight cap), records in the list now). */
+static PyObject *ddp_direct_counts(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("(KKKn)", n_dr, n_dr_rows, n_dr_dropped, dr_len);
+}
+
+#define DR_METHODS                                                                           \
+    {"ddp_drain", ddp_drain, METH_VARARGS,                                                   \
+     "ddp_drain(recorder, final=False) -> rows of DDP's completed C records queued."},       \
+    {"ddp_inflight", ddp_inflight, METH_NOARGS,                                              \
+     "ddp_inflight() -> rows of DDP's C records not completed."},                            \
+    {"ddp_inflight_ids", ddp_inflight_ids, METH_NOARGS,                                      \
+     "ddp_inflight_ids() -> op ids of DDP's C records not completed."},                      \
+    {"ddp_direct", ddp_direct, METH_O,                                                       \
+     "ddp_direct(on) -> the previous setting: DDP's buckets as C records."},                 \
+    {"ddp_direct_counts", ddp_direct_counts, METH_NOARGS,                                    \
+     "(records, rows built, records not kept, records listed now)."},
+
+
 /* wrappers._run + _finish for an async call whose record `r` is built (its references are
  * released here). Returns the call's result (or NULL with its exception set). */
 /* The torch seq check of an async call (tseq_after's arguments; g NULL: none). */
@@ -3754,10 +3959,98 @@ typedef struct {
     long long lo, op_id, seq;
 } TseqArgs;
 
+/* as_issue's route for a DRec (the C++ side asked for one, t_ddp_take->want_dr; see "DDP's
+ * buckets as C records" above): r's references move into the record, the call is made here,
+ * and the record goes to the C++ side (t_ddp_take->dr), which attaches its completion
+ * callback. Returns the call's result (NULL with its exception set). */
+static NOINLINE PyObject *dr_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *const *args,
+                                   size_t nargsf, PyObject *kwnames, TseqArgs *ts) {
+    DRec *d = dr_len < acst.cap ? (DRec *)malloc(sizeof(DRec)) : NULL;
+    if (d != NULL) {
+        d->r = *r;   /* the references move */
+        r->own = 0;
+        r->site = r->api = r->detail = r->dtype = r->dev = NULL;
+        d->r.t1 = 0;
+        d->t_end = 0;
+        d->observed = 0;
+        d->refs = 3;   /* the list's, the callback's, the issuer's */
+        d->attaching = 1;
+        d->dropped = 0;
+        if (dr_push(d) != 0) {
+            rec_release(&d->r);
+            free(d);
+            d = NULL;
+        }
+    } else {
+        rec_release(r);
+    }
+    if (d == NULL) {   /* not kept (the in-flight cap, no memory): counted, the call runs */
+        n_dr_dropped++;
+        as_add_dropped(rec);
+        CLEAR_ERR();
+    }
+    tl.depth = 1;
+    t_as_nopy = 1;
+    PyObject *ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
+    long long t1 = now_ns();
+    t_as_nopy = 0;
+    tl.depth = 0;
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    if (ts->g != NULL) {
+        tseq_after(NULL, rec, ts->g, ts->slot, ts->name, ts->lo, ts->op_id, ts->seq, -1);
+        CLEAR_ERR();
+    }
+    if (d == NULL) {
+        PyErr_Restore(et, ev, etb);
+        return ret;
+    }
+    if (d->dropped) {
+        /* a final flush wrote it meanwhile, never completed: no callback */
+        dr_unref(d);
+        dr_unref(d);
+    } else if (ret == NULL || ret != as_cxx_work || t_ddp_take == NULL ||
+               as_recache(rec) != 0) {
+        /* the call raised (its row written with the error, as as_issue writes it), or it
+         * gave something other than the C++ side's Work: the row now, no completion known */
+        dr_unlist(d);
+        if (ret != NULL)
+            d->r.t1 = t1;
+        PyObject *row = dr_row(d);
+        dr_drop(d);
+        dr_unref(d);
+        dr_unref(d);
+        if (row != NULL && acst.rec == rec) {
+            if (ret == NULL) {
+                PyObject *t1o = PyLong_FromLongLong(t1);
+                PyErr_NormalizeException(&et, &ev, &etb);
+                PyObject *z = t1o == NULL ? NULL :
+                    PyObject_CallFunctionObjArgs(as_error_py, rec, row, t1o, ev ? ev : Py_None,
+                                                 NULL);
+                Py_XDECREF(z);
+                Py_XDECREF(t1o);
+            } else {
+                as_append(rec, row);
+            }
+        }
+        Py_XDECREF(row);
+        CLEAR_ERR();
+    } else {
+        d->r.t1 = t1;
+        t_ddp_take->dr = d;   /* the callback's and the issuer's references go with it */
+        n_dr++;
+    }
+    PyErr_Restore(et, ev, etb);
+    return ret;
+}
+
 static NOINLINE PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObject *y,
                           PyObject *const *args, size_t nargsf, PyObject *kwnames,
                           TseqArgs *ts) {
     stamps_flush_now();   /* earlier ops' completions (a cheap look when none are queued) */
+    if (t_ddp_take != NULL && t_ddp_take->want_dr && t_ddp_take->nofut && dr_on &&
+            acst.rec == rec && acst.callback && !acst.hz_full && as_cxx_work != NULL)
+        return dr_issue(c, rec, r, args, nargsf, kwnames, ts);
     PyObject *row = as_row(r);
     rec_release(r);
     if (row == NULL) {
@@ -5431,12 +5724,14 @@ static PyObject *ddp_fallback(PyObject *state, PyObject *bucket) {
  * takes the Work's future itself (the C++ hook: *fut stays NULL, no Python future is made). */
 static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *detail_arg,
                      DdpIssuer *iss, int nofut, PyObject **work_out, PyObject **row_out,
-                     PyObject **fut_out) {
+                     PyObject **fut_out, void **dr_out) {
     *work_out = *row_out = *fut_out = NULL;
+    if (dr_out != NULL)
+        *dr_out = NULL;
     if (!dh.on)
         return 0;
     PyObject *rec = NULL, *scale = NULL, *detail = NULL, *work = NULL;
-    DdpTake take = {NULL, NULL, 0};
+    DdpTake take = {NULL, NULL, 0, 0, NULL};
     int res = 0;
     rec = fast_attr(dh.recmod_d, dh.recmod, s_recorder);
     if (rec == NULL || rec == Py_None || tl.depth)
@@ -5524,6 +5819,7 @@ static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *de
         PyObject *av[4] = {buf, dh.op_sum, PyTuple_GET_ITEM(scale, 2), Py_True};
         ThreadSt *T = &tl;
         take.nofut = nofut;
+        take.want_dr = dr_out != NULL;
         t_ddp_take = &take;
         t_ddp_iss = iss;
         t_ddp_iss_buf = buf;
@@ -5545,10 +5841,17 @@ static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *de
     *work_out = work;
     *row_out = take.row;
     *fut_out = take.fut;
+    if (dr_out != NULL)
+        *dr_out = take.dr;
+    take.dr = NULL;
     take.row = take.fut = NULL;
 out:
     if (res == 0)
         CLEAR_ERR();
+    if (take.dr != NULL) {   /* not handed over (no Work): no callback will come */
+        dr_unref((DRec *)take.dr);
+        dr_unref((DRec *)take.dr);
+    }
     Py_XDECREF(take.fut); Py_XDECREF(take.row);
     Py_XDECREF(rec); Py_XDECREF(scale); Py_XDECREF(detail);
     return res;
@@ -5566,7 +5869,7 @@ static PyObject *ddp_hook(PyObject *module, PyObject *const *args, Py_ssize_t na
     PyObject *buf = PyObject_CallMethodNoArgs(bucket, s_buffer);
     PyObject *idx = buf != NULL ? PyObject_CallMethodNoArgs(bucket, s_index) : NULL;
     PyObject *work, *row, *fut, *ret = NULL;
-    int r = ddp_issue(state, buf, idx, bucket, NULL, 0, &work, &row, &fut);
+    int r = ddp_issue(state, buf, idx, bucket, NULL, 0, &work, &row, &fut, NULL);
     Py_XDECREF(buf);
     Py_XDECREF(idx);
     if (r == 0)
@@ -5603,6 +5906,12 @@ typedef struct {
                  DdpIssuer *iss, PyObject **work, PyObject **row, PyObject **fut);
     void (*stamp)(PyObject *row, long long t, int observed);
     long long (*now)(void);   /* the rows' clock; any thread, no GIL */
+    /* version 4 (session 30): issue, where the caller takes a C record (DRec) */
+    int (*issue_dr)(PyObject *state, PyObject *buf, PyObject *idx, PyObject *detail_arg,
+                    DdpIssuer *iss, PyObject **work, PyObject **row, PyObject **fut,
+                    void **dr);
+    void (*dr_stamp)(void *dr, long long t);   /* any thread, no GIL */
+    void (*dr_attached)(void *dr);             /* the issuer's thread, after the attach */
 } DdpCxxApi;
 
 /* Release at the stamp (issue 20, session 17): the op whose end a C++ hook's stamp has just
@@ -5678,10 +5987,20 @@ static long long ddp_cxx_now(void) {
 /* ddp_issue for the C++ hook: it takes the Work's future in C++ (never a Python one) */
 static int ddp_cxx_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *detail_arg,
                          DdpIssuer *iss, PyObject **work, PyObject **row, PyObject **fut) {
-    return ddp_issue(state, buf, idx, detail_arg, iss, 1, work, row, fut);
+    return ddp_issue(state, buf, idx, detail_arg, iss, 1, work, row, fut, NULL);
 }
 
-static const DdpCxxApi ddp_cxx = {3, ddp_cxx_issue, ddp_cxx_stamp, ddp_cxx_now};
+/* The same where the caller takes a C record (DRec, *dr: the recording group) when one is
+ * made: then *row is NULL, and the caller attaches dr_stamp to the Work's future and calls
+ * dr_attached once it is attached. */
+static int ddp_cxx_issue_dr(PyObject *state, PyObject *buf, PyObject *idx,
+                            PyObject *detail_arg, DdpIssuer *iss, PyObject **work,
+                            PyObject **row, PyObject **fut, void **dr) {
+    return ddp_issue(state, buf, idx, detail_arg, iss, 1, work, row, fut, dr);
+}
+
+static const DdpCxxApi ddp_cxx = {4, ddp_cxx_issue, ddp_cxx_stamp, ddp_cxx_now,
+                                   ddp_cxx_issue_dr, dr_stamp, dr_attached};
 
 static PyObject *ddp_cxx_api(PyObject *module, PyObject *unused) {
     return PyCapsule_New((void *)&ddp_cxx, "commtrace.capture._fastpath.ddp_cxx_api", NULL);
@@ -6154,6 +6473,7 @@ static int pipe_init(void) {
 
 static PyMethodDef methods[] = {
     DDP_METHODS
+    DR_METHODS
 #if defined(SIGUSR1) && !defined(_WIN32)
     {"usr1_install", usr1_install, METH_NOARGS,
      "Count SIGUSR1 (chained to the handler it replaces); returns the count so far."},

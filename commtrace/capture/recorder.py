@@ -751,6 +751,13 @@ if os.environ.get("COMMTRACE_PURE_PYTHON", "") in ("", "0"):
     except ImportError:
         _cfast = None
 _service_pass = getattr(_cfast, "service_pass", None)
+# DDP's buckets recorded as C records (_fastpath.c, "DDP's buckets as C records"; session 30)
+_ddp_drain = getattr(_cfast, "ddp_drain", None)
+_ddp_inflight = getattr(_cfast, "ddp_inflight", None)
+_ddp_inflight_ids = getattr(_cfast, "ddp_inflight_ids", None)
+if _cfast is not None and hasattr(_cfast, "ddp_direct") and os.environ.get(
+        "COMMTRACE_DDP_DIRECT", "1") in ("0", ""):
+    _cfast.ddp_direct(False)
 
 _recorder: "Recorder | None" = None
 
@@ -1086,8 +1093,12 @@ class Recorder:
             log.warn_once("emit", "could not record a row", e)
 
     def inflight_ids(self) -> list[int]:
-        """op_ids of async ops issued and not yet completed."""
-        return [p.op_id for p in list(self._pending.values()) if p.row[I_T_END] is None]
+        """op_ids of async ops issued and not yet completed (DDP's buckets recorded as C
+        records included: ``_fastpath.ddp_inflight_ids``)."""
+        ids = [p.op_id for p in list(self._pending.values()) if p.row[I_T_END] is None]
+        if _ddp_inflight_ids is not None:
+            ids += _ddp_inflight_ids()
+        return ids
 
     def begin_blocking(self, row) -> None:
         """A blocking call is about to run: list it as in flight until :meth:`end_blocking`."""
@@ -1104,6 +1115,8 @@ class Recorder:
                 for v in list(self._blocking.values())]
         if _cfast is not None:
             rows += [expand(self.rank, pre, None) for pre in _cfast.in_progress(False)]
+        if _ddp_inflight is not None:   # DDP's buckets in flight, recorded as C records
+            rows += _ddp_inflight()
         return rows
 
     def queued(self) -> int:
@@ -1482,6 +1495,13 @@ class Recorder:
                 f()
             except Exception:
                 pass
+        if _ddp_drain is not None:
+            # DDP's buckets recorded as C records: the completed ones' rows queued (final:
+            # every one, those in flight as never completed)
+            try:
+                _ddp_drain(self, final)
+            except Exception as e:
+                log.warn_once("ddp-drain", "could not write DDP's C records", e)
         if _CH._enabled or _CH.HOOKED:
             _CH.scan()
             if _CH._infos:

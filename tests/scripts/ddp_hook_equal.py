@@ -84,6 +84,10 @@ out["hook_v2"] = c[0].__dict__.get("_commtrace_hook_v2")
 _mod = accel.load()
 out["cxx_counts"] = list(_mod.counts()) if _mod is not None and hasattr(_mod, "counts") else None
 _gc = getattr(_mod, "group_counts", None) if _mod is not None else None
+_dc = getattr(cf, "ddp_direct_counts", None) if cf is not None else None
+out["direct_counts"] = list(_dc()) if _dc is not None else None
+out["group_dr"] = (_mod.group_dr_count() if _mod is not None and hasattr(_mod, "group_dr_count")
+                   else None)
 py = build()
 if cf is not None:
     cf.ddp_off()   # every bucket to the Python dispatcher (ddp._dispatch)
