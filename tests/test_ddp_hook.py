@@ -165,6 +165,10 @@ def test_ddp_recording_group_gradients_equal_untraced_and_rows_equal_python_rows
         n = len(_ddp_rows(rows, r["rank"], r["window_c"]))
         assert r["direct_counts"][0] == r["group_dr"] == n, r
         assert r["direct_counts"][2] == 0, r   # none dropped (rows: _check, above)
+        # most without a Python call (direct_pre): all but a bucket's first sight, which the
+        # ctx route names (the rows of both compared with the Python path's above)
+        assert r["group_direct"] == r["route_counts"][0] >= n // 2, r
+        assert r["group_direct"] + r["route_counts"][1] == n, r
 
 
 @needs_c
@@ -174,7 +178,8 @@ def test_ddp_recording_group_pending_ops_rows_equal_python_rows(job2_group_pendi
     res, rows = job2_group_pending
     assert all(r["hook_kind"] == "group" for r in res), res
     _check(res, rows, torch_hook_equal=True)
-    assert all(r["direct_counts"][0] == 0 and r["group_dr"] == 0 for r in res), res
+    assert all(r["direct_counts"][0] == 0 and r["group_dr"] == 0 and r["group_direct"] == 0
+               for r in res), res
 
 
 @needs_c

@@ -36,6 +36,7 @@
 #include <torch/extension.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -65,8 +66,17 @@ struct DdpIssuer {
   int (*issue_ar_nopy)(void* ctx);
 };
 
-// The capsule's layout (_fastpath.c, DdpCxxApi); version 4 (3: no C records, issue_dr; 2:
-// DdpIssuer had no issue_ar_nopy).
+// _fastpath.c's DdpTicket: one bucket between direct_pre and direct_post (opaque here).
+struct DdpTicket {
+  void* d;
+  PyObject* rec;
+  PyObject* tkey;
+  PyObject* tname;
+  long long tslot, op_id, seq;
+};
+
+// The capsule's layout (_fastpath.c, DdpCxxApi); version 5 (4: no direct_pre / direct_post;
+// 3: no C records, issue_dr; 2: DdpIssuer had no issue_ar_nopy).
 struct DdpCxxApi {
   int version;
   int (*issue)(PyObject* state, PyObject* buf, PyObject* idx, PyObject* detail_arg,
@@ -80,8 +90,16 @@ struct DdpCxxApi {
                   DdpIssuer* iss, PyObject** work, PyObject** row, PyObject** fut, void** dr);
   void (*dr_stamp)(void* dr, long long t);
   void (*dr_attached)(void* dr);
+  // the recording group's bucket recorded without a Python call (session 30): direct_pre
+  // (GIL held) returns 1 when it took the bucket (its record begun, *tk filled), else 0
+  // (nothing done: issue_dr); the caller issues the all-reduce itself, then direct_post (GIL
+  // held; issued 0 with the all-reduce's error set as the Python exception) returns the C
+  // record to attach dr_stamp to, or NULL
+  int (*direct_pre)(PyObject* state, PyObject* group, long long idx, long long numel,
+                    PyObject* dtype, DdpTicket* tk);
+  void* (*direct_post)(DdpTicket* tk, int issued);
 };
-constexpr int kApiVersion = 4;
+constexpr int kApiVersion = 5;
 constexpr const char* kCapsule = "commtrace.capture._fastpath.ddp_cxx_api";
 
 // Completion stamps queued by the continuations (any thread) until a thread holding the GIL
@@ -495,6 +513,38 @@ class RecordingGroup : public c10d::ProcessGroup {
     sh_.stamps->flush();
     long long i = hint_ >= 0 ? hint_ : next_++;
     hint_ = -1;
+    {
+      // the bucket recorded without a Python call where _fastpath has every fact cached
+      // (direct_pre); else the ctx route below
+      DdpTicket tk;
+      const at::Tensor& t = tensors[0];
+      if (t.is_cpu() &&
+          sh_.api->direct_pre(sh_.state.ptr(), sh_.group.ptr(), i, t.numel(),
+                              reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())),
+                              &tk) == 1) {
+        c10::intrusive_ptr<c10d::Work> w;
+        try {
+          py::gil_scoped_release nogil;
+          w = inner_->allreduce(tensors, opts);
+        } catch (...) {
+          auto ep = std::current_exception();
+          torch::translate_exception_to_python(ep);
+          sh_.api->direct_post(&tk, 0);
+          std::rethrow_exception(ep);
+        }
+        void* dr = sh_.api->direct_post(&tk, 1);
+        n_group.fetch_add(1, std::memory_order_relaxed);
+        n_group_direct.fetch_add(1, std::memory_order_relaxed);
+        if (dr != nullptr) {
+          const DdpCxxApi* api = sh_.api;
+          w->getFuture()->addCallback(
+              [dr, api](c10::ivalue::Future&) { api->dr_stamp(dr, api->now()); });
+          api->dr_attached(dr);
+          n_group_dr.fetch_add(1, std::memory_order_relaxed);
+        }
+        return w;
+      }
+    }
     PyObject* buf = THPVariable_Wrap(tensors[0]);
     if (buf == nullptr)
       throw python_error();
@@ -561,7 +611,7 @@ class RecordingGroup : public c10d::ProcessGroup {
   void hint(long long i) { hint_ = i; }
   void flush() { sh_.stamps->flush(); }
 
-  static std::atomic<unsigned long long> n_group, n_group_py, n_group_dr;
+  static std::atomic<unsigned long long> n_group, n_group_py, n_group_dr, n_group_direct;
 
  private:
   // the Reducer scaled the gradients as it copied them into the bucket: nothing to do
@@ -574,7 +624,7 @@ class RecordingGroup : public c10d::ProcessGroup {
 };
 
 std::atomic<unsigned long long> RecordingGroup::n_group{0}, RecordingGroup::n_group_py{0},
-    RecordingGroup::n_group_dr{0};
+    RecordingGroup::n_group_dr{0}, RecordingGroup::n_group_direct{0};
 
 // What Python keeps of a recording group: its reset and hint (ddp.py).
 struct GroupControl {
@@ -685,6 +735,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "group_dr_count", []() { return RecordingGroup::n_group_dr.load(); },
       "buckets recorded by recording groups as C records (_fastpath.ddp_direct).");
+  m.def(
+      "group_direct_count", []() { return RecordingGroup::n_group_direct.load(); },
+      "buckets recorded by recording groups without a Python call (direct_pre).");
   m.def("flush_all", &flush_all,
         "Write the completion times queued by every hook's continuations into their rows.");
   commtrace_register_meta(m);

@@ -3947,7 +3947,9 @@ static PyObject *ddp_direct_counts(PyObject *module, PyObject *unused) {
     {"ddp_direct", ddp_direct, METH_O,                                                       \
      "ddp_direct(on) -> the previous setting: DDP's buckets as C records."},                 \
     {"ddp_direct_counts", ddp_direct_counts, METH_NOARGS,                                    \
-     "(records, rows built, records not kept, records listed now)."},
+     "(records, rows built, records not kept, records listed now)."},                        \
+    {"ddp_direct_route_counts", ddp_direct_route_counts, METH_NOARGS,                        \
+     "(buckets the recording group recorded without a Python call, buckets it did not)."},
 
 
 /* wrappers._run + _finish for an async call whose record `r` is built (its references are
@@ -5897,6 +5899,214 @@ static PyObject *ddp_hook(PyObject *module, PyObject *const *args, Py_ssize_t na
  * torch: commtrace/capture/accel.py) reaches this path through a capsule of C function
  * pointers, so that the row it records is this path's, field for field. Its version is
  * checked by the C++ side. All but now take the GIL held. */
+/* ---------------------------------------------------------------------------------------
+ * The recording group's bucket recorded without a Python call (DdpCxxApi v5, session 30).
+ * The C++ recording group asks direct_pre for a bucket's record before it issues the bucket's
+ * all-reduce itself (c10d's C++ API, the GIL released), then hands the result to direct_post.
+ * direct_pre takes the bucket only where every fact the all_reduce FastCtx would read is
+ * already cached and valid (the recorder, the thread's state, NVTX off, the step, the group,
+ * the dtype and device learned by an earlier call of that ctx, the bucket's detail text, the
+ * model's hook state as ddp_issue reads it), and records what ctx_vectorcall + as_issue +
+ * dr_issue record, field for field, from those caches: the row is the same (the equality
+ * tests compare it with the Python path's). No Python tensor object (THPVariable_Wrap and its
+ * free), no index object, no vectorcall of the ctx or of ddp_allreduce per bucket. Anything
+ * else: 0, nothing done, and the caller takes issue_dr (the ctx route), which learns what is
+ * missing for the next bucket.
+ * ------------------------------------------------------------------------------------- */
+typedef struct {
+    void *d;                 /* the DRec (NULL: not kept, counted as dropped) */
+    PyObject *rec;           /* borrowed, H.n_busy held */
+    PyObject *tkey, *tname;  /* the torch seq check (new references), or NULL */
+    long long tslot, op_id, seq;
+} DdpTicket;
+
+static unsigned long long n_direct, n_direct_not;
+
+static int ddp_direct_pre(PyObject *state, PyObject *group, long long idx, long long numel,
+                          PyObject *dtype, DdpTicket *tk) {
+    tk->d = NULL;
+    tk->rec = tk->tkey = tk->tname = NULL;
+    if (!dh.on || !dr_on || dh.ctx == NULL || !as_on || as_cxx_work == NULL)
+        return 0;
+    FastCtx *c = (FastCtx *)dh.ctx;
+    ThreadSt *T = thread_st();
+    PyObject *rec = H.e_rec;
+    PyObject *st = T->state;
+    if (UNLIKELY(T->depth || T->ov || !HAVE_DVER || !H.e_rec_ok ||
+                 c->recmod_d != H.e_recmod_d || rec == NULL || rec == Py_None ||
+                 H.c_rec != rec || !H.c_now_ok || acst.rec != rec || !acst.callback ||
+                 acst.hz_full || !acst.now_ok ||
+                 st == NULL || T->st_d != st || DVER(st) != T->st_v ||
+                 !H.e_nvtx_ok || c->nvtx_d != H.e_nvtx_d ||
+                 (H.e_rd_ok & RD_DT) ||
+                 !((H.e_rd_ok & 3) == 1 ||
+                   ((H.e_rd_ok & 3) == 2 && DVER(H.c_rdict) == H.e_rdict_v)) ||
+                 group != c->last_key || c->last_gen != H.pg_gen || c->last_name == NULL ||
+                 c->last_slot < 0 || c->last_slot >= H.c_seq_n || !H.c_op_c ||
+                 dtype != c->last_dtype || c->last_dev == NULL || c->last_dev_v != -1 ||
+                 !PyDict_Check(dh.coalesce) || PyDict_GET_SIZE(dh.coalesce) != 0))
+        goto not_this;
+    /* the model's hook state, as ddp_issue reads it: no hook of the user's, and the group
+     * the bucket's all_reduce is for is this group */
+    {
+        PyObject *uh = PyObject_GetAttr(state, s_user_hook);
+        int none = uh == Py_None;
+        Py_XDECREF(uh);
+        if (!none)
+            goto not_this;
+        PyObject *scale = PyObject_GetAttr(state, s_scale);
+        int ok = scale != NULL && PyTuple_Check(scale) && PyTuple_GET_SIZE(scale) == 3 &&
+                 PyTuple_GET_ITEM(scale, 2) == group;
+        Py_XDECREF(scale);
+        if (!ok)
+            goto not_this;
+        if (PySet_Contains(dh.dtypes, dtype) != 1)
+            goto not_this;
+    }
+    PyObject *detail;
+    {
+        PyObject *ik = PyLong_FromLongLong(idx);
+        detail = ik != NULL ? PyDict_GetItemWithError(dh.details, ik) : NULL;
+        Py_XDECREF(ik);
+        if (detail == NULL)
+            goto not_this;   /* first sight of this bucket: the ctx route names it */
+    }
+    /* From here on the bucket is this route's (its seq is taken). */
+    H.n_busy++;
+    Rec r;
+    r.count = numel;
+    r.outb = r.peer = r.root = NONE_LL;
+    r.dtype = dtype;          /* borrowed: kept (keep_dtype) */
+    r.dev = c->last_dev;      /* borrowed: kept (dev_name) */
+    r.step = H.e_step;
+    r.t0 = now_ns();
+    r.seq = H.c_seq_v[2 * c->last_slot]++;
+    r.fact = c->fact_i;
+    r.pgidx = c->last_idx;
+    r.t1 = 0;
+    r.thread = LIKELY(H.e_ts_T == T) ? H.e_thread : PyThread_get_thread_ident();
+    int site_own = 1;
+    r.site = H.c_stack ? call_site(c, &site_own) : NULL;
+    if (r.site == NULL) {
+        CLEAR_ERR();
+        r.site = Py_None;
+        Py_INCREF(Py_None);
+        site_own = 1;
+    }
+    r.op_id = H.c_op_next++;
+    r.own = site_own ? REC_OWN_SITE : 0;
+    r.api = dh.api;
+    Py_INCREF(r.api);
+    r.detail = detail;
+    Py_INCREF(detail);
+    CLEAR_ERR();
+    c->n_fast++;
+    tk->rec = rec;
+    tk->op_id = r.op_id;
+    tk->seq = r.seq;
+    tk->tslot = c->last_slot;
+    if (H.ts_gap != NULL && c->last_tseq) {
+        tk->tkey = c->last_key;
+        Py_INCREF(tk->tkey);
+        tk->tname = c->last_name;
+        Py_INCREF(tk->tname);
+    }
+    stamps_flush_now();
+    DRec *d = dr_len < acst.cap ? (DRec *)malloc(sizeof(DRec)) : NULL;
+    if (d != NULL) {
+        d->r = r;   /* the references move */
+        d->t_end = 0;
+        d->observed = 0;
+        d->refs = 3;
+        d->attaching = 1;
+        d->dropped = 0;
+        if (dr_push(d) != 0) {
+            rec_release(&d->r);
+            free(d);
+            d = NULL;
+        }
+    } else {
+        rec_release(&r);
+    }
+    if (d == NULL) {
+        n_dr_dropped++;
+        as_add_dropped(rec);
+        CLEAR_ERR();
+    }
+    tk->d = d;
+    n_direct++;
+    n_ddp++;   /* a bucket of the C path, as ddp_issue counts its own */
+    return 1;
+not_this:
+    CLEAR_ERR();
+    n_direct_not++;
+    return 0;
+}
+
+/* After the all-reduce of a bucket direct_pre took (GIL held): issued 1, its return time
+ * stamped now, the torch seq check, and the DRec returned for the caller to attach dr_stamp
+ * to the Work's future (then dr_attached), or NULL (not kept, or a final flush wrote it
+ * meanwhile). issued 0: the all-reduce raised, its error set as the Python exception
+ * (translate_exception_to_python): the row written with it, as as_issue writes a raising
+ * call's; the Python error is cleared. */
+static void *ddp_direct_post(DdpTicket *tk, int issued) {
+    long long t1 = now_ns();
+    PyObject *et = NULL, *ev = NULL, *etb = NULL;
+    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *rec = tk->rec;
+    DRec *d = (DRec *)tk->d;
+    if (tk->tkey != NULL) {
+        tseq_after(NULL, rec, tk->tkey, (Py_ssize_t)tk->tslot, tk->tname, -1, tk->op_id,
+                   tk->seq, -1);
+        CLEAR_ERR();
+    }
+    Py_CLEAR(tk->tkey);
+    Py_CLEAR(tk->tname);
+    void *out = NULL;
+    if (d == NULL) {
+        /* not kept: nothing to do */
+    } else if (d->dropped) {
+        dr_unref(d);
+        dr_unref(d);
+    } else if (!issued || as_recache(rec) != 0) {
+        dr_unlist(d);
+        if (issued)
+            d->r.t1 = t1;
+        PyObject *row = dr_row(d);
+        dr_drop(d);
+        dr_unref(d);
+        dr_unref(d);
+        if (row != NULL && acst.rec == rec) {
+            if (!issued) {
+                PyErr_NormalizeException(&et, &ev, &etb);
+                PyObject *t1o = PyLong_FromLongLong(t1);
+                PyObject *z = t1o == NULL ? NULL :
+                    PyObject_CallFunctionObjArgs(as_error_py, rec, row, t1o, ev ? ev : Py_None,
+                                                 NULL);
+                Py_XDECREF(z);
+                Py_XDECREF(t1o);
+            } else {
+                as_append(rec, row);
+            }
+        }
+        Py_XDECREF(row);
+        CLEAR_ERR();
+    } else {
+        d->r.t1 = t1;
+        n_dr++;
+        out = d;
+    }
+    Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+    tk->d = NULL;
+    tk->rec = NULL;
+    rec_busy_end();
+    return out;
+}
+
+static PyObject *ddp_direct_route_counts(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("(KK)", n_direct, n_direct_not);
+}
+
 typedef struct {
     int version;
     /* iss: the C++ side's scaling and all_reduce (interface v2), or NULL: both through
@@ -5912,6 +6122,10 @@ typedef struct {
                     void **dr);
     void (*dr_stamp)(void *dr, long long t);   /* any thread, no GIL */
     void (*dr_attached)(void *dr);             /* the issuer's thread, after the attach */
+    /* version 5: the recording group's bucket without a Python call (ddp_direct_pre) */
+    int (*direct_pre)(PyObject *state, PyObject *group, long long idx, long long numel,
+                      PyObject *dtype, DdpTicket *tk);
+    void *(*direct_post)(DdpTicket *tk, int issued);
 } DdpCxxApi;
 
 /* Release at the stamp (issue 20, session 17): the op whose end a C++ hook's stamp has just
@@ -5999,8 +6213,9 @@ static int ddp_cxx_issue_dr(PyObject *state, PyObject *buf, PyObject *idx,
     return ddp_issue(state, buf, idx, detail_arg, iss, 1, work, row, fut, dr);
 }
 
-static const DdpCxxApi ddp_cxx = {4, ddp_cxx_issue, ddp_cxx_stamp, ddp_cxx_now,
-                                   ddp_cxx_issue_dr, dr_stamp, dr_attached};
+static const DdpCxxApi ddp_cxx = {5, ddp_cxx_issue, ddp_cxx_stamp, ddp_cxx_now,
+                                   ddp_cxx_issue_dr, dr_stamp, dr_attached, ddp_direct_pre,
+                                   ddp_direct_post};
 
 static PyObject *ddp_cxx_api(PyObject *module, PyObject *unused) {
     return PyCapsule_New((void *)&ddp_cxx, "commtrace.capture._fastpath.ddp_cxx_api", NULL);

@@ -88,6 +88,9 @@ _dc = getattr(cf, "ddp_direct_counts", None) if cf is not None else None
 out["direct_counts"] = list(_dc()) if _dc is not None else None
 out["group_dr"] = (_mod.group_dr_count() if _mod is not None and hasattr(_mod, "group_dr_count")
                    else None)
+out["group_direct"] = (_mod.group_direct_count()
+                       if _mod is not None and hasattr(_mod, "group_direct_count") else None)
+out["route_counts"] = list(cf.ddp_direct_route_counts()) if cf is not None else None
 py = build()
 if cf is not None:
     cf.ddp_off()   # every bucket to the Python dispatcher (ddp._dispatch)
