@@ -520,6 +520,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         interval = max(0.05, float(rec.config.flush_interval))
         since = 0.0   # traced time since the last flush
         windows = []
+        cwindows = []   # the control's rounds where they are traced too (variant:NAME)
         # every round in the order run: (mode, start s from the first round, wall per step,
         # process CPU per step, wall of the flush it wrote, s); the paired estimator uses it
         chain = []
@@ -570,6 +571,8 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
                     t1, c1 = pc(), cpu()
                     if mode == "traced":   # (the ops per step: the traced rounds')
                         windows.append((w0, w1))
+                    else:
+                        cwindows.append((w0, w1))
                     R._set_recorder(None)
                     if variant:
                         variant(False)
@@ -605,6 +608,7 @@ def _rank(rank, world, port, workload, out, warmup, steps, rounds, sync, q, pin=
         dist.barrier()
         dist.destroy_process_group()
         q.put({"rank": rank, "times": times, "cpu": cpus_s, "windows": windows,
+               "cwindows": cwindows,
                "sync_cpu_s": sync_cpu, "sync_flushes": n_sync, "cpus": cpus,
                "writer_cpu_s": (w_cpu - w_cpu0) if w_cpu is not None and w_cpu0 is not None
                else None, "final_flush_cpu_s": final_cpu, "writer_nice": nice, "writer_policy": wpolicy,
@@ -695,8 +699,9 @@ def _flush_per_step(res: list, rounds: int, steps: int) -> list:
     return [statistics.mean(v) for v in zip(*out)]
 
 
-def _ops_in_windows(out: str, res: list) -> int:
-    """Op rows enqueued in the traced rounds (all ranks)."""
+def _ops_in_windows(out: str, res: list, key: str = "windows") -> int:
+    """Op rows enqueued in the traced rounds (all ranks; key "cwindows": the control's
+    rounds, where they are traced too)."""
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
@@ -706,7 +711,7 @@ def _ops_in_windows(out: str, res: list) -> int:
     n = 0
     for r in res:
         e = ops.filter(pc.equal(ops["rank"], r["rank"]))["t_enqueue_ns"]
-        for lo, hi in r["windows"]:
+        for lo, hi in r.get(key, ()):
             n += pc.sum(pc.and_(pc.greater_equal(e, lo), pc.less(e, hi))).as_py() or 0
     return n
 
@@ -751,6 +756,9 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
     res.sort(key=lambda r: r["rank"])
     steps = res[0]["steps"]
     n_ops = 0 if aa else _ops_in_windows(out, res)
+    # the writer's CPU serves every traced round's rows: the control's too with variant:NAME
+    n_written = n_ops + (_ops_in_windows(out, res, "cwindows")
+                         if control.startswith("variant:") and not aa else 0)
     shutil.rmtree(out, ignore_errors=True)
     per = {m: [statistics.mean(r["times"][m][i] for r in res) for i in range(rounds)]
            for m in MODES}
@@ -812,7 +820,7 @@ def run_workload(workload: str, rounds: int, warmup: int, steps: int | None, tim
         "added_us_per_step": (total - 1.0) * u_ms * 1e3,
         "ops_per_step_per_rank": per_step,
         "added_us_per_op": (total - 1.0) * u_ms * 1e3 / per_step if per_step else None,
-        "writer_cpu_us_per_op": sum(cpu) / n_ops * 1e6 if n_ops else None,
+        "writer_cpu_us_per_op": sum(cpu) / n_written * 1e6 if n_written else None,
         # its parts: the writer thread's CPU, the flushes of traced rounds (count, CPU), the last
         "writer_thread_cpu_s": [r.get("writer_cpu_s") for r in res],
         "sync_flushes": [r.get("sync_flushes") for r in res],

@@ -257,7 +257,7 @@ def test_variant_control_switches_the_fast_path_setting_per_round():
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     assert steps._variant_switch("mirror") is None
-    assert set(steps.VARIANTS) == {"step-property", "stamp-hold"}
+    assert set(steps.VARIANTS) == {"step-property", "stamp-hold", "ddp-pending"}
     use = steps._variant_switch("variant:step-property")
     f = R._cfast.step_direct
     use(True)
@@ -269,6 +269,11 @@ def test_variant_control_switches_the_fast_path_setting_per_round():
     assert R._cfast.stamp_release(False) is False
     use(False)
     assert R._cfast.stamp_release(True) is True
+    use = steps._variant_switch("variant:ddp-pending")
+    use(True)
+    assert R._cfast.ddp_direct(False) is False   # DDP's buckets as pending ops
+    use(False)
+    assert R._cfast.ddp_direct(True) is True
 
 
 @pytest.mark.slow  # a 2-rank run, as the small run above

@@ -21,8 +21,9 @@ def command():
 
     Built, DDP's gradient all-reduces are recorded by a process group handed to DDP's
     Reducer (no comm hook, no Python and no GIL on the backend's thread; DDP runs its own
-    kernels, bit for bit; COMMTRACE_DDP_GROUP=0 records through a C++ comm hook instead).
-    Not built, or built for another torch, commtrace records DDP through its C comm hook, with
+    kernels, bit for bit; COMMTRACE_DDP_GROUP=0 records through a C++ comm hook instead),
+    each bucket as a C record whose row the writer thread builds (COMMTRACE_DDP_DIRECT=0:
+    as a pending op with its row built on the training thread). Not built, or built for another torch, commtrace records DDP through its C comm hook, with
     no error. The same build gives the C fast path its per-op reads of the tensor (count,
     dtype, device) and of torch's sequence number through torch's C++ API instead of its
     Python-level accessors (about 2 us of CPU less per op at 2 ranks; COMMTRACE_ACCEL_META=0
