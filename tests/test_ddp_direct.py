@@ -6,7 +6,8 @@ pending-op route with COMMTRACE_DDP_DIRECT=0); here, on real 2-rank gloo jobs, t
 of the pending-op route: a bucket in flight is listed (``inflight_ids``, ``blocking_rows``,
 the hang watchdog's ``hung_ops``, ``_inflight.json``) and not written before it completes; a
 final flush writes it as never completed and its late completion touches nothing; the records
-kept are bounded by ``buffer_ops``, the rest counted as dropped."""
+kept are bounded by ``buffer_ops``, the rest counted as dropped; a forked child drops its copy
+of the parent's records."""
 
 from __future__ import annotations
 
@@ -96,6 +97,8 @@ def test_records_bounded_by_buffer_ops(tmp_path, accel_cache):
         assert held[3] == 1000 and held[2] == issued - 1000, r
         assert held[0] == n0 + 1000
         assert r["dropped_rows"] >= issued - 1000
+        # a forked child lists none of its parent's records; the parent still has them
+        assert r["child_listed"] == 0 and r["parent_listed"] == 1000, r
         # the service then wrote the 1000 kept ones
         assert after[3] == 0 and after[1] == n0 + 1000, r
         assert len(_ddp(rows, rank)) == n0 + 1000

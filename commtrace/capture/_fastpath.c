@@ -3922,6 +3922,19 @@ static PyObject *ddp_inflight_ids(PyObject *module, PyObject *unused) {
     return out;
 }
 
+/* ddp_forget() -> records forgotten: a forked child's copy of the list (its parent's buckets,
+ * whose callbacks run in the parent only) emptied, never written here. Their Python objects are
+ * released, their memory left (a callback of the parent's own may still be counted in it). */
+static PyObject *ddp_forget(PyObject *module, PyObject *unused) {
+    Py_ssize_t n = dr_len;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        dr_list[i]->dropped = 1;
+        rec_release(&dr_list[i]->r);
+    }
+    dr_len = 0;
+    return PyLong_FromSsize_t(n);
+}
+
 static PyObject *ddp_direct(PyObject *module, PyObject *arg) {
     int on = PyObject_IsTrue(arg);
     if (on < 0)
@@ -3944,6 +3957,8 @@ static PyObject *ddp_direct_counts(PyObject *module, PyObject *unused) {
      "ddp_inflight() -> rows of DDP's C records not completed."},                            \
     {"ddp_inflight_ids", ddp_inflight_ids, METH_NOARGS,                                      \
      "ddp_inflight_ids() -> op ids of DDP's C records not completed."},                      \
+    {"ddp_forget", ddp_forget, METH_NOARGS,                                                  \
+     "ddp_forget() -> records dropped unwritten (a forked child's copy of its parent's)."},  \
     {"ddp_direct", ddp_direct, METH_O,                                                       \
      "ddp_direct(on) -> the previous setting: DDP's buckets as C records."},                 \
     {"ddp_direct_counts", ddp_direct_counts, METH_NOARGS,                                    \

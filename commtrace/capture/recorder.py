@@ -786,10 +786,15 @@ _part_lock = threading.Lock()
 
 
 def _forget_after_fork() -> None:
-    # A forked child inherits the parent's recorder without its writer thread: drop it.
+    # A forked child inherits the parent's recorder without its writer thread: drop it, and
+    # the parent's DDP buckets recorded as C records (a recorder of the child's own must not
+    # write them)
     global _recorder
     _recorder = None
     _entry_changed()
+    f = getattr(_cfast, "ddp_forget", None)
+    if f is not None:
+        f()
 
 
 if hasattr(os, "register_at_fork"):

@@ -15,7 +15,8 @@ MODE:
   flight (the final flush writes them as never completed; their late completions touch
   nothing);
 - ``cap``: ``buffer_ops=1000`` and the writer's service held off for 700 steps (2 buckets
-  each): at most 1000 records are kept, the others are counted as dropped.
+  each): at most 1000 records are kept, the others are counted as dropped; a child forked
+  then lists none of them.
 
 Writes OUT.rank<r> (JSON)."""
 
@@ -126,6 +127,12 @@ def main():
             dist.barrier()
             res["held"] = list(cf.ddp_direct_counts())
             res["dropped_rows"] = rec._dropped
+            # a forked child does not keep its parent's records (exit status: records listed)
+            pid = os.fork()
+            if pid == 0:
+                os._exit(min(100, cf.ddp_direct_counts()[3] + len(cf.ddp_inflight())))
+            res["child_listed"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            res["parent_listed"] = cf.ddp_direct_counts()[3]
         finally:
             rec._service = service
         rec.flush()   # the other rows first (the queue's own cap)
