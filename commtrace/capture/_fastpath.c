@@ -3758,7 +3758,7 @@ static void as_track(FastCtx *c, PyObject *rec, PyObject *row, PyObject *work, P
  * (ddp_drain, in Recorder._service) builds the rows of the completed ones in a batch, as
  * as_row builds them, and queues them. The in-flight ones are listed as the blocking calls in
  * progress are (ddp_inflight: Recorder.blocking_rows, so _inflight.json and the hang
- * watchdog see them; ddp_inflight_ids: sync capture), and a final flush writes them as never
+ * watchdog see them; ddp_inflight(True): sync capture), and a final flush writes them as never
  * completed. Not tracked for hazard detection: DDP's Reducer waits for every bucket before
  * backward() returns, so no host read of user code can race one (--hazards full keeps them
  * pending ops, as before). ddp_direct(False): the pending-op route for every bucket.
@@ -3888,8 +3888,12 @@ static PyObject *ddp_drain(PyObject *module, PyObject *args) {
     return PyLong_FromSsize_t(n);
 }
 
-/* ddp_inflight() -> rows of the records not completed (issue order; the records stay). */
-static PyObject *ddp_inflight(PyObject *module, PyObject *unused) {
+/* ddp_inflight(ids=False) -> rows (ids: op ids) of the records not completed, in issue order;
+ * the records stay. */
+static PyObject *ddp_inflight(PyObject *module, PyObject *args) {
+    int ids = 0;
+    if (!PyArg_ParseTuple(args, "|p", &ids))
+        return NULL;
     PyObject *out = PyList_New(0);
     if (out == NULL)
         return NULL;
@@ -3897,24 +3901,7 @@ static PyObject *ddp_inflight(PyObject *module, PyObject *unused) {
         DRec *d = dr_list[i];
         if (__atomic_load_n(&d->t_end, __ATOMIC_ACQUIRE) != 0)
             continue;
-        PyObject *row = dr_row(d);
-        if (row == NULL || PyList_Append(out, row) != 0)
-            CLEAR_ERR();
-        Py_XDECREF(row);
-    }
-    return out;
-}
-
-/* ddp_inflight_ids() -> op ids of the records not completed. */
-static PyObject *ddp_inflight_ids(PyObject *module, PyObject *unused) {
-    PyObject *out = PyList_New(0);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < dr_len; i++) {
-        DRec *d = dr_list[i];
-        if (__atomic_load_n(&d->t_end, __ATOMIC_ACQUIRE) != 0)
-            continue;
-        PyObject *x = PyLong_FromLongLong(d->r.op_id);
+        PyObject *x = ids ? PyLong_FromLongLong(d->r.op_id) : dr_row(d);
         if (x == NULL || PyList_Append(out, x) != 0)
             CLEAR_ERR();
         Py_XDECREF(x);
@@ -3953,10 +3940,8 @@ static PyObject *ddp_direct_counts(PyObject *module, PyObject *unused) {
 #define DR_METHODS                                                                           \
     {"ddp_drain", ddp_drain, METH_VARARGS,                                                   \
      "ddp_drain(recorder, final=False) -> rows of DDP's completed C records queued."},       \
-    {"ddp_inflight", ddp_inflight, METH_NOARGS,                                              \
-     "ddp_inflight() -> rows of DDP's C records not completed."},                            \
-    {"ddp_inflight_ids", ddp_inflight_ids, METH_NOARGS,                                      \
-     "ddp_inflight_ids() -> op ids of DDP's C records not completed."},                      \
+    {"ddp_inflight", ddp_inflight, METH_VARARGS,                                             \
+     "ddp_inflight(ids=False) -> rows (ids: op ids) of DDP's C records not completed."},     \
     {"ddp_forget", ddp_forget, METH_NOARGS,                                                  \
      "ddp_forget() -> records dropped unwritten (a forked child's copy of its parent's)."},  \
     {"ddp_direct", ddp_direct, METH_O,                                                       \
@@ -3980,13 +3965,12 @@ typedef struct {
  * buckets as C records" above): r's references move into the record, the call is made here,
  * and the record goes to the C++ side (t_ddp_take->dr), which attaches its completion
  * callback. Returns the call's result (NULL with its exception set). */
-static NOINLINE PyObject *dr_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *const *args,
-                                   size_t nargsf, PyObject *kwnames, TseqArgs *ts) {
+/* A new DRec for r (its references move in: r holds none after), listed; NULL where not kept
+ * (the in-flight cap, no memory: counted as a dropped row). GIL held. */
+static DRec *dr_new(PyObject *rec, Rec *r) {
     DRec *d = dr_len < acst.cap ? (DRec *)malloc(sizeof(DRec)) : NULL;
     if (d != NULL) {
         d->r = *r;   /* the references move */
-        r->own = 0;
-        r->site = r->api = r->detail = r->dtype = r->dev = NULL;
         d->r.t1 = 0;
         d->t_end = 0;
         d->observed = 0;
@@ -4001,97 +3985,87 @@ static NOINLINE PyObject *dr_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *
     } else {
         rec_release(r);
     }
-    if (d == NULL) {   /* not kept (the in-flight cap, no memory): counted, the call runs */
+    r->own = 0;
+    r->site = r->api = r->detail = r->dtype = r->dev = NULL;
+    if (d == NULL) {
         n_dr_dropped++;
         as_add_dropped(rec);
         CLEAR_ERR();
     }
-    tl.depth = 1;
-    t_as_nopy = 1;
-    PyObject *ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
-    long long t1 = now_ns();
-    t_as_nopy = 0;
-    tl.depth = 0;
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
-    if (ts->g != NULL) {
-        tseq_after(NULL, rec, ts->g, ts->slot, ts->name, ts->lo, ts->op_id, ts->seq, -1);
-        CLEAR_ERR();
-    }
-    if (d == NULL) {
-        PyErr_Restore(et, ev, etb);
-        return ret;
-    }
+    return d;
+}
+
+/* After the call of d's op returned at t1 (GIL held; its error, if any, fetched into *et, *ev,
+ * *etb): d, to attach dr_stamp to its Work's future (attachable: issued with the C++ side's
+ * Work), or NULL: a final flush wrote it meanwhile; or the call raised (its row written with
+ * the error, as as_issue writes a raising call's) or gave no Work of the C++ side's (its row
+ * written now, no completion known). */
+static DRec *dr_after(DRec *d, PyObject *rec, int issued, int attachable, long long t1,
+                      PyObject **et, PyObject **ev, PyObject **etb) {
     if (d->dropped) {
-        /* a final flush wrote it meanwhile, never completed: no callback */
         dr_unref(d);
         dr_unref(d);
-    } else if (ret == NULL || ret != as_cxx_work || t_ddp_take == NULL ||
-               as_recache(rec) != 0) {
-        /* the call raised (its row written with the error, as as_issue writes it), or it
-         * gave something other than the C++ side's Work: the row now, no completion known */
-        dr_unlist(d);
-        if (ret != NULL)
-            d->r.t1 = t1;
-        PyObject *row = dr_row(d);
-        dr_drop(d);
-        dr_unref(d);
-        dr_unref(d);
-        if (row != NULL && acst.rec == rec) {
-            if (ret == NULL) {
-                PyObject *t1o = PyLong_FromLongLong(t1);
-                PyErr_NormalizeException(&et, &ev, &etb);
-                PyObject *z = t1o == NULL ? NULL :
-                    PyObject_CallFunctionObjArgs(as_error_py, rec, row, t1o, ev ? ev : Py_None,
-                                                 NULL);
-                Py_XDECREF(z);
-                Py_XDECREF(t1o);
-            } else {
-                as_append(rec, row);
-            }
-        }
-        Py_XDECREF(row);
-        CLEAR_ERR();
-    } else {
-        d->r.t1 = t1;
-        t_ddp_take->dr = d;   /* the callback's and the issuer's references go with it */
-        n_dr++;
+        return NULL;
     }
-    PyErr_Restore(et, ev, etb);
-    return ret;
+    if (issued && attachable && as_recache(rec) == 0) {
+        d->r.t1 = t1;
+        n_dr++;
+        return d;
+    }
+    dr_unlist(d);
+    if (issued)
+        d->r.t1 = t1;
+    PyObject *row = dr_row(d);
+    dr_drop(d);
+    dr_unref(d);
+    dr_unref(d);
+    if (row != NULL && as_recache(rec) == 0) {
+        if (!issued) {
+            PyErr_NormalizeException(et, ev, etb);
+            PyObject *t1o = PyLong_FromLongLong(t1);
+            PyObject *z = t1o == NULL ? NULL :
+                PyObject_CallFunctionObjArgs(as_error_py, rec, row, t1o, *ev ? *ev : Py_None,
+                                             NULL);
+            Py_XDECREF(z);
+            Py_XDECREF(t1o);
+        } else {
+            as_append(rec, row);
+        }
+    }
+    Py_XDECREF(row);
+    CLEAR_ERR();
+    return NULL;
 }
 
 static NOINLINE PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *x, PyObject *y,
                           PyObject *const *args, size_t nargsf, PyObject *kwnames,
                           TseqArgs *ts) {
     stamps_flush_now();   /* earlier ops' completions (a cheap look when none are queued) */
-    if (t_ddp_take != NULL && t_ddp_take->want_dr && t_ddp_take->nofut && dr_on &&
-            acst.rec == rec && acst.callback && !acst.hz_full && as_cxx_work != NULL)
-        return dr_issue(c, rec, r, args, nargsf, kwnames, ts);
-    PyObject *row = as_row(r);
-    rec_release(r);
-    if (row == NULL) {
-        /* commtrace's own bookkeeping failed: the call runs, unrecorded */
-        CLEAR_ERR();
-        tl.depth = 1;
-        PyObject *ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
-        tl.depth = 0;
-        if (ts->g != NULL) {
-            PyObject *et, *ev, *etb;
-            PyErr_Fetch(&et, &ev, &etb);
-            tseq_after(NULL, rec, ts->g, ts->slot, ts->name, ts->lo, ts->op_id, ts->seq, -1);
+    /* A DDP bucket whose C++ side takes a C record (DRec, "DDP's buckets as C records"), or
+     * a row; r's references go to either */
+    int as_dr = t_ddp_take != NULL && t_ddp_take->want_dr && t_ddp_take->nofut && dr_on &&
+                acst.rec == rec && acst.callback && !acst.hz_full && as_cxx_work != NULL;
+    DRec *d = NULL;
+    PyObject *row = NULL, *opid = NULL;
+    int listed = 0;
+    if (as_dr) {
+        d = dr_new(rec, r);
+    } else {
+        row = as_row(r);
+        rec_release(r);
+        if (row == NULL) {
+            CLEAR_ERR();   /* commtrace's own bookkeeping failed: the call runs, unrecorded */
+        } else {
+            opid = PyList_GET_ITEM(row, C_OP_ID);
+            /* In flight while the call runs (_inflight.json): rec._blocking, as the Python
+             * path. */
+            listed = PyDict_SetItem(acst.blocking, opid, row) == 0;
             CLEAR_ERR();
-            PyErr_Restore(et, ev, etb);
         }
-        return ret;
     }
-    PyObject *opid = PyList_GET_ITEM(row, C_OP_ID);
-    /* In flight while the call runs (_inflight.json): rec._blocking, as the Python path. */
-    int listed = PyDict_SetItem(acst.blocking, opid, row) == 0;
-    CLEAR_ERR();
     tl.depth = 1;
-    t_as_nopy = t_ddp_take != NULL && t_ddp_take->nofut && acst.rec == rec && acst.callback &&
-                as_cxx_work != NULL;
+    t_as_nopy = as_dr || (row != NULL && t_ddp_take != NULL && t_ddp_take->nofut &&
+                          acst.rec == rec && acst.callback && as_cxx_work != NULL);
     PyObject *ret = PyObject_Vectorcall(c->orig, args, nargsf, kwnames);
     long long t1 = now_ns();
     t_as_nopy = 0;
@@ -4105,6 +4079,16 @@ static NOINLINE PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *
          * way). A call that raised may still have issued its number. */
         tseq_after(NULL, rec, ts->g, ts->slot, ts->name, ts->lo, ts->op_id, ts->seq, -1);
         CLEAR_ERR();
+    }
+    if (row == NULL) {
+        /* the DRec's end (the callback's and the issuer's references go to the C++ side with
+         * it), or an op not recorded */
+        if (d != NULL && (d = dr_after(d, rec, ret != NULL, ret == as_cxx_work, t1, &et, &ev,
+                                       &etb)) != NULL)
+            t_ddp_take->dr = d;
+        CLEAR_ERR();
+        PyErr_Restore(et, ev, etb);
+        return ret;
     }
     int mine = as_recache(rec) == 0;
     if (mine && listed) {   /* Recorder.end_blocking: False when a final flush already wrote it */
@@ -4905,6 +4889,27 @@ static COLD PyObject *ov_slow(FastCtx *c, ThreadSt *T, PyObject *api, PyObject *
     return ret;
 }
 
+/* A record's kind, group, thread and call site (ctx_vectorcall's, and the recording group's
+ * direct_pre): whether r holds a reference to its site (REC_OWN_SITE). */
+static inline __attribute__((always_inline)) int rec_group_site(FastCtx *c, ThreadSt *T,
+                                                                 Rec *r) {
+    r->fact = c->fact_i;
+    r->pgidx = c->last_idx;
+    r->t1 = 0;
+    /* this thread's ident from H while H's thread block is still T's (Python code run
+     * since the entry may have let another thread in): not the TCB's line */
+    r->thread = LIKELY(H.e_ts_T == T) ? H.e_thread : PyThread_get_thread_ident();
+    int site_own = 1;
+    r->site = H.c_stack ? call_site(c, &site_own) : NULL;
+    if (r->site == NULL) {
+        CLEAR_ERR();
+        r->site = Py_None;
+        Py_INCREF(Py_None);
+        site_own = 1;
+    }
+    return site_own;
+}
+
 static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames) {
     FastCtx *c = (FastCtx *)self;
@@ -5093,20 +5098,7 @@ static PyObject *ctx_vectorcall(PyObject *self, PyObject *const *args, size_t na
     /* From here on the seq is taken: never fall back to the Python path (it would count the
      * call again). A failure of commtrace's own bookkeeping drops the row, not the call. */
     {
-        r.fact = c->fact_i;
-        r.pgidx = c->last_idx;
-        r.t1 = 0;
-        /* this thread's ident from H while H's thread block is still T's (Python code run
-         * since the entry may have let another thread in): not the TCB's line */
-        r.thread = LIKELY(H.e_ts_T == T) ? H.e_thread : PyThread_get_thread_ident();
-        int site_own = 1;
-        r.site = H.c_stack ? call_site(c, &site_own) : NULL;
-        if (r.site == NULL) {
-            CLEAR_ERR();
-            r.site = Py_None;
-            Py_INCREF(Py_None);
-            site_own = 1;
-        }
+        int site_own = rec_group_site(c, T, &r);
         r.op_id = LIKELY(H.c_op_c) ? H.c_op_next++   /* the OpIds' value, held in H (opids_attach) */
                                    : op_id_iter();
         /* the row takes site, dtype and dev (their references where owned) */
@@ -5739,6 +5731,16 @@ static PyObject *ddp_fallback(PyObject *state, PyObject *bucket) {
  * future as the async path handed them over (new references, or NULL: the stamp is someone
  * else's). iss: the C++ hook's scaling and all_reduce (DdpIssuer), or NULL; nofut: the caller
  * takes the Work's future itself (the C++ hook: *fut stays NULL, no Python future is made). */
+/* Whether a model's hook state (ddp._HookState) has no hook of the user's (its user_hook is
+ * None): 1, else 0 (no error left set). */
+static int no_user_hook(PyObject *state) {
+    PyObject *uh = PyObject_GetAttr(state, s_user_hook);
+    int none = uh == Py_None;
+    Py_XDECREF(uh);
+    CLEAR_ERR();
+    return none;
+}
+
 static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *detail_arg,
                      DdpIssuer *iss, int nofut, PyObject **work_out, PyObject **row_out,
                      PyObject **fut_out, void **dr_out) {
@@ -5753,13 +5755,8 @@ static int ddp_issue(PyObject *state, PyObject *buf, PyObject *idx, PyObject *de
     rec = fast_attr(dh.recmod_d, dh.recmod, s_recorder);
     if (rec == NULL || rec == Py_None || tl.depth)
         goto out;
-    {
-        PyObject *uh = PyObject_GetAttr(state, s_user_hook);
-        int none = uh == Py_None;
-        Py_XDECREF(uh);
-        if (!none)
-            goto out;
-    }
+    if (!no_user_hook(state))
+        goto out;
     /* (method name, factor, group): None when this model's buckets are not for this path */
     scale = PyObject_GetAttr(state, s_scale);
     if (scale == NULL || !PyTuple_Check(scale) || PyTuple_GET_SIZE(scale) != 3)
@@ -5921,8 +5918,8 @@ static PyObject *ddp_hook(PyObject *module, PyObject *const *args, Py_ssize_t na
  * direct_pre takes the bucket only where every fact the all_reduce FastCtx would read is
  * already cached and valid (the recorder, the thread's state, NVTX off, the step, the group,
  * the dtype and device learned by an earlier call of that ctx, the bucket's detail text, the
- * model's hook state as ddp_issue reads it), and records what ctx_vectorcall + as_issue +
- * dr_issue record, field for field, from those caches: the row is the same (the equality
+ * model's hook state as ddp_issue reads it), and records what ctx_vectorcall + as_issue record
+ * as a DRec, field for field, from those caches: the row is the same (the equality
  * tests compare it with the Python path's). No Python tensor object (THPVariable_Wrap and its
  * free), no index object, no vectorcall of the ctx or of ddp_allreduce per bucket. Anything
  * else: 0, nothing done, and the caller takes issue_dr (the ctx route), which learns what is
@@ -5964,10 +5961,7 @@ static int ddp_direct_pre(PyObject *state, PyObject *group, long long idx, long 
     /* the model's hook state, as ddp_issue reads it: no hook of the user's, and the group
      * the bucket's all_reduce is for is this group */
     {
-        PyObject *uh = PyObject_GetAttr(state, s_user_hook);
-        int none = uh == Py_None;
-        Py_XDECREF(uh);
-        if (!none)
+        if (!no_user_hook(state))
             goto not_this;
         PyObject *scale = PyObject_GetAttr(state, s_scale);
         int ok = scale != NULL && PyTuple_Check(scale) && PyTuple_GET_SIZE(scale) == 3 &&
@@ -5996,18 +5990,7 @@ static int ddp_direct_pre(PyObject *state, PyObject *group, long long idx, long 
     r.step = H.e_step;
     r.t0 = now_ns();
     r.seq = H.c_seq_v[2 * c->last_slot]++;
-    r.fact = c->fact_i;
-    r.pgidx = c->last_idx;
-    r.t1 = 0;
-    r.thread = LIKELY(H.e_ts_T == T) ? H.e_thread : PyThread_get_thread_ident();
-    int site_own = 1;
-    r.site = H.c_stack ? call_site(c, &site_own) : NULL;
-    if (r.site == NULL) {
-        CLEAR_ERR();
-        r.site = Py_None;
-        Py_INCREF(Py_None);
-        site_own = 1;
-    }
+    int site_own = rec_group_site(c, T, &r);
     r.op_id = H.c_op_next++;
     r.own = site_own ? REC_OWN_SITE : 0;
     r.api = dh.api;
@@ -6027,27 +6010,7 @@ static int ddp_direct_pre(PyObject *state, PyObject *group, long long idx, long 
         Py_INCREF(tk->tname);
     }
     stamps_flush_now();
-    DRec *d = dr_len < acst.cap ? (DRec *)malloc(sizeof(DRec)) : NULL;
-    if (d != NULL) {
-        d->r = r;   /* the references move */
-        d->t_end = 0;
-        d->observed = 0;
-        d->refs = 3;
-        d->attaching = 1;
-        d->dropped = 0;
-        if (dr_push(d) != 0) {
-            rec_release(&d->r);
-            free(d);
-            d = NULL;
-        }
-    } else {
-        rec_release(&r);
-    }
-    if (d == NULL) {
-        n_dr_dropped++;
-        as_add_dropped(rec);
-        CLEAR_ERR();
-    }
+    DRec *d = dr_new(rec, &r);
     tk->d = d;
     n_direct++;
     n_ddp++;   /* a bucket of the C path, as ddp_issue counts its own */
@@ -6077,40 +6040,7 @@ static void *ddp_direct_post(DdpTicket *tk, int issued) {
     }
     Py_CLEAR(tk->tkey);
     Py_CLEAR(tk->tname);
-    void *out = NULL;
-    if (d == NULL) {
-        /* not kept: nothing to do */
-    } else if (d->dropped) {
-        dr_unref(d);
-        dr_unref(d);
-    } else if (!issued || as_recache(rec) != 0) {
-        dr_unlist(d);
-        if (issued)
-            d->r.t1 = t1;
-        PyObject *row = dr_row(d);
-        dr_drop(d);
-        dr_unref(d);
-        dr_unref(d);
-        if (row != NULL && acst.rec == rec) {
-            if (!issued) {
-                PyErr_NormalizeException(&et, &ev, &etb);
-                PyObject *t1o = PyLong_FromLongLong(t1);
-                PyObject *z = t1o == NULL ? NULL :
-                    PyObject_CallFunctionObjArgs(as_error_py, rec, row, t1o, ev ? ev : Py_None,
-                                                 NULL);
-                Py_XDECREF(z);
-                Py_XDECREF(t1o);
-            } else {
-                as_append(rec, row);
-            }
-        }
-        Py_XDECREF(row);
-        CLEAR_ERR();
-    } else {
-        d->r.t1 = t1;
-        n_dr++;
-        out = d;
-    }
+    void *out = d != NULL ? dr_after(d, rec, issued, 1, t1, &et, &ev, &etb) : NULL;
     Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
     tk->d = NULL;
     tk->rec = NULL;

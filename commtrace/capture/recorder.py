@@ -754,7 +754,7 @@ _service_pass = getattr(_cfast, "service_pass", None)
 # DDP's buckets recorded as C records (_fastpath.c, "DDP's buckets as C records"; session 30)
 _ddp_drain = getattr(_cfast, "ddp_drain", None)
 _ddp_inflight = getattr(_cfast, "ddp_inflight", None)
-_ddp_inflight_ids = getattr(_cfast, "ddp_inflight_ids", None)
+_ddp_inflight_ids = (None if _ddp_inflight is None else lambda: _ddp_inflight(True))
 if _cfast is not None and hasattr(_cfast, "ddp_direct") and os.environ.get(
         "COMMTRACE_DDP_DIRECT", "1") in ("0", ""):
     _cfast.ddp_direct(False)
@@ -1099,7 +1099,7 @@ class Recorder:
 
     def inflight_ids(self) -> list[int]:
         """op_ids of async ops issued and not yet completed (DDP's buckets recorded as C
-        records included: ``_fastpath.ddp_inflight_ids``)."""
+        records included: ``_fastpath.ddp_inflight(True)``)."""
         ids = [p.op_id for p in list(self._pending.values()) if p.row[I_T_END] is None]
         if _ddp_inflight_ids is not None:
             ids += _ddp_inflight_ids()

@@ -92,7 +92,7 @@ def main():
                     seen["hung"] = repr(e)
                 if mode == "inflight":
                     rec._service(False)   # in flight: not written
-                    seen["listed_after_service"] = len(cf.ddp_inflight_ids())
+                    seen["listed_after_service"] = len(cf.ddp_inflight(True))
                     rec.flush()           # a part and _inflight.json
                     from commtrace.format import schema as S
                     from commtrace.format import writer as W
@@ -116,7 +116,7 @@ def main():
         res["after"] = list(cf.ddp_direct_counts())
         if mode == "inflight":
             rec._service(False)
-            res["listed_end"] = len(cf.ddp_inflight_ids())
+            res["listed_end"] = len(cf.ddp_inflight(True))
             res["end"] = list(cf.ddp_direct_counts())
     elif mode == "cap":
         service = rec._service
