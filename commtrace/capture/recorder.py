@@ -1115,7 +1115,9 @@ class Recorder:
         return self._blocking.pop(row[I_OP_ID], None) is not None
 
     def blocking_rows(self) -> list:
-        """Rows of the blocking calls in progress (any thread)."""
+        """Rows of the blocking calls in progress (any thread), and of DDP's buckets in flight
+        recorded as C records (``_fastpath.ddp_inflight``: the hang watchdog and
+        ``_inflight.json`` read them here)."""
         rows = [expand(self.rank, v, None) if len(v) == PRE_LEN else v
                 for v in list(self._blocking.values())]
         if _cfast is not None:
