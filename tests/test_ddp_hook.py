@@ -149,6 +149,10 @@ def test_ddp_cxx_hook_gradients_equal_untraced_and_rows_equal_python_rows(job2_c
     res, rows = job2_cxx
     _check_cxx(res, rows, v2=True)
     _check(res, rows, torch_hook_equal=True)
+    for r in res:
+        # its buckets as C records (session 30), stamped by its continuation
+        n = len(_ddp_rows(rows, r["rank"], r["window_c"]))
+        assert r["hook_dr"] == r["direct_counts"][0] == n and r["direct_counts"][2] == 0, r
 
 
 @needs_c
@@ -189,6 +193,8 @@ def test_ddp_cxx_hook_v1_gradients_equal_untraced_and_rows_equal_python_rows(job
     res, rows = job2_cxx_v1
     _check_cxx(res, rows, v2=False)
     _check(res, rows, torch_hook_equal=True)
+    # v1 issues through Python's calls: pending ops, no C records
+    assert all(r["hook_dr"] == 0 and r["direct_counts"][0] == 0 for r in res), res
 
 
 @needs_c

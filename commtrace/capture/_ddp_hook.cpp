@@ -9,7 +9,10 @@
 //     capsule of C function pointers, so that the row is the C path's, field for field), which
 //     scales the bucket as DDP does and issues its all_reduce, recorded;
 //   - the continuation, on the backend's thread, takes no GIL: it reads the clock and queues
-//     (row, time) in a list under a mutex, and returns the bucket as a tensor;
+//     (row, time) in a list under a mutex, and returns the bucket as a tensor (with interface
+//     v2 the bucket is a C record of _fastpath's, session 30: the continuation stores the time
+//     into it, and the writer thread builds its row; see _fastpath.c "DDP's buckets as C
+//     records");
 //   - parseHookResult (the training thread, after DDP has waited for the bucket) takes the
 //     GIL only when stamps are queued, and writes them into their rows (as_complete: the
 //     writer thread releases an op with a future only once its row has an end time, so a
@@ -341,7 +344,7 @@ int v2_issue_ar_nopy(void* ctx) {
   END_HANDLE_TH_ERRORS_RET(-1)
 }
 
-std::atomic<unsigned long long> n_v2{0}, n_v1{0};
+std::atomic<unsigned long long> n_v2{0}, n_v1{0}, n_hook_dr{0};
 
 // The Work of a bucket ddp_issue issued (`work`, a new reference, is consumed): the one issued
 // here (v2: the Python object is the same Work, or _fastpath's placeholder where no Python
@@ -400,8 +403,11 @@ class CommtraceHook : public c10d::CommHookInterface {
       call.opts = &opts_;
       call.scales = &scales_;
     }
-    int r = sh_.api->issue(sh_.state.ptr(), buf, idx, idx, v2 ? &iss : nullptr, &work, &row,
-                           &pyfut);
+    // v2: the bucket as a C record where _fastpath makes one (its completion stamped by the
+    // continuation below); v1 issues through Python's calls: a pending op, as before
+    void* dr = nullptr;
+    int r = v2 ? sh_.api->issue_dr(sh_.state.ptr(), buf, idx, idx, &iss, &work, &row, &pyfut, &dr)
+               : sh_.api->issue(sh_.state.ptr(), buf, idx, idx, nullptr, &work, &row, &pyfut);
     Py_DECREF(buf);
     Py_DECREF(idx);
     Py_XDECREF(pyfut);
@@ -414,6 +420,18 @@ class CommtraceHook : public c10d::CommHookInterface {
     (call.work ? n_v2 : n_v1).fetch_add(1, std::memory_order_relaxed);
     auto w = issued_work(call, work, row);
     auto fut = w->getFuture();
+    if (dr != nullptr) {
+      const DdpCxxApi* api = sh_.api;
+      auto child = fut->then(
+          [dr, api](c10::ivalue::Future& f) -> c10::IValue {
+            api->dr_stamp(dr, api->now());
+            return first_tensor(f.value());   // rethrows the all_reduce's error, if any
+          },
+          c10::TensorType::get());
+      api->dr_attached(dr);
+      n_hook_dr.fetch_add(1, std::memory_order_relaxed);
+      return child;
+    }
     auto p = std::make_shared<Pending>(row, sh_);
     auto child = fut->then(
         [p](c10::ivalue::Future& f) -> c10::IValue {
@@ -735,6 +753,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "group_dr_count", []() { return RecordingGroup::n_group_dr.load(); },
       "buckets recorded by recording groups as C records (_fastpath.ddp_direct).");
+  m.def(
+      "hook_dr_count", []() { return n_hook_dr.load(); },
+      "buckets the C++ hook recorded as C records (_fastpath.ddp_direct).");
   m.def(
       "group_direct_count", []() { return RecordingGroup::n_group_direct.load(); },
       "buckets recorded by recording groups without a Python call (direct_pre).");

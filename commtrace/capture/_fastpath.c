@@ -4080,6 +4080,19 @@ static NOINLINE PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *
         tseq_after(NULL, rec, ts->g, ts->slot, ts->name, ts->lo, ts->op_id, ts->seq, -1);
         CLEAR_ERR();
     }
+    if (d != NULL && ret != NULL && ret != as_cxx_work) {
+        /* a Work of Python's (the C++ side's issuer did not take the call): the row's route
+         * from here on, its completion through that Work, as before C records */
+        dr_unlist(d);
+        row = dr_row(d);
+        dr_drop(d);
+        dr_unref(d);
+        dr_unref(d);
+        d = NULL;
+        if (row != NULL)
+            opid = PyList_GET_ITEM(row, C_OP_ID);
+        CLEAR_ERR();
+    }
     if (row == NULL) {
         /* the DRec's end (the callback's and the issuer's references go to the C++ side with
          * it), or an op not recorded */

@@ -90,6 +90,8 @@ out["group_dr"] = (_mod.group_dr_count() if _mod is not None and hasattr(_mod, "
                    else None)
 out["group_direct"] = (_mod.group_direct_count()
                        if _mod is not None and hasattr(_mod, "group_direct_count") else None)
+out["hook_dr"] = (_mod.hook_dr_count() if _mod is not None and hasattr(_mod, "hook_dr_count")
+                 else None)
 out["route_counts"] = list(cf.ddp_direct_route_counts()) if cf is not None else None
 py = build()
 if cf is not None:
