@@ -550,16 +550,9 @@ class RecordingGroup : public c10d::ProcessGroup {
           sh_.api->direct_post(&tk, 0);
           std::rethrow_exception(ep);
         }
-        void* dr = sh_.api->direct_post(&tk, 1);
         n_group.fetch_add(1, std::memory_order_relaxed);
         n_group_direct.fetch_add(1, std::memory_order_relaxed);
-        if (dr != nullptr) {
-          const DdpCxxApi* api = sh_.api;
-          w->getFuture()->addCallback(
-              [dr, api](c10::ivalue::Future&) { api->dr_stamp(dr, api->now()); });
-          api->dr_attached(dr);
-          n_group_dr.fetch_add(1, std::memory_order_relaxed);
-        }
+        attach_record(*w, sh_.api->direct_post(&tk, 1));
         return w;
       }
     }
@@ -606,12 +599,7 @@ class RecordingGroup : public c10d::ProcessGroup {
     auto w = issued_work(call, work, row);
     n_group.fetch_add(1, std::memory_order_relaxed);
     if (dr != nullptr) {
-      // the bucket's C record: its completion time from the Work's future, on the backend's
-      // thread, without the GIL (or at once, "observed", where the op has ended already)
-      const DdpCxxApi* api = sh_.api;
-      w->getFuture()->addCallback([dr, api](c10::ivalue::Future&) { api->dr_stamp(dr, api->now()); });
-      api->dr_attached(dr);
-      n_group_dr.fetch_add(1, std::memory_order_relaxed);
+      attach_record(*w, dr);
     } else if (row != nullptr) {
       auto p = std::make_shared<Pending>(row, sh_);
       w->getFuture()->addCallback([p](c10::ivalue::Future&) { p->stamp(); });
@@ -634,6 +622,18 @@ class RecordingGroup : public c10d::ProcessGroup {
  private:
   // the Reducer scaled the gradients as it copied them into the bucket: nothing to do
   static int keep_scale(void*, int, double, long long) { return 0; }
+
+  // A bucket's C record (dr, or nullptr: none): its completion time from the Work's future,
+  // on the backend's thread, without the GIL (or at once, "observed", where the op has ended
+  // already). GIL held.
+  void attach_record(c10d::Work& w, void* dr) {
+    if (dr == nullptr)
+      return;
+    const DdpCxxApi* api = sh_.api;
+    w.getFuture()->addCallback([dr, api](c10::ivalue::Future&) { api->dr_stamp(dr, api->now()); });
+    api->dr_attached(dr);
+    n_group_dr.fetch_add(1, std::memory_order_relaxed);
+  }
 
   c10::intrusive_ptr<c10d::ProcessGroup> inner_;
   Shared sh_;            // group: the model's group as a Python object
