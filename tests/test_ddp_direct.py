@@ -7,7 +7,8 @@ of the pending-op route: a bucket in flight is listed (``inflight_ids``, ``block
 the hang watchdog's ``hung_ops``, ``_inflight.json``) and not written before it completes; a
 final flush writes it as never completed and its late completion touches nothing; the records
 kept are bounded by ``buffer_ops``, the rest counted as dropped; a forked child drops its copy
-of the parent's records."""
+of the parent's records; a bucket whose issue raises reaches the user's ``backward()`` with its
+error and is written once as a raising call's row."""
 
 from __future__ import annotations
 
@@ -102,3 +103,33 @@ def test_records_bounded_by_buffer_ops(tmp_path, accel_cache):
         # the service then wrote the 1000 kept ones
         assert after[3] == 0 and after[1] == n0 + 1000, r
         assert len(_ddp(rows, rank)) == n0 + 1000
+
+
+def test_bucket_whose_issue_raises_is_written_as_an_error_row(tmp_path, accel_cache):
+    """The route without a Python call (``direct_pre`` / ``direct_post``): an all-reduce that
+    throws at its issue (injected in the C++ module, on both ranks) raises in the user's
+    ``backward()`` with its message, and its record is written once, as a raising call's row
+    (the error, its return time, no completion), nothing left listed or in flight; the
+    step's bucket issued before it completes and is written with its completion."""
+    res, rows, _ = _job(tmp_path, "raise", accel_cache)
+    for rank in (0, 1):
+        r = res[rank]
+        assert r["kind"] == "group" and r["prev"] == 0, r
+        assert r["error"] is not None and "commtrace's test injection" in r["error"], r
+        assert r["left"] == 0, r   # the one failure injected was the one taken
+        # the failing bucket was taken by the route without a Python call
+        assert r["route"][0] >= 1, r
+        assert r["after"][3] == 0 and r["listed"] == 0 and r["inflight_ids"] == [], r
+        d = _ddp(rows, rank)
+        bad = [x for x in d if x["error"] is not None]
+        assert len(bad) == 1, bad
+        b = bad[0]
+        assert b["error"].startswith("RuntimeError: ") and "commtrace's test injection" in b["error"]
+        assert b["t_end_ns"] is None and b["completion"] is None, b
+        assert b["t_enqueue_ns"] <= b["t_return_ns"], b
+        assert json.loads(b["detail"])["ddp_bucket"] in (0, 1), b
+        # its seq follows the completed buckets' (the rows before it are all complete)
+        good = [x for x in d if x["error"] is None]
+        assert good and all(x["t_end_ns"] is not None for x in good)
+        assert b["seq"] == max(x["seq"] for x in good) + 1, (b, good[-1])
+        assert b["op_id"] == max(x["op_id"] for x in d)

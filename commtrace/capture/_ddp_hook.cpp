@@ -543,6 +543,9 @@ class RecordingGroup : public c10d::ProcessGroup {
         c10::intrusive_ptr<c10d::Work> w;
         try {
           py::gil_scoped_release nogil;
+          if (test_fail_issues.load(std::memory_order_relaxed) > 0 &&
+              test_fail_issues.fetch_sub(1, std::memory_order_relaxed) > 0)
+            TORCH_CHECK(false, "the all-reduce's issue failed (commtrace's test injection)");
           w = inner_->allreduce(tensors, opts);
         } catch (...) {
           auto ep = std::current_exception();
@@ -618,6 +621,11 @@ class RecordingGroup : public c10d::ProcessGroup {
   void flush() { sh_.stamps->flush(); }
 
   static std::atomic<unsigned long long> n_group, n_group_py, n_group_dr, n_group_direct;
+  // Tests only (_test_fail_issues): the next this many buckets of the route without a Python
+  // call fail at their issue as an all-reduce that throws there does (c10::Error), so that
+  // route's error path runs on a real job (gloo gives no way to make the Reducer's issue
+  // throw). 0, the default: never.
+  static std::atomic<long long> test_fail_issues;
 
  private:
   // the Reducer scaled the gradients as it copied them into the bucket: nothing to do
@@ -643,6 +651,7 @@ class RecordingGroup : public c10d::ProcessGroup {
 
 std::atomic<unsigned long long> RecordingGroup::n_group{0}, RecordingGroup::n_group_py{0},
     RecordingGroup::n_group_dr{0}, RecordingGroup::n_group_direct{0};
+std::atomic<long long> RecordingGroup::test_fail_issues{0};
 
 // What Python keeps of a recording group: its reset and hint (ddp.py).
 struct GroupControl {
@@ -759,6 +768,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "group_direct_count", []() { return RecordingGroup::n_group_direct.load(); },
       "buckets recorded by recording groups without a Python call (direct_pre).");
+  m.def(
+      "_test_fail_issues",
+      [](long long n) { return RecordingGroup::test_fail_issues.exchange(n); },
+      "Tests only: the next n buckets recorded without a Python call fail at their issue "
+      "(c10::Error); returns the count before.",
+      py::arg("n"));
   m.def("flush_all", &flush_all,
         "Write the completion times queued by every hook's continuations into their rows.");
   commtrace_register_meta(m);

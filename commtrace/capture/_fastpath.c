@@ -10,6 +10,14 @@
  * the Python wrapper's. Errors of commtrace's own bookkeeping are cleared and never raised:
  * the user's call runs, and its result or exception passes through unchanged.
  */
+/* Calls into libpython and libc through the GOT, not the PLT (GCC's -fno-plt): each distinct
+ * function a blocking op calls then costs no PLT stub line of code. At 2 ranks every op starts
+ * on cold caches; callgrind counted 68 -> 61 instruction lines of this module's own code per
+ * blocking op (benchmarks/footprint.py, issue 20, session 31). The module is loaded with
+ * RTLD_NOW, as every extension module, so nothing is bound later than before. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+#pragma GCC optimize("no-plt")
+#endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>

@@ -16,7 +16,12 @@ MODE:
   nothing);
 - ``cap``: ``buffer_ops=1000`` and the writer's service held off for 700 steps (2 buckets
   each): at most 1000 records are kept, the others are counted as dropped; a child forked
-  then lists none of them.
+  then lists none of them;
+- ``raise``: the next bucket recorded without a Python call fails at its issue on both ranks
+  (the C++ module's ``_test_fail_issues``: a c10::Error where the all-reduce is issued, as an
+  issue that throws raises; gloo has no way to make it throw for real): the user's
+  ``backward()`` gets the error, the record is written once as a raising call's row, and
+  nothing stays listed (the step's bucket issued before it completes as usual).
 
 Writes OUT.rank<r> (JSON)."""
 
@@ -138,6 +143,29 @@ def main():
         rec.flush()   # the other rows first (the queue's own cap)
         service(False)
         res["after"] = list(cf.ddp_direct_counts())
+    elif mode == "raise":
+        from commtrace.capture import accel
+
+        mod = accel.load()
+        before = list(cf.ddp_direct_route_counts())
+        res["prev"] = mod._test_fail_issues(1)
+        try:
+            step()
+            res["error"] = None
+        except RuntimeError as e:
+            res["error"] = str(e)
+        res["left"] = mod._test_fail_issues(0)
+        res["route"] = [a - b for a, b in zip(cf.ddp_direct_route_counts(), before)]
+        # a bucket the step issued before the failing one is still in flight: gloo's barrier
+        # waits for it, and its completion stamp lands on gloo's thread
+        dist.barrier()
+        deadline = time.time() + 10
+        while cf.ddp_inflight(True) and time.time() < deadline:
+            time.sleep(0.01)
+        rec._service(False)
+        res["after"] = list(cf.ddp_direct_counts())
+        res["listed"] = len(cf.ddp_inflight(True))
+        res["inflight_ids"] = list(rec.inflight_ids())
     if R.get_recorder() is not None:
         commtrace.disable()
     with open(f"{out}.rank{rank}", "w") as f:
