@@ -3839,6 +3839,24 @@ static void dr_drop(DRec *d) {
     dr_unref(d);
 }
 
+/* d out of the list as a row (a new reference, as dr_row's), or NULL where a final flush wrote
+ * it meanwhile (or the row could not be made); the list's, the callback's and the issuer's
+ * references go: no callback will be attached (GIL). */
+static void dr_unlist(DRec *d);
+static PyObject *dr_take_row(DRec *d) {
+    if (d->dropped) {
+        dr_unref(d);
+        dr_unref(d);
+        return NULL;
+    }
+    dr_unlist(d);
+    PyObject *row = dr_row(d);
+    dr_drop(d);
+    dr_unref(d);
+    dr_unref(d);
+    return row;
+}
+
 static int dr_push(DRec *d) {
     if (dr_len >= dr_cap) {
         Py_ssize_t n = dr_cap ? dr_cap * 2 : 256;
@@ -4020,13 +4038,9 @@ static DRec *dr_after(DRec *d, PyObject *rec, int issued, int attachable, long l
         n_dr++;
         return d;
     }
-    dr_unlist(d);
     if (issued)
         d->r.t1 = t1;
-    PyObject *row = dr_row(d);
-    dr_drop(d);
-    dr_unref(d);
-    dr_unref(d);
+    PyObject *row = dr_take_row(d);
     if (row != NULL && as_recache(rec) == 0) {
         if (!issued) {
             PyErr_NormalizeException(et, ev, etb);
@@ -4090,12 +4104,9 @@ static NOINLINE PyObject *as_issue(FastCtx *c, PyObject *rec, Rec *r, PyObject *
     }
     if (d != NULL && ret != NULL && ret != as_cxx_work) {
         /* a Work of Python's (the C++ side's issuer did not take the call): the row's route
-         * from here on, its completion through that Work, as before C records */
-        dr_unlist(d);
-        row = dr_row(d);
-        dr_drop(d);
-        dr_unref(d);
-        dr_unref(d);
+         * from here on, its completion through that Work, as before C records (none where a
+         * final flush wrote the record while the call ran) */
+        row = dr_take_row(d);
         d = NULL;
         if (row != NULL)
             opid = PyList_GET_ITEM(row, C_OP_ID);
